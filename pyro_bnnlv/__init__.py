@@ -1,0 +1,40 @@
+"""pyro_bnnlv: Bayesian neural networks (with latent variables) and their inference, on Pyro.
+
+Typical use::
+
+    from pyro.infer.autoguide import AutoNormal
+    import pyro_bnnlv as pb
+
+    data = pb.load_dataset("cosine")
+    model = pb.BNN(pb.MLP(1, [50], 1), prior_scale=1.0, noise_scale=0.1)
+    guide = AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model))
+    pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=2000, lr=0.01)
+    samples = pb.sample_posterior(model, guide, data.x_train, num_samples=500)
+    print(pb.evaluate(model, samples, data.x_test, data.y_test))
+"""
+
+from . import datasets
+from .datasets import load_dataset
+from .guides import init_to_network
+from .infer import NonFiniteLossError, fit_svi, sample_posterior, train_map
+from .models import BNN, fan_in_prior_scale
+from .nets import MLP, FlatNet, ModuleNet
+from .stats.predictive import evaluate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BNN",
+    "datasets",
+    "FlatNet",
+    "MLP",
+    "ModuleNet",
+    "NonFiniteLossError",
+    "evaluate",
+    "fan_in_prior_scale",
+    "fit_svi",
+    "init_to_network",
+    "load_dataset",
+    "sample_posterior",
+    "train_map",
+]

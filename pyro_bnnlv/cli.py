@@ -1,0 +1,136 @@
+"""The ``pyro-bnnlv`` command.
+
+Sub-commands:
+
+* ``pyro-bnnlv datasets``: list the data sets;
+* ``pyro-bnnlv fit --dataset NAME --model bnn --guide meanfield --steps N --seed S``: train,
+  print the test metrics and, for 1-D inputs, write a PNG of the predictive mean and 95% band;
+* ``pyro-bnnlv bench NAME``: run a side-by-side benchmark (``svi-overhead``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["main"]
+
+GUIDES = ("meanfield", "fullcov", "map")
+
+
+def _make_guide(name: str, model, seed: int):
+    from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
+
+    from .guides import init_to_network
+
+    init = init_to_network(model, seed=seed)
+    if name == "meanfield":
+        return AutoNormal(model, init_scale=0.01, init_loc_fn=init)
+    if name == "fullcov":
+        return AutoMultivariateNormal(model, init_scale=0.01, init_loc_fn=init)
+    return AutoDelta(model, init_loc_fn=init)
+
+
+def _cmd_datasets(args: argparse.Namespace) -> int:
+    from .datasets import list_datasets
+
+    print(list_datasets().to_string())
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from . import BNN, MLP, evaluate, fit_svi, sample_posterior
+    from .datasets import load_dataset
+    from .plotting import plot_predictive_1d
+
+    data = load_dataset(args.dataset, seed=args.seed)
+    net = MLP(data.input_dim, args.hidden, 1, activation=args.activation)
+    model = BNN(net, prior_scale=args.prior_scale, noise_scale=args.noise_scale,
+                learn_noise=args.learn_noise)  # fmt: skip
+    guide = _make_guide(args.guide, model, args.seed)
+    print(f"{data!r}\n{net!r}\nguide: {type(guide).__name__}, steps: {args.steps}, lr: {args.lr}")
+    t0 = time.perf_counter()
+    history = fit_svi(model, guide, data.x_train, data.y_train, num_steps=args.steps, lr=args.lr,
+                      batch_size=args.batch_size, seed=args.seed, progress=not args.quiet)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    samples = sample_posterior(model, guide, data.x_train, data.y_train,
+                               num_samples=args.num_samples, seed=args.seed)  # fmt: skip
+    metrics = evaluate(model, samples, data.x_test, data.y_test,
+                       y_mean=data.y_mean, y_std=data.y_std)  # fmt: skip
+    metrics["final_loss"] = history[-1]
+    metrics["seconds"] = seconds
+    print(metrics.to_frame(f"{args.dataset} / bnn / {args.guide}").to_string(float_format="%.4f"))
+    if data.input_dim == 1 and not args.no_plot:
+        out = Path(args.output or f"{args.dataset}-bnn-{args.guide}.png")
+        plot_predictive_1d(model, samples, data, out,
+                           title=f"{args.dataset}: BNN, {args.guide}")  # fmt: skip
+        print(f"wrote {out}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import BENCHMARKS
+
+    fn, description = BENCHMARKS[args.name]
+    torch.set_num_threads(args.threads)
+    print(f"{args.name}: {description} (torch threads: {args.threads})")
+    table = fn(steps=args.steps) if args.steps else fn()
+    print(table.to_string(float_format="%.3f"))
+    for key, value in table.attrs.items():
+        print(f"{key}: {value:.2f}")
+    if args.output:
+        table.to_csv(args.output)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .bench import BENCHMARKS
+
+    p = argparse.ArgumentParser(prog="pyro-bnnlv", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("datasets", help="list the data sets").set_defaults(func=_cmd_datasets)
+
+    f = sub.add_parser("fit", help="train a model and print test metrics")
+    f.add_argument("--dataset", required=True)
+    f.add_argument("--model", default="bnn", choices=["bnn"])
+    f.add_argument("--guide", default="meanfield", choices=GUIDES)
+    f.add_argument("--steps", type=int, default=2000)
+    f.add_argument("--lr", type=float, default=0.01)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--hidden", type=int, nargs="*", default=[50])
+    f.add_argument("--activation", default="tanh")
+    f.add_argument("--prior-scale", type=float, default=1.0)
+    f.add_argument("--noise-scale", type=float, default=0.1)
+    f.add_argument("--learn-noise", action="store_true")
+    f.add_argument("--batch-size", type=int, default=None)
+    f.add_argument("--num-samples", type=int, default=500)
+    f.add_argument("--output", help="PNG path for 1-D data (default: DATASET-bnn-GUIDE.png)")
+    f.add_argument("--no-plot", action="store_true")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=_cmd_fit)
+
+    b = sub.add_parser("bench", help="side-by-side benchmarks")
+    b.add_argument("name", choices=sorted(BENCHMARKS))
+    b.add_argument("--steps", type=int, default=None, help="timed steps per contender and round")
+    b.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    b.add_argument("--output", help="write the table as CSV")
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"pyro-bnnlv: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Guides and guide initialisation. Mean-field VI is Pyro's ``AutoNormal``; full-covariance VI is
+``AutoMultivariateNormal``; this package adds what Pyro does not have."""
+from .init import init_to_network
+
+__all__ = ["init_to_network"]

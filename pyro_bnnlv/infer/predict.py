@@ -1,0 +1,82 @@
+"""Posterior samples from a fitted guide, in the flat layout every other tool of the library uses.
+
+``sample_posterior`` wraps ``pyro.infer.Predictive(parallel=True)`` and strips the plate
+dimension Pyro puts on global sites, so ``"w"`` comes back as ``(S, P)`` and per-datapoint
+latents such as ``"z"`` as ``(S, N, K)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from pyro.infer import Predictive
+from torch import Tensor
+
+from .svi import isolated_param_store, set_seed
+
+__all__ = ["sample_posterior", "as_sample_dict"]
+
+
+def sample_posterior(
+    model: Callable,
+    guide: Callable,
+    *args: Any,
+    num_samples: int = 1000,
+    sites: Sequence[str] = ("w",),
+    seed: int | None = None,
+    **kwargs: Any,
+) -> dict[str, Tensor]:
+    """Draw ``num_samples`` joint samples of latent ``sites`` from ``guide``.
+
+    ``args``/``kwargs`` are the model's arguments; for models with per-datapoint latents (BNN+LV)
+    pass the training data, since the guide's local sites are indexed by training points.
+    Returns ``{"w": (S, P), ...}`` with the data-plate dimension of global sites removed.
+    """
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    set_seed(seed)
+    with isolated_param_store(model, guide), torch.no_grad():
+        pred = Predictive(
+            model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites)
+        )
+        out = pred(*args, **kwargs)
+    missing = [s for s in sites if s not in out]
+    if missing:
+        raise ValueError(f"sites {missing} not found in the model; available: {sorted(out)}")
+    return {k: _squeeze_plate_dim(v, num_samples) for k, v in out.items()}
+
+
+def _squeeze_plate_dim(v: Tensor, num_samples: int) -> Tensor:
+    # A global site sampled under Predictive(parallel=True) has shape (S, 1, *event): the 1 is the
+    # model's data plate (dim -1 of the batch shape). Local sites already have (S, N, *event).
+    if v.dim() >= 3 and v.shape[0] == num_samples and v.shape[1] == 1:
+        return v.squeeze(1)
+    return v
+
+
+def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
+    """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, or an ``MCMC`` object."""
+    if hasattr(posterior, "get_samples"):
+        posterior = posterior.get_samples()
+    if isinstance(posterior, Tensor):
+        posterior = {"w": posterior}
+    if not isinstance(posterior, Mapping):
+        raise TypeError(
+            "posterior_samples must be a dict of site samples, a (S, P) tensor of weights or an "
+            f"MCMC object; got {type(posterior).__name__}"
+        )
+    if "w" not in posterior:
+        raise ValueError(f"posterior_samples has no 'w' site; got sites {sorted(posterior)}")
+    out = dict(posterior)
+    w = out["w"]
+    if w.dim() == 3 and w.shape[1] == 1:
+        out["w"] = w.squeeze(1)
+    elif w.dim() == 1:
+        out["w"] = w.unsqueeze(0)
+    if out["w"].dim() != 2:
+        raise ValueError(f"posterior_samples['w'] must have shape (S, P); got {tuple(w.shape)}")
+    if not torch.isfinite(out["w"]).all():
+        raise ValueError("posterior_samples['w'] contains NaN or infinite values")
+    return out

@@ -1,0 +1,190 @@
+"""Bayesian neural network regression as a Pyro model.
+
+Generative model (``ncai-bnnlv-nonidentifiability.txt`` sec. 2, "A Bayesian Neural Network"):
+
+.. math::
+
+    w \\sim \\mathcal N(0, \\operatorname{diag}(s^2)), \\qquad
+    y_n \\mid x_n, w \\sim \\mathcal N(f(x_n; w), \\sigma^2 I_L), \\quad n = 1..N,
+
+with all network weights in one flat latent site ``"w"`` (event shape ``(P,)``) and the
+observations at site ``"obs"`` inside ``pyro.plate("data", N, subsample_size=batch_size)``.
+
+Shapes. ``x`` is ``(N, D)``; ``y`` is ``(N,)`` for a single-output network (``out_features=1``)
+or ``(N, L)``. Under vectorised particles or ``Predictive(parallel=True)`` the global ``w`` has
+batch shape ``(S, 1)`` (the trailing 1 is the data plate's dimension); the model then evaluates
+``f`` for the ``S`` weight vectors at once and gives ``"obs"`` batch shape ``(S, N)``, never
+``(S, S, N)`` (a silent broadcasting trap, see ``tests/test_bnn.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor
+from torch.distributions import constraints
+
+from ..nets import FlatNet, MLP
+
+__all__ = ["BNN", "fan_in_prior_scale", "check_xy"]
+
+
+def fan_in_prior_scale(net: MLP, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:
+    """Per-weight prior scales ``omega / sqrt(H)`` for weights and ``bias_scale`` for biases.
+
+    ``in-between-uncertainty-linearised-laplace.txt`` App. D: independent ``N(0, 1)`` priors on
+    the biases and ``N(0, omega^2 / H)`` on the weights, ``H`` the fan-in of the weight matrix
+    (the scaling under which the GP limit exists), with ``omega = 4``.
+    """
+    if omega <= 0 or bias_scale <= 0:
+        raise ValueError(f"omega and bias_scale must be positive, got {omega}, {bias_scale}")
+    fan_in = net.layer_fan_in()
+    scale = torch.full((net.num_weights,), float(bias_scale))
+    weights = ~net.bias_mask()
+    scale[weights] = omega / fan_in[weights].sqrt()
+    return scale
+
+
+def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None) -> Tensor:
+    t = torch.as_tensor(value, dtype=torch.get_default_dtype()).clone()
+    if not torch.isfinite(t).all() or (t <= 0).any():
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    if shape is not None and t.dim() > 0 and t.shape != shape:
+        raise ValueError(f"{name} must be a scalar or have shape {shape}, got {tuple(t.shape)}")
+    return t
+
+
+def check_xy(net: FlatNet, x: Tensor, y: Tensor | None) -> None:
+    """Validate regression inputs for a network: finite ``x (N, D)`` and ``y (N,)``/``(N, L)``."""
+    net.check_input(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape (N, {net.in_features}); got {tuple(x.shape)}")
+    if y is None:
+        return
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"x and y have different numbers of rows: {x.shape[0]} vs {y.shape[0]}")
+    L = net.out_features
+    expected = ((x.shape[0],),) if L == 1 else ((x.shape[0], L),)
+    if L == 1 and y.dim() == 2 and y.shape[1] == 1:
+        raise ValueError(
+            f"y must have shape (N,) for a single-output network; got {tuple(y.shape)} "
+            "(use y.squeeze(-1))"
+        )
+    if y.shape not in expected:
+        raise ValueError(f"y must have shape {expected[0]} for out_features={L}; got {tuple(y.shape)}")
+    if not torch.isfinite(y).all():
+        raise ValueError("y contains NaN or infinite values")
+
+
+class BNN(PyroModule):
+    """Bayesian neural network ``y = f(x; w) + eps`` with a flat weight site ``"w"``.
+
+    Args:
+        net: a :class:`~pyro_bnnlv.nets.FlatNet` (e.g. :class:`~pyro_bnnlv.nets.MLP`).
+        prior_scale: standard deviation of the zero-mean Gaussian prior on ``w``: a positive
+            scalar, a per-weight tensor of shape ``(P,)``, or
+            :func:`fan_in_prior_scale` ``(net, omega)`` for the ``N(0, omega^2/H)`` prior.
+        noise_scale: observation noise standard deviation ``sigma`` (positive).
+        learn_noise: if ``True``, ``sigma`` is a positive :class:`~pyro.nn.PyroParam` initialised at
+            ``noise_scale`` and learned by SVI (type-II maximum likelihood); otherwise fixed.
+
+    Call as ``model(x, y=None, batch_size=None)``. Without ``y`` the model samples ``"obs"``
+    (prior or posterior predictive, depending on the guide it is replayed against).
+    ``batch_size`` subsamples the data plate (minibatch SVI; the likelihood is rescaled by
+    ``N / batch_size`` by Pyro).
+    """
+
+    def __init__(
+        self,
+        net: FlatNet,
+        prior_scale: float | Tensor = 1.0,
+        noise_scale: float | Tensor = 0.1,
+        learn_noise: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(net, FlatNet):
+            raise TypeError(f"net must be a pyro_bnnlv FlatNet, got {type(net).__name__}")
+        self.net = net
+        P = net.num_weights
+        scale = _positive_tensor(prior_scale, "prior_scale", (P,)).expand(P).clone()
+        self.register_buffer("prior_loc", torch.zeros(P))
+        self.register_buffer("prior_scale", scale)
+        sigma = _positive_tensor(noise_scale, "noise_scale")
+        if sigma.dim() != 0:
+            raise ValueError(f"noise_scale must be a scalar, got shape {tuple(sigma.shape)}")
+        self.learn_noise = bool(learn_noise)
+        if self.learn_noise:
+            self.noise_scale = PyroParam(sigma, constraint=constraints.positive)
+        else:
+            self.register_buffer("noise_scale", sigma)
+
+    @property
+    def num_weights(self) -> int:
+        return self.net.num_weights
+
+    def f(self, x: Tensor, w: Tensor) -> Tensor:
+        """Network output ``f(x; w)``: ``w (*B, P)`` -> ``(*B, N, L)`` (see :class:`FlatNet`)."""
+        return self.net(x, w)
+
+    def check_data(self, x: Tensor, y: Tensor | None = None) -> None:
+        """Raise ``ValueError`` for inputs the model cannot take (see :func:`check_xy`)."""
+        check_xy(self.net, x, y)
+
+    def predictive_components(
+        self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Mixture components of the posterior predictive at ``x``: ``loc (S, N, L)`` and the noise scale.
+
+        ``samples["w"]`` is ``(S, P)``; used by :func:`pyro_bnnlv.evaluate`.
+        """
+        return self.f(x, samples["w"]), torch.as_tensor(self.noise_scale).detach()
+
+    def _plate_f(self, x: Tensor, w: Tensor) -> Tensor:
+        """``f`` for a ``w`` sampled inside the model, aligned with the data plate at dim -1.
+
+        ``w`` is global, so its batch dim -1 can only be the data plate's singleton (batch shape
+        ``(*S, 1)``: vectorised particles, ``vectorize``) or a sample dim (batch shape ``(S,)``:
+        ``Predictive(parallel=True)`` replays guide samples that way). A trailing singleton is
+        dropped; the remaining batch dims are sample dims and ``f`` comes out ``(*S, N, L)``, so
+        ``"obs"`` gets batch shape ``(*S, N)``, never ``(*S, S, N)``.
+        """
+        if w.dim() > 1 and w.shape[-2] == 1:
+            w = w.squeeze(-2)
+        return self.net(x, w)
+
+    def _likelihood(self, f: Tensor) -> dist.Distribution:
+        sigma = self.noise_scale
+        if self.net.out_features == 1:
+            return dist.Normal(f.squeeze(-1), sigma)
+        return dist.Normal(f, sigma).to_event(1)
+
+    def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
+        if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
+            self.check_data(x, y)
+        w = pyro.sample("w", dist.Normal(self.prior_loc, self.prior_scale).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
+            if batch_size is None:
+                x_b, y_b = x, y
+            else:
+                x_b, y_b = x[idx], (None if y is None else y[idx])
+            f = self._plate_f(x_b, w)
+            return pyro.sample("obs", self._likelihood(f), obs=y_b)
+
+    def config(self) -> dict:
+        """Constructor settings besides the state dict (see :mod:`pyro_bnnlv.serialization`)."""
+        if not isinstance(self.net, MLP):
+            raise NotImplementedError(
+                "saving a BNN needs an MLP network; for a ModuleNet save the state dicts yourself"
+            )
+        return dict(net=self.net.config(), learn_noise=self.learn_noise)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "BNN":
+        """Rebuild an (untrained) model from :meth:`config`; then load its state dict."""
+        return cls(MLP(**config["net"]), learn_noise=config["learn_noise"])

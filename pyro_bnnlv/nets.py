@@ -1,0 +1,241 @@
+"""Functional networks parametrised by one flat weight vector.
+
+Every model in the library stores all network weights in one latent site ``"w"`` whose event
+shape is ``(P,)``. A :class:`FlatNet` maps such a vector (or a batch of them) to the network
+function ``f(x; w)``:
+
+* ``w`` of shape ``(*B, P)`` and ``x`` of shape ``(N, D)`` or ``(*B, N, D)`` (broadcastable)
+  give ``f`` of shape ``(*B, N, out_features)`` in one batched computation, with no Python loop
+  over the ``S = prod(B)`` weight samples.
+
+Two implementations:
+
+* :class:`MLP`, a fully connected network written directly on slices of the flat vector
+  (batched matrix products), with the activations used by the papers;
+* :class:`ModuleNet`, an adapter that turns any ``torch.nn.Module`` into the same interface via
+  ``torch.func.functional_call`` and ``torch.vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["FlatNet", "MLP", "ModuleNet", "ACTIVATIONS"]
+
+
+def _rbf(a: Tensor) -> Tensor:
+    """``exp(-a^2)``: the activation of ``projected-bnn-latent-weights.txt`` (sec. 5)."""
+    return torch.exp(-a.square())
+
+
+def _leaky_relu(a: Tensor) -> Tensor:
+    """LeakyReLU with slope 0.01 (``ncai-bnnlv-nonidentifiability.txt`` sec. 7)."""
+    return torch.nn.functional.leaky_relu(a, 0.01)
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "tanh": torch.tanh,
+    "relu": torch.relu,
+    "leaky_relu": _leaky_relu,
+    "rbf": _rbf,
+    "sigmoid": torch.sigmoid,
+    "identity": lambda a: a,
+}
+
+
+class FlatNet(nn.Module):
+    """A network ``f(x; w)`` whose weights are one flat vector ``w`` of length :attr:`num_weights`.
+
+    Subclasses implement :meth:`forward` for ``w`` of shape ``(*B, P)`` and
+    :meth:`init_weights`. A ``FlatNet`` has no trainable parameters of its own: the weights are
+    an input, so the same object serves a posterior sample, a MAP vector or a batch of samples.
+    """
+
+    in_features: int
+    out_features: int
+    num_weights: int
+
+    def forward(self, x: Tensor, w: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def init_weights(self, generator: torch.Generator | None = None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def check_input(self, x: Tensor, name: str = "x") -> None:
+        """Raise ``ValueError`` unless ``x`` is a finite ``(..., N, in_features)`` tensor."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 2:
+            raise ValueError(
+                f"{name} must have shape (N, {self.in_features}); got shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{name} has {x.shape[-1]} columns but the network expects "
+                f"in_features={self.in_features} (shape {tuple(x.shape)})"
+            )
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+
+    def check_weights(self, w: Tensor, name: str = "w") -> None:
+        if w.shape[-1:] != (self.num_weights,):
+            raise ValueError(
+                f"{name} must have last dimension num_weights={self.num_weights}; "
+                f"got shape {tuple(w.shape)}"
+            )
+
+
+class MLP(FlatNet):
+    """Fully connected network ``D -> hidden_sizes -> out`` on a flat weight vector.
+
+    Layout of ``w``: for each layer in order, the weight matrix ``(fan_out, fan_in)`` row-major,
+    then the bias ``(fan_out,)``, the same order as ``torch.nn.Linear``'s parameters, so
+    ``MLP(...).unflatten(w)`` can be loaded into an equivalent ``nn.Sequential``.
+
+    Args:
+        in_features: input width ``D``.
+        hidden_sizes: widths of the hidden layers (may be empty: a linear model).
+        out_features: output width ``L``.
+        activation: one of ``tanh``, ``relu``, ``leaky_relu`` (slope 0.01), ``rbf``
+            (``exp(-a^2)``), ``sigmoid`` or ``identity``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_sizes: Sequence[int] = (50,),
+        out_features: int = 1,
+        activation: str = "tanh",
+    ) -> None:
+        super().__init__()
+        if isinstance(hidden_sizes, int):
+            hidden_sizes = (hidden_sizes,)
+        sizes = [int(in_features), *map(int, hidden_sizes), int(out_features)]
+        if any(s < 1 for s in sizes):
+            raise ValueError(f"all layer sizes must be positive, got {sizes}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}"
+            )
+        self.in_features, self.out_features = sizes[0], sizes[-1]
+        self.hidden_sizes = tuple(sizes[1:-1])
+        self.activation = activation
+        self._act = ACTIVATIONS[activation]
+        # (fan_in, fan_out, weight slice, bias slice) per layer
+        self.layers: list[tuple[int, int, slice, slice]] = []
+        offset = 0
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            w_sl = slice(offset, offset + fan_in * fan_out)
+            offset += fan_in * fan_out
+            b_sl = slice(offset, offset + fan_out)
+            offset += fan_out
+            self.layers.append((fan_in, fan_out, w_sl, b_sl))
+        self.num_weights = offset
+
+    def config(self) -> dict:
+        """Constructor arguments, so the network can be rebuilt (``MLP(**net.config())``)."""
+        return dict(
+            in_features=self.in_features,
+            hidden_sizes=list(self.hidden_sizes),
+            out_features=self.out_features,
+            activation=self.activation,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_features} -> {list(self.hidden_sizes)} -> {self.out_features}, "
+            f"activation={self.activation}, num_weights={self.num_weights}"
+        )
+
+    def unflatten(self, w: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Split ``w`` of shape ``(*B, P)`` into ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]``."""
+        self.check_weights(w)
+        batch = w.shape[:-1]
+        return [
+            (w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl])
+            for fan_in, fan_out, w_sl, b_sl in self.layers
+        ]
+
+    def layer_fan_in(self) -> Tensor:
+        """Per-weight fan-in ``H`` (biases get 0), for the ``N(0, omega^2 / H)`` prior."""
+        fan = torch.zeros(self.num_weights)
+        for fan_in, _, w_sl, _ in self.layers:
+            fan[w_sl] = fan_in
+        return fan
+
+    def bias_mask(self) -> Tensor:
+        """Boolean mask of the bias entries of ``w``."""
+        mask = torch.zeros(self.num_weights, dtype=torch.bool)
+        for _, _, _, b_sl in self.layers:
+            mask[b_sl] = True
+        return mask
+
+    def init_weights(self, generator: torch.Generator | None = None) -> Tensor:
+        """A weight vector drawn like PyTorch's ``nn.Linear`` default: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+        w = torch.empty(self.num_weights)
+        for fan_in, _, w_sl, b_sl in self.layers:
+            bound = 1.0 / math.sqrt(fan_in)
+            w[w_sl] = torch.rand(w_sl.stop - w_sl.start, generator=generator) * 2 * bound - bound
+            w[b_sl] = torch.rand(b_sl.stop - b_sl.start, generator=generator) * 2 * bound - bound
+        return w
+
+    def forward(self, x: Tensor, w: Tensor) -> Tensor:
+        """``f(x; w)``: ``x (N, D)`` or ``(*B, N, D)``, ``w (P,)`` or ``(*B, P)`` -> ``(*B, N, L)``."""
+        h = x
+        last = len(self.layers) - 1
+        for i, (W, b) in enumerate(self.unflatten(w)):
+            # (.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)
+            h = torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2)
+            if i < last:
+                h = self._act(h)
+        return h
+
+
+class ModuleNet(FlatNet):
+    """Adapter: any ``torch.nn.Module`` as a :class:`FlatNet`.
+
+    The module's parameters (in ``named_parameters()`` order) are concatenated into the flat
+    vector. ``forward`` evaluates the module with ``torch.func.functional_call``, vectorised over
+    the weight samples with ``torch.vmap``. The module must map ``(N, in_features)`` to
+    ``(N, out_features)``; its own parameter values serve as :meth:`init_weights`.
+    """
+
+    def __init__(self, module: nn.Module, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.module = module
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self._names = [n for n, _ in module.named_parameters()]
+        self._shapes = [p.shape for _, p in module.named_parameters()]
+        self._sizes = [p.numel() for _, p in module.named_parameters()]
+        self.num_weights = sum(self._sizes)
+        if self.num_weights == 0:
+            raise ValueError("module has no parameters")
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+    def unflatten(self, w: Tensor) -> dict[str, Tensor]:
+        """``w (P,)`` -> ``{parameter name: tensor}`` for ``functional_call``."""
+        self.check_weights(w)
+        return {
+            n: t.reshape(s) for n, t, s in zip(self._names, w.split(self._sizes, -1), self._shapes)
+        }
+
+    def init_weights(self, generator: torch.Generator | None = None) -> Tensor:
+        """The module's current parameters as a flat vector (re-initialise the module to vary it)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.module.parameters()])
+
+    def _single(self, x: Tensor, w: Tensor) -> Tensor:
+        return torch.func.functional_call(self.module, self.unflatten(w), (x,))
+
+    def forward(self, x: Tensor, w: Tensor) -> Tensor:
+        self.check_weights(w)
+        batch = w.shape[:-1]
+        if not batch:
+            return self._single(x, w)
+        x_b = torch.broadcast_to(x, (*batch, *x.shape[-2:]))
+        out = torch.vmap(self._single)(x_b.reshape(-1, *x.shape[-2:]), w.reshape(-1, w.shape[-1]))
+        return out.reshape(*batch, *out.shape[-2:])

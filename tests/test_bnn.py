@@ -1,0 +1,132 @@
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import Predictive, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+from pyro_bnnlv import BNN, MLP, fan_in_prior_scale
+
+
+def _model(**kw):
+    return BNN(MLP(1, [8], 1), **kw)
+
+
+def test_model_sites_and_shapes(toy_data):
+    x, y = toy_data
+    tr = pyro.poutine.trace(_model()).get_trace(x, y)
+    assert tr.nodes["w"]["value"].shape == (_model().num_weights,)
+    assert tr.nodes["obs"]["value"].shape == (100,)
+    assert tr.nodes["obs"]["is_observed"]
+
+
+def test_multi_output_model():
+    model = BNN(MLP(2, [6], 3))
+    x, y = torch.randn(20, 2), torch.randn(20, 3)
+    tr = pyro.poutine.trace(model).get_trace(x, y)
+    assert tr.nodes["obs"]["fn"].event_shape == (3,)
+    assert tr.nodes["obs"]["fn"].batch_shape == (20,)
+    guide = AutoNormal(model)
+    pred = Predictive(model, guide=guide, num_samples=5, parallel=True)(x)
+    assert pred["obs"].shape == (5, 20, 3)
+
+
+def test_subsampling_rescales_likelihood(toy_data):
+    x, y = toy_data
+    model = _model()
+    tr = pyro.poutine.trace(model).get_trace(x, y, batch_size=10)
+    tr.compute_log_prob()
+    assert tr.nodes["obs"]["value"].shape == (10,)
+    assert tr.nodes["obs"]["scale"] == pytest.approx(10.0)
+
+
+def test_prior_scale_variants():
+    net = MLP(3, [4], 1)
+    s = fan_in_prior_scale(net, omega=4.0)
+    assert torch.allclose(s[:12], torch.full((12,), 4 / 3**0.5))  # first-layer weights, H = 3
+    assert torch.allclose(s[12:16], torch.ones(4))  # first-layer biases
+    assert torch.allclose(s[16:20], torch.full((4,), 2.0))  # output weights, H = 4
+    model = BNN(net, prior_scale=s)
+    assert torch.equal(model.prior_scale, s)
+    assert torch.equal(BNN(net, prior_scale=0.5).prior_scale, torch.full((net.num_weights,), 0.5))
+
+
+def test_learned_noise_is_a_positive_param(toy_data):
+    x, y = toy_data
+    model = _model(noise_scale=0.3, learn_noise=True)
+    assert "noise_scale_unconstrained" in dict(model.named_parameters())
+    tr = pyro.poutine.trace(model).get_trace(x, y)
+    assert torch.allclose(tr.nodes["obs"]["fn"].scale, torch.tensor(0.3))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prior_scale=0.0), "prior_scale"),
+        (dict(prior_scale=torch.ones(3)), "prior_scale"),
+        (dict(noise_scale=-1.0), "noise_scale"),
+        (dict(noise_scale=float("nan")), "noise_scale"),
+    ],
+)
+def test_bad_scales_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _model(**kwargs)
+
+
+def test_bad_data_raise(toy_data):
+    x, y = toy_data
+    model = _model()
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        model(x, y[:-1])
+    with pytest.raises(ValueError, match="in_features=1"):
+        model(torch.zeros(100, 2), y)
+    bad = x.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="x contains NaN"):
+        model(bad, y)
+    bad_y = y.clone()
+    bad_y[0] = float("inf")
+    with pytest.raises(ValueError, match="y contains NaN"):
+        model(x, bad_y)
+    with pytest.raises(ValueError, match=r"shape \(N,\)"):
+        model(x, y.unsqueeze(-1))
+
+
+def test_vectorised_particle_elbo_equals_mean_of_single_particle_elbos(toy_data):
+    """The broadcasting trap: with vectorised particles w has batch shape (P, 1); a model that
+    returned f of shape (P, 1, N) would be broadcast to (P, P, N) and inflate the ELBO ~P-fold."""
+    x, y = toy_data
+    model = _model()
+    num_particles = 25
+    draws = torch.randn(num_particles, model.num_weights)
+
+    def guide_for(value):
+        def guide(x, y):
+            pyro.sample("w", dist.Delta(value, event_dim=1))
+
+        return guide
+
+    single = [Trace_ELBO().loss(model, guide_for(draws[s]), x, y) for s in range(num_particles)]
+    elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
+    vectorised = elbo.loss(model, guide_for(draws.unsqueeze(1)), x, y)
+    assert vectorised == pytest.approx(sum(single) / num_particles, rel=1e-5)
+
+
+def test_predictive_works_with_guide_and_prior(toy_data):
+    x, y = toy_data
+    model = _model()
+    guide = AutoNormal(model)
+    out = Predictive(model, guide=guide, num_samples=6)(x)
+    assert out["obs"].shape == (6, 100)
+    prior = Predictive(model, num_samples=4, parallel=True)(x)
+    assert prior["obs"].shape == (4, 100) and prior["w"].shape == (4, 1, model.num_weights)
+    seq = Predictive(model, guide=guide, num_samples=3, parallel=False)(x)
+    assert seq["obs"].shape == (3, 100)
+
+
+def test_model_f_exposes_batched_network(toy_data):
+    x, _ = toy_data
+    model = _model()
+    w = torch.randn(7, model.num_weights)
+    assert model.f(x, w).shape == (7, 100, 1)
+    torch.testing.assert_close(model.f(x, w)[3], model.net(x, w[3]))

@@ -1,0 +1,78 @@
+import pytest
+import torch
+from torch import nn
+
+from pyro_bnnlv.nets import ACTIVATIONS, MLP, ModuleNet
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_batched_forward_equals_loop_over_samples(activation):
+    net = MLP(3, [7, 5], 2, activation=activation)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(11, 3, generator=g)
+    w = torch.randn(4, net.num_weights, generator=g)
+    batched = net(x, w)
+    assert batched.shape == (4, 11, 2)
+    for s in range(4):
+        torch.testing.assert_close(batched[s], net(x, w[s]))
+
+
+def test_forward_matches_torch_sequential_with_same_weights():
+    net = MLP(3, [6], 2, activation="tanh")
+    seq = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2))
+    w = torch.cat([p.detach().reshape(-1) for p in seq.parameters()])
+    x = torch.randn(9, 3)
+    torch.testing.assert_close(net(x, w), seq(x))
+    (W0, b0), (W1, b1) = net.unflatten(w)
+    torch.testing.assert_close(W0, seq[0].weight)
+    torch.testing.assert_close(b1, seq[2].bias)
+
+
+def test_activations_are_the_papers_choices():
+    a = torch.linspace(-3, 3, 13)
+    torch.testing.assert_close(ACTIVATIONS["rbf"](a), torch.exp(-a**2))
+    torch.testing.assert_close(ACTIVATIONS["leaky_relu"](a), torch.where(a > 0, a, 0.01 * a))
+
+
+def test_batched_inputs_and_nested_batch_dims():
+    net = MLP(2, [4], 1)
+    w = torch.randn(3, 5, net.num_weights)
+    x = torch.randn(3, 5, 8, 2)  # a different input per weight sample
+    out = net(x, w)
+    assert out.shape == (3, 5, 8, 1)
+    torch.testing.assert_close(out[2, 1], net(x[2, 1], w[2, 1]))
+
+
+def test_num_weights_and_init_weights():
+    net = MLP(1, [50], 1)
+    assert net.num_weights == 50 + 50 + 50 + 1
+    w1 = net.init_weights(torch.Generator().manual_seed(3))
+    w2 = net.init_weights(torch.Generator().manual_seed(3))
+    torch.testing.assert_close(w1, w2)
+    assert w1.abs().max() <= 1.0  # fan-in 1 -> U(-1, 1); fan-in 50 -> U(-0.14, 0.14)
+    assert w1[100:150].abs().max() <= 1 / 50**0.5
+
+
+def test_module_adapter_matches_module_output():
+    module = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    adapter = ModuleNet(module, 3, 2)
+    w0 = adapter.init_weights()
+    x = torch.randn(10, 3)
+    torch.testing.assert_close(adapter(x, w0), module(x))
+    w = w0 + 0.1 * torch.randn(5, adapter.num_weights)
+    out = adapter(x, w)
+    assert out.shape == (5, 10, 2)
+    for s in range(5):
+        torch.testing.assert_close(out[s], adapter(x, w[s]))
+
+
+def test_bad_configuration_and_inputs_raise():
+    with pytest.raises(ValueError, match="activation"):
+        MLP(1, [5], 1, activation="swish")
+    with pytest.raises(ValueError, match="positive"):
+        MLP(1, [0], 1)
+    net = MLP(2, [5], 1)
+    with pytest.raises(ValueError, match="num_weights"):
+        net(torch.zeros(3, 2), torch.zeros(net.num_weights + 1))
+    with pytest.raises(ValueError, match="in_features=2"):
+        net.check_input(torch.zeros(3, 4))

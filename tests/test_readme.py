@@ -1,0 +1,40 @@
+"""The README's quick start runs as written (with fewer SVI steps) and its commands exist."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_quick_start_runs(tmp_path, monkeypatch):
+    text = README.read_text()
+    block = re.search(r"## Quick start\s+```python\n(.*?)```", text, re.S).group(1)
+    code = block.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README quick start", "exec"), namespace)
+    assert namespace["pred"]["obs"].shape[0] == 100
+    assert namespace["f"].shape[0] == 50
+
+
+def test_readme_commands_match_ci():
+    text = README.read_text()
+    ci = (README.parent / ".ci" / "run").read_text()
+    install = re.search(r"## Install\s+```bash\n(.*?)\n```", text, re.S).group(1).strip()
+    tests = re.search(r"## Tests\s+```bash\n(.*?)\n```", text, re.S).group(1).strip()
+    assert install in ci.splitlines()
+    assert tests in ci.splitlines()
+
+
+@pytest.mark.parametrize("argv", [["datasets"], ["fit", "--help"], ["bench", "--help"]])
+def test_cli_entry_points(argv, capsys):
+    from pyro_bnnlv.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse --help exits 0
+        code = exit_.code
+    assert code == 0
+    assert capsys.readouterr().out

@@ -1,0 +1,371 @@
+r"""k-nearest-neighbour (kNN) estimators of differential entropy and KL divergence.
+
+These are the estimators used by NN-HyVI and FuNN-HyVI in
+``../shared/papers/hypernet-implicit-vi-parameter-predictor-space.txt`` (Pequignot et al.),
+section 3.1:
+
+* :func:`knn_kl` -- the Perez-Cruz (2008) estimator of ``KL(Q, P)``, the paper's eq. (4);
+* :func:`knn_entropy` -- the Kozachenko-Leonenko / Singh et al. (2003) entropy estimator,
+  the paper's eq. (5) (up to an O(1/N) choice of constant, see its docstring);
+* :func:`functional_knn_kl` and :func:`functional_knn_entropy` -- the predictor-space versions,
+  eq. (6) and (7), which apply eq. (4)/(5) to the vectors ``f^X = (f(X_0), ..., f(X_{T-1}))``
+  of function values at ``T`` inputs ``X ~ nu^T`` and average over independent draws of ``X``;
+* :func:`predictor_space_samples` -- evaluates ``S`` weight samples of a parametric predictor at
+  ``R`` independent draws of ``T`` inputs, producing the ``(R, S, T[, O])`` tensors those two
+  functions take (Alg. 2, lines 7-8 of the paper's supplementary material).
+
+Everything is plain torch, vectorised over draws with :func:`torch.cdist`, and differentiable
+w.r.t. the samples: the gradient of the ELBO's KL term (eq. 8-9) flows through the kNN distances.
+
+Numerics shared by all estimators
+---------------------------------
+* Distances are computed by :func:`torch.cdist` with
+  ``compute_mode="donot_use_mm_for_euclid_dist"``, i.e. from explicit coordinate differences.
+  The faster matrix-product form ``|x|^2 + |y|^2 - 2 x.y`` cancels catastrophically for samples
+  far from the origin (in float32 a point's distance to itself can come out > 1), which would
+  corrupt exactly the small distances these estimators take logs of.
+* The estimators only need ``log rho`` so we work with ``0.5 * log(max(rho^2, tiny))`` where
+  ``tiny = torch.finfo(dtype).tiny`` (1.2e-38 in float32, 2.2e-308 in float64). Exact ties or
+  duplicated samples have a zero kNN distance and a true log-distance of ``-inf``; the floor
+  replaces it by ``0.5 * log(tiny)`` (-43.7 in float32, -354 in float64), so the estimate stays
+  finite and its gradient is zero for that term (the clamp is flat) instead of ``nan``. The
+  value is then dominated by the duplicates -- correctly signalling a degenerate sample --
+  and, as the paper notes below eq. (4), a larger ``k`` avoids the problem when samples merely
+  lie very close to each other.
+* The within-sample term excludes each point's distance to itself by masking the diagonal of
+  the distance matrix with ``+inf`` (not by skipping the smallest distance, which is wrong as
+  soon as a sample contains duplicates: the duplicate's zero distance is then a genuine
+  neighbour).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "log_unit_ball_volume",
+    "knn_entropy",
+    "knn_kl",
+    "functional_knn_entropy",
+    "functional_knn_kl",
+    "predictor_space_samples",
+]
+
+EntropyCorrection = Literal["paper", "rescaled", "none"]
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+def log_unit_ball_volume(d: int) -> float:
+    r"""``log V_d = (d/2) log(pi) - lgamma(d/2 + 1)``, the log volume of the unit ball in R^d.
+
+    Computed in log space so that it stays finite for any ``d`` (``Gamma(d/2 + 1)`` overflows
+    float64 for ``d > 340``).
+    """
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be a positive int, got {d!r}")
+    return 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d + 1.0)
+
+
+def _digamma(x: int) -> float:
+    return float(torch.special.digamma(torch.tensor(float(x), dtype=torch.float64)))
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+
+
+def _check_tensor(x: Tensor, name: str, ndims: tuple[int, ...]) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, "
+                         f"got shape {tuple(x.shape)}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be float32 or float64, got {x.dtype}")
+    if x.numel() == 0 or any(s == 0 for s in x.shape):
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
+def _check_rows(n: int, name: str, minimum: int, k: int, what: str) -> None:
+    if n < minimum:
+        raise ValueError(f"{name} has {n} samples but k={k} needs at least {minimum} ({what})")
+
+
+def _log_kth_distance(x: Tensor, y: Tensor, k: int, exclude_self: bool) -> Tensor:
+    """Log distance from each row of ``x`` (..., n, d) to its k-th nearest row of ``y``.
+
+    ``exclude_self`` (only meaningful when ``y is x``) masks the diagonal, i.e. the neighbours
+    of ``x_i`` are searched in ``x \\ {x_i}``. Returns (..., n).
+    """
+    dist = torch.cdist(x, y, compute_mode="donot_use_mm_for_euclid_dist")
+    if exclude_self:
+        eye = torch.eye(dist.shape[-1], dtype=torch.bool, device=dist.device)
+        dist = dist.masked_fill(eye, math.inf)
+    kth = dist.topk(k, dim=-1, largest=False, sorted=True).values[..., k - 1]
+    # floor on the squared distance (monotone, so applying it after the selection is the same)
+    kth = kth.square().clamp_min(torch.finfo(kth.dtype).tiny)
+    return 0.5 * kth.log()
+
+
+def _entropy(x: Tensor, k: int) -> Tensor:
+    """Kozachenko-Leonenko estimate for a batch ``x`` (..., n, d) -> (...)."""
+    n, d = x.shape[-2:]
+    log_r = _log_kth_distance(x, x, k, exclude_self=True)
+    const = _digamma(n) - _digamma(k) + log_unit_ball_volume(d)
+    return const + d * log_r.mean(dim=-1)
+
+
+def _kl(x: Tensor, y: Tensor, k: int) -> Tensor:
+    """Perez-Cruz estimate of KL(law of x || law of y) for batches (..., n, d), (..., m, d)."""
+    n, d = x.shape[-2:]
+    m = y.shape[-2]
+    log_rho = _log_kth_distance(x, x, k, exclude_self=True)
+    log_nu = _log_kth_distance(x, y, k, exclude_self=False)
+    return math.log(m / (n - 1)) + d * (log_nu - log_rho).mean(dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# parameter space: eq. (4) and (5)
+# ----------------------------------------------------------------------------------------------
+def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
+    r"""kNN (Kozachenko-Leonenko) estimate of the differential entropy, in nats.
+
+    For ``samples = {x_i}_{i<n}`` in R^d (i.i.d. from a density ``q``) and ``rho_k(i)`` the
+    Euclidean distance from ``x_i`` to its k-th nearest neighbour in ``{x_j}_{j != i}``:
+
+    .. math::
+
+        \hat H_k = \psi(n) - \psi(k) + \log V_d + \frac{d}{n} \sum_{i<n} \log \rho_k(i),
+        \qquad \log V_d = \tfrac d2 \log\pi - \log\Gamma(\tfrac d2 + 1).
+
+    **Relation to the paper's eq. (5).** Eq. (5) (Singh et al., 2003) has the same form with
+    constant ``C_{d,k,N} = ln(N) - psi(k) + ln V_d``, i.e. ``ln N`` where we use ``psi(N)``.
+    We use ``psi(N)`` (Kozachenko-Leonenko as written by Kraskov et al., 2004) because it makes
+    the identity behind the estimator exact: the probability mass ``u`` of the ball of radius
+    ``rho_k(i)`` around ``x_i`` is the k-th order statistic of ``N-1`` uniforms, so
+    ``u ~ Beta(k, N-k)`` and ``E[ln u] = psi(k) - psi(N)``; with ``u ~ q(x_i) V_d rho_k^d`` this
+    gives the formula above. The two constants differ by ``ln N - psi(N) = 1/(2N) + O(1/N^2)``
+    (< 2.5e-3 nats for N >= 200), far below the estimator's statistical error, and the
+    difference has no effect on gradients.
+
+    Args:
+        samples: ``(n, d)`` float32/float64 tensor of i.i.d. samples, ``n > k``.
+        k: neighbour order. Small ``k`` has less bias; larger ``k`` is more robust to
+            (near-)duplicate samples (paper, below eq. 4).
+
+    Returns:
+        0-dim tensor (same dtype as ``samples``), differentiable w.r.t. ``samples``.
+        Exact duplicates are handled as described in the module docstring.
+    """
+    _check_k(k)
+    _check_tensor(samples, "samples", (2,))
+    _check_rows(samples.shape[0], "samples", k + 1, k, "each point needs k other points")
+    return _entropy(samples, k)
+
+
+def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
+    r"""Perez-Cruz (2008) kNN estimate of ``KL(p || q)`` from samples of ``p`` and ``q``.
+
+    For ``x_i ~ p`` (``i < n``) and ``y_j ~ q`` (``j < m``) in R^d, with ``rho_k(i)`` the
+    distance from ``x_i`` to its k-th nearest neighbour in ``{x_j}_{j != i}`` and ``nu_k(i)``
+    the distance from ``x_i`` to its k-th nearest neighbour in ``{y_j}``:
+
+    .. math::
+
+        \widehat{KL}_k(p \,\|\, q) = \log\frac{m}{n-1}
+            + \frac{d}{n} \sum_{i<n} \log\frac{\nu_k(i)}{\rho_k(i)} .
+
+    This is the paper's eq. (4), ``KL_k(Q~, P~) = ln(M/(N-1)) + d/N sum_i ln(s_k(q_i)/r_k(q_i))``,
+    with the paper's ``(Q~, N, r_k, P~, M, s_k)`` being our ``(p_samples, n, rho_k, q_samples,
+    m, nu_k)``.
+
+    **Argument order.** The *first* argument is the distribution the expectation is taken
+    under, the one whose within-sample distances appear in the denominator. In the hypernet
+    objectives (eq. 8-9, Alg. 1 line 7) the KL term is ``KL(Q, P)`` from the variational
+    distribution to the prior, so call ``knn_kl(guide_samples, prior_samples)``.
+
+    The estimate is consistent (Perez-Cruz, 2008) but, unlike KL itself, can be negative at
+    finite sample size, and it is invariant to a common rescaling of both samples.
+
+    Args:
+        p_samples: ``(n, d)`` samples of ``p`` (the guide / variational distribution), ``n > k``.
+        q_samples: ``(m, d)`` samples of ``q`` (the prior), ``m >= k``.
+        k: neighbour order, the same for both distances.
+
+    Returns:
+        0-dim tensor, differentiable w.r.t. both sample tensors (dtypes are promoted to the
+        common one).
+    """
+    _check_k(k)
+    _check_tensor(p_samples, "p_samples", (2,))
+    _check_tensor(q_samples, "q_samples", (2,))
+    if p_samples.shape[1] != q_samples.shape[1]:
+        raise ValueError(f"p_samples and q_samples must have the same dimension d, got "
+                         f"{p_samples.shape[1]} and {q_samples.shape[1]}")
+    _check_rows(p_samples.shape[0], "p_samples", k + 1, k, "each point needs k other points")
+    _check_rows(q_samples.shape[0], "q_samples", k, k, "k neighbours are needed")
+    dtype = torch.promote_types(p_samples.dtype, q_samples.dtype)
+    return _kl(p_samples.to(dtype), q_samples.to(dtype), k)
+
+
+# ----------------------------------------------------------------------------------------------
+# predictor space: eq. (6) and (7)
+# ----------------------------------------------------------------------------------------------
+def _flatten_function_values(f: Tensor, name: str) -> tuple[Tensor, int]:
+    """(R, S, T) or (R, S, T, O) -> ((R, S, T*O), T)."""
+    _check_tensor(f, name, (3, 4))
+    return f.reshape(f.shape[0], f.shape[1], -1), f.shape[2]
+
+
+def functional_knn_entropy(
+    f_samples: Tensor, k: int = 1, correction: EntropyCorrection = "paper"
+) -> Tensor:
+    r"""Predictor-space entropy estimate, the paper's eq. (7).
+
+    ``f_samples[r, i]`` is the vector ``f_i^{X_r} = (f_i(X_{r,0}), ..., f_i(X_{r,T-1}))`` of the
+    i-th function sample evaluated at the r-th draw ``X_r ~ nu^T`` of ``T`` inputs (for
+    vector-valued predictors the ``O`` outputs are concatenated, so each point lives in
+    R^{T*O}). The expectation over ``X ~ nu^T`` in eq. (7) is the average over the ``R`` draws:
+
+    .. math::
+
+        \hat H^\nu_k = \frac1R \sum_{r<R} \hat H_k(\{f_i^{X_r}\}_{i<S}) + c_T ,
+
+    with :func:`knn_entropy` as ``\hat H_k`` and the constant ``c_T`` chosen by ``correction``:
+
+    * ``"paper"`` (default): ``c_T = -(1/2) ln T``, eq. (7) exactly as printed.
+    * ``"rescaled"``: ``c_T = -(T*O/2) ln T``. The paper justifies the constant by the scaling
+      ``||f - g||_{L2(nu)} ~ T^{-1/2} ||f^X - g^X||_2`` (sec. 3.1). Rescaling a random vector in
+      R^{d} by ``a`` shifts its entropy by ``d ln a``, i.e. multiplying all distances by
+      ``T^{-1/2}`` shifts ``(d/N) sum ln r_k`` in eq. (5) by ``-(d/2) ln T`` with ``d = T*O``,
+      not by ``-(1/2) ln T``. With this option the estimate targets exactly
+      ``E_X H(T^{-1/2} f^X)``, the entropy of the scaled evaluation vectors whose distances
+      approximate L2(nu) distances.
+    * ``"none"``: ``c_T = 0``; the estimate targets ``E_X H(f^X)``.
+
+    The options differ by a constant independent of the function samples, so gradients (and
+    the FuNN-HyVI objective's optimum) do not depend on this choice; only reported entropy
+    values do. Note that no choice makes the estimate T-independent in general: ``f^X`` is a
+    T-dimensional marginal of a distribution on an infinite-dimensional space, and for a
+    parametric model with ``P`` weights, ``f^X`` is degenerate (entropy ``-inf``) once
+    ``T*O > P``.
+
+    Args:
+        f_samples: ``(R, S, T)`` or ``(R, S, T, O)`` function values, ``S > k``.
+        k: neighbour order.
+        correction: ``"paper"``, ``"rescaled"`` or ``"none"``, see above.
+
+    Returns:
+        0-dim tensor, differentiable w.r.t. ``f_samples``.
+    """
+    _check_k(k)
+    if correction not in ("paper", "rescaled", "none"):
+        raise ValueError(f"correction must be 'paper', 'rescaled' or 'none', got {correction!r}")
+    flat, num_inputs = _flatten_function_values(f_samples, "f_samples")
+    _check_rows(flat.shape[1], "f_samples (dim 1)", k + 1, k, "each point needs k other points")
+    d = flat.shape[2]
+    if correction == "paper":
+        c_t = -0.5 * math.log(num_inputs)
+    elif correction == "rescaled":
+        c_t = -0.5 * d * math.log(num_inputs)
+    else:
+        c_t = 0.0
+    return _entropy(flat, k).mean() + c_t
+
+
+def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
+    r"""Predictor-space KL estimate, the paper's eq. (6): ``KL^nu_k(F~, G~)``.
+
+    .. math::
+
+        \widehat{KL}^\nu_k = \frac1R \sum_{r<R}
+            \widehat{KL}_k(\{f_i^{X_r}\}_{i<S}, \{g_j^{X_r}\}_{j<S'}),
+
+    with :func:`knn_kl` as ``\widehat{KL}_k``. As in eq. (6) and Alg. 2 (lines 7-9), both
+    sample sets of draw ``r`` must be evaluated at the *same* inputs ``X_r``; use
+    :func:`predictor_space_samples` with a tuple of weight samples to get that. No ``ln T``
+    correction: eq. (4) only involves ratios of distances, so the ``T^{-1/2}`` scaling cancels
+    (paper, below eq. 6).
+
+    Args:
+        f_p: ``(R, S, T[, O])`` values of samples of ``p`` -- the variational distribution in
+            FuNN-HyVI (eq. 9), ``S > k``.
+        f_q: ``(R, S', T[, O])`` values of samples of ``q`` -- the prior, ``S' >= k``.
+        k: neighbour order.
+
+    Returns:
+        0-dim tensor, the estimate of ``KL(p || q)`` in predictor space, differentiable w.r.t.
+        both inputs.
+    """
+    _check_k(k)
+    x, _ = _flatten_function_values(f_p, "f_p")
+    y, _ = _flatten_function_values(f_q, "f_q")
+    if f_p.dim() != f_q.dim() or f_p.shape[0] != f_q.shape[0] or f_p.shape[2:] != f_q.shape[2:]:
+        raise ValueError(f"f_p and f_q must agree in the number of draws R (dim 0) and in the "
+                         f"inputs/outputs (dims 2:), got shapes {tuple(f_p.shape)} and "
+                         f"{tuple(f_q.shape)}")
+    _check_rows(x.shape[1], "f_p (dim 1)", k + 1, k, "each point needs k other points")
+    _check_rows(y.shape[1], "f_q (dim 1)", k, k, "k neighbours are needed")
+    dtype = torch.promote_types(x.dtype, y.dtype)
+    return _kl(x.to(dtype), y.to(dtype), k).mean()
+
+
+def predictor_space_samples(
+    fn: Callable[[Tensor, Tensor], Tensor],
+    weight_samples: Tensor | Sequence[Tensor],
+    input_sampler: Callable[[int], Tensor],
+    num_draws: int,
+    num_inputs: int,
+) -> Tensor | tuple[Tensor, ...]:
+    r"""Evaluate function samples at ``num_draws`` independent draws of ``num_inputs`` inputs.
+
+    For ``r < R = num_draws``: ``X_r = input_sampler(T)`` (shape ``(T, D)``, a draw from
+    ``nu^T``) and ``out[r] = fn(X_r, w)`` of shape ``(S, T)`` or ``(S, T, O)`` for weight
+    samples ``w`` of shape ``(S, P)``. This is Alg. 2, lines 7-8 (repeated ``R`` times to
+    Monte-Carlo the expectations in eq. 6-7).
+
+    Args:
+        fn: ``fn(x, w)`` maps inputs ``(T, D)`` and weights ``(S, P)`` to ``(S, T[, O])``.
+        weight_samples: a tensor ``(S, P)``, or a sequence of them (e.g. ``(guide_w,
+            prior_w)``), which are then all evaluated at the same inputs, as eq. (6) requires.
+        input_sampler: ``input_sampler(T)`` returns a ``(T, D)`` tensor of inputs drawn from
+            ``nu``.
+        num_draws: ``R >= 1``.
+        num_inputs: ``T >= 1``.
+
+    Returns:
+        ``(R, S, T[, O])`` tensor, or a tuple of them if ``weight_samples`` was a sequence.
+        Differentiable w.r.t. the weight samples.
+    """
+    for name, value in (("num_draws", num_draws), ("num_inputs", num_inputs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    single = isinstance(weight_samples, Tensor)
+    weights = (weight_samples,) if single else tuple(weight_samples)
+    if not weights or not all(isinstance(w, Tensor) and w.dim() >= 1 for w in weights):
+        raise ValueError("weight_samples must be a tensor (S, P) or a non-empty sequence of them")
+    values: list[list[Tensor]] = [[] for _ in weights]
+    for _ in range(num_draws):
+        x = input_sampler(num_inputs)
+        if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != num_inputs:
+            raise ValueError(f"input_sampler({num_inputs}) must return a tensor with "
+                             f"{num_inputs} rows, got {getattr(x, 'shape', type(x))}")
+        for out, w in zip(values, weights):
+            f = fn(x, w)
+            if f.dim() not in (2, 3) or tuple(f.shape[:2]) != (w.shape[0], num_inputs):
+                raise ValueError(f"fn(x, w) must return shape (S, T) or (S, T, O) = "
+                                 f"({w.shape[0]}, {num_inputs}[, O]), got {tuple(f.shape)}")
+            out.append(f)
+    stacked = tuple(torch.stack(out) for out in values)
+    return stacked[0] if single else stacked

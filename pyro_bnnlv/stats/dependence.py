@@ -1,0 +1,431 @@
+"""Dependence and normality statistics of the NCAI objective and its evaluation.
+
+Everything here refers to ``ncai-bnnlv-nonidentifiability.txt`` (the NCAI paper):
+
+* :func:`henze_zirkler` -- the Henze-Zirkler (1990) multivariate-normality statistic, the
+  differentiable proxy for ``D[q(z) || p(z)]`` (App. D.2, eq. 25-26; used in eq. 27 and as an
+  evaluation metric in App. F.2), plus :func:`henze_zirkler_pvalue`;
+* :func:`pearson_correlation` / :func:`correlation_penalty` -- the correlation proxy ``PC`` for
+  ``I(x; z)`` (App. D.1, eq. 23-24; used in eq. 27);
+* :func:`offdiag_cov_norm` -- the ``||offdiag Sigma_hat||_2`` term of eq. 26-27;
+* :func:`ksg_mutual_information` -- the Kraskov-Stoegbauer-Grassberger estimator of ``I(x; mu_z)``
+  (App. F.2), not differentiable;
+* :func:`ks_statistic` -- the two-sample Kolmogorov-Smirnov statistic between ``{mu_z_n}`` and
+  prior samples (App. F.2, univariate case), not differentiable.
+
+The differentiable functions take and return torch tensors (any float dtype; use float64 when
+comparing with reference implementations). The evaluation metrics take tensors or array-likes
+and return Python floats.
+
+Input conventions shared by all functions: a sample is a matrix ``(n, d)`` with one row per
+datapoint; a 1-D input of shape ``(n,)`` is accepted and treated as ``(n, 1)`` (one variable),
+because the univariate case (``D = K = 1``) is the common one in the paper. Inputs with any
+other number of dimensions, with non-finite entries, or with mismatched row counts raise a
+``ValueError`` that names the offending argument.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+from scipy.special import digamma
+from torch import Tensor
+
+__all__ = [
+    "henze_zirkler",
+    "henze_zirkler_beta",
+    "henze_zirkler_pvalue",
+    "pearson_correlation",
+    "correlation_penalty",
+    "offdiag_cov_norm",
+    "ksg_mutual_information",
+    "ks_statistic",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# input checking
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_tensor_2d(name: str, value: Any) -> Tensor:
+    """Return ``value`` as a floating tensor of shape ``(n, d)`` (1-D ``(n,)`` -> ``(n, 1)``)."""
+    x = torch.as_tensor(value)
+    if not (x.is_floating_point() or x.is_complex()):
+        x = x.to(torch.get_default_dtype())
+    if x.is_complex():
+        raise ValueError(f"`{name}` must be real-valued, got dtype {x.dtype}")
+    if x.dim() == 1:
+        x = x.unsqueeze(-1)
+    elif x.dim() != 2:
+        raise ValueError(
+            f"`{name}` must have shape (n,) or (n, d) (one row per datapoint), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"`{name}` must be non-empty, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x.detach()).all()):
+        raise ValueError(f"`{name}` contains NaN or infinite values")
+    return x
+
+
+def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
+    """Same checks as :func:`_as_tensor_2d`, returning a float64 numpy array ``(n, d)``."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu()
+    return _as_tensor_2d(name, value).to(torch.float64).numpy()
+
+
+def _check_same_n(name_a: str, a: Any, name_b: str, b: Any) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"`{name_a}` and `{name_b}` must have the same number of rows (datapoints), "
+            f"got {a.shape[0]} and {b.shape[0]}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Henze-Zirkler
+# ----------------------------------------------------------------------------------------------
+
+
+def henze_zirkler_beta(n: int, k: int) -> float:
+    r"""Smoothing parameter of the Henze-Zirkler test (Henze & Zirkler, 1990, eq. 3.6).
+
+    .. math::  \beta = \frac{1}{\sqrt 2}\Big(\frac{n(2k+1)}{4}\Big)^{1/(k+4)}
+
+    ``ncai-bnnlv-nonidentifiability.txt`` (after eq. 25) prints the exponent as ``-k/4``; that
+    is a typesetting error: with ``-k/4`` beta would shrink to 0 as ``n`` grows, whereas Henze &
+    Zirkler's choice (the optimal kernel bandwidth, ``1/(k+4)``) grows slowly with ``n``. We use
+    the published ``1/(k+4)``, as pingouin and the R package MVN do.
+    """
+    return (1.0 / math.sqrt(2.0)) * ((n * (2 * k + 1)) / 4.0) ** (1.0 / (k + 4))
+
+
+def henze_zirkler(x: Tensor) -> Tensor:
+    r"""Henze-Zirkler multivariate-normality statistic ``HZ`` of a sample, differentiable in ``x``.
+
+    ``ncai-bnnlv-nonidentifiability.txt`` eq. 25 (App. D.2), following Henze & Zirkler (1990):
+
+    .. math::
+
+        \mathrm{HZ} = \frac1n \sum_{i,j=1}^n e^{-\frac{\beta^2}{2} D_{ij}}
+            - 2 (1+\beta^2)^{-k/2} \sum_{i=1}^n e^{-\frac{\beta^2}{2(1+\beta^2)} D_i}
+            + n (1+2\beta^2)^{-k/2},
+
+    with :math:`D_{ij} = (x_i - x_j)^\top S^{-1} (x_i - x_j)`,
+    :math:`D_i = (x_i - \bar x)^\top S^{-1} (x_i - \bar x)` and ``beta`` from
+    :func:`henze_zirkler_beta`. ``HZ >= 0``; it is small for Gaussian samples and grows with
+    ``n`` for non-Gaussian ones. It is affine invariant, so it only measures the *shape* of the
+    sample (use :func:`offdiag_cov_norm` / the ELBO for location and scale).
+
+    Choices (made to match the published implementations, pingouin 0.7
+    ``multivariate_normality`` and R ``MVN::hz``, exactly):
+
+    * ``S`` is the **maximum-likelihood** covariance, normalised by ``n`` (``np.cov(...,
+      bias=True)`` in pingouin), as in Henze & Zirkler (1990); the paper only says "sample
+      covariance".
+    * If ``S`` is singular (rank < ``k``, e.g. a constant column or ``n <= k``) the statistic is
+      defined as ``4 n`` (Henze & Zirkler 1990; pingouin does the same). The returned tensor is
+      then a constant: it stays connected to ``x`` for ``backward()`` but its gradient is zero.
+      The same value is returned when ``S`` is numerically not positive definite (its Cholesky
+      factorisation fails), which can happen in float32 for nearly collinear columns.
+
+    The whole expression, including ``S^{-1}`` and the sample mean, is differentiated (this is
+    how it acts as a training penalty on the guide's ``z`` means in eq. 27). Cost is
+    ``O(n^2 k)`` time and ``O(n^2)`` memory.
+
+    Args:
+        x: sample of shape ``(n, k)`` (or ``(n,)``, treated as ``k = 1``), ``n >= 3``.
+
+    Returns:
+        0-dim tensor with the dtype of ``x``.
+    """
+    x = _as_tensor_2d("x", x)
+    n, k = x.shape
+    if n < 3:
+        raise ValueError(f"`x` must have at least 3 rows (datapoints), got {n}")
+    beta2 = henze_zirkler_beta(n, k) ** 2
+
+    xc = x - x.mean(dim=0, keepdim=True)
+    cov = xc.T @ xc / n  # ML covariance, divisor n
+    degenerate = x.sum() * 0.0 + 4.0 * n
+    if int(torch.linalg.matrix_rank(cov.detach())) < k:
+        return degenerate
+    chol, info = torch.linalg.cholesky_ex(cov)
+    if int(info) != 0:
+        return degenerate
+    # whitened sample: y_i = L^{-1}(x_i - xbar), so y_i.y_j = (x_i-xbar)^T S^{-1} (x_j-xbar)
+    y = torch.linalg.solve_triangular(chol, xc.T, upper=False).T
+    d_i = y.square().sum(dim=1)  # D_i
+    d_ij = d_i[:, None] + d_i[None, :] - 2.0 * (y @ y.T)  # D_ij
+
+    term1 = torch.exp(-0.5 * beta2 * d_ij).sum() / n
+    term2 = 2.0 * (1.0 + beta2) ** (-k / 2) * torch.exp(-beta2 / (2.0 * (1.0 + beta2)) * d_i).sum()
+    term3 = n * (1.0 + 2.0 * beta2) ** (-k / 2)
+    return term1 - term2 + term3
+
+
+def henze_zirkler_pvalue(hz: float | Tensor, n: int, k: int) -> float:
+    r"""Approximate p-value of an observed ``HZ`` under multivariate normality.
+
+    Henze & Zirkler (1990) show ``HZ`` is approximately lognormal under the null; its mean and
+    variance are (with ``a = 1 + 2 beta^2``, ``w = (1 + beta^2)(1 + 3 beta^2)``)
+
+    .. math::
+
+        \mu = 1 - a^{-k/2}\Big(1 + \frac{k\beta^2}{a} + \frac{k(k+2)\beta^4}{2a^2}\Big),\\
+        \sigma^2 = 2(1+4\beta^2)^{-k/2}
+            + 2a^{-k}\Big(1 + \frac{2k\beta^4}{a^2} + \frac{3k(k+2)\beta^8}{4a^4}\Big)
+            - 4w^{-k/2}\Big(1 + \frac{3k\beta^4}{2w} + \frac{k(k+2)\beta^8}{2w^2}\Big),
+
+    and the p-value is the survival function of the lognormal with those moments at ``hz``
+    (the same approximation as pingouin ``multivariate_normality``). Not differentiable.
+    """
+    from scipy.stats import lognorm
+
+    hz = float(hz.detach()) if isinstance(hz, Tensor) else float(hz)
+    if n < 3 or k < 1:
+        raise ValueError(f"need `n` >= 3 and `k` >= 1, got n={n}, k={k}")
+    b2 = henze_zirkler_beta(n, k) ** 2
+    b4, b8 = b2**2, b2**4
+    a = 1.0 + 2.0 * b2
+    wb = (1.0 + b2) * (1.0 + 3.0 * b2)
+    mu = 1.0 - a ** (-k / 2) * (1.0 + k * b2 / a + k * (k + 2) * b4 / (2.0 * a**2))
+    si2 = (
+        2.0 * (1.0 + 4.0 * b2) ** (-k / 2)
+        + 2.0 * a ** (-k) * (1.0 + 2.0 * k * b4 / a**2 + 3.0 * k * (k + 2) * b8 / (4.0 * a**4))
+        - 4.0 * wb ** (-k / 2) * (1.0 + 3.0 * k * b4 / (2.0 * wb) + k * (k + 2) * b8 / (2.0 * wb**2))
+    )
+    log_mean = math.log(math.sqrt(mu**4 / (si2 + mu**2)))
+    log_sd = math.sqrt(math.log1p(si2 / mu**2))
+    return float(lognorm.sf(hz, log_sd, scale=math.exp(log_mean)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pearson-correlation proxy for I(x; z)
+# ----------------------------------------------------------------------------------------------
+
+
+def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
+    r"""Matrix of Pearson correlations between the columns of ``a`` and the columns of ``b``.
+
+    Entry ``(d, j)`` is the summand of ``ncai-bnnlv-nonidentifiability.txt`` eq. 24 for the
+    pair (column ``d`` of ``a``, column ``j`` of ``b``):
+
+    .. math::
+
+        r_{dj} = \frac{\mathrm{Cov}(a^{(d)}, b^{(j)})}
+                      {\sqrt{(\mathbb V[a^{(d)}] + \epsilon)(\mathbb V[b^{(j)}] + \epsilon)}}
+
+    (moments with divisor ``n``; the divisor cancels). ``eps`` is added to each *variance*
+    (i.e. ``std -> sqrt(std^2 + eps)``), not to the standard deviation after the square root:
+    that keeps the value finite for constant columns (``r = 0`` there, since the covariance is
+    0) *and* keeps the gradient finite (the gradient of ``sqrt`` at 0 is infinite, which would
+    turn ``0 * inf`` into NaN in backward). For columns whose variance is much larger than
+    ``eps`` the value is the ordinary Pearson correlation to relative precision ``eps / var``.
+
+    Args:
+        a: ``(n, D)`` or ``(n,)``.
+        b: ``(n, K)`` or ``(n,)``, same ``n``.
+        eps: non-negative constant added to each variance.
+
+    Returns:
+        ``(D, K)`` tensor of signed correlations in ``[-1, 1]``, differentiable in ``a`` and ``b``.
+    """
+    a = _as_tensor_2d("a", a)
+    b = _as_tensor_2d("b", b)
+    _check_same_n("a", a, "b", b)
+    if eps < 0:
+        raise ValueError(f"`eps` must be >= 0, got {eps}")
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    a, b = a.to(dtype), b.to(dtype)
+    n = a.shape[0]
+    ac = a - a.mean(dim=0, keepdim=True)
+    bc = b - b.mean(dim=0, keepdim=True)
+    cov = ac.T @ bc / n
+    sd_a = torch.sqrt(ac.square().mean(dim=0) + eps)
+    sd_b = torch.sqrt(bc.square().mean(dim=0) + eps)
+    return cov / (sd_a[:, None] * sd_b[None, :])
+
+
+def correlation_penalty(
+    a: Tensor,
+    b: Tensor,
+    reduction: Literal["mean", "max"] = "mean",
+    eps: float = 1e-12,
+) -> Tensor:
+    r"""The ``PC`` proxy of ``ncai-bnnlv-nonidentifiability.txt`` eq. 23-24, as a magnitude.
+
+    .. math::  \mathrm{PC}(\{a_n\}, \{b_n\}) = \frac{1}{DK}\sum_{d=1}^D \sum_{j=1}^K |r_{dj}|
+
+    with ``r`` from :func:`pearson_correlation` (``reduction="max"`` gives
+    :math:`\max_{d,j} |r_{dj}|` instead).
+
+    Two departures from eq. 24 as printed, both deliberate:
+
+    * **Magnitude.** Eq. 24 is a signed correlation, and eq. 27 penalises ``exp(PC / eps_x)``;
+      minimising a signed correlation drives it to ``-1``, i.e. to perfect (anti-)dependence,
+      not to independence. The text ("penalize the correlation between x and z", a proxy for
+      ``I(x; z) >= 0``) asks for no correlation, so we average ``|r|``, which is 0 iff every
+      pair is uncorrelated. (``|r|`` has subgradient 0 at ``r = 0``.)
+    * **All pairs.** Eq. 24 averages over ``d = 1..D`` the correlation of dimension ``d`` of
+      ``a`` with dimension ``d`` of ``b``, which is only defined when ``b`` has one column (it is
+      then broadcast) or as many as ``a``; the text calls it "the average Pearson correlation
+      between pairs of dimensions". Latent dimensions have no correspondence with input
+      dimensions, so we average over all ``D * K`` pairs. For ``K = 1`` (the paper's setting for
+      most experiments) this is exactly ``(1/D) sum_d |r_d|``, i.e. eq. 24 in magnitude.
+
+    ``"mean"`` is the default because it is what the paper's text describes; ``"max"`` is
+    offered for a worst-pair penalty.
+
+    Args:
+        a: ``(n, D)`` or ``(n,)``, e.g. the inputs ``x`` (or outputs ``y``).
+        b: ``(n, K)`` or ``(n,)``, e.g. the variational means ``mu_z``.
+        reduction: ``"mean"`` or ``"max"`` over the ``D * K`` pairs.
+        eps: see :func:`pearson_correlation`.
+
+    Returns:
+        0-dim tensor in ``[0, 1]``, differentiable in ``a`` and ``b``.
+    """
+    if reduction not in ("mean", "max"):
+        raise ValueError(f"`reduction` must be 'mean' or 'max', got {reduction!r}")
+    r = pearson_correlation(a, b, eps=eps).abs()
+    return r.mean() if reduction == "mean" else r.max()
+
+
+# ----------------------------------------------------------------------------------------------
+# off-diagonal covariance penalty
+# ----------------------------------------------------------------------------------------------
+
+
+def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
+    r"""``||offdiag Sigma_hat(z)||_2`` of ``ncai-bnnlv-nonidentifiability.txt`` eq. 26-27.
+
+    .. math::
+
+        \Big(\sum_{j \ne l} \hat\Sigma_{jl}^2\Big)^{1/2},\qquad
+        \hat\Sigma = \frac{1}{n - \text{correction}} \sum_n (z_n - \bar z)(z_n - \bar z)^\top
+
+    The paper calls it "the l2 penalty of the off-diagonal terms of the empirical covariance",
+    so ``||.||_2`` is the entrywise (vector) 2-norm of the off-diagonal entries -- the Frobenius
+    norm of ``Sigma_hat - diag(Sigma_hat)`` -- not the spectral norm, and not squared. Both
+    triangles are included (each covariance pair counts twice; this is the literal "offdiag"
+    matrix). The default ``correction=0`` (divisor ``n``) matches the covariance used by
+    :func:`henze_zirkler`; pass ``correction=1`` for the unbiased estimator.
+
+    For ``K = 1`` there are no off-diagonal entries and the result is 0 (with zero gradient).
+    The gradient is finite everywhere (torch defines the norm's subgradient at 0 as 0).
+
+    Args:
+        z: ``(n, K)`` or ``(n,)``, e.g. the variational means ``mu_z``.
+        correction: 0 (divisor ``n``) or 1 (divisor ``n - 1``).
+
+    Returns:
+        0-dim non-negative tensor, differentiable in ``z``.
+    """
+    z = _as_tensor_2d("z", z)
+    n, k = z.shape
+    if correction not in (0, 1):
+        raise ValueError(f"`correction` must be 0 or 1, got {correction}")
+    if n - correction < 1:
+        raise ValueError(f"`z` must have more than {correction} rows, got {n}")
+    zc = z - z.mean(dim=0, keepdim=True)
+    cov = zc.T @ zc / (n - correction)
+    off = cov - torch.diag_embed(torch.diagonal(cov))
+    return torch.linalg.vector_norm(off)
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluation metrics (not differentiable)
+# ----------------------------------------------------------------------------------------------
+
+
+def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True) -> float:
+    r"""Kraskov-Stoegbauer-Grassberger estimate (in nats) of ``I(x; z)``, App. F.2 of the paper.
+
+    Algorithm 1 of Kraskov, Stoegbauer & Grassberger (2004, Phys. Rev. E 69, 066138, eq. 8):
+
+    .. math::  \hat I = \psi(k) + \psi(N) - \big\langle \psi(n_x + 1) + \psi(n_z + 1) \big\rangle
+
+    where, for each point ``i``, ``eps_i`` is the distance to its ``k``-th nearest neighbour in
+    the joint space under the max-norm ``max(||x_i - x_j||_inf, ||z_i - z_j||_inf)``, and
+    ``n_x(i)`` (``n_z(i)``) counts the points ``j != i`` with ``||x_i - x_j||_inf < eps_i``
+    (strict inequality) in the marginal space. The paper uses ``k = 5`` on ``x`` and the
+    variational means ``mu_z``.
+
+    ``standardize=True`` (default) first divides every column of ``x`` and ``z`` by its standard
+    deviation (divisor ``n``; constant columns are left unchanged), as Kraskov et al. recommend
+    and as scikit-learn's ``mutual_info_regression`` does: the max-norm mixes the coordinates,
+    so without this the estimate depends on the units of ``x`` and ``z``. Unlike scikit-learn,
+    no jitter is added and the estimate is **not** clipped at 0: it is deterministic and can be
+    slightly negative for independent variables (the estimator's bias/noise is part of the
+    reading). Ties (duplicated points) make the strict counts degenerate; add tiny noise to
+    discrete-valued data first.
+
+    Args:
+        x: ``(N, D)`` or ``(N,)``; tensor or array-like.
+        z: ``(N, K)`` or ``(N,)``, same ``N``.
+        k: number of neighbours, ``1 <= k < N``.
+        standardize: scale every column to unit standard deviation first.
+
+    Returns:
+        The estimate as a Python float.
+    """
+    xa = _as_numpy_2d("x", x)
+    za = _as_numpy_2d("z", z)
+    _check_same_n("x", xa, "z", za)
+    n = xa.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k < n:
+        raise ValueError(f"`k` must be an integer with 1 <= k < N = {n}, got {k!r}")
+    if standardize:
+        xa, za = _unit_std(xa), _unit_std(za)
+
+    joint = np.hstack([xa, za])
+    dist, _ = cKDTree(joint).query(joint, k=k + 1, p=np.inf)  # column 0 is the point itself
+    # strict inequality: count points at distance <= the largest float below eps_i
+    radius = np.nextafter(dist[:, -1], 0.0)
+    n_x = cKDTree(xa).query_ball_point(xa, radius, p=np.inf, return_length=True) - 1.0
+    n_z = cKDTree(za).query_ball_point(za, radius, p=np.inf, return_length=True) - 1.0
+    mi = digamma(k) + digamma(n) - np.mean(digamma(n_x + 1.0)) - np.mean(digamma(n_z + 1.0))
+    return float(mi)
+
+
+def _unit_std(a: np.ndarray) -> np.ndarray:
+    sd = a.std(axis=0)
+    return a / np.where(sd > 0, sd, 1.0)
+
+
+def ks_statistic(mu_z: Any, prior_samples: Any) -> float:
+    r"""Two-sample Kolmogorov-Smirnov statistic, App. F.2 of the paper (univariate case).
+
+    .. math::  D = \sup_t \big| F_{\mu_z}(t) - F_{\text{prior}}(t) \big|
+
+    with ``F`` the empirical CDFs of the variational means ``{mu_z_n}`` (representing the
+    aggregated posterior ``q(z)``) and of samples from the prior ``p(z)``. Equals
+    ``scipy.stats.ks_2samp(mu_z, prior_samples).statistic``. Lower is closer.
+
+    Args:
+        mu_z: ``(N,)`` or ``(N, 1)``.
+        prior_samples: ``(M,)`` or ``(M, 1)``; ``M`` need not equal ``N``.
+
+    Returns:
+        The statistic in ``[0, 1]`` as a Python float.
+    """
+    a = _as_numpy_2d("mu_z", mu_z)
+    b = _as_numpy_2d("prior_samples", prior_samples)
+    for name, arr in (("mu_z", a), ("prior_samples", b)):
+        if arr.shape[1] != 1:
+            raise ValueError(
+                f"`{name}` must be univariate, shape (n,) or (n, 1), got {arr.shape}; the KS "
+                "statistic is used for K = 1 only"
+            )
+    a, b = np.sort(a[:, 0]), np.sort(b[:, 0])
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, grid, side="right") / a.size
+    cdf_b = np.searchsorted(b, grid, side="right") / b.size
+    return float(np.max(np.abs(cdf_a - cdf_b)))

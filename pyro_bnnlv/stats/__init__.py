@@ -1,0 +1,43 @@
+"""Estimators and metrics.
+
+* ``predictive``: test log-likelihood, RMSE, PICP, MPIW of a Monte-Carlo posterior predictive;
+* ``knn``: k-nearest-neighbour entropy and KL estimators, in parameter and predictor space;
+* ``dependence``: Henze-Zirkler normality statistic, correlation penalties, KSG mutual
+  information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics).
+"""
+from .dependence import (
+    correlation_penalty,
+    henze_zirkler,
+    henze_zirkler_pvalue,
+    ks_statistic,
+    ksg_mutual_information,
+    offdiag_cov_norm,
+    pearson_correlation,
+)
+from .knn import (
+    functional_knn_entropy,
+    functional_knn_kl,
+    knn_entropy,
+    knn_kl,
+    predictor_space_samples,
+)
+from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
+
+__all__ = [
+    "correlation_penalty",
+    "evaluate",
+    "functional_knn_entropy",
+    "functional_knn_kl",
+    "henze_zirkler",
+    "henze_zirkler_pvalue",
+    "knn_entropy",
+    "knn_kl",
+    "ks_statistic",
+    "ksg_mutual_information",
+    "mixture_log_density",
+    "mixture_quantile",
+    "offdiag_cov_norm",
+    "pearson_correlation",
+    "predictive_metrics",
+    "predictor_space_samples",
+]

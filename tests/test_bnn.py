@@ -88,7 +88,7 @@ def test_bad_data_raise(toy_data):
     bad_y[0] = float("inf")
     with pytest.raises(ValueError, match="y contains NaN"):
         model(x, bad_y)
-    with pytest.raises(ValueError, match=r"shape \(N,\)"):
+    with pytest.raises(ValueError, match=r"y must have shape \(100,\).*squeeze"):
         model(x, y.unsqueeze(-1))
 
 

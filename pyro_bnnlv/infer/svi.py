@@ -192,12 +192,10 @@ def train_map(
     so the learning rate does not depend on the data size. Returns the weights (``(P,)``,
     detached); ``init`` defaults to ``net.init_weights`` drawn with ``seed``.
     """
-    from ..models.bnn import check_xy
-
     _check_positive_int(num_steps, "num_steps")
     _check_positive_int(batch_size, "batch_size", allow_none=True)
     net = model.net
-    check_xy(net, x, y)
+    model.check_data(x, y)
     set_seed(seed)
     if init is None:
         w0 = net.init_weights(torch.Generator().manual_seed(0 if seed is None else int(seed)))

@@ -58,26 +58,29 @@ def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None
     return t
 
 
-def check_xy(net: FlatNet, x: Tensor, y: Tensor | None) -> None:
-    """Validate regression inputs for a network: finite ``x (N, D)`` and ``y (N,)``/``(N, L)``."""
-    net.check_input(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape (N, {net.in_features}); got {tuple(x.shape)}")
+def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -> None:
+    """Validate regression data: finite ``x (N, in_features)``; ``y (N,)`` if ``out_features``
+    is 1, else ``(N, out_features)``; ``ValueError`` naming the argument otherwise."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(
+            f"x must have shape (N, {in_features}) (in_features={in_features}); "
+            f"got {tuple(x.shape)}"
+        )
+    if not torch.isfinite(x).all():
+        raise ValueError("x contains NaN or infinite values")
     if y is None:
         return
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: {x.shape[0]} vs {y.shape[0]}")
-    L = net.out_features
-    expected = ((x.shape[0],),) if L == 1 else ((x.shape[0], L),)
-    if L == 1 and y.dim() == 2 and y.shape[1] == 1:
-        raise ValueError(
-            f"y must have shape (N,) for a single-output network; got {tuple(y.shape)} "
-            "(use y.squeeze(-1))"
-        )
-    if y.shape not in expected:
-        raise ValueError(f"y must have shape {expected[0]} for out_features={L}; got {tuple(y.shape)}")
+    L = out_features
+    expected = (x.shape[0],) if L == 1 else (x.shape[0], L)
+    if y.shape != expected:
+        hint = " (use y.squeeze(-1))" if L == 1 and y.shape == (x.shape[0], 1) else ""
+        raise ValueError(f"y must have shape {expected} for out_features={L}; got {tuple(y.shape)}{hint}")
     if not torch.isfinite(y).all():
         raise ValueError("y contains NaN or infinite values")
 
@@ -134,7 +137,7 @@ class BNN(PyroModule):
 
     def check_data(self, x: Tensor, y: Tensor | None = None) -> None:
         """Raise ``ValueError`` for inputs the model cannot take (see :func:`check_xy`)."""
-        check_xy(self.net, x, y)
+        check_xy(x, y, self.net.in_features, self.net.out_features)
 
     def predictive_components(
         self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None

@@ -16,8 +16,16 @@ Typical use::
 from . import datasets
 from .datasets import load_dataset
 from .guides import init_to_network
-from .infer import NonFiniteLossError, fit_svi, sample_posterior, train_map
-from .models import BNN, fan_in_prior_scale
+from .guides import ncai_guide
+from .infer import (
+    EmpiricalBayes,
+    NCAIElbo,
+    NonFiniteLossError,
+    fit_svi,
+    sample_posterior,
+    train_map,
+)
+from .models import BNN, BNNLV, fan_in_prior_scale
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
 
@@ -25,6 +33,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BNN",
+    "BNNLV",
+    "EmpiricalBayes",
+    "NCAIElbo",
+    "ncai_guide",
     "datasets",
     "FlatNet",
     "MLP",

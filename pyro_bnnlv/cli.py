@@ -5,12 +5,14 @@ Sub-commands:
 * ``pyro-bnnlv datasets``: list the data sets;
 * ``pyro-bnnlv fit --dataset NAME --model bnn --guide meanfield --steps N --seed S``: train,
   print the test metrics and, for 1-D inputs, write a PNG of the predictive mean and 95% band;
+* ``pyro-bnnlv compare DATASET``: BNN and BNN+LV with mean-field VI and NCAI, one table;
 * ``pyro-bnnlv bench NAME``: run a side-by-side benchmark (``svi-overhead``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Sequence
@@ -73,6 +75,49 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
+    """``["eps_T=0.01,0.0003", "lambda1=1"]`` -> the product grid as a list of dicts."""
+    if not items:
+        return None
+    from .compare import CompareConfig
+
+    base = dict(CompareConfig().ncai_grid[0])
+    axes: dict[str, list[float]] = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        if key not in base or not values:
+            raise ValueError(f"--grid entries look like NAME=v1,v2 with NAME in {sorted(base)}; got {item!r}")
+        axes[key] = [float(v) for v in values.split(",")]
+    keys = list(axes)
+    grid = []
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        grid.append(dict(base, **dict(zip(keys, combo))))
+    return grid
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import CompareConfig, run_compare
+    from .datasets import load_dataset
+
+    overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
+                                        ncai_grid=_parse_grid(args.grid)).items() if v is not None}  # fmt: skip
+    cfg = CompareConfig.full(**overrides) if args.full else CompareConfig(**overrides)
+    data = load_dataset(args.dataset, seed=cfg.seed, standardize=True)
+    print(f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
+          f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}")  # fmt: skip
+    figure = None
+    if data.input_dim == 1 and not args.no_plot:
+        figure = Path(args.figure or f"compare-{data.name}.png")
+    table, _ = run_compare(data, cfg, progress=not args.quiet, figure=figure)
+    print(table.to_string(index=False, float_format="%.3f"))
+    if figure is not None:
+        print(f"wrote {figure}")
+    if args.output:
+        table.to_csv(args.output, index=False)
+        print(f"wrote {args.output}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BENCHMARKS
 
@@ -113,6 +158,20 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--no-plot", action="store_true")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=_cmd_fit)
+
+    c = sub.add_parser("compare", help="BNN vs BNN+LV (MFVI, NCAI) on one data set")
+    c.add_argument("dataset")
+    c.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default 3000)")
+    c.add_argument("--restarts", type=int, default=None, help="restarts per setting (default 2)")
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--grid", nargs="*", metavar="NAME=V1,V2",
+                   help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5")
+    c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
+    c.add_argument("--output", help="write the table as CSV")
+    c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")
+    c.add_argument("--no-plot", action="store_true")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(func=_cmd_compare)
 
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("name", choices=sorted(BENCHMARKS))

@@ -10,6 +10,7 @@ parameter-store names are involved, so several fits can be loaded side by side.
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,11 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
         raise ValueError(f"{path}: unsupported file format {payload.get('format')!r}")
     model = _import(payload["model_class"]).from_config(payload["model_config"])
     model.load_state_dict(payload["model_state"])
-    guide = _import(payload["guide_class"])(model, **payload["guide_kwargs"])
+    guide_cls = _import(payload["guide_class"])
+    kwargs = dict(payload["guide_kwargs"])
+    if hasattr(model, "create_plates") and "create_plates" in inspect.signature(guide_cls).parameters:
+        kwargs.setdefault("create_plates", model.create_plates)  # local latents subsample
+    guide = guide_cls(model, **kwargs)
     dtype = getattr(torch, payload["x_dtype"].removeprefix("torch."))
     x_dummy = torch.zeros(payload["x_shape"], dtype=dtype)
     y_shape = payload["y_shape"]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .svi import isolated_param_store, set_seed
 
-__all__ = ["sample_posterior", "as_sample_dict"]
+__all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean"]
 
 
 def sample_posterior(
@@ -80,3 +80,24 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     if not torch.isfinite(out["w"]).all():
         raise ValueError("posterior_samples['w'] contains NaN or infinite values")
     return out
+
+
+def guide_site_mean(guide_trace: Any, name: str) -> Tensor:
+    """Mean of the guide's distribution of a real-valued site, shaped like the site's value.
+
+    Pyro's autoguides sample ``name + "_unconstrained"`` from the variational Gaussian and record
+    ``name`` itself as a ``Delta`` at the (transformed) sample, whose "mean" is that sample; the
+    variational mean lives on the unconstrained site. For real-valued sites (identity
+    transform) it is the mean of ``name``. Guides that sample ``name`` directly are read as is.
+    """
+    if name not in guide_trace.nodes:
+        raise ValueError(f"the guide has no site {name!r}")
+    value = guide_trace.nodes[name]["value"]
+    site = guide_trace.nodes.get(name + "_unconstrained", guide_trace.nodes[name])
+    try:
+        mean = site["fn"].mean
+    except NotImplementedError as err:
+        raise ValueError(
+            f"the guide's distribution at {name!r} has no mean; use a Gaussian guide such as AutoNormal"
+        ) from err
+    return mean.expand_as(value)

@@ -1,4 +1,5 @@
-"""Pyro models: BNN (``bnn``), and more to come (BNN+LV, projected BNN, linear)."""
+"""Pyro models: BNN (``bnn``), BNN+LV (``bnnlv``); projected BNN and linear to come."""
 from .bnn import BNN, fan_in_prior_scale
+from .bnnlv import BNNLV
 
-__all__ = ["BNN", "fan_in_prior_scale"]
+__all__ = ["BNN", "BNNLV", "fan_in_prior_scale"]

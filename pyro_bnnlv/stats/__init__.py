@@ -3,7 +3,8 @@
 * ``predictive``: test log-likelihood, RMSE, PICP, MPIW of a Monte-Carlo posterior predictive;
 * ``knn``: k-nearest-neighbour entropy and KL estimators, in parameter and predictor space;
 * ``dependence``: Henze-Zirkler normality statistic, correlation penalties, KSG mutual
-  information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics).
+  information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
+* ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
 """
 from .dependence import (
     correlation_penalty,
@@ -21,9 +22,25 @@ from .knn import (
     knn_kl,
     predictor_space_samples,
 )
+from .latent import (
+    knn_entropy_1d,
+    latent_diagnostics,
+    latent_means,
+    plot_uncertainty_decomposition,
+    predictive_mse,
+    reconstruction_mse,
+    uncertainty_decomposition,
+)
 from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
 
 __all__ = [
+    "knn_entropy_1d",
+    "latent_diagnostics",
+    "latent_means",
+    "plot_uncertainty_decomposition",
+    "predictive_mse",
+    "reconstruction_mse",
+    "uncertainty_decomposition",
     "correlation_penalty",
     "evaluate",
     "functional_knn_entropy",

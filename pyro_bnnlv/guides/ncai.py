@@ -1,0 +1,102 @@
+"""NCAI step 1: the model-satisfying initialisation (``ncai-bnnlv-nonidentifiability.txt`` sec. 6).
+
+"We initialize the variational means of the weights (except for weights associated with the
+input noise) with those of a deterministic neural network trained on the same data [...]. We
+then initialize the variational means of the latent noise to 0 [...]. Lastly, we initialize all
+variational variances randomly."
+
+:func:`ncai_init_loc_fn` trains the deterministic network (the BNN+LV's network with its latent
+inputs held at 0, by maximum likelihood with the model's noise scale) and returns an
+``init_loc_fn`` for ``AutoNormal``: ``"w"`` at the trained weights with the latent-input
+weights drawn small (``N(0, latent_weight_scale^2)``), ``"z"`` at 0. :func:`ncai_guide` builds
+the ``AutoNormal`` and randomises its initial scales, so that ``NCAI_{lambda=0}`` is
+``fit_svi(model, ncai_guide(model, x, y), x, y, ...)`` and ``NCAI_lambda`` adds
+``loss=NCAIElbo(...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from pyro.infer.autoguide import AutoNormal, init_to_feasible, init_to_value
+from torch import Tensor
+
+from ..infer.svi import isolated_param_store, train_map
+from ..models.bnn import BNN
+from ..models.bnnlv import BNNLV
+from ..nets import MLP
+
+__all__ = ["ncai_init_weights", "ncai_init_loc_fn", "ncai_guide"]
+
+
+def _deterministic_twin(model: BNNLV) -> tuple[BNN, Tensor]:
+    """A BNN on ``x`` alone with the BNN+LV's architecture minus the latent input columns."""
+    net = model.net
+    if not isinstance(net, MLP):
+        raise NotImplementedError("the NCAI initialisation needs an MLP network")
+    twin = MLP(model.input_dim, list(net.hidden_sizes), net.out_features, activation=net.activation)
+    keep = ~model.latent_weight_mask()  # the twin's weights are the BNN+LV's minus z columns
+    return BNN(twin, prior_scale=1.0, noise_scale=model.noise_scale.detach()), keep
+
+
+def ncai_init_weights(
+    model: BNNLV,
+    x: Tensor,
+    y: Tensor,
+    *,
+    num_steps: int = 2000,
+    lr: float = 0.01,
+    latent_weight_scale: float = 0.01,
+    batch_size: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> Tensor:
+    """Weights of a deterministic network trained on ``(x, y)``, embedded into the BNN+LV's flat
+    vector, with the weights on the latent inputs drawn from ``N(0, latent_weight_scale^2)``."""
+    model.check_data(x, y)
+    twin, keep = _deterministic_twin(model)
+    w_twin = train_map(twin, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,
+                       use_prior=False, seed=seed, progress=progress)  # fmt: skip
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    w = torch.randn(model.num_weights, generator=gen) * latent_weight_scale
+    w[keep] = w_twin
+    return w
+
+
+def ncai_init_loc_fn(model: BNNLV, x: Tensor, y: Tensor, **kwargs) -> Callable:
+    """``init_loc_fn`` for NCAI step 1: ``"w"`` from :func:`ncai_init_weights`, ``"z"`` at 0."""
+    w = ncai_init_weights(model, x, y, **kwargs)
+    return init_to_value(values={"w": w}, fallback=init_to_feasible)
+
+
+def ncai_guide(
+    model: BNNLV,
+    x: Tensor,
+    y: Tensor,
+    *,
+    init_scale: float = 0.01,
+    scale_jitter: float = 0.5,
+    seed: int = 0,
+    **kwargs,
+) -> AutoNormal:
+    """Mean-field ``AutoNormal`` over ``w`` and ``z`` initialised as NCAI step 1.
+
+    Initial standard deviations are random, ``init_scale * U(1 - scale_jitter, 1 + scale_jitter)``
+    elementwise ("we initialize all variational variances randomly"). ``kwargs`` go to
+    :func:`ncai_init_weights` (``num_steps``, ``lr``, ``latent_weight_scale``, ...).
+    """
+    if not 0 <= scale_jitter < 1:
+        raise ValueError(f"scale_jitter must lie in [0, 1), got {scale_jitter}")
+    init = ncai_init_loc_fn(model, x, y, seed=seed, **kwargs)
+    guide = AutoNormal(model, init_loc_fn=init, init_scale=init_scale,
+                       create_plates=model.create_plates)  # fmt: skip
+    with isolated_param_store(model, guide), torch.no_grad():
+        guide(x, y)  # create the parameters
+    gen = torch.Generator().manual_seed(int(seed) + 2)
+    with torch.no_grad():
+        for name in ("w", "z"):
+            scale = getattr(guide.scales, name)
+            u = torch.rand(scale.shape, generator=gen) * 2 * scale_jitter + (1 - scale_jitter)
+            setattr(guide.scales, name, scale * u)
+    return guide

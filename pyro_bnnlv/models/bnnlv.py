@@ -1,0 +1,146 @@
+"""Bayesian neural network with per-datapoint latent inputs (BNN+LV).
+
+Generative model (``ncai-bnnlv-nonidentifiability.txt`` eq. 1-2, Depeweg et al. 2018):
+
+.. math::
+
+    w \\sim \\mathcal N(0, \\operatorname{diag}(s^2)), \\quad
+    z_n \\sim \\mathcal N(0, \\sigma_z^2 I_K), \\quad
+    y_n = f([x_n, z_n]; w) + \\epsilon_n, \\ \\epsilon_n \\sim \\mathcal N(0, \\sigma^2 I_L).
+
+Sites: ``"w"`` (flat weights), ``"z"`` (``(N, K)``, inside the ``"data"`` plate, subsampled
+with the observations), ``"obs"``. The network's input is the concatenation ``[x, z]``, so the
+network has ``in_features = D + K``.
+
+Prediction (eq. 3): for a *new* input the latent is drawn from the prior, never taken from the
+training points' variational posteriors: ``p(y*|x*) = E_{q(w)} E_{p(z*)} N(y*; f([x*, z*]; w),
+sigma^2)``. :meth:`BNNLV.predictive_components` implements exactly that and is what
+:func:`pyro_bnnlv.evaluate` uses. A ``pyro.infer.Predictive(model, guide)`` call replays the
+guide's training ``z``: it is the right tool for reconstructing the *training* targets (eq. 33),
+and it refuses test inputs whose number differs from the training set (the guide's ``z`` has
+the training set's size). Use :func:`pyro_bnnlv.sample_posterior` for ``w`` and then
+``evaluate``/``predictive_components`` on test inputs.
+
+Mean-field VI over ``w`` and ``z`` (eq. 4-5) is ``AutoNormal(model,
+create_plates=model.create_plates)``; ``create_plates`` makes the guide subsample ``z`` together
+with the model's data plate, so minibatch SVI touches only the batch's latents.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import Tensor
+
+from ..nets import MLP, FlatNet
+from .bnn import BNN, _positive_tensor, check_xy
+
+__all__ = ["BNNLV"]
+
+
+class BNNLV(BNN):
+    """BNN+LV: ``y = f([x, z]; w) + eps`` with ``z ~ N(0, latent_scale^2 I_K)`` per data point.
+
+    Args:
+        net: a :class:`~pyro_bnnlv.nets.FlatNet` with ``in_features = D + latent_dim``.
+        latent_dim: ``K``, the dimension of each latent input ``z_n``.
+        latent_scale: prior standard deviation ``sigma_z`` of ``z``.
+        prior_scale, noise_scale, learn_noise: as for :class:`~pyro_bnnlv.models.bnn.BNN`.
+    """
+
+    def __init__(
+        self,
+        net: FlatNet,
+        latent_dim: int = 1,
+        latent_scale: float = 1.0,
+        prior_scale: float | Tensor = 1.0,
+        noise_scale: float | Tensor = 0.1,
+        learn_noise: bool = False,
+    ) -> None:
+        super().__init__(net, prior_scale=prior_scale, noise_scale=noise_scale,
+                         learn_noise=learn_noise)  # fmt: skip
+        if not isinstance(latent_dim, int) or latent_dim < 1:
+            raise ValueError(f"latent_dim must be a positive integer, got {latent_dim!r}")
+        if net.in_features <= latent_dim:
+            raise ValueError(
+                f"net.in_features={net.in_features} must exceed latent_dim={latent_dim}: the "
+                "network takes the concatenation [x, z]"
+            )
+        self.latent_dim = latent_dim
+        scale = _positive_tensor(latent_scale, "latent_scale")
+        if scale.dim() != 0:
+            raise ValueError(f"latent_scale must be a scalar, got shape {tuple(scale.shape)}")
+        self.register_buffer("latent_scale", scale)
+
+    @property
+    def input_dim(self) -> int:
+        """``D``: the width of the observed inputs ``x``."""
+        return self.net.in_features - self.latent_dim
+
+    def check_data(self, x: Tensor, y: Tensor | None = None) -> None:
+        """``x`` must be ``(N, D)`` with ``D = net.in_features - latent_dim``; ``y`` as for BNN."""
+        check_xy(x, y, self.input_dim, self.net.out_features)
+
+    def create_plates(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None):
+        """The data plate, for ``AutoNormal(model, create_plates=model.create_plates)``."""
+        return pyro.plate("data", x.shape[0], subsample_size=batch_size)
+
+    def latent_weight_mask(self) -> Tensor:
+        """Boolean mask of the first-layer weights that multiply the latent inputs ``z``."""
+        if not isinstance(self.net, MLP):
+            raise NotImplementedError("latent_weight_mask needs an MLP network")
+        mask = torch.zeros(self.net.num_weights, dtype=torch.bool)
+        fan_in, fan_out, w_sl, _ = self.net.layers[0]
+        first = mask[w_sl].view(fan_out, fan_in)
+        first[:, self.input_dim :] = True
+        mask[w_sl] = first.reshape(-1)
+        return mask
+
+    def network_input(self, x: Tensor, z: Tensor) -> Tensor:
+        """``[x, z]`` with ``x`` broadcast over the batch dims of ``z`` (``(*S, N, K)``)."""
+        return torch.cat([x.expand(*z.shape[:-1], x.shape[-1]), z], dim=-1)
+
+    def predictive_components(
+        self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Posterior-predictive mixture components at new inputs (eq. 3, eq. 34).
+
+        One latent ``z* ~ p(z)`` is drawn per weight sample and input, independently of the
+        training latents: ``loc[s, n] = f([x_n, z*_{s,n}]; w_s)``.
+        """
+        w = samples["w"]
+        S, N = w.shape[0], x.shape[0]
+        eps = torch.randn(S, N, self.latent_dim, generator=generator, dtype=x.dtype)
+        z = eps * self.latent_scale
+        return self.net(self.network_input(x, z), w), torch.as_tensor(self.noise_scale).detach()
+
+    def reconstruction_components(self, x: Tensor, samples: dict[str, Tensor]) -> Tensor:
+        """``f([x_n, z_n]; w)`` with the *posterior* latents of the training points: ``(S, N, L)``.
+
+        ``samples["z"]`` is ``(S, N, K)`` (from :func:`pyro_bnnlv.sample_posterior` with
+        ``sites=("w", "z")``); used for the reconstruction MSE (eq. 33).
+        """
+        return self.net(self.network_input(x, samples["z"]), samples["w"])
+
+    def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
+        if not torch.jit.is_tracing():
+            self.check_data(x, y)
+        w = pyro.sample("w", dist.Normal(self.prior_loc, self.prior_scale).to_event(1))
+        z_prior = dist.Normal(torch.zeros(self.latent_dim, dtype=x.dtype), self.latent_scale)
+        with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
+            if batch_size is None:
+                x_b, y_b = x, y
+            else:
+                x_b, y_b = x[idx], (None if y is None else y[idx])
+            z = pyro.sample("z", z_prior.to_event(1))
+            f = self._plate_f(self.network_input(x_b, z), w)
+            return pyro.sample("obs", self._likelihood(f), obs=y_b)
+
+    def config(self) -> dict:
+        return dict(super().config(), latent_dim=self.latent_dim)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "BNNLV":
+        return cls(MLP(**config["net"]), latent_dim=config["latent_dim"],
+                   learn_noise=config["learn_noise"])  # fmt: skip

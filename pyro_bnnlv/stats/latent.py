@@ -1,0 +1,160 @@
+"""Metrics of BNN+LV fits (``ncai-bnnlv-nonidentifiability.txt`` sec. 3, App. E, App. F.2).
+
+* :func:`latent_means`: the guide's variational means ``mu_z`` of the training latents;
+* :func:`latent_diagnostics`: satisfaction of the modelling assumptions, KSG mutual information
+  ``I(x; mu_z)`` (k = 5), Henze-Zirkler statistic of ``mu_z`` and, for 1-D latents, the
+  two-sample Kolmogorov-Smirnov statistic between ``mu_z`` and prior samples;
+* :func:`reconstruction_mse` (eq. 33) and :func:`predictive_mse` (eq. 35);
+* :func:`uncertainty_decomposition` (eq. 6-7): total, aleatoric and epistemic entropy of the
+  predictive per test input, with a k-nearest-neighbour entropy estimator (k = 5, App. E), and
+  :func:`plot_uncertainty_decomposition` (Fig. 6).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyro
+import torch
+from scipy.special import digamma
+from torch import Tensor
+
+from ..infer.predict import as_sample_dict, guide_site_mean
+from ..infer.svi import isolated_param_store
+from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
+
+__all__ = [
+    "latent_means",
+    "latent_diagnostics",
+    "reconstruction_mse",
+    "predictive_mse",
+    "knn_entropy_1d",
+    "uncertainty_decomposition",
+    "plot_uncertainty_decomposition",
+]
+
+
+@torch.no_grad()
+def latent_means(guide: Any, x: Tensor, y: Tensor, site: str = "z") -> Tensor:
+    """Variational means of the latent site for all training points, ``(N, K)``.
+
+    Read from the guide's variational distribution (:func:`guide_site_mean`), not from samples.
+    """
+    with isolated_param_store(guide):
+        trace = pyro.poutine.trace(guide).get_trace(x, y)
+    return guide_site_mean(trace, site).detach().reshape(x.shape[0], -1)
+
+
+def latent_diagnostics(
+    model: Any, guide: Any, x: Tensor, y: Tensor, *, k: int = 5, seed: int = 0
+) -> pd.Series:
+    """``mi_x_z`` (KSG, k neighbours), ``hz_z`` (Henze-Zirkler of ``mu_z``) and, for K = 1,
+    ``ks_z`` (KS statistic of ``mu_z`` against as many prior samples), App. F.2."""
+    mu = latent_means(guide, x, y)
+    out = {
+        "mi_x_z": ksg_mutual_information(x.double().numpy(), mu.double().numpy(), k=k),
+        "hz_z": float(henze_zirkler(mu.double())),
+    }
+    if mu.shape[1] == 1:
+        gen = torch.Generator().manual_seed(seed)
+        prior = torch.randn(mu.shape[0], generator=gen) * float(model.latent_scale)
+        out["ks_z"] = ks_statistic(mu[:, 0].numpy(), prior.numpy())
+    return pd.Series(out)
+
+
+@torch.no_grad()
+def reconstruction_mse(model: Any, samples: dict[str, Tensor], x: Tensor, y: Tensor) -> float:
+    """Eq. 33: ``mean_n E_{q(z_n) q(w)} ||y_n - f([x_n, z_n]; w)||^2`` over posterior samples
+    ``{"w": (S, P), "z": (S, N, K)}`` of the training points."""
+    f = model.reconstruction_components(x, samples)  # (S, N, L)
+    return (y.reshape(1, x.shape[0], -1) - f).square().sum(-1).mean().item()
+
+
+@torch.no_grad()
+def predictive_mse(model: Any, samples: Any, x: Tensor, y: Tensor, seed: int = 0) -> float:
+    """Eq. 35: ``mean_n ||y_n - E_{p(z) q(w)} f([x_n, z]; w)||^2`` (latents from the prior)."""
+    gen = torch.Generator().manual_seed(seed)
+    loc, _ = model.predictive_components(x, as_sample_dict(samples), generator=gen)
+    return (y.reshape(x.shape[0], -1) - loc.mean(0)).square().sum(-1).mean().item()
+
+
+def knn_entropy_1d(samples: Tensor, k: int = 5, chunk: int = 256) -> Tensor:
+    """Kozachenko-Leonenko entropy of many 1-D sample sets at once: ``(B, n)`` -> ``(B,)``.
+
+    ``H = psi(n) - psi(k) + log 2 + mean_i log rho_k(i)`` (``log 2`` is the log-volume of the
+    unit ball in 1-D), the same estimator as :func:`pyro_bnnlv.stats.knn_entropy` for ``d = 1``,
+    batched over sample sets.
+    """
+    B, n = samples.shape
+    if not 0 < k < n:
+        raise ValueError(f"k must lie in [1, n), got k={k}, n={n}")
+    out = []
+    eye = torch.eye(n, dtype=torch.bool)
+    for s in samples.split(chunk):
+        d = (s.unsqueeze(-1) - s.unsqueeze(-2)).abs().masked_fill(eye, math.inf)
+        rho = d.topk(k, dim=-1, largest=False).values[..., -1]
+        tiny = torch.finfo(s.dtype).tiny
+        out.append(rho.clamp_min(tiny).log().mean(-1))
+    return torch.cat(out) + float(digamma(n) - digamma(k)) + math.log(2.0)
+
+
+@torch.no_grad()
+def uncertainty_decomposition(
+    model: Any,
+    samples: Any,
+    x: Tensor,
+    *,
+    num_inner: int = 200,
+    k: int = 5,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Total, aleatoric and epistemic predictive entropy per input (eq. 6-7, App. E).
+
+    For each of ``S`` weight samples, ``num_inner`` draws of ``(z, eps)`` from the prior and the
+    noise give ``y ~ p(y | w, x)``; the aleatoric entropy is the average over weights of the
+    per-weight k-NN entropy, the total entropy the k-NN entropy of all ``S * num_inner`` draws,
+    and the epistemic entropy their difference. Single-output models only.
+    """
+    samples = as_sample_dict(samples)
+    w = samples["w"]
+    S, N = w.shape[0], x.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    w_rep = w.repeat_interleave(num_inner, 0)  # (S * M, P)
+    loc, scale = model.predictive_components(x, {"w": w_rep}, generator=gen)
+    if loc.shape[-1] != 1:
+        raise ValueError("uncertainty_decomposition supports single-output models")
+    y = loc[..., 0] + scale * torch.randn(loc.shape[:-1], generator=gen, dtype=loc.dtype)
+    y = y.reshape(S, num_inner, N)  # (S, M, N)
+    aleatoric = knn_entropy_1d(y.permute(2, 0, 1).reshape(N * S, num_inner), k).view(N, S).mean(1)
+    total = knn_entropy_1d(y.permute(2, 0, 1).reshape(N, S * num_inner), k)
+    frame = pd.DataFrame({"total": total.numpy(), "aleatoric": aleatoric.numpy()})
+    frame["epistemic"] = frame["total"] - frame["aleatoric"]
+    for d in range(x.shape[1]):
+        frame.insert(d, f"x{d}" if x.shape[1] > 1 else "x", x[:, d].numpy())
+    return frame
+
+
+def plot_uncertainty_decomposition(frames: dict[str, pd.DataFrame], path: str | Path) -> Path:
+    """Fig. 6: total / aleatoric / epistemic entropy against ``x``, one panel per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False)
+    for ax, (name, frame) in zip(axes[0], frames.items()):
+        frame = frame.sort_values("x")
+        for col in ("total", "aleatoric", "epistemic"):
+            ax.plot(frame["x"], frame[col], label=col)
+        ax.set_title(name)
+        ax.set_xlabel("x")
+    axes[0][0].set_ylabel("entropy (nats)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

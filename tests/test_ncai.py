@@ -1,0 +1,152 @@
+import math
+
+import pyro
+import pytest
+import torch
+from scipy.stats import invgamma
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+import pyro_bnnlv as pb
+from pyro_bnnlv.guides.ncai import ncai_guide, ncai_init_weights
+from pyro_bnnlv.infer.empirical_bayes import EmpiricalBayes, eb_latent_variance, eb_weight_variance
+from pyro_bnnlv.infer.ncai import NCAIElbo, ncai_penalties, safe_exp
+from pyro_bnnlv.models.bnnlv import BNNLV
+from pyro_bnnlv.stats.dependence import correlation_penalty, henze_zirkler
+from pyro_bnnlv.stats.latent import latent_means
+
+
+@pytest.fixture
+def setup():
+    data = pb.load_dataset("heavy-tail", sizes=(120, 40, 40))
+    model = BNNLV(pb.MLP(2, [10], 1, activation="leaky_relu"), latent_scale=0.1, noise_scale=0.3)
+    guide = AutoNormal(model, create_plates=model.create_plates, init_loc_fn=pb.init_to_network(model))
+    guide(data.x_train, data.y_train)
+    return data, model, guide
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 30])
+def test_ncai_with_zero_lambdas_equals_trace_elbo(setup, jit, batch_size):
+    data, model, guide = setup
+    kw = {} if batch_size is None else {"batch_size": batch_size}
+    ncai = NCAIElbo(0.0, 0.0, 0.0, jit=jit)
+    ncai.loss(model, guide, data.x_train, data.y_train, **kw)  # compile outside the comparison
+    pyro.set_rng_seed(5)
+    a = Trace_ELBO().loss(model, guide, data.x_train, data.y_train, **kw)
+    pyro.set_rng_seed(5)
+    b = ncai.loss(model, guide, data.x_train, data.y_train, **kw)
+    assert b == pytest.approx(a, rel=1e-5)
+
+
+def test_penalty_value_matches_eq_27_by_hand(setup):
+    data, model, guide = setup
+    with torch.no_grad():
+        guide.locs.z.copy_(data.x_train * 0.05 + 0.01 * torch.randn(120, 1))
+    elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, eps_y=0.8)
+    pyro.set_rng_seed(0)
+    total = elbo.loss(model, guide, data.x_train, data.y_train)
+    pyro.set_rng_seed(0)
+    base = Trace_ELBO().loss(model, guide, data.x_train, data.y_train)
+    mu = guide.locs.z.detach()
+    N = 120
+    hz = henze_zirkler(mu) / N
+    pcx = correlation_penalty(data.x_train, mu)
+    pcy = correlation_penalty(data.y_train.unsqueeze(-1), mu)
+    by_hand = 0.7 * N * math.exp(hz / 0.5) + 0.0 + 0.3 * N * math.exp(pcx / 0.5 + pcy / 0.8)
+    assert total - base == pytest.approx(by_hand, rel=1e-4)
+
+
+def test_svi_step_descends_the_penalties(setup):
+    """Descending NCAIElbo lowers |corr(x, mu_z)| and HZ(mu_z) on a planted example where the
+    latent means memorise x (the non-identifiable solution of sec. 4)."""
+    data, model, guide = setup
+    with torch.no_grad():
+        guide.locs.z.copy_(0.3 * data.x_train ** 3 / data.x_train.abs().max() ** 3)
+    before = ncai_penalties(data.x_train, data.y_train, latent_means(guide, data.x_train, data.y_train))
+    elbo = NCAIElbo(lambda1=1.0, lambda2=10.0, lambda3=1.0, eps_T=0.01, eps_x=0.5, eps_y=0.5)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
+    with pyro.get_param_store().scope():
+        for _ in range(150):
+            svi.step(data.x_train, data.y_train)
+    after = ncai_penalties(data.x_train, data.y_train, latent_means(guide, data.x_train, data.y_train))
+    assert after["pc_x"] < 0.5 * before["pc_x"]
+    assert after["hz"] < 0.5 * before["hz"]
+
+
+def test_differentiable_loss_and_loss_and_grads_agree(setup):
+    data, model, guide = setup
+    elbo = NCAIElbo()
+    pyro.set_rng_seed(2)
+    a = elbo.differentiable_loss(model, guide, data.x_train, data.y_train).item()
+    pyro.set_rng_seed(2)
+    b = elbo.loss_and_grads(model, guide, data.x_train, data.y_train)
+    pyro.set_rng_seed(2)
+    c = elbo.loss(model, guide, data.x_train, data.y_train)
+    assert a == pytest.approx(b, rel=1e-6) and b == pytest.approx(c, rel=1e-6)
+
+
+def test_safe_exp_is_finite_and_monotone():
+    t = torch.tensor([0.0, 10.0, 30.0, 31.0, 1e4], requires_grad=True)
+    v = safe_exp(t)
+    assert torch.isfinite(v).all() and (v[1:] > v[:-1]).all()
+    assert v[1].item() == pytest.approx(math.exp(10.0), rel=1e-5)
+    v.sum().backward()
+    assert (t.grad > 0).all()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="lambda2"):
+        NCAIElbo(lambda2=-1.0)
+    with pytest.raises(ValueError, match="eps_x"):
+        NCAIElbo(eps_x=0.0)
+    with pytest.raises(ValueError, match="hz_normalization"):
+        NCAIElbo(hz_normalization="sqrt")
+
+
+def test_ncai_initialisation(setup):
+    data, model, _ = setup
+    w = ncai_init_weights(model, data.x_train, data.y_train, num_steps=300, seed=0)
+    mask = model.latent_weight_mask()
+    assert w[mask].abs().max() < 0.05  # weights on z start small
+    # with z = 0 the network reproduces the trained deterministic fit: better than a constant
+    f = model.net(torch.cat([data.x_train, torch.zeros(120, 1)], -1), w).squeeze(-1)
+    assert (f - data.y_train).square().mean() < 0.5 * data.y_train.var()
+    guide = ncai_guide(model, data.x_train, data.y_train, num_steps=300, init_scale=0.02, seed=0)
+    assert torch.equal(guide.locs.z, torch.zeros(120, 1))
+    torch.testing.assert_close(guide.locs.w, w)
+    s = guide.scales.w.detach()
+    assert s.min() >= 0.01 - 1e-6 and s.max() <= 0.03 + 1e-6 and s.std() > 0  # random variances
+
+
+def test_empirical_bayes_updates_equal_closed_forms(setup):
+    data, model, guide = setup
+    eb = EmpiricalBayes(model, guide, every=2)
+    eb(0, 0.0)
+    assert not eb.history  # only every 2nd step
+    eb(1, 0.0)
+    loc_w, sc_w = guide.locs.w.detach(), guide.scales.w.detach()
+    H = loc_w.numel()
+    s_w = (2 * 0.5 + (sc_w**2).sum() + (loc_w**2).sum()) / (H + 2 * 3 - 2)
+    loc_z, sc_z = guide.locs.z.detach(), guide.scales.z.detach()
+    s_z = (2 * 0.5 + ((sc_z**2).sum() + (loc_z**2).sum()) / 120) / (1 + 2 * 3 - 2)
+    assert eb.history[-1]["s_w"] == pytest.approx(s_w.item(), rel=1e-6)
+    assert eb.history[-1]["s_z"] == pytest.approx(s_z.item(), rel=1e-6)
+    assert torch.allclose(model.prior_scale, s_w.sqrt().expand(H))
+    assert model.latent_scale.item() == pytest.approx(s_z.sqrt().item(), rel=1e-6)
+    assert eb_weight_variance(loc_w, sc_w).item() == pytest.approx(s_w.item(), rel=1e-6)
+    assert eb_latent_variance(loc_z, sc_z).item() == pytest.approx(s_z.item(), rel=1e-6)
+    # eq. 30 is the mean of the conjugate posterior IG(alpha + H/2, beta + A/2) of the variance
+    # given "observations" with second moments A = tr(Sigma_q) + mu^T mu (checked with scipy)
+    A = ((sc_w**2).sum() + (loc_w**2).sum()).item()
+    post_mean = invgamma(a=3 + H / 2, scale=0.5 + A / 2).mean()
+    assert s_w.item() == pytest.approx(post_mean, rel=1e-6)
+
+
+def test_empirical_bayes_in_fit_svi(setup):
+    data, model, guide = setup
+    eb = EmpiricalBayes(model, guide)
+    pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=20, loss=Trace_ELBO(),
+               callback=eb, progress=False)  # fmt: skip
+    assert len(eb.history) == 20
+    assert model.prior_scale[0].item() == pytest.approx(math.sqrt(eb.history[-1]["s_w"]))

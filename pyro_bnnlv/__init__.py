@@ -13,7 +13,7 @@ Typical use::
     print(pb.evaluate(model, samples, data.x_test, data.y_test))
 """
 
-from . import datasets
+from . import datasets, diagnostics
 from .datasets import load_dataset
 from .guides import init_to_network
 from .guides import ncai_guide
@@ -22,12 +22,14 @@ from .infer import (
     NCAIElbo,
     NonFiniteLossError,
     fit_svi,
+    run_nuts,
     sample_posterior,
     train_map,
 )
 from .models import BNN, BNNLV, fan_in_prior_scale
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
+from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
 
 __version__ = "0.1.0"
 
@@ -38,6 +40,11 @@ __all__ = [
     "NCAIElbo",
     "ncai_guide",
     "datasets",
+    "diagnostics",
+    "compare_posteriors",
+    "posterior_summary",
+    "run_nuts",
+    "to_inference_data",
     "FlatNet",
     "MLP",
     "ModuleNet",

@@ -33,6 +33,7 @@ from pyro.infer import SVI, JitTrace_ELBO, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from .guides import init_to_network
+from .infer.nuts import nuts_benchmark
 from .infer.svi import fit_svi
 from .models.bnn import BNN
 from .nets import MLP
@@ -199,4 +200,5 @@ def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 
 BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "svi-overhead": (svi_overhead, "SVI step cost of the default path vs hand-written PyTorch"),
     "lv-scaling": (lv_scaling, "BNN+LV minibatch SVI step cost against N, vs hand-written"),
+    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s"),
 }

@@ -317,25 +317,26 @@ def test_bnn_with_latent_inputs_samples_w_and_all_z():
     assert s["w"].shape == (15, model.net.num_weights) and s["z"].shape == (15, 12, 1)
 
 
-def test_library_bnnlv_traced_and_with_the_contract_potential():
-    """The library's BNN+LV: the traced path works as is, and the potential the module docstring
-    proposes for its ``nuts_potential`` equals its traced potential and runs the fast path."""
-    bnnlv = pytest.importorskip("pyro_bnnlv.models.bnnlv")
+def test_library_bnnlv_traced_and_fast_paths():
+    """The library's BNN+LV: the traced path works, and its ``nuts_potential`` (hand-written for
+    an MLP, autograd for any other FlatNet) equals the traced potential and runs the fast path."""
     torch.manual_seed(0)
     x, y = torch.randn(10, 1), torch.randn(10)
-    model = bnnlv.BNNLV(pb.MLP(2, [4], 1), latent_dim=1, latent_scale=0.7, noise_scale=0.2)
+    model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1, latent_scale=0.7, noise_scale=0.2)
     kw = dict(num_samples=10, warmup_steps=10, seed=0, progress=False, map_steps=50, max_tree_depth=5)
     m = run_nuts(model, x, y, potential="traced", **kw)
     s = m.get_samples()
+    assert m.run_info["path"] == "traced"
     assert s["w"].shape == (10, model.net.num_weights) and s["z"].shape == (10, 10, 1)
 
-    pot = mlp_regression_potential(
-        model.net, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
-        noise_scale=model.noise_scale, latent_dim=model.latent_dim, latent_scale=model.latent_scale,
-    )  # fmt: skip
+    pot = flat_potential(model, x, y)
     _compare_to_traced(model, pot, x, y)
-    m = run_nuts(model, x, y, potential=pot, **kw)
+    m = run_nuts(model, x, y, **kw)
     assert m.run_info["path"] == "fast/flat" and m.get_samples()["z"].shape == (10, 10, 1)
+
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    other = pb.BNNLV(pb.ModuleNet(module, 3, 1), latent_dim=2, latent_scale=0.5, noise_scale=0.3)
+    _compare_to_traced(other, flat_potential(other, x, y), x, y)
 
 
 @pytest.mark.slow

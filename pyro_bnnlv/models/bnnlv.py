@@ -137,6 +137,40 @@ class BNNLV(BNN):
             f = self._plate_f(self.network_input(x_b, z), w)
             return pyro.sample("obs", self._likelihood(f), obs=y_b)
 
+    def nuts_potential(self, x: Tensor, y: Tensor):
+        """The fast NUTS potential over ``w`` and every ``z_n`` (no Pyro tracing per leapfrog step).
+
+        ``U(w, z) = -log p(y | x, z, w) - log p(w) - log p(z)`` with all constants, on the
+        flat vector ``[w, z]`` (:class:`~pyro_bnnlv.infer.nuts.FlatPotential`). An
+        :class:`~pyro_bnnlv.nets.MLP` gets the hand-written gradient of
+        :func:`~pyro_bnnlv.infer.nuts.mlp_regression_potential`; any other network goes through
+        autograd on ``self.net``. :func:`~pyro_bnnlv.infer.nuts.run_nuts` checks it against
+        Pyro's traced potential before sampling.
+        """
+        from ..infer.nuts import FlatPotential, mlp_regression_potential
+
+        self.check_data(x, y)
+        sigma = torch.as_tensor(self.noise_scale).detach()
+        if isinstance(self.net, MLP):
+            return mlp_regression_potential(
+                self.net, x, y, prior_loc=self.prior_loc, prior_scale=self.prior_scale,
+                noise_scale=sigma, latent_dim=self.latent_dim, latent_scale=self.latent_scale,
+            )  # fmt: skip
+        N, K = x.shape[0], self.latent_dim
+        loc, scale = self.prior_loc.detach(), self.prior_scale.detach()
+        zscale = self.latent_scale.detach()
+        normal = torch.distributions.Normal
+
+        def log_density(p: dict[str, Tensor]) -> Tensor:
+            w, z = p["w"], p["z"]
+            f = self.net(self.network_input(x, z), w).reshape(N, -1)
+            return (normal(f, sigma).log_prob(y.reshape(N, -1)).sum()
+                    + normal(loc, scale).log_prob(w).sum()
+                    + normal(0.0, zscale).log_prob(z).sum())  # fmt: skip
+
+        return FlatPotential.from_log_density({"w": (self.net.num_weights,), "z": (N, K)},
+                                              log_density)  # fmt: skip
+
     def config(self) -> dict:
         return dict(super().config(), latent_dim=self.latent_dim)
 

@@ -19,6 +19,27 @@ def test_readme_quick_start_runs(tmp_path, monkeypatch):
     assert namespace["f"].shape[0] == 50
 
 
+def test_readme_nuts_section_runs(tmp_path, monkeypatch):
+    """The NUTS / ArviZ snippet runs after the quick start (small sizes)."""
+    text = README.read_text()
+    quick = re.search(r"## Quick start\s+```python\n(.*?)```", text, re.S).group(1)
+    quick = quick.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
+    block = re.search(r"## NUTS, the gold standard, and ArviZ\s+```python\n(.*?)```", text, re.S).group(1)
+    small = {"num_samples=1000, warmup_steps=1000": "num_samples=30, warmup_steps=30",
+             "num_chains=4": "num_chains=2", "num_samples=1000, num_draws=100": "num_samples=60, num_draws=3"}
+    for old, new in small.items():
+        assert old in block, old
+        block = block.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(quick, "README quick start", "exec"), namespace)
+    exec(compile(block.replace("seed=0)", "seed=0, progress=False, max_tree_depth=5)"),
+                 "README NUTS", "exec"), namespace)  # fmt: skip
+    idata = namespace["idata"]
+    assert idata.posterior["w"].shape[:2] == (2, 30)
+    assert "log_likelihood" in idata.groups()
+
+
 def test_readme_commands_match_ci():
     text = README.read_text()
     ci = (README.parent / ".ci" / "run").read_text()

@@ -16,9 +16,11 @@ Typical use::
 from . import datasets, diagnostics
 from .datasets import load_dataset
 from .guides import init_to_network
-from .guides import ncai_guide
+from .guides import HypernetGuide, ncai_guide
 from .infer import (
     EmpiricalBayes,
+    FunctionalKNNElbo,
+    KNNElbo,
     NCAIElbo,
     NonFiniteLossError,
     fit_svi,
@@ -34,6 +36,9 @@ from .diagnostics import compare_posteriors, posterior_summary, to_inference_dat
 __version__ = "0.1.0"
 
 __all__ = [
+    "FunctionalKNNElbo",
+    "HypernetGuide",
+    "KNNElbo",
     "BNN",
     "BNNLV",
     "EmpiricalBayes",

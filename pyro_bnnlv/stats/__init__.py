@@ -4,6 +4,7 @@
 * ``knn``: k-nearest-neighbour entropy and KL estimators, in parameter and predictor space;
 * ``dependence``: Henze-Zirkler normality statistic, correlation penalties, KSG mutual
   information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
+* ``ood``: epistemic entropy per input, OOD-vs-test AUROC, histograms (HyVI paper sec. 4);
 * ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
 """
 from .dependence import (
@@ -31,9 +32,14 @@ from .latent import (
     reconstruction_mse,
     uncertainty_decomposition,
 )
+from .ood import auroc, epistemic_entropy, ood_report, plot_epistemic_histograms
 from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
 
 __all__ = [
+    "auroc",
+    "epistemic_entropy",
+    "ood_report",
+    "plot_epistemic_histograms",
     "knn_entropy_1d",
     "latent_diagnostics",
     "latent_means",

@@ -1,0 +1,224 @@
+r"""The implicit hypernetwork guide of NN-HyVI and FuNN-HyVI.
+
+Reference: ``hypernet-implicit-vi-parameter-predictor-space.txt`` (Pequignot et al.), sec. 3.2
+and 4.3. A generative network ("hypernet") ``h_lambda`` maps Gaussian noise to network weights,
+
+.. math::
+
+    \epsilon \sim \mathcal N(0, I_l), \qquad \theta = h_\lambda(\epsilon) \in \mathbb R^P,
+
+with, by default, ``l = 5`` and two ReLU hidden layers of 20 and 40 units (sec. 4.3). The
+distribution of ``theta`` is *implicit*: it can be sampled and differentiated through, but it
+has no tractable density (``h`` maps R^5 into R^P, so for ``P > 5`` the law of ``theta`` is not
+even absolutely continuous). Hence:
+
+* the guide records ``"w"`` with :class:`ImplicitSample`, whose ``log_prob`` raises a
+  ``NotImplementedError`` that names the ELBOs to use. ``Trace_ELBO`` and friends therefore stop
+  with that message instead of silently treating ``log q(w)`` as 0;
+* train it with :class:`~pyro_bnnlv.infer.KNNElbo` (NN-HyVI, eq. 8) or
+  :class:`~pyro_bnnlv.infer.FunctionalKNNElbo` (FuNN-HyVI, eq. 9), which estimate the KL term
+  from samples with the k-NN estimators;
+* sampling works everywhere sampling is all that is needed: ``pyro.infer.Predictive``,
+  :func:`pyro_bnnlv.sample_posterior`, :func:`pyro_bnnlv.evaluate`,
+  :func:`pyro_bnnlv.to_inference_data`.
+
+For a BNN with latent inputs (BNN+LV) the hypernet covers ``"w"`` only and the local ``z`` keep a
+mean-field guide, combined with Pyro's ``AutoGuideList``::
+
+    guide = AutoGuideList(model)
+    guide.append(HypernetGuide(poutine.block(model, expose=["w"])))
+    guide.append(AutoNormal(poutine.block(model, hide=["w"]), create_plates=model.create_plates))
+
+(:func:`hypernet_lv_guide` builds exactly that.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.infer.autoguide import AutoGuide, AutoGuideList, AutoNormal, init_to_sample
+from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.nn.module import to_pyro_module_
+from pyro.poutine.util import site_is_subsample
+from torch import Tensor, nn
+
+__all__ = ["ImplicitSample", "HypernetGuide", "hypernet_lv_guide"]
+
+IMPLICIT_MESSAGE = (
+    "the hypernetwork guide is implicit: q(w) has no density, so log q(w) cannot be evaluated. "
+    "Train it with pyro_bnnlv.infer.KNNElbo (NN-HyVI) or FunctionalKNNElbo (FuNN-HyVI), which "
+    "estimate the KL term from samples; Trace_ELBO and its relatives need a density."
+)
+
+
+class ImplicitSample(dist.Delta):
+    """A sample of an implicit distribution: the value is known, its density is not.
+
+    Behaves like ``Delta(v, event_dim=...)`` for sampling (``rsample`` returns ``v``, so gradients
+    flow to whatever produced ``v``) but ``log_prob`` raises ``NotImplementedError`` rather than
+    returning the Delta's 0, which would silently turn ``Trace_ELBO`` into a wrong objective.
+    """
+
+    def log_prob(self, x: Tensor) -> Tensor:  # noqa: D102
+        raise NotImplementedError(IMPLICIT_MESSAGE)
+
+    def expand(self, batch_shape, _instance=None):  # keep the class under plates
+        new = self._get_checked_instance(ImplicitSample, _instance)
+        return super().expand(batch_shape, _instance=new)
+
+
+def _hypernet(noise_dim: int, hidden_sizes: Sequence[int], out_dim: int,
+              activation: Callable[[], nn.Module]) -> nn.Sequential:  # fmt: skip
+    layers: list[nn.Module] = []
+    width = noise_dim
+    for h in hidden_sizes:
+        layers += [nn.Linear(width, h), activation()]
+        width = h
+    layers.append(nn.Linear(width, out_dim))
+    return nn.Sequential(*layers)
+
+
+class HypernetGuide(AutoGuide):
+    r"""Implicit guide ``theta = h_lambda(eps)``, ``eps ~ N(0, I_l)``, over the model's global latents.
+
+    All latent sites of the model (for the library's BNN: ``"w"``) are generated jointly by one
+    hypernet: its output of size ``sum_site numel`` is split and reshaped into the sites. Sites
+    inside a plate (per-datapoint latents) are refused: give them a mean-field guide through
+    ``AutoGuideList`` (see the module docstring and :func:`hypernet_lv_guide`).
+
+    Args:
+        model: the Pyro model (or ``poutine.block(model, expose=[...])`` of it).
+        noise_dim: ``l``, the dimension of the noise (paper: 5).
+        hidden_sizes: hidden layer widths of the hypernet (paper: 20, 40).
+        activation: hidden activation module class (paper: ReLU).
+        init_loc_fn: where the hypernet's output starts: its last-layer bias is set to
+            ``init_loc_fn(site)`` (default ``init_to_sample``, a prior draw; for networks,
+            ``pyro_bnnlv.init_to_network(model)`` is a good choice).
+        init_scale: the last-layer weights are rescaled so that the initial per-coordinate
+            standard deviation of ``theta`` (over ``eps``) averages ``init_scale``.
+
+    The noise ``eps`` is recorded as an auxiliary site ``"_HypernetGuide_eps"`` (``infer``:
+    ``is_auxiliary``, ``implicit_noise``), so it is broadcast by particle and ``Predictive`` plates
+    like any other site, and the k-NN ELBOs know its density is not part of ``log q``.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        noise_dim: int = 5,
+        hidden_sizes: Sequence[int] = (20, 40),
+        activation: Callable[[], nn.Module] = nn.ReLU,
+        init_loc_fn: Callable = init_to_sample,
+        init_scale: float = 0.1,
+    ) -> None:
+        if not isinstance(noise_dim, int) or noise_dim < 1:
+            raise ValueError(f"noise_dim must be a positive integer, got {noise_dim!r}")
+        hidden_sizes = tuple(hidden_sizes)
+        if not all(isinstance(h, int) and h >= 1 for h in hidden_sizes):
+            raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
+        if not (isinstance(init_scale, (int, float)) and init_scale > 0):
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+        super().__init__(model)
+        self.noise_dim = noise_dim
+        self.hidden_sizes = hidden_sizes
+        self.activation = activation
+        self.init_loc_fn = init_loc_fn
+        self.init_scale = float(init_scale)
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        original = self._model
+        self._model = (InitMessenger(self.init_loc_fn)(original[0]),)
+        try:
+            super()._setup_prototype(*args, **kwargs)
+        finally:
+            self._model = original
+        self._sites: dict[str, tuple[torch.Size, int]] = {}
+        inits = []
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if site_is_subsample(site):
+                continue
+            if site["cond_indep_stack"]:
+                frames = [f.name for f in site["cond_indep_stack"]]
+                raise ValueError(
+                    f"HypernetGuide covers global latents only; site {name!r} lies in plates "
+                    f"{frames}. Give local latents a mean-field guide with AutoGuideList "
+                    "(see pyro_bnnlv.guides.hypernet_lv_guide). If it is the observation site, "
+                    "set the guide up with the data first: guide(x, y)."
+                )
+            support = site["fn"].support
+            while isinstance(support, dist.constraints.independent):
+                support = support.base_constraint
+            if support is not dist.constraints.real:
+                raise ValueError(f"HypernetGuide needs real-valued sites; {name!r} has support "
+                                 f"{site['fn'].support}")  # fmt: skip
+            value = site["value"].detach()
+            self._sites[name] = (value.shape, value.numel())
+            inits.append(value.reshape(-1))
+        if not self._sites:
+            raise ValueError("the model has no latent sites for the HypernetGuide")
+        out_dim = sum(n for _, n in self._sites.values())
+        net = _hypernet(self.noise_dim, self.hidden_sizes, out_dim, self.activation)
+        with torch.no_grad():
+            last = net[-1]
+            probe = net[:-1](torch.randn(1000, self.noise_dim)) @ last.weight.t()
+            spread = probe.std(0).mean().clamp_min(1e-12)
+            last.weight.mul_(self.init_scale / spread)
+            last.bias.copy_(torch.cat(inits) - (probe.mean(0) * self.init_scale / spread))
+        to_pyro_module_(net)
+        self.hypernet = net
+
+    @property
+    def num_outputs(self) -> int:
+        """Total number of values the hypernet generates (``P`` for a BNN)."""
+        return sum(n for _, n in self._sites.values())
+
+    # -- sampling ------------------------------------------------------------------------------------
+    def forward(self, *args, **kwargs) -> dict[str, Tensor]:
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        eps = pyro.sample(
+            f"_{self._pyro_name}_eps",
+            dist.Normal(torch.zeros(self.noise_dim), 1.0).to_event(1),
+            infer={"is_auxiliary": True, "implicit_noise": True},
+        )
+        theta = self.hypernet(eps)
+        batch = theta.shape[:-1]
+        out, pos = {}, 0
+        for name, (shape, n) in self._sites.items():
+            value = theta[..., pos : pos + n].reshape(batch + shape)
+            pos += n
+            out[name] = pyro.sample(name, ImplicitSample(value, event_dim=len(shape)))
+        return out
+
+    def sample_weights(self, num_samples: int) -> dict[str, Tensor]:
+        """``num_samples`` draws of every site, ``{name: (num_samples, *shape)}``, differentiable."""
+        if self.prototype_trace is None:
+            raise RuntimeError("call the guide once (or fit it) before sample_weights")
+        theta = self.hypernet(torch.randn(num_samples, self.noise_dim))
+        out, pos = {}, 0
+        for name, (shape, n) in self._sites.items():
+            out[name] = theta[:, pos : pos + n].reshape((num_samples,) + shape)
+            pos += n
+        return out
+
+    def median(self, *args, **kwargs) -> dict[str, Tensor]:
+        """The implicit distribution has no closed-form median: a sample mean over 1,000 draws."""
+        with torch.no_grad():
+            return {k: v.mean(0) for k, v in self.sample_weights(1000).items()}
+
+
+def hypernet_lv_guide(model, **hypernet_kwargs) -> AutoGuideList:
+    """Hypernet over ``"w"`` and mean-field ``AutoNormal`` over the local ``"z"`` of a BNN+LV.
+
+    ``hypernet_kwargs`` go to :class:`HypernetGuide`. The ``AutoNormal`` part uses the model's
+    ``create_plates`` so minibatches subsample ``z`` together with the data.
+    """
+    guide = AutoGuideList(model, create_plates=getattr(model, "create_plates", None))
+    guide.append(HypernetGuide(poutine.block(model, expose=["w"]), **hypernet_kwargs))
+    guide.append(AutoNormal(poutine.block(model, hide=["w"]), init_scale=0.1))
+    return guide

@@ -6,7 +6,11 @@ Sub-commands:
 * ``pyro-bnnlv fit --dataset NAME --model bnn --guide meanfield --steps N --seed S``: train,
   print the test metrics and, for 1-D inputs, write a PNG of the predictive mean and 95% band;
 * ``pyro-bnnlv compare DATASET``: BNN and BNN+LV with mean-field VI and NCAI, one table;
-* ``pyro-bnnlv bench NAME``: run a side-by-side benchmark (``svi-overhead``).
+* ``pyro-bnnlv bench NAME``: run a side-by-side benchmark (``svi-overhead``, ``lv-scaling``,
+  ``nuts``, ...);
+* ``pyro-bnnlv reproduce NAME [ARGS]``: a paper's experiment at a size for a small machine
+  (``hyvi-cosine``, ``hyvi-uci``, ``in-between``); ``ARGS`` go to the experiment
+  (``pyro-bnnlv reproduce hyvi-cosine --help``).
 """
 
 from __future__ import annotations
@@ -133,6 +137,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+REPRODUCTIONS = {
+    "hyvi-cosine": ("pyro_bnnlv.reproduce.hyvi", ["cosine"]),
+    "hyvi-uci": ("pyro_bnnlv.reproduce.hyvi", ["uci"]),
+    "in-between": ("pyro_bnnlv.reproduce.in_between", []),
+}
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    import importlib
+
+    module, prefix = REPRODUCTIONS[args.experiment]
+    return int(importlib.import_module(module).main(prefix + list(args.args)) or 0)
+
+
 def _parser() -> argparse.ArgumentParser:
     from .bench import BENCHMARKS
 
@@ -179,6 +197,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     b.add_argument("--output", help="write the table as CSV")
     b.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("reproduce", help="a paper's experiment, reduced to a small machine")
+    r.add_argument("experiment", choices=sorted(REPRODUCTIONS))
+    r.add_argument("args", nargs=argparse.REMAINDER, help="options of the experiment (--help)")
+    r.set_defaults(func=_cmd_reproduce)
     return p
 
 

@@ -21,3 +21,16 @@ def test_bench_svi_overhead_prints_ratios(capsys):
     assert main(["bench", "svi-overhead", "--steps", "10"]) == 0
     out = capsys.readouterr().out
     assert "ratio_to_hand" in out and "particles_32_vs_1_ours" in out
+
+
+def test_reproduce_hyvi_smoke(tmp_path, capsys):
+    out_csv = tmp_path / "uci.csv"
+    assert main(["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
+                 "--output", str(out_csv)]) == 0  # fmt: skip
+    import pandas as pd
+
+    table = pd.read_csv(out_csv)
+    assert set(table["method"]) == {"MFVI", "NN-HyVI", "FuNN-HyVI"}
+    assert table[["rmse", "test_ll", "auroc_ood"]].notna().all().all()
+    assert main(["reproduce", "hyvi-cosine", "--small", "--quiet", "--figure", str(tmp_path / "c.png")]) == 0
+    assert "FuNN-HyVI" in capsys.readouterr().out and (tmp_path / "c.png").exists()

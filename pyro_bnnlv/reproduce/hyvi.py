@@ -1,0 +1,252 @@
+r"""NN-HyVI and FuNN-HyVI against NUTS and mean-field VI (``hypernet-implicit-vi-parameter-predictor-space.txt``).
+
+Two experiments, each a function returning a DataFrame and runnable from the command line
+(``pyro-bnnlv reproduce hyvi-cosine`` / ``pyro-bnnlv reproduce hyvi-uci``):
+
+* :func:`cosine_experiment` -- sec. 4.1-4.2, Fig. 1: the cosine toy, a 1x50 tanh network,
+  prior ``N(0, 0.5 I)``, noise 0.1. Methods: NUTS (the reference), MFVI (``AutoNormal`` +
+  ``Trace_ELBO``), NN-HyVI (``HypernetGuide`` + ``KNNElbo``), FuNN-HyVI (``HypernetGuide`` +
+  ``FunctionalKNNElbo``, ``nu = U[-4, 2]``, ``T = 50``), FuNN-MFVI (``AutoNormal`` +
+  ``FunctionalKNNElbo``). Reported per method: the mean predictive standard deviation of ``f``
+  inside the data (``[-1,-0.5] U [0.5,1]``), in the gap between the clusters (``[-0.4, 0.4]``)
+  and far out in the OOD box (``[-4,-3] U [1.5,2]``); the k-NN KL to NUTS in both directions in
+  parameter and predictor space (App. C / Table 4 protocol through
+  :func:`~pyro_bnnlv.diagnostics.compare_posteriors`); test log-likelihood; wall time.
+* :func:`uci_experiment` -- Experiment 2 (Table 5) at a reduced size: random 90/10 splits of
+  boston, concrete, energy, wine, yacht; a 1x50 ReLU network, prior ``N(0, 0.5 I)``, learned
+  noise; MFVI, NN-HyVI, FuNN-HyVI (``nu`` = uniform on the training inputs' box, ``T = 200``);
+  test RMSE and log-likelihood on the original scale, and the AUROC of separating 1,000 inputs
+  from ``nu`` from the test inputs by epistemic entropy.
+
+Settings shared with the paper (sec. 4.3): hypernet ``5 -> 20 -> 40 -> P`` with ReLU; 100 guide
+samples for the expected log-likelihood, 500 guide and 500 prior samples for the KL; ``k = 1``;
+minibatches of 50. Not the paper's: a fixed number of Adam steps at a constant learning rate
+(the paper decays it on plateaus with patience 30 epochs), and fewer splits (stated in the
+output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import pyro
+import torch
+from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+from ..datasets import load_dataset
+from ..diagnostics import compare_posteriors
+from ..guides import HypernetGuide, init_to_network
+from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior
+from ..infer.nuts import run_nuts
+from ..models import BNN
+from ..nets import MLP
+from ..stats.ood import ood_report
+from ..stats.predictive import evaluate
+
+__all__ = ["cosine_experiment", "uci_experiment", "main"]
+
+PRIOR_SCALE = math.sqrt(0.5)  # sec. 4.1: prior N(0, 0.5 I) on all parameters
+METHODS = ("MFVI", "NN-HyVI", "FuNN-HyVI", "FuNN-MFVI")
+
+
+def _guide(method: str, model: BNN, seed: int):
+    init = init_to_network(model, seed=seed)
+    if method.endswith("MFVI"):
+        return AutoNormal(model, init_scale=0.01, init_loc_fn=init)
+    return HypernetGuide(model, init_loc_fn=init, init_scale=0.05)
+
+
+def _loss(method: str, input_dist, num_inputs: int, particles: int, kl_samples: int):
+    if method == "MFVI":
+        return Trace_ELBO()
+    if method == "NN-HyVI":
+        return KNNElbo(num_particles=particles, num_kl_samples=kl_samples, num_prior_samples=kl_samples)
+    return FunctionalKNNElbo(num_particles=particles, num_kl_samples=kl_samples,
+                             num_prior_samples=kl_samples, input_dist=input_dist,
+                             num_inputs=num_inputs)  # fmt: skip
+
+
+def _fit(method, model, x, y, *, steps, lr, batch_size, seed, input_dist, num_inputs, particles,
+         kl_samples, num_samples, progress):  # fmt: skip
+    with pyro.get_param_store().scope():
+        guide = _guide(method, model, seed)
+        t0 = time.perf_counter()
+        fit_svi(model, guide, x, y, num_steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
+                progress=progress)  # fmt: skip
+        seconds = time.perf_counter() - t0
+        w = sample_posterior(model, guide, x, num_samples=num_samples, seed=seed)["w"]
+    return w, seconds
+
+
+def _region_sd(model: BNN, w: torch.Tensor) -> dict[str, float]:
+    regions = {
+        "sd_data": torch.cat([torch.linspace(-1, -0.5, 50), torch.linspace(0.5, 1, 50)]),
+        "sd_gap": torch.linspace(-0.4, 0.4, 50),
+        "sd_far": torch.cat([torch.linspace(-4, -3, 50), torch.linspace(1.5, 2, 50)]),
+    }
+    with torch.no_grad():
+        return {k: float(model.f(v[:, None], w)[..., 0].std(0).mean()) for k, v in regions.items()}
+
+
+def cosine_experiment(
+    *,
+    steps: int = 3000,
+    lr: float = 0.005,
+    nuts_chains: int = 2,
+    nuts_samples: int = 500,
+    nuts_warmup: int = 500,
+    kl_samples: int = 1000,
+    kl_draws: int = 100,
+    particles: int = 100,
+    hidden: int = 50,
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    figure: str | Path | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Sec. 4.2 / Fig. 1 on the cosine toy; see the module docstring. One row per method."""
+    data = load_dataset("cosine", seed=seed)
+    x, y = data.x_train, data.y_train
+    model = BNN(MLP(1, [hidden], 1, activation="tanh"), prior_scale=PRIOR_SCALE, noise_scale=0.1)
+    nu = pyro.distributions.Uniform(torch.tensor([-4.0]), torch.tensor([2.0])).to_event(1)
+    t0 = time.perf_counter()
+    mcmc = run_nuts(model, x, y, num_samples=nuts_samples, warmup_steps=nuts_warmup,
+                    num_chains=nuts_chains, seed=seed, progress=progress)  # fmt: skip
+    posteriors = {"NUTS": (mcmc.get_samples()["w"], time.perf_counter() - t0)}
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+        posteriors[method] = _fit(method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=seed,
+                                  input_dist=nu, num_inputs=50, particles=particles,
+                                  kl_samples=500, num_samples=kl_samples, progress=progress)  # fmt: skip
+    rows = []
+    reference = posteriors["NUTS"][0]
+    for name, (w, seconds) in posteriors.items():
+        row = {"method": name, **_region_sd(model, w)}
+        row["test_ll"] = float(evaluate(model, {"w": w}, data.x_test, data.y_test)["test_ll"])
+        if name != "NUTS":
+            kl = compare_posteriors(w, reference, model, nu, num_samples=kl_samples,
+                                    num_draws=kl_draws, seed=seed)  # fmt: skip
+            for space in ("parameter", "predictor"):
+                row[f"kl_{space}_q_nuts"] = float(kl.loc[space, "KL(approx||ref)"])
+                row[f"kl_{space}_nuts_q"] = float(kl.loc[space, "KL(ref||approx)"])
+        row["seconds"] = seconds
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("method")
+    if figure is not None:
+        _plot_cosine(model, data, posteriors, figure)
+    return table
+
+
+def _plot_cosine(model, data, posteriors, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = torch.linspace(-4, 2, 300)[:, None]
+    fig, axes = plt.subplots(1, len(posteriors), figsize=(3.2 * len(posteriors), 3), sharey=True)
+    for ax, (name, (w, _)) in zip(axes, posteriors.items()):
+        with torch.no_grad():
+            f = model.f(grid, w)[..., 0]
+        mean, sd = f.mean(0), f.std(0)
+        ax.fill_between(grid[:, 0], mean - 2 * sd, mean + 2 * sd, alpha=0.3, label="+-2 sd of f")
+        ax.plot(grid[:, 0], mean, lw=1)
+        ax.scatter(data.x_train[:, 0], data.y_train, s=4, c="k")
+        ax.set_title(name, fontsize=9)
+        ax.set_ylim(-4, 4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def uci_experiment(
+    datasets: Sequence[str] = ("boston", "concrete", "energy", "wine", "yacht"),
+    *,
+    splits: int = 2,
+    steps: int = 2000,
+    lr: float = 0.005,
+    hidden: int = 50,
+    particles: int = 100,
+    kl_samples: int = 500,
+    num_inputs: int = 200,
+    num_samples: int = 500,
+    methods: Sequence[str] = ("MFVI", "NN-HyVI", "FuNN-HyVI"),
+    data_dir: str | Path | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Experiment 2 (Table 5) at a reduced size; one row per (data set, split, method).
+
+    Columns: ``rmse`` and ``test_ll`` (original scale), ``auroc_ood`` (1,000 inputs from the
+    training box vs the test inputs, by epistemic entropy), ``seconds``. Each split is the
+    library's ``load_dataset(name, seed=split)`` (UCI standard splits where the data ship them).
+    The noise standard deviation is learned jointly (``learn_noise=True``), as in Experiment 2.
+    """
+    rows = []
+    for name in datasets:
+        for split in range(splits):
+            kwargs = {} if data_dir is None else {"data_dir": data_dir}
+            data = load_dataset(name, seed=split, **kwargs)
+            x, y = data.x_train, data.y_train
+            box = input_box(x)
+            x_ood = box.sample((1000,))
+            for method in methods:
+                model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
+                            prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
+                w, seconds = _fit(method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=split,
+                                  input_dist=box, num_inputs=num_inputs, particles=particles,
+                                  kl_samples=kl_samples, num_samples=num_samples, progress=progress)  # fmt: skip
+                metrics = evaluate(model, {"w": w}, data.x_test, data.y_test,
+                                   y_mean=data.y_mean, y_std=data.y_std)  # fmt: skip
+                ood = ood_report(model, {"w": w}, x, data.x_test, x_ood)
+                rows.append({"dataset": name, "split": split, "method": method,
+                             "rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
+                             "auroc_ood": float(ood.loc["ood", "auroc"]),
+                             "noise_scale": float(torch.as_tensor(model.noise_scale).detach()),
+                             "seconds": seconds})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pyro_bnnlv.reproduce.hyvi", description=__doc__.split("\n\n")[0])
+    p.add_argument("experiment", choices=["cosine", "uci"])
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--splits", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", help="CSV path")
+    p.add_argument("--figure", help="PNG path (cosine)")
+    p.add_argument("--datasets", nargs="*", default=None, help="UCI data sets (uci)")
+    p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    kw: dict = {} if args.steps is None else {"steps": args.steps}
+    if args.small:
+        kw = dict(steps=args.steps or 30, hidden=10, particles=5, **({"nuts_chains": 1,
+                  "nuts_samples": 20, "nuts_warmup": 20, "kl_samples": 50, "kl_draws": 2}
+                  if args.experiment == "cosine" else {"kl_samples": 20, "num_inputs": 20,
+                                                       "num_samples": 50}))  # fmt: skip
+    if args.experiment == "cosine":
+        table = cosine_experiment(seed=args.seed, figure=args.figure or "hyvi-cosine.png",
+                                  progress=not args.quiet, **kw)  # fmt: skip
+    else:
+        if args.datasets:
+            kw["datasets"] = args.datasets
+        table = uci_experiment(splits=args.splits, progress=not args.quiet, **kw)
+        summary = table.groupby(["dataset", "method"])[["rmse", "test_ll", "auroc_ood"]].mean()
+        print(summary.to_string(float_format="%.3f"))
+    print(table.to_string(float_format="%.3f"))
+    if args.output:
+        table.to_csv(args.output)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

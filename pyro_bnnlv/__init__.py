@@ -28,7 +28,7 @@ from .infer import (
     sample_posterior,
     train_map,
 )
-from .models import BNN, BNNLV, fan_in_prior_scale
+from .models import BNN, BNNLV, ProjectedBNN, fan_in_prior_scale
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
@@ -36,6 +36,7 @@ from .diagnostics import compare_posteriors, posterior_summary, to_inference_dat
 __version__ = "0.1.0"
 
 __all__ = [
+    "ProjectedBNN",
     "FunctionalKNNElbo",
     "HypernetGuide",
     "KNNElbo",

@@ -69,7 +69,10 @@ def weight_labels(net: Any) -> list[str]:
 
 
 def _model_sites(model: Any, x: Tensor, y: Tensor | None, obs_site: str) -> tuple[dict, int]:
-    """Latent sites ``{name: (value shape, batch ndim)}`` and the model's max plate nesting."""
+    """Latent sites ``{name: (value shape, batch ndim)}`` and the model's max plate nesting.
+
+    Deterministic sites (``pyro.deterministic``, e.g. the ``"w"`` of a projected BNN) count as
+    latent: they are exported and conditioned on like sampled ones."""
     with torch.no_grad(), poutine.block():
         tr = poutine.trace(model).get_trace(x, y)
     if obs_site not in tr.nodes:
@@ -79,7 +82,7 @@ def _model_sites(model: Any, x: Tensor, y: Tensor | None, obs_site: str) -> tupl
         if site["type"] != "sample" or site_is_subsample(site):
             continue
         nesting = max(nesting, *(-f.dim for f in site["cond_indep_stack"] if f.vectorized), 0)
-        if not site["is_observed"]:
+        if not site["is_observed"] or site["infer"].get("_deterministic", False):
             latent[name] = (tuple(site["value"].shape), len(site["fn"].batch_shape))
     return latent, nesting
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import synthetic, files  # noqa: F401, I001  (registers the loaders, synthetic first)
+from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir
 from .files import load_table, load_uci
 

@@ -1,6 +1,8 @@
 """Inference: SVI / MAP fitting loops, ELBOs (NCAI), empirical Bayes, posterior sampling, NUTS."""
 from .elbo import PenalizedElbo
 from .empirical_bayes import EmpiricalBayes
+from .fge import FGEResult, fge
+from .projection import fit_projected_bnn, fit_projection
 from .knn_elbo import FunctionalKNNElbo, KNNElbo, input_box
 from .ncai import NCAIElbo
 from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
@@ -8,6 +10,10 @@ from .predict import as_sample_dict, guide_site_mean, sample_posterior
 from .svi import NonFiniteLossError, fit_svi, isolated_param_store, set_seed, train_map
 
 __all__ = [
+    "FGEResult",
+    "fge",
+    "fit_projected_bnn",
+    "fit_projection",
     "FunctionalKNNElbo",
     "KNNElbo",
     "input_box",

@@ -138,6 +138,7 @@ def fit_svi(
     seed: int | None = None,
     progress: bool = True,
     callback: Callable[[int, float], None] | None = None,
+    model_kwargs: dict | None = None,
 ) -> list[float]:
     """Fit ``guide`` to ``model`` by SVI with Adam; return the loss (negative ELBO) per step.
 
@@ -155,6 +156,8 @@ def fit_svi(
         progress: show a tqdm progress bar with the running loss.
         callback: called as ``callback(step, loss)`` after every step (e.g. empirical Bayes
             updates or early stopping by raising ``StopIteration``).
+        model_kwargs: further keyword arguments of ``model`` and ``guide`` (e.g. ``task=`` of a
+            multi-task :class:`~pyro_bnnlv.models.projected.ProjectedBNN`).
 
     Raises:
         NonFiniteLossError: the loss became NaN/inf; the message names the step.
@@ -168,7 +171,9 @@ def fit_svi(
     set_seed(seed)
     use_default = loss is None
     loss = _default_loss() if use_default else loss
-    kwargs = {} if batch_size is None else {"batch_size": batch_size}
+    kwargs = dict(model_kwargs or {})
+    if batch_size is not None:
+        kwargs["batch_size"] = batch_size
     history: list[float] = []
     with isolated_param_store(model, guide):
         bar = tqdm(range(num_steps), disable=not progress, desc="SVI", leave=False)

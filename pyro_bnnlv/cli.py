@@ -9,7 +9,7 @@ Sub-commands:
 * ``pyro-bnnlv bench NAME``: run a side-by-side benchmark (``svi-overhead``, ``lv-scaling``,
   ``nuts``, ...);
 * ``pyro-bnnlv reproduce NAME [ARGS]``: a paper's experiment at a size for a small machine
-  (``hyvi-cosine``, ``hyvi-uci``, ``in-between``); ``ARGS`` go to the experiment
+  (``hyvi-cosine``, ``hyvi-uci``, ``in-between``, ``proj-uci``); ``ARGS`` go to the experiment
   (``pyro-bnnlv reproduce hyvi-cosine --help``).
 """
 
@@ -141,6 +141,7 @@ REPRODUCTIONS = {
     "hyvi-cosine": ("pyro_bnnlv.reproduce.hyvi", ["cosine"]),
     "hyvi-uci": ("pyro_bnnlv.reproduce.hyvi", ["uci"]),
     "in-between": ("pyro_bnnlv.reproduce.in_between", []),
+    "proj-uci": ("pyro_bnnlv.reproduce.projected", []),
 }
 
 

@@ -34,3 +34,15 @@ def test_reproduce_hyvi_smoke(tmp_path, capsys):
     assert table[["rmse", "test_ll", "auroc_ood"]].notna().all().all()
     assert main(["reproduce", "hyvi-cosine", "--small", "--quiet", "--figure", str(tmp_path / "c.png")]) == 0
     assert "FuNN-HyVI" in capsys.readouterr().out and (tmp_path / "c.png").exists()
+
+
+def test_reproduce_projected_smoke(tmp_path, capsys):
+    out_csv = tmp_path / "proj.csv"
+    assert main(["reproduce", "proj-uci", "--small", "--quiet", "--datasets", "yacht",
+                 "--schemes", "random", "extrapolation", "--output", str(out_csv)]) == 0  # fmt: skip
+    import pandas as pd
+
+    table = pd.read_csv(out_csv)
+    assert set(table["method"]) == {"BbB", "FGE", "Proj-BNN"}
+    assert set(table["scheme"]) == {"random", "extrapolation"}
+    assert table[["test_ll", "rmse"]].notna().all().all()

@@ -4,7 +4,8 @@ of the multi-task variant (App. B, eq. 8-9).
 * ``four-modes``: the paper draws points "from the 4 modes shown in Fig. 2d" and fits a 3-unit
   RBF network, whose solutions each fit three of the four modes. The figure's exact data are not
   given; ours are four bumps of height 1 at ``x = -3, -1, 1, 3`` (40 points each, noise 0.05)
-  separated by points at height 0 (``x = -4, -2, 0, 2, 4``, 10 each). A network
+  on a baseline of 160 points at height 0 spread over ``[-5, 5]`` away from the bumps (the
+  baseline rules out "a constant of 1 with dips" solutions). A network
   ``f(x) = c + sum_j v_j exp(-(a_j x + b_j)^2)`` with three units can place one bump per unit
   and must leave one of the four clusters unfitted: four groups of solutions (times the 3!
   unit permutations), one per missed bump.
@@ -25,7 +26,7 @@ __all__ = ["four_modes", "sine_tasks"]
 
 @register("four-modes", "synthetic", "Proj-BNN Fig. 2: four bumps, fit by a 3-unit RBF net three at a time")
 def four_modes(seed: int = 0, standardize: bool = False, noise: float = 0.05) -> Dataset:
-    """Four-mode toy (see the module docstring); 200 training points, validation and test alike."""
+    """Four-mode toy (see the module docstring); 320 training points, validation and test alike."""
     rng = np.random.default_rng(seed)
 
     def draw():
@@ -33,15 +34,16 @@ def four_modes(seed: int = 0, standardize: bool = False, noise: float = 0.05) ->
         for c in (-3.0, -1.0, 1.0, 3.0):
             xs.append(c + 0.15 * rng.normal(size=40))
             ys.append(np.ones(40))
-        for c in (-4.0, -2.0, 0.0, 2.0, 4.0):
-            xs.append(c + 0.15 * rng.normal(size=10))
-            ys.append(np.zeros(10))
+        base = rng.uniform(-5.0, 5.0, 2000)
+        base = base[np.min(np.abs(base[:, None] - np.array([-3.0, -1.0, 1.0, 3.0])), 1) > 0.6][:160]
+        xs.append(base)
+        ys.append(np.zeros(len(base)))
         x, y = np.concatenate(xs), np.concatenate(ys)
         return x, y + noise * rng.normal(size=len(y))
 
     splits = {"train": draw(), "valid": draw(), "test": draw()}
     return make_dataset("four-modes", splits, standardize=standardize, extras={"noise_std": np.array(noise)},
-                        description="bumps of height 1 at -3,-1,1,3 between zeros at -4,-2,0,2,4")  # fmt: skip
+                        description="bumps of height 1 at -3,-1,1,3 on a zero baseline over [-5, 5]")  # fmt: skip
 
 
 @register("sine-tasks", "synthetic", "Proj-BNN App. B: a sin(x + b) tasks for the multi-task model")

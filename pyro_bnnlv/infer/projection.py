@@ -217,6 +217,7 @@ def fit_projected_bnn(
     x_valid: Tensor | None = None,
     y_valid: Tensor | None = None,
     variant: str = "full",
+    candidates: Tensor | None = None,
     weight_prior_scale: float = PAPER_SCALE,
     fge_kwargs: dict[str, Any] | None = None,
     projection_kwargs: dict[str, Any] | None = None,
@@ -237,6 +238,8 @@ def fit_projected_bnn(
             ``decoder_hidden=[]`` and ``decoder_activation="identity"``.
         weight_prior_scale: prior standard deviation of the BNN that FGE trains (paper's
             ``N(0, 0.1)``, read as variance 0.1).
+        candidates: ``(R, P)`` weight vectors to use instead of FGE's (e.g. MAP fits from random
+            restarts, as for the paper's Fig. 2); stage 1 is then skipped.
         fge_kwargs, projection_kwargs: options of :func:`~pyro_bnnlv.infer.fge.fge` and
             :func:`fit_projection`.
         num_steps, lr, num_particles, batch_size: stage 3's SVI (paper: 20 reparameterisation
@@ -250,13 +253,16 @@ def fit_projected_bnn(
     fge_result = projection = None
     phi_star = None
     if variant != "one-stage":
+        if candidates is None:
+            t0 = time.perf_counter()
+            sigma = torch.as_tensor(model.noise_scale).detach()
+            bnn = BNN(model.net, prior_scale=weight_prior_scale, noise_scale=sigma)
+            fge_result = fge(bnn, x, y, x_valid=x_valid, y_valid=y_valid, seed=seed, progress=progress,
+                             **(fge_kwargs or {}))  # fmt: skip
+            seconds["fge"] = time.perf_counter() - t0
+            candidates = fge_result.kept
         t0 = time.perf_counter()
-        bnn = BNN(model.net, prior_scale=weight_prior_scale, noise_scale=torch.as_tensor(model.noise_scale).detach())
-        fge_result = fge(bnn, x, y, x_valid=x_valid, y_valid=y_valid, seed=seed, progress=progress,
-                         **(fge_kwargs or {}))  # fmt: skip
-        seconds["fge"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        projection = fit_projection(model, fge_result.kept, x, y, seed=seed, progress=progress,
+        projection = fit_projection(model, candidates, x, y, seed=seed, progress=progress,
                                     **(projection_kwargs or {}))  # fmt: skip
         seconds["autoencoder"] = time.perf_counter() - t0
         phi_star = projection.phi

@@ -32,6 +32,9 @@ from .models import BNN, BNNLV, ProjectedBNN, fan_in_prior_scale
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
+from .guides import LaplaceGuide
+from .infer import LinearizedLaplace, LocalReparamELBO
+from .datasets import extrapolation_split, gap_splits, interpolation_split
 
 __version__ = "0.1.0"
 
@@ -62,4 +65,10 @@ __all__ = [
     "load_dataset",
     "sample_posterior",
     "train_map",
+    "LaplaceGuide",
+    "LinearizedLaplace",
+    "LocalReparamELBO",
+    "extrapolation_split",
+    "gap_splits",
+    "interpolation_split",
 ]

@@ -12,6 +12,7 @@ import pandas as pd
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir
 from .files import load_table, load_uci
+from .splits import extrapolation_split, gap_split, gap_splits, interpolation_split, pooled_data
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -21,6 +22,11 @@ __all__ = [
     "load_dataset",
     "load_table",
     "load_uci",
+    "extrapolation_split",
+    "gap_split",
+    "gap_splits",
+    "interpolation_split",
+    "pooled_data",
 ]
 
 

@@ -1,7 +1,19 @@
 """Guides and guide initialisation. Mean-field VI is Pyro's ``AutoNormal``; full-covariance VI is
-``AutoMultivariateNormal``; this package adds what Pyro does not have."""
+``AutoMultivariateNormal``; this package adds what Pyro does not have: the implicit hypernetwork
+guide (``hypernet``), the sampled-Laplace guide (``laplace``) and NCAI initialisation (``ncai``)."""
 from .hypernet import HypernetGuide, ImplicitSample, hypernet_lv_guide
 from .init import init_to_network
 from .ncai import ncai_guide, ncai_init_loc_fn, ncai_init_weights
+from .laplace import LaplaceGuide, SubsetNormal
 
-__all__ = ["HypernetGuide", "ImplicitSample", "hypernet_lv_guide", "init_to_network", "ncai_guide", "ncai_init_loc_fn", "ncai_init_weights"]
+__all__ = [
+    "HypernetGuide",
+    "ImplicitSample",
+    "LaplaceGuide",
+    "SubsetNormal",
+    "hypernet_lv_guide",
+    "init_to_network",
+    "ncai_guide",
+    "ncai_init_loc_fn",
+    "ncai_init_weights",
+]

@@ -8,6 +8,8 @@ from .ncai import NCAIElbo
 from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
 from .predict import as_sample_dict, guide_site_mean, sample_posterior
 from .svi import NonFiniteLossError, fit_svi, isolated_param_store, set_seed, train_map
+from .laplace import LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
+from .local_reparam import LocalReparamELBO, local_reparam_forward
 
 __all__ = [
     "FGEResult",
@@ -32,4 +34,10 @@ __all__ = [
     "sample_posterior",
     "set_seed",
     "train_map",
+    "LaplacePredictive",
+    "LinearizedLaplace",
+    "last_layer_indices",
+    "network_jacobian",
+    "LocalReparamELBO",
+    "local_reparam_forward",
 ]

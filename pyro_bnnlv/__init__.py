@@ -29,6 +29,7 @@ from .infer import (
     train_map,
 )
 from .models import BNN, BNNLV, ProjectedBNN, fan_in_prior_scale
+from .models import OverparametrisedLinear
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
@@ -65,6 +66,7 @@ __all__ = [
     "load_dataset",
     "sample_posterior",
     "train_map",
+    "OverparametrisedLinear",
     "LaplaceGuide",
     "LinearizedLaplace",
     "LocalReparamELBO",

@@ -5,6 +5,7 @@ import torch
 from pyro.infer import Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
+import pyro_bnnlv as pb
 from pyro_bnnlv import BNN, MLP, fan_in_prior_scale
 
 
@@ -130,3 +131,19 @@ def test_model_f_exposes_batched_network(toy_data):
     w = torch.randn(7, model.num_weights)
     assert model.f(x, w).shape == (7, 100, 1)
     torch.testing.assert_close(model.f(x, w)[3], model.net(x, w[3]))
+
+
+def test_training_never_moves_the_prior():
+    """AutoNormal(init_loc_fn=init_to_mean) takes the prior's mean tensor as its loc; the model
+    must hand Pyro copies, or Adam trains the prior itself (found in the linear model)."""
+    from pyro.infer.autoguide import AutoNormal, init_to_mean
+
+    x, y = torch.randn(20, 1), torch.randn(20)
+    model = pb.BNN(pb.MLP(1, [4], 1), prior_scale=1.0, noise_scale=0.1)
+    lv = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1)
+    for m in (model, lv):
+        with pyro.get_param_store().scope():
+            guide = AutoNormal(m, init_loc_fn=init_to_mean)
+            pb.fit_svi(m, guide, x, y, num_steps=20, lr=0.1, seed=0, progress=False,
+                       loss=pyro.infer.Trace_ELBO())  # fmt: skip
+        assert (m.prior_loc == 0).all() and (m.prior_scale == 1).all()

@@ -489,3 +489,43 @@ def test_closed_form_input_validation():
     with pytest.raises(ValueError, match="noise_scale"):
         exact_posterior(prior, torch.ones(2), 0.0)
     assert float(kl_gaussians(prior, prior)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_init_to_mean_does_not_alias_the_prior():
+    """AutoNormal(init_loc_fn=init_to_mean) turns the prior's mean tensor into its loc parameter;
+    the model must hand out copies, or Adam moves the prior (found while fitting sec. 4's model)."""
+    from pyro.infer.autoguide import AutoNormal, init_to_mean
+
+    from pyro_bnnlv import fit_svi
+
+    model = OverparametrisedLinear(4, prior_loc=0.0, noise_scale=0.5)
+    guide = AutoNormal(model, init_loc_fn=init_to_mean)
+    x, y = torch.ones(5, dtype=F64), torch.full((5,), 2.0, dtype=F64)
+    fit_svi(model, guide, x, y, num_steps=20, lr=0.1, seed=0, progress=False)
+    assert torch.equal(model.prior_loc, torch.zeros(4, dtype=F64))
+    assert torch.equal(model.weight_prior_scale, torch.full((4,), 2.0, dtype=F64))
+    loc, _ = guide._get_loc_and_scale("w")
+    assert float(loc.detach().abs().max()) > 0.5  # the guide did move
+
+
+@pytest.mark.parametrize("with_x", [True, False])
+def test_nuts_potential_equals_the_traced_potential(with_x):
+    from pyro.infer.mcmc.util import initialize_model
+    from pyro.ops.integrator import potential_grad
+
+    K, N = 3, 4
+    model = OverparametrisedLinear(K, prior_loc=0.3, prior_scale=0.7, noise_scale=0.4)
+    y = torch.randn(N, dtype=F64)
+    x = torch.randn(N, K, dtype=F64) if with_x else None
+    pot = model.nuts_potential(x, y)
+    _, traced, _, _ = initialize_model(model, model_args=(x, y))
+    for _ in range(3):
+        w = torch.randn(K, dtype=F64) * 2
+        u, g = pot(w)
+        g_ref, u_ref = potential_grad(traced, {"w": w.clone()})
+        assert float(u) == pytest.approx(float(u_ref), rel=1e-12)
+        assert torch.allclose(g, g_ref["w"], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="y must be"):
+        model.nuts_potential(x, torch.ones(N, 1, dtype=F64))
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        model.nuts_potential(torch.ones(N + 1, dtype=F64), y)

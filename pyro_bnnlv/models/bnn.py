@@ -170,7 +170,7 @@ class BNN(PyroModule):
     def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
             self.check_data(x, y)
-        w = pyro.sample("w", dist.Normal(self.prior_loc, self.prior_scale).to_event(1))
+        w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
             if batch_size is None:
                 x_b, y_b = x, y

@@ -126,7 +126,7 @@ class BNNLV(BNN):
     def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():
             self.check_data(x, y)
-        w = pyro.sample("w", dist.Normal(self.prior_loc, self.prior_scale).to_event(1))
+        w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         z_prior = dist.Normal(torch.zeros(self.latent_dim, dtype=x.dtype), self.latent_scale)
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
             if batch_size is None:

@@ -33,6 +33,10 @@ for ``K`` up to a few thousand; :func:`invariance_gap_isotropic` is O(1) for any
 :func:`plot_invariance_gap`
 =============================================  =====================================================
 
+The model has a fast NUTS potential (:meth:`OverparametrisedLinear.nuts_potential`); Pyro's SVI
+and NUTS on it are compared with these closed forms in :mod:`pyro_bnnlv.invariance`, and the
+sec. 5 construction for neural networks is :mod:`pyro_bnnlv.stats.invariance`.
+
 Readings of the paper that differ from the printed text (each checked in ``tests/test_linear.py``):
 
 * **Eq. 13** prints ``m_p* = V_p* (sum_i y_i)/(K sigma_y^2) 1``, which is the posterior mean only
@@ -296,6 +300,35 @@ class OverparametrisedLinear(PyroModule):
         """Predictive mixture components at ``x``: ``loc (S, N, 1)`` and the noise scale."""
         return self.f(x, samples["w"]).unsqueeze(-1), self.noise_scale.detach()
 
+    def nuts_potential(self, x: Tensor | None, y: Tensor):
+        """Fast NUTS potential (the contract of :mod:`pyro_bnnlv.infer.nuts`):
+        ``U(w) = -ln N(y; X w, sigma_y^2 I) - ln N(w; mu, K sigma_0^2 I)``, constants included.
+
+        ``x`` as in :meth:`forward`; the dtype follows ``x`` (or ``y`` when ``x`` is None).
+        ``run_nuts`` checks it against the traced model at the initial point.
+        """
+        from ..infer.nuts import FlatPotential
+
+        if not isinstance(y, Tensor) or y.dim() != 1:
+            raise ValueError(f"y must be a tensor of shape (N,), got {getattr(y, 'shape', y)!r}")
+        X = self.design_matrix(x, N=y.shape[0])
+        if x is None:
+            X = X.to(y.dtype)
+        if X.shape[0] != y.shape[0]:
+            raise ValueError(f"x and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
+        dtype = X.dtype
+        X, yy = X.detach(), y.detach().to(dtype)
+        loc = self.prior_loc.to(dtype=dtype, copy=True)
+        scale = self.weight_prior_scale.to(dtype=dtype, copy=True)
+        sigma = self.noise_scale.to(dtype=dtype, copy=True)
+
+        def log_density(p: dict[str, Tensor]) -> Tensor:
+            w = p["w"]
+            lik = torch.distributions.Normal(X @ w, sigma).log_prob(yy).sum()
+            return lik + torch.distributions.Normal(loc, scale).log_prob(w).sum()
+
+        return FlatPotential.from_log_density({"w": (self.K,)}, log_density)
+
     def config(self) -> dict:
         return dict(
             K=self.K,
@@ -320,8 +353,11 @@ class OverparametrisedLinear(PyroModule):
         if y is not None and y.shape[0] != X.shape[0]:
             raise ValueError(f"x and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
         dtype = X.dtype
-        loc = self.prior_loc.to(dtype)
-        scale = self.weight_prior_scale.to(dtype)
+        # copies, never views of the buffers: AutoNormal(init_loc_fn=init_to_mean) turns the
+        # prior's mean tensor itself into its loc parameter, and Adam would then update the
+        # prior in place (tests/test_linear.py::test_init_to_mean_does_not_alias_the_prior)
+        loc = self.prior_loc.to(dtype=dtype, copy=True)
+        scale = self.weight_prior_scale.to(dtype=dtype, copy=True)
         w = pyro.sample("w", dist.Normal(loc, scale).to_event(1))
         with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
             X_b = X if batch_size is None else X[idx]
@@ -676,9 +712,13 @@ def invariance_gap_table(
     return pd.DataFrame(rows)
 
 
-def plot_invariance_gap(df, path) -> None:
+def plot_invariance_gap(df, path, svi=None) -> None:
     """Write Fig. 1 (gap vs ``K`` with the bound) and Fig. 2 (KL, ELL, ELBO, predictive variance)
-    panels from :func:`invariance_gap_table` output to the PNG ``path`` (Agg backend)."""
+    panels from :func:`invariance_gap_table` output to the PNG ``path`` (Agg backend).
+
+    ``svi``: optionally a :func:`pyro_bnnlv.invariance.svi_invariance_experiment` table (columns
+    ``K``, ``elbo_fit``, ``pred_var_y_fit``), overlaid as black crosses on the ELBO and
+    predictive-variance panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -699,6 +739,9 @@ def plot_invariance_gap(df, path) -> None:
             ax.plot(sub.K, sub[col], color=colors[tname], label=f"{qname}, {tname}", **style)
         ax.set_title(title)
     axes[4].plot(g.K.unique(), g.groupby("K").prior_pred_var_y.first(), "k--", label="prior")
+    if svi is not None:
+        axes[3].plot(svi["K"], svi["elbo_fit"], "kx", label="AutoNormal (Pyro SVI)")
+        axes[4].plot(svi["K"], svi["pred_var_y_fit"], "kx", label="AutoNormal (Pyro SVI)")
     for ax in axes:
         ax.set_xlabel("K")
         ax.legend(fontsize=7)

@@ -6,6 +6,7 @@
   information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
 * ``ood``: epistemic entropy per input, OOD-vs-test AUROC, histograms (HyVI paper sec. 4);
 * ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
+* ``invariance``: first-layer invariance gap of a mean-field BNN (invariances paper, sec. 5).
 """
 from .dependence import (
     correlation_penalty,
@@ -34,6 +35,7 @@ from .latent import (
 )
 from .ood import auroc, epistemic_entropy, ood_report, plot_epistemic_histograms
 from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
+from .invariance import first_layer_invariance_gap, plot_first_layer_invariance_gap
 
 __all__ = [
     "auroc",
@@ -63,4 +65,6 @@ __all__ = [
     "pearson_correlation",
     "predictive_metrics",
     "predictor_space_samples",
+    "first_layer_invariance_gap",
+    "plot_first_layer_invariance_gap",
 ]

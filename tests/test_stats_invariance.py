@@ -1,0 +1,256 @@
+"""Tests for pyro_bnnlv.stats.invariance: the first-layer invariance gap (invariances paper, sec. 5,
+eq. 22-23), checked against the linear model's closed forms (models/linear.py, eq. 10, 15, 16),
+against the paper's beta -> inf construction with B_x, and against dense-matrix KLs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pyro.infer.autoguide import AutoNormal
+
+import pyro_bnnlv as pb
+from pyro_bnnlv.models import linear as L
+from pyro_bnnlv.stats.invariance import (
+    first_layer_indices,
+    first_layer_invariance_gap,
+    invariance_abiding_posterior,
+    invariance_gap_at_inputs,
+    likelihood_factor_from_posterior,
+    plot_first_layer_invariance_gap,
+)
+
+F64 = torch.float64
+
+
+def _random_theta(K: int, gen: torch.Generator):
+    mu = torch.randn(K, generator=gen, dtype=F64)
+    s2 = 0.5 + torch.rand(K, generator=gen, dtype=F64) * 2
+    m = torch.randn(K, generator=gen, dtype=F64)
+    lam = 0.1 + torch.rand(K, generator=gen, dtype=F64) * 3
+    return mu, s2, m, lam
+
+
+def test_likelihood_factor_inverts_eq6a():
+    gen = torch.Generator().manual_seed(0)
+    mu, s2, m, lam = _random_theta(6, gen)
+    q = L.q0(L.Gaussian(mu, torch.diag(s2)), m, lam)
+    m_hat, lam_hat = likelihood_factor_from_posterior(q.loc, q.cov.diagonal(), mu, s2)
+    assert torch.allclose(m_hat, m, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(lam_hat, lam, rtol=1e-10)
+    # q as wide as or wider than the prior: no Gaussian g_0, flat (lambda = inf)
+    m2, lam2 = likelihood_factor_from_posterior(
+        torch.tensor([0.3, 0.3]), torch.tensor([1.0, 2.0]), torch.zeros(2), torch.tensor([1.0, 1.0])
+    )
+    assert torch.isinf(lam2).all() and torch.allclose(m2, torch.full((2,), 0.3, dtype=F64))
+    with pytest.raises(ValueError, match="q_var"):
+        likelihood_factor_from_posterior(mu, -s2, mu, s2)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.0 / 7, -2.5])
+def test_eq23_at_constant_input_is_eq15(scale):
+    """x = c 1 is the linear model of sec. 4 (eq. 23 is invariant to the scale of x)."""
+    gen = torch.Generator().manual_seed(1)
+    K = 5
+    mu, s2, m, lam = _random_theta(K, gen)
+    prior = L.Gaussian(mu, torch.diag(s2))
+    loc, cov = invariance_abiding_posterior(torch.full((K,), scale, dtype=F64), mu, s2, m, lam)
+    ref = L.qmix(prior, m, lam)
+    assert torch.allclose(loc, ref.loc, atol=1e-12) and torch.allclose(cov, ref.cov, atol=1e-12)
+    gap = invariance_gap_at_inputs(torch.full((K,), scale, dtype=F64), L.q0(prior, m, lam).loc,
+                                   L.q0(prior, m, lam).cov.diagonal(), mu, s2)  # fmt: skip
+    assert float(gap) == pytest.approx(float(L.invariance_gap(prior, m, lam)), rel=1e-10)
+
+
+def test_eq23_is_the_beta_limit_of_the_translation_marginal():
+    """The paper's construction: g_mix = int N(w; m + B_x Delta, Diag(lam)) N(Delta; 0, beta^2 I),
+    B_x = [I; -x_{1:d-1}^T / x_d] (sec. 5), times the prior, for a large beta (dense algebra)."""
+    gen = torch.Generator().manual_seed(2)
+    d = 4
+    mu, s2, m, lam = _random_theta(d, gen)
+    x = torch.randn(d, generator=gen, dtype=F64)
+    x[-1] = 1.3
+    B = torch.cat([torch.eye(d - 1, dtype=F64), -(x[:-1] / x[-1]).unsqueeze(0)])
+    assert torch.allclose(x @ B, torch.zeros(d - 1, dtype=F64), atol=1e-14)
+    beta = 1e4
+    G = torch.diag(lam) + beta**2 * B @ B.T
+    prec = torch.diag(1 / s2) + torch.linalg.inv(G)
+    cov = torch.linalg.inv(prec)
+    loc = cov @ (mu / s2 + torch.linalg.solve(G, m))
+    loc23, cov23 = invariance_abiding_posterior(x, mu, s2, m, lam)
+    assert torch.allclose(loc23, loc, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(cov23, cov, rtol=1e-6, atol=1e-6)
+
+
+def test_gap_formula_matches_dense_kl_for_general_inputs_and_batches():
+    gen = torch.Generator().manual_seed(3)
+    d, N = 3, 6
+    mu, s2, _, _ = _random_theta(d, gen)
+    mq = torch.randn(d, generator=gen, dtype=F64)
+    v = s2 * (0.05 + 0.9 * torch.rand(d, generator=gen, dtype=F64))  # narrower than the prior
+    X = torch.randn(N, d, generator=gen, dtype=F64)
+    gaps = invariance_gap_at_inputs(X, mq, v, mu, s2)
+    assert gaps.shape == (N,)
+    m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
+    for n in range(N):
+        loc, cov = invariance_abiding_posterior(X[n], mu, s2, m, lam)
+        ref = L.kl_gaussians(L.Gaussian(mq, torch.diag(v)), L.Gaussian(loc, cov))
+        assert float(gaps[n]) == pytest.approx(float(ref), rel=1e-9)
+    assert (gaps > 0).all()
+
+
+def _linear_bnn(K: int, H: int, thetas, sigma0: float = 1.0):
+    """BNN whose first-layer units are the linear model of sec. 4 at x = 1 (K = fan-in + bias)."""
+    net = pb.MLP(K - 1, [H], 1, activation="tanh")
+    idx = first_layer_indices(net)
+    prior_scale = torch.ones(net.num_weights)
+    prior_scale[idx.reshape(-1)] = math.sqrt(K) * sigma0
+    model = pb.BNN(net, prior_scale=prior_scale.to(torch.float32), noise_scale=0.1)
+    prior = L.prior_gaussian(K, 0.0, sigma0)
+    loc = torch.zeros(net.num_weights, dtype=F64)
+    scale = torch.full((net.num_weights,), 0.5, dtype=F64)
+    for j, (m, lam) in enumerate(thetas):
+        q = L.q0(prior, m, lam)
+        loc[idx[j]] = q.loc
+        scale[idx[j]] = q.cov.diagonal().sqrt()
+    return model, prior, (loc, scale)
+
+
+def test_first_layer_reduces_to_the_linear_models_closed_form():
+    K, H, N = 6, 3, 4
+    gen = torch.Generator().manual_seed(4)
+    thetas = [
+        (torch.full((K,), 0.7, dtype=F64), torch.full((K,), 2.5, dtype=F64)),  # isotropic
+        (torch.randn(K, generator=gen, dtype=F64), 0.2 + torch.rand(K, generator=gen, dtype=F64)),
+        L.theta_star_mix(torch.ones(10, dtype=F64), K, 0.3),  # the optimum of eq. 18
+    ]
+    model, prior, params = _linear_bnn(K, H, thetas)
+    x = torch.ones(N, K - 1)
+    df = first_layer_invariance_gap(model, params, x)
+    assert list(df.index) == list(range(H))
+    for j, (m, lam) in enumerate(thetas):
+        gap = float(L.invariance_gap(prior, m, lam))
+        assert df.gap_mean[j] == pytest.approx(gap, rel=1e-6)
+        assert df.gap_max[j] == pytest.approx(gap, rel=1e-6)
+        kl = float(L.kl_to_prior(L.q0(prior, m, lam), prior))
+        assert df.kl_to_prior[j] == pytest.approx(kl, rel=1e-6)
+    iso = float(L.invariance_gap_isotropic(K, K * 1.0, 2.5))
+    assert df.gap_mean[0] == pytest.approx(iso, rel=1e-6)
+    # condition (7) holds for isotropic lambda: spread 0 and equal pre-activation variances (eq. 9)
+    assert df.shrinkage_spread[0] < 1e-6 and df.shrinkage_spread[1] > 0.05
+    assert df.preact_var_qmix[0] == pytest.approx(df.preact_var_q0[0], rel=1e-6)
+    assert df.preact_var_qmix[1] != pytest.approx(df.preact_var_q0[1], rel=1e-3)
+    # eq. 11: the gap of a q_0 optimum is below its KL to the prior
+    assert (df.gap_mean <= df.kl_to_prior).all()
+    long = first_layer_invariance_gap(model, params, x, per_input=True)
+    assert len(long) == N * H and set(long.columns) >= {"input", "unit", "gap"}
+    assert long.groupby("unit").gap.mean().values == pytest.approx(df.gap_mean.values, rel=1e-12)
+
+
+def test_fitted_autonormal_guide_and_index_layout(toy_data):
+    x, y = toy_data
+    model = pb.BNN(pb.MLP(1, [4], 1), prior_scale=1.0, noise_scale=0.1)
+    guide = AutoNormal(model, init_scale=0.05, init_loc_fn=pb.init_to_network(model, seed=0))
+    pb.fit_svi(model, guide, x, y, num_steps=200, lr=0.02, seed=0, progress=False)
+    df = first_layer_invariance_gap(model, guide, x)
+    with pb.infer.isolated_param_store(model, guide):
+        loc, scale = (t.detach() for t in guide._get_loc_and_scale("w"))
+    assert df.equals(first_layer_invariance_gap(model, (loc, scale), x))
+    # an independent read of the first layer through MLP.unflatten
+    (W, b), _ = model.net.unflatten(loc)
+    (Ws, bs), _ = model.net.unflatten(scale)
+    xa = torch.cat([x, torch.ones(len(x), 1)], -1).to(F64)
+    for j in range(4):
+        mq = torch.cat([W[j], b[j : j + 1]]).to(F64)
+        v = torch.cat([Ws[j], bs[j : j + 1]]).to(F64) ** 2
+        zero, one = torch.zeros(2, dtype=F64), torch.ones(2, dtype=F64)
+        gaps = invariance_gap_at_inputs(xa, mq, v, zero, one)
+        assert df.gap_mean[j] == pytest.approx(float(gaps.mean()), rel=1e-10)
+    assert (df.gap_mean > 0).all() and (df.gap_mean <= df.gap_max).all()
+
+
+def test_mixture_gap_monte_carlo():
+    """Eq. 23's mixture over inputs: equals the per-input gap for identical inputs, is below the
+    mean per-input gap (convexity) otherwise, and agrees with torch's mixture density."""
+    K, H = 3, 2
+    thetas = [(torch.full((K,), 0.5, dtype=F64), torch.full((K,), 1.5, dtype=F64)),
+              (torch.tensor([0.1, -0.4, 1.0], dtype=F64), torch.tensor([0.5, 2.0, 1.0], dtype=F64))]
+    model, prior, (loc, scale) = _linear_bnn(K, H, thetas)
+    same = first_layer_invariance_gap(model, (loc, scale), torch.ones(5, K - 1), num_samples=4000)
+    z = (same.gap_mixture - same.gap_mean) / same.gap_mixture_se
+    assert (z.abs() < 4).all(), z
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(7, K - 1, generator=gen)
+    df = first_layer_invariance_gap(model, (loc, scale), x, num_samples=4000, seed=1)
+    assert (df.gap_mixture < df.gap_mean + 4 * df.gap_mixture_se).all()
+    assert (df.gap_mixture < df.gap_mean - 0.05).any()  # the bound is not tight for spread inputs
+    # independent estimate with torch.distributions' mixture log density
+    idx = first_layer_indices(model.net)
+    xa = torch.cat([x, torch.ones(7, 1)], -1).to(F64)
+    for j in range(H):
+        mq, v = loc[idx[j]], scale[idx[j]] ** 2
+        m, lam = likelihood_factor_from_posterior(mq, v, prior.loc, prior.cov.diagonal())
+        locs, covs = invariance_abiding_posterior(xa, prior.loc, prior.cov.diagonal(), m, lam)
+        mix = torch.distributions.MixtureSameFamily(
+            torch.distributions.Categorical(torch.ones(7, dtype=F64)),
+            torch.distributions.MultivariateNormal(locs, covs),
+        )
+        q = torch.distributions.Normal(mq, v.sqrt())
+        w = q.sample((20000,))
+        t = q.log_prob(w).sum(-1) - mix.log_prob(w)
+        se = math.hypot(float(t.std() / math.sqrt(len(t))), df.gap_mixture_se[j])
+        assert abs(float(t.mean()) - df.gap_mixture[j]) < 4 * se
+
+
+def test_uninformative_coordinates_give_the_prior():
+    """A coordinate with q variance >= prior variance has a flat g_0: at inputs where it is
+    non-zero q_mix is the prior, so the gap is KL[q_0 || p]; where it is 0 it is ignored."""
+    model = pb.BNN(pb.MLP(2, [1], 1), prior_scale=1.0, noise_scale=0.1)
+    idx = first_layer_indices(model.net)[0]  # [W00, W01, b0]
+    loc = torch.zeros(model.net.num_weights, dtype=F64)
+    scale = torch.full((model.net.num_weights,), 0.3, dtype=F64)
+    loc[idx] = torch.tensor([0.5, -0.2, 0.1], dtype=F64)
+    scale[idx[1]] = 1.2  # wider than the prior: uninformative
+    x = torch.tensor([[1.0, 0.5], [2.0, 0.0]])
+    long = first_layer_invariance_gap(model, (loc, scale), x, per_input=True)
+    v = scale[idx] ** 2
+    kl_prior = 0.5 * float((v + loc[idx] ** 2 - 1 - torch.log(v)).sum())
+    assert long.gap[0] == pytest.approx(kl_prior, rel=1e-10)
+    # at x = (2, 0) only (W00, b0) are seen: the 2-d eq. 23 gap plus nothing from W01 beyond KL
+    sub = [0, 2]
+    zero, one = torch.zeros(2, dtype=F64), torch.ones(2, dtype=F64)
+    gap2 = invariance_gap_at_inputs(torch.tensor([2.0, 1.0], dtype=F64), loc[idx][sub], v[sub],
+                                    zero, one)  # fmt: skip
+    kl_w01 = 0.5 * float(v[1] + loc[idx[1]] ** 2 - 1 - torch.log(v[1]))
+    assert long.gap[1] == pytest.approx(float(gap2) + kl_w01, rel=1e-10)
+    df = first_layer_invariance_gap(model, (loc, scale), x)
+    assert df.frac_uninformative[0] == pytest.approx(1 / 3)
+
+
+def test_validation_and_plot(tmp_path, toy_data):
+    x, _ = toy_data
+    model = pb.BNN(pb.MLP(1, [3], 1), prior_scale=1.0, noise_scale=0.1)
+    P = model.net.num_weights
+    params = (torch.zeros(P), torch.full((P,), 0.1))
+    with pytest.raises(ValueError, match="BNN with an MLP"):
+        first_layer_invariance_gap(L.OverparametrisedLinear(3), params, x)
+    with pytest.raises(ValueError, match="no hidden layer"):
+        first_layer_invariance_gap(pb.BNN(pb.MLP(1, [], 1)), (torch.zeros(2), torch.ones(2)), x)
+    with pytest.raises(ValueError, match="x has 2 columns"):
+        first_layer_invariance_gap(model, params, torch.zeros(5, 2))
+    with pytest.raises(ValueError, match=r"loc of site 'w' must have shape"):
+        first_layer_invariance_gap(model, (torch.zeros(P + 1), torch.ones(P + 1)), x)
+    with pytest.raises(ValueError, match="scale of site 'w' must be positive"):
+        first_layer_invariance_gap(model, (torch.zeros(P), torch.zeros(P)), x)
+    with pytest.raises(ValueError, match="fit it"):
+        first_layer_invariance_gap(model, AutoNormal(model), x)
+    with pytest.raises(ValueError, match="num_samples"):
+        first_layer_invariance_gap(model, params, x, num_samples=-1)
+    with pytest.raises(ValueError, match="both m and lam"):
+        invariance_gap_at_inputs(torch.ones(2), torch.zeros(2), torch.ones(2), torch.zeros(2),
+                                 torch.ones(2), m=torch.zeros(2))  # fmt: skip
+    df = first_layer_invariance_gap(model, params, x, num_samples=100)
+    plot_first_layer_invariance_gap(df, tmp_path / "gap.png")
+    assert (tmp_path / "gap.png").stat().st_size > 0
+    assert df.attrs["num_inputs"] == len(x)

@@ -17,6 +17,13 @@ benchmark alternates the contenders in rounds and reports medians over steps.
 our default path (``fit_svi`` with ``AutoNormal(create_plates=model.create_plates)``) against a
 hand-written PyTorch step of the same estimator (sample ``w`` and the batch's ``z``, rescale the
 likelihood and the latents' log-density ratio by ``N / B``, one Adam over all parameters).
+
+``nuts``: NUTS per leapfrog step on the 1x50 tanh BNN (two-cluster toy): Pyro's traced
+``NUTS(model, jit_compile=True)`` against the fast flat potential in Pyro's ``NUTS`` and in
+``FlatNUTS`` (:func:`nuts_benchmark`).
+
+``laplace``: GGN Laplace fit and linearised predictive (full, diagonal, last-layer) against a
+plain ``torch.func`` reference (:func:`laplace_bench`).
 """
 
 from __future__ import annotations
@@ -25,20 +32,22 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import pyro
 import torch
-from pyro.infer import SVI, JitTrace_ELBO, Trace_ELBO
+from pyro.infer import MCMC, SVI, JitTrace_ELBO, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from .guides import init_to_network
-from .infer.nuts import nuts_benchmark
+from .infer.nuts import FlatNUTS, _check_positive_int, _CountingNUTS, chain_records, flat_potential, run_nuts
 from .infer.svi import fit_svi
 from .models.bnn import BNN
 from .nets import MLP
+from torch import Tensor
 
-__all__ = ["svi_overhead", "lv_scaling", "BENCHMARKS"]
+__all__ = ["svi_overhead", "lv_scaling", "nuts_benchmark", "laplace_bench", "BENCHMARKS"]
 
 _LOG2PI = math.log(2 * math.pi)
 
@@ -197,11 +206,172 @@ def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 
 
 
 #: name -> (function, one-line description); the CLI prints the returned DataFrame.
-BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
-    "svi-overhead": (svi_overhead, "SVI step cost of the default path vs hand-written PyTorch"),
-    "lv-scaling": (lv_scaling, "BNN+LV minibatch SVI step cost against N, vs hand-written"),
-    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s"),
-}
+def _fixed_tuning_run(kernel: Any, start: dict[str, Tensor], iters: int, args: tuple) -> tuple[float, int]:
+    """Seconds and leapfrog steps of ``iters`` NUTS draws with adaptation off."""
+    mcmc = MCMC(kernel, num_samples=iters, warmup_steps=0, initial_params=start, disable_progbar=True)
+    mcmc.run(*args)
+    rec = chain_records(mcmc)[0]
+    return sum(rec["seconds"]), sum(rec["num_steps"])
+
+
+class _FixedMass:
+    """Mixin: after setup, install a given inverse mass matrix (for like-for-like timing)."""
+
+    fixed_inverse_mass: dict | None = None
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)  # type: ignore[misc]
+        if self.fixed_inverse_mass is not None:
+            adapter = self.mass_matrix_adapter  # type: ignore[attr-defined]
+            adapter.inverse_mass_matrix = dict(self.fixed_inverse_mass)
+
+
+class _BenchCountingNUTS(_FixedMass, _CountingNUTS):
+    pass
+
+
+class _BenchFlatNUTS(_FixedMass, FlatNUTS):
+    pass
+
+
+def nuts_benchmark(
+    steps: int | None = None,
+    rounds: int = 3,
+    num_samples: int = 200,
+    warmup_steps: int = 200,
+    hidden: int = 50,
+    seed: int = 0,
+) -> Any:
+    """``pyro-bnnlv bench nuts``: NUTS on the 1x``hidden`` tanh BNN, two-cluster toy, N(0,1), sigma 0.1.
+
+    1. *Per-step cost, side by side.* The fast path's warm-up (part 2) gives a step size, a
+       diagonal mass matrix and a state in the posterior bulk. From that state, with those
+       settings and adaptation off, each contender runs ``steps`` NUTS draws (default 5), in
+       ``rounds`` interleaved rounds: Pyro's ``MCMC(NUTS(model, jit_compile=True))``; the fast
+       potential in Pyro's stock ``NUTS(potential_fn=...)``; the fast potential in
+       :class:`FlatNUTS` (the ``run_nuts`` default). Reported: median ms per leapfrog step,
+       speed-up over the traced path, leapfrog steps per draw, and the seconds of the round.
+    2. *A full default run* ``run_nuts(num_samples, warmup_steps)``: wall time (MAP init +
+       warm-up + sampling), leapfrog steps per draw, and the bulk ESS of ``f(x)`` at
+       ``x in {-1, -0.75, 0, 0.75, 1}`` (0 lies in the gap between the clusters): the minimum
+       over the inputs per second of wall time. For the other contenders the ESS per second is
+       *estimated* as the run's ESS per leapfrog step times their leapfrog steps per second.
+    3. *Breakdown*: the fast potential's value-and-gradient alone (microseconds per call, in
+       ``attrs``) and the per-step overhead of each NUTS kernel on top of it.
+
+    Returns a DataFrame indexed by contender. Columns: ``ms_per_leapfrog``, ``speedup_vs_traced``,
+    ``leapfrog_per_draw``, ``seconds`` (one round of ``steps`` draws; for the full run its total
+    wall time including the MAP initialisation), ``bulk_ess_f_per_s`` (minimum over the inputs)
+    and ``ess_per_s_measured`` (False: estimated from the full run's ESS per leapfrog step,
+    sampling phase only). ``attrs`` holds the headline numbers and the breakdown.
+    """
+    import arviz as az
+    import pandas as pd
+
+    from .datasets import load_dataset
+
+    iters = 5 if steps is None else int(steps)
+    _check_positive_int(iters, "steps")
+    data = load_dataset("clusters")
+    x, y = data.x_train, data.y_train
+    model = BNN(MLP(1, [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+    x_eval = torch.tensor([[-1.0], [-0.75], [0.0], [0.75], [1.0]])
+
+    # part 2 first: it provides the tuned settings for part 1
+    mcmc = run_nuts(model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, seed=seed,
+                    progress=False)  # fmt: skip
+    info = mcmc.run_info
+    w = mcmc.get_samples(group_by_chain=True)["w"]
+    f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
+    ess = az.ess(az.convert_to_dataset(f.detach().numpy()), method="bulk")
+    ess_min = float(ess.to_array().min())
+    rec = chain_records(mcmc)[0]
+    steps_run = rec["num_steps"]
+    per_sample = sum(steps_run) / len(steps_run)
+    total_leapfrog = sum(steps_run) + sum(rec["warmup_num_steps"])
+    kernel_seconds = sum(rec["seconds"]) + sum(rec["warmup_seconds"])
+    ess_per_leapfrog = ess_min / sum(steps_run)
+
+    kernel = mcmc.kernel
+    eps = float(kernel.step_size)
+    imm = {k: v.clone() for k, v in kernel.inverse_mass_matrix.items()}
+    start_w = w[0, -1].clone()
+    pot = flat_potential(model, x, y)
+    assert pot is not None
+    common = dict(step_size=eps, adapt_step_size=False, adapt_mass_matrix=False)
+    times: dict[str, list[float]] = {"traced": [], "stock": [], "flat": []}
+    counts: dict[str, list[int]] = {"traced": [], "stock": [], "flat": []}
+    walls: dict[str, list[float]] = {"traced": [], "stock": [], "flat": []}
+    pot_ms: list[float] = []
+    from pyro.infer.autoguide import init_to_value
+
+    for r in range(rounds):
+        for name in ("traced", "stock", "flat"):
+            pyro.set_rng_seed(seed + r)
+            if name == "traced":
+                k = _BenchCountingNUTS(
+                    model, jit_compile=True, ignore_jit_warnings=True,
+                    init_strategy=init_to_value(values={"w": start_w}), **common,
+                )  # fmt: skip
+                args: tuple = (x, y)
+            elif name == "stock":
+                k = _BenchCountingNUTS(potential_fn=pot.potential_fn, **common)
+                args = ()
+            else:
+                k = _BenchFlatNUTS(pot, **common)
+                args = ()
+            k.fixed_inverse_mass = imm
+            sec, n = _fixed_tuning_run(k, {"w": start_w}, iters, args)
+            times[name].append(1e3 * sec / max(n, 1))
+            counts[name].append(n)
+            walls[name].append(sec)
+        # the potential alone: where the time of a leapfrog step goes
+        with torch.no_grad():
+            q = start_w.clone()
+            for _ in range(50):
+                pot.value_and_grad(q)
+            t = time.perf_counter()
+            for _ in range(1000):
+                pot.value_and_grad(q)
+            pot_ms.append((time.perf_counter() - t))  # seconds per 1000 calls = ms per call
+    import statistics
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    pot_med = statistics.median(pot_ms)
+    labels = {
+        "traced": "Pyro MCMC(NUTS(model, jit_compile=True))",
+        "stock": "fast potential + Pyro NUTS(potential_fn=...)",
+        "flat": "fast potential + FlatNUTS (run_nuts default)",
+    }
+    rows = []
+    for name in ("traced", "stock", "flat"):
+        rows.append({
+            "contender": labels[name],
+            "ms_per_leapfrog": med[name],
+            "speedup_vs_traced": med["traced"] / med[name],
+            "leapfrog_per_draw": statistics.median(counts[name]) / iters,
+            "seconds": statistics.median(walls[name]),
+            "bulk_ess_f_per_s": ess_per_leapfrog * 1e3 / med[name],
+            "ess_per_s_measured": False,
+        })  # fmt: skip
+    rows.append({
+        "contender": f"run_nuts default, full run ({warmup_steps} warm-up + {num_samples} draws)",
+        "ms_per_leapfrog": 1e3 * kernel_seconds / total_leapfrog,
+        "speedup_vs_traced": med["traced"] / (1e3 * kernel_seconds / total_leapfrog),
+        "leapfrog_per_draw": per_sample,
+        "seconds": info["total_seconds"],
+        "bulk_ess_f_per_s": ess_min / info["total_seconds"],
+        "ess_per_s_measured": True,
+    })  # fmt: skip
+    table = pd.DataFrame(rows).set_index("contender")
+    table.attrs["potential_value_and_grad_us"] = 1e3 * pot_med
+    table.attrs["flat_nuts_overhead_us_per_step"] = 1e3 * (med["flat"] - pot_med)
+    table.attrs["pyro_nuts_overhead_us_per_step"] = 1e3 * (med["stock"] - pot_med)
+    table.attrs["speedup_flat_vs_traced"] = med["traced"] / med["flat"]
+    table.attrs["speedup_stock_potential_fn_vs_traced"] = med["traced"] / med["stock"]
+    table.attrs["full_run_seconds"] = info["total_seconds"]
+    table.attrs["full_run_min_bulk_ess_f"] = ess_min
+    return table
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,4 +470,9 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
     return table
 
 
-BENCHMARKS["laplace"] = (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference")
+BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
+    "svi-overhead": (svi_overhead, "SVI step cost of the default path vs hand-written PyTorch"),
+    "lv-scaling": (lv_scaling, "BNN+LV minibatch SVI step cost against N, vs hand-written"),
+    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s"),
+    "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
+}

@@ -341,7 +341,7 @@ def test_library_bnnlv_traced_and_fast_paths():
 
 @pytest.mark.slow
 def test_nuts_benchmark_smoke():
-    from pyro_bnnlv.infer.nuts import nuts_benchmark
+    from pyro_bnnlv.bench import nuts_benchmark
 
     table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10)
     assert len(table) == 4 and (table["ms_per_leapfrog"] > 0).all()

@@ -223,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", help="CSV path")
     p.add_argument("--figure", help="PNG path (cosine)")
     p.add_argument("--datasets", nargs="*", default=None, help="UCI data sets (uci)")
+    p.add_argument("--kl-samples", type=int, default=None,
+                   help="guide and prior samples of the k-NN KL (paper and default: 500)")
     p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -233,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "nuts_samples": 20, "nuts_warmup": 20, "kl_samples": 50, "kl_draws": 2}
                   if args.experiment == "cosine" else {"kl_samples": 20, "num_inputs": 20,
                                                        "num_samples": 50}))  # fmt: skip
+    if args.kl_samples is not None and args.experiment == "uci":
+        kw["kl_samples"] = args.kl_samples
     if args.experiment == "cosine":
         table = cosine_experiment(seed=args.seed, figure=args.figure or "hyvi-cosine.png",
                                   progress=not args.quiet, **kw)  # fmt: skip

@@ -216,6 +216,12 @@ class ModuleNet(FlatNet):
             raise ValueError("module has no parameters")
         for p in module.parameters():
             p.requires_grad_(False)
+        super().train(False)
+
+    def train(self, mode: bool = True) -> "ModuleNet":
+        """A ``ModuleNet`` (and the module it wraps) always stays in eval mode: its weights come
+        from ``w``, and Pyro's ``pyro.module`` would otherwise warn about every frozen parameter."""
+        return super().train(False)
 
     def unflatten(self, w: Tensor) -> dict[str, Tensor]:
         """``w (P,)`` -> ``{parameter name: tensor}`` for ``functional_call``."""

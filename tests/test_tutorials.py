@@ -69,6 +69,7 @@ def test_projected_tutorial_runs_at_small_size(run_tutorial, tmp_path):
     # the candidates are MAP fits of three bumps (the toy's premise)
     assert table.loc["candidates", "fits >= 3"] >= 0.5
     assert (tmp_path / "projected_four_modes.png").stat().st_size > 0
+    assert list(ns["decoder_modes"].index) == ["beta=1.0", "beta=0.0"]
 
 
 def test_in_between_tutorial_runs_at_small_size(run_tutorial, tmp_path):

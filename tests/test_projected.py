@@ -136,6 +136,9 @@ def test_three_stage_fit_beats_the_prior_predictive_and_variants_run():
     assert linear.num_phi == 2 * linear.net.num_weights + linear.net.num_weights
     with pytest.raises(ValueError, match="variant"):
         fit_projected_bnn(linear, x, y, variant="two-stage")
+    multi = ProjectedBNN(pb.MLP(1, [5], 1), latent_dim=2, num_tasks=3)
+    with pytest.raises(ValueError, match="single-task"):
+        fit_projected_bnn(multi, x, y)
 
 
 def test_multi_task_codes_separate_the_tasks_of_the_sine_family():

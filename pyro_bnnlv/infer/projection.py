@@ -249,6 +249,10 @@ def fit_projected_bnn(
     """
     if variant not in ("full", "one-stage", "qz-only"):
         raise ValueError(f"variant must be 'full', 'one-stage' or 'qz-only', got {variant!r}")
+    if model.num_tasks is not None:
+        raise ValueError("fit_projected_bnn is for single-task models (FGE trains one network); for "
+                         "num_tasks=M use init_projected_guide(model) and fit_svi(..., "
+                         "model_kwargs={'task': task})")
     seconds: dict[str, float] = {}
     fge_result = projection = None
     phi_star = None

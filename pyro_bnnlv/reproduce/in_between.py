@@ -208,7 +208,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="pyro-bnnlv reproduce in-between", description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="*", default=list(DATASETS))
     p.add_argument("--standard-splits", type=int, default=3, help="standard splits 0..k-1 (default 3)")
     p.add_argument("--no-gap", action="store_true")

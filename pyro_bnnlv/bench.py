@@ -430,11 +430,12 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
         net = MLP(x.shape[1], [50], 1, activation="tanh")
         w = net.init_weights(torch.Generator().manual_seed(seed))
         model = BNN(net, prior_scale=1.0, noise_scale=0.1)
+        sigma = float(model.noise_scale)  # the float32 0.1 the model uses, so both sides agree
         P = net.num_weights
         x64, xs64, w64 = x.double(), xs.double(), w.double()
         contenders: dict[str, Callable[[], object]] = {
-            "torch.func reference, full, float64": lambda: _func_reference_laplace(net, x64, xs64, w64, 0.1),
-            "torch.func reference, full, float32": lambda: _func_reference_laplace(net, x, xs, w, 0.1),
+            "torch.func reference, full, float64": lambda: _func_reference_laplace(net, x64, xs64, w64, sigma),
+            "torch.func reference, full, float32": lambda: _func_reference_laplace(net, x, xs, w, sigma),
             "LinearizedLaplace full (float64)": lambda: LinearizedLaplace(model, w).fit(x, y).predictive(xs),
             "LinearizedLaplace full, float32": lambda: LinearizedLaplace(
                 model, w, dtype=torch.float32).fit(x, y).predictive(xs),
@@ -448,7 +449,7 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
             for name, fn in contenders.items():
                 times[name].append(_median_ms(fn, n_steps, warmup=5 if n_steps > 5 else 1))
         # equal answers: ours vs the reference
-        _, v_ref = _func_reference_laplace(net, x64, xs64, w64, 0.1)
+        _, v_ref = _func_reference_laplace(net, x64, xs64, w64, sigma)
         v_ours = LinearizedLaplace(model, w).fit(x, y).predictive(xs).var[:, 0]
         agree = float(((v_ours - v_ref).abs() / v_ref).max())
         ref = statistics.median(times["torch.func reference, full, float64"])

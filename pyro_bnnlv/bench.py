@@ -39,13 +39,13 @@ import pyro
 import torch
 from pyro.infer import MCMC, SVI, JitTrace_ELBO, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
+from torch import Tensor
 
 from .guides import init_to_network
-from .infer.nuts import FlatNUTS, _check_positive_int, _CountingNUTS, chain_records, flat_potential, run_nuts
-from .infer.svi import fit_svi
+from .infer.nuts import FlatNUTS, _CountingNUTS, chain_records, flat_potential, run_nuts
+from .infer.svi import _check_positive_int, fit_svi
 from .models.bnn import BNN
 from .nets import MLP
-from torch import Tensor
 
 __all__ = ["svi_overhead", "lv_scaling", "nuts_benchmark", "laplace_bench", "BENCHMARKS"]
 

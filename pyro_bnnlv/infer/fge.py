@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .svi import set_seed, train_map
+from .svi import _check_positive_int, set_seed, train_map
 
 __all__ = ["FGEResult", "fge", "cyclic_lr"]
 
@@ -102,8 +102,7 @@ def fge(
     """
     for name, v in (("num_candidates", num_candidates), ("keep", keep), ("map_steps", map_steps),
                     ("batch_size", batch_size)):  # fmt: skip
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        _check_positive_int(v, name)
     if keep > num_candidates:
         raise ValueError(f"keep={keep} exceeds num_candidates={num_candidates}")
     if not 0 < lr_min < lr_max:

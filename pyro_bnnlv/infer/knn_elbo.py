@@ -54,14 +54,9 @@ from pyro.poutine.util import prune_subsample_sites
 from torch import Tensor
 
 from ..stats.knn import functional_knn_kl, knn_kl
+from .svi import _check_positive_int
 
 __all__ = ["KNNElbo", "FunctionalKNNElbo", "input_box"]
-
-
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def input_box(x: Tensor, margin: float = 0.0) -> dist.Distribution:
@@ -108,10 +103,10 @@ class KNNElbo(ELBO):
         prior_sampler: Callable[[int], Tensor] | None = None,
         max_plate_nesting: float = float("inf"),
     ) -> None:
-        _positive_int(num_particles, "num_particles")
-        _positive_int(k, "k")
-        _positive_int(num_kl_samples, "num_kl_samples", minimum=k + 1)
-        _positive_int(num_prior_samples, "num_prior_samples", minimum=k)
+        _check_positive_int(num_particles, "num_particles")
+        _check_positive_int(k, "k")
+        _check_positive_int(num_kl_samples, "num_kl_samples", minimum=k + 1)
+        _check_positive_int(num_prior_samples, "num_prior_samples", minimum=k)
         if prior_sampler is not None and not callable(prior_sampler):
             raise ValueError("prior_sampler must be a callable n -> (n, ...) samples")
         super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
@@ -294,8 +289,10 @@ class FunctionalKNNElbo(KNNElbo):
         super().__init__(num_particles=num_particles, num_kl_samples=num_kl_samples,
                          num_prior_samples=num_prior_samples, k=k, site=site,
                          prior_sampler=prior_sampler, max_plate_nesting=max_plate_nesting)  # fmt: skip
-        self.num_inputs = _positive_int(num_inputs, "num_inputs")
-        self.num_input_draws = _positive_int(num_input_draws, "num_input_draws")
+        _check_positive_int(num_inputs, "num_inputs")
+        _check_positive_int(num_input_draws, "num_input_draws")
+        self.num_inputs = num_inputs
+        self.num_input_draws = num_input_draws
         if not (isinstance(train_fraction, (int, float)) and 0.0 <= train_fraction <= 1.0):
             raise ValueError(f"train_fraction must lie in [0, 1], got {train_fraction!r}")
         if input_dist is not None and not (

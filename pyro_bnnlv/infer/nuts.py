@@ -87,7 +87,7 @@ from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .svi import set_seed
+from .svi import _check_positive_int, set_seed
 
 __all__ = [
     "FlatPotential",
@@ -695,11 +695,6 @@ class FlatNUTS(_RecordingMixin, NUTS):
 # ----------------------------------------------------------------------------------------------
 # initialisation
 # ----------------------------------------------------------------------------------------------
-def _check_positive_int(value: Any, name: str, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def _is_plain_bnn(model: Any) -> bool:
     from ..models.bnn import BNN
 

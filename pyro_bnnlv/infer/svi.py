@@ -56,11 +56,13 @@ def set_seed(seed: int | None) -> None:
         pyro.set_rng_seed(int(seed))
 
 
-def _check_positive_int(value: int | None, name: str, allow_none: bool = False) -> None:
+def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an ``int`` (not a bool) ``>= minimum``."""
     if value is None and allow_none:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 @contextmanager

@@ -431,29 +431,6 @@ def _weight_samples(post: Any, model: Any, x: Tensor | None, num_samples: int, s
     )
 
 
-def _input_sampler(input_dist: Any, generator: torch.Generator) -> Callable[[int], Tensor]:
-    if isinstance(input_dist, torch.distributions.Distribution):
-        def sample(T: int) -> Tensor:
-            v = input_dist.sample((T,))
-            return v.reshape(T, -1)
-        return sample
-    if isinstance(input_dist, Tensor):
-        pool = input_dist.reshape(input_dist.shape[0], -1)
-
-        def sample(T: int) -> Tensor:
-            return pool[torch.randint(pool.shape[0], (T,), generator=generator)]
-        return sample
-    if callable(input_dist):
-        def sample(T: int) -> Tensor:
-            v = torch.as_tensor(input_dist(T))
-            return v.reshape(T, -1)
-        return sample
-    raise TypeError(
-        "input_dist must be a callable T -> (T, D) inputs, a torch Distribution or a tensor of "
-        f"inputs to draw rows from; got {type(input_dist).__name__}"
-    )
-
-
 def compare_posteriors(
     approx: Any,
     reference: Any,
@@ -499,7 +476,7 @@ def compare_posteriors(
         method disagree by hundreds of nats in the paper's Table 4), the predictor-space ones
         are not.
     """
-    from .stats.knn import functional_knn_kl, knn_kl, predictor_space_samples
+    from .stats.knn import functional_knn_kl, input_sampler, knn_kl, predictor_space_samples
 
     for name, v in (("num_samples", num_samples), ("num_draws", num_draws), ("num_inputs", num_inputs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -520,7 +497,7 @@ def compare_posteriors(
             out = model.f(xx.to(w.dtype), w)
             return out.squeeze(-1) if out.shape[-1] == 1 else out
 
-    sampler = _input_sampler(input_dist, gen)
+    sampler = input_sampler(input_dist, gen)
     with torch.no_grad():
         param = (float(knn_kl(wa, wr, k=k)), float(knn_kl(wr, wa, k=k)))
         fa, fr = predictor_space_samples(predictor, (wa, wr), sampler, num_draws, num_inputs)

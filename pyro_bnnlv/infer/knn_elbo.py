@@ -53,7 +53,7 @@ from pyro.infer.elbo import ELBO
 from pyro.poutine.util import prune_subsample_sites
 from torch import Tensor
 
-from ..stats.knn import functional_knn_kl, knn_kl
+from ..stats.knn import functional_knn_kl, input_sampler, knn_kl
 from .svi import _check_positive_int
 
 __all__ = ["KNNElbo", "FunctionalKNNElbo", "input_box"]
@@ -310,7 +310,7 @@ class FunctionalKNNElbo(KNNElbo):
         if n_train:
             if x_train is None:
                 raise ValueError("train_fraction > 0 needs the training inputs as the model's first argument")
-            parts.append(x_train[torch.randint(x_train.shape[0], (n_train,))])
+            parts.append(input_sampler(x_train)(n_train))
         n_nu = T - n_train
         if n_nu:
             nu = self.input_dist
@@ -319,13 +319,7 @@ class FunctionalKNNElbo(KNNElbo):
                     raise ValueError("the default input distribution needs the training inputs "
                                      "as the model's first argument; or pass input_dist=")  # fmt: skip
                 nu = input_box(x_train)
-            if isinstance(nu, torch.distributions.Distribution):
-                v = nu.sample((n_nu,))
-            elif isinstance(nu, Tensor):
-                v = nu[torch.randint(nu.shape[0], (n_nu,))]
-            else:
-                v = torch.as_tensor(nu(n_nu))
-            parts.append(v.reshape(n_nu, -1))
+            parts.append(input_sampler(nu)(n_nu))
         return torch.cat(parts).to(torch.get_default_dtype() if x_train is None else x_train.dtype)
 
     def kl_estimate(self, q_samples: Tensor, prior_samples: Tensor, model, args, kwargs) -> Tensor:

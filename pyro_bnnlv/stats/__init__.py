@@ -20,6 +20,7 @@ from .dependence import (
 from .knn import (
     functional_knn_entropy,
     functional_knn_kl,
+    input_sampler,
     knn_entropy,
     knn_kl,
     predictor_space_samples,
@@ -53,6 +54,7 @@ __all__ = [
     "evaluate",
     "functional_knn_entropy",
     "functional_knn_kl",
+    "input_sampler",
     "henze_zirkler",
     "henze_zirkler_pvalue",
     "knn_entropy",

@@ -41,7 +41,7 @@ Numerics shared by all estimators
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -53,6 +53,7 @@ __all__ = [
     "functional_knn_entropy",
     "functional_knn_kl",
     "predictor_space_samples",
+    "input_sampler",
 ]
 
 EntropyCorrection = Literal["paper", "rescaled", "none"]
@@ -319,6 +320,34 @@ def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
     _check_rows(y.shape[1], "f_q (dim 1)", k, k, "k neighbours are needed")
     dtype = torch.promote_types(x.dtype, y.dtype)
     return _kl(x.to(dtype), y.to(dtype), k).mean()
+
+
+def input_sampler(input_dist: Any, generator: torch.Generator | None = None) -> Callable[[int], Tensor]:
+    """``T -> (T, D)`` draws from an input distribution ``nu`` given in any of three forms.
+
+    ``input_dist`` is a torch/Pyro ``Distribution`` (sampled ``(T,)``), a tensor of inputs whose
+    rows are drawn uniformly with replacement (with ``generator``, default torch's global one), or
+    a callable ``T -> (T, D)``. Used by :func:`predictor_space_samples` callers: the FuNN-HyVI
+    ELBO and :func:`~pyro_bnnlv.diagnostics.compare_posteriors`.
+    """
+    if isinstance(input_dist, torch.distributions.Distribution):
+        def sample(T: int) -> Tensor:
+            return input_dist.sample((T,)).reshape(T, -1)
+        return sample
+    if isinstance(input_dist, Tensor):
+        pool = input_dist.reshape(input_dist.shape[0], -1)
+
+        def sample(T: int) -> Tensor:
+            return pool[torch.randint(pool.shape[0], (T,), generator=generator)]
+        return sample
+    if callable(input_dist):
+        def sample(T: int) -> Tensor:
+            return torch.as_tensor(input_dist(T)).reshape(T, -1)
+        return sample
+    raise TypeError(
+        "input_dist must be a callable T -> (T, D) inputs, a torch Distribution or a tensor of "
+        f"inputs to draw rows from; got {type(input_dist).__name__}"
+    )
 
 
 def predictor_space_samples(

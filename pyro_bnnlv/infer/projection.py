@@ -37,7 +37,6 @@ but the codes of good weights now sit where the prior ``p(z)`` and a random ``q(
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any

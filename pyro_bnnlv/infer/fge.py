@@ -7,7 +7,8 @@ validation RMSE kept).
 
 The objective is the negative log joint ``-log p(y | x, w) - log p(w)`` of the model (a
 :class:`~pyro_bnnlv.models.bnn.BNN`: its ``net``, ``noise_scale``, ``prior_loc`` and
-``prior_scale``), divided by ``N`` and estimated on minibatches, optimised with Adam (App. A uses
+``prior_scale``), divided by ``N`` and estimated on minibatches
+(:func:`~pyro_bnnlv.infer.svi.map_objective`, the objective of ``train_map``), optimised with Adam (App. A uses
 Adam for every subtask). After :func:`~pyro_bnnlv.infer.train_map` reaches the MAP with step
 0.001, each cycle of ``c`` steps runs Garipov et al.'s triangular schedule
 
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .svi import _check_positive_int, set_seed, train_map
+from .svi import _check_positive_int, map_objective, set_seed, train_map
 
 __all__ = ["FGEResult", "fge", "cyclic_lr"]
 
@@ -58,14 +59,6 @@ def cyclic_lr(step: int, cycle_steps: int, lr_max: float, lr_min: float) -> floa
     if t <= 0.5:
         return (1 - 2 * t) * lr_max + 2 * t * lr_min
     return (2 - 2 * t) * lr_min + (2 * t - 1) * lr_max
-
-
-def _neg_log_joint(model, w: Tensor, x: Tensor, y: Tensor, n_total: int) -> Tensor:
-    f = model.net(x, w).reshape(x.shape[0], -1)
-    sigma = torch.as_tensor(model.noise_scale).detach()
-    lik = torch.distributions.Normal(f, sigma).log_prob(y).sum() * (n_total / x.shape[0])
-    prior = torch.distributions.Normal(model.prior_loc, model.prior_scale).log_prob(w).sum()
-    return -(lik + prior) / n_total
 
 
 def fge(
@@ -134,7 +127,7 @@ def fge(
             group["lr"] = lr
         idx = torch.randint(N, (batch_size,))
         opt.zero_grad()
-        loss = _neg_log_joint(model, w, x[idx], y2[idx], N)
+        loss = map_objective(model, w, x[idx], y2[idx], N)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"FGE: non-finite objective at step {step}")
         loss.backward()

@@ -235,18 +235,30 @@ def train_map(
     w = torch.nn.Parameter(w0.to(x.dtype))
     opt = torch.optim.Adam([w], lr=lr)
     N = x.shape[0]
-    sigma = torch.as_tensor(model.noise_scale).detach()
-    prior_scale = model.prior_scale.detach()
     y2 = y.reshape(N, -1)
     for step in tqdm(range(num_steps), disable=not progress, desc="MAP", leave=False):
         idx = None if batch_size is None else torch.randint(N, (batch_size,))
         xb, yb = (x, y2) if idx is None else (x[idx], y2[idx])
-        f = net(xb, w)
-        nll = 0.5 * ((yb - f) / sigma).square().sum() * (N / xb.shape[0])
-        obj = nll + (0.5 * (w / prior_scale).square().sum() if use_prior else 0.0)
+        obj = map_objective(model, w, xb, yb, N, use_prior=use_prior)
         opt.zero_grad()
-        (obj / N).backward()
+        obj.backward()
         opt.step()
         if not torch.isfinite(obj):
-            raise NonFiniteLossError(step, float(obj))
+            raise NonFiniteLossError(step, float(obj * N))
     return w.detach()
+
+
+def map_objective(model: torch.nn.Module, w: Tensor, x: Tensor, y: Tensor, n_total: int,
+                  use_prior: bool = True) -> Tensor:  # fmt: skip
+    """Minibatch estimate of ``-(log p(y | x, w) + log p(w)) / N`` up to constants.
+
+    ``0.5 ||(y - f(x; w)) / sigma||^2 (N / B) + 0.5 ||(w - m) / s||^2``, divided by ``N``, for a
+    model exposing ``net``, ``noise_scale``, ``prior_loc`` and ``prior_scale``; ``y`` is
+    ``(B, L)``. The objective of :func:`train_map` and of FGE's cycles.
+    """
+    sigma = torch.as_tensor(model.noise_scale).detach()
+    f = model.net(x, w).reshape(y.shape)
+    obj = 0.5 * ((y - f) / sigma).square().sum() * (n_total / x.shape[0])
+    if use_prior:
+        obj = obj + 0.5 * ((w - model.prior_loc.detach()) / model.prior_scale.detach()).square().sum()
+    return obj / n_total

@@ -186,25 +186,26 @@ class HypernetGuide(AutoGuide):
             dist.Normal(torch.zeros(self.noise_dim), 1.0).to_event(1),
             infer={"is_auxiliary": True, "implicit_noise": True},
         )
-        theta = self.hypernet(eps)
+        values = self._split(self.hypernet(eps))
+        return {
+            name: pyro.sample(name, ImplicitSample(v, event_dim=len(self._sites[name][0])))
+            for name, v in values.items()
+        }
+
+    def _split(self, theta: Tensor) -> dict[str, Tensor]:
+        """Hypernet output ``(*B, sum numel)`` -> ``{site: (*B, *shape)}``."""
         batch = theta.shape[:-1]
         out, pos = {}, 0
         for name, (shape, n) in self._sites.items():
-            value = theta[..., pos : pos + n].reshape(batch + shape)
+            out[name] = theta[..., pos : pos + n].reshape(batch + shape)
             pos += n
-            out[name] = pyro.sample(name, ImplicitSample(value, event_dim=len(shape)))
         return out
 
     def sample_weights(self, num_samples: int) -> dict[str, Tensor]:
         """``num_samples`` draws of every site, ``{name: (num_samples, *shape)}``, differentiable."""
         if self.prototype_trace is None:
             raise RuntimeError("call the guide once (or fit it) before sample_weights")
-        theta = self.hypernet(torch.randn(num_samples, self.noise_dim))
-        out, pos = {}, 0
-        for name, (shape, n) in self._sites.items():
-            out[name] = theta[:, pos : pos + n].reshape((num_samples,) + shape)
-            pos += n
-        return out
+        return self._split(self.hypernet(torch.randn(num_samples, self.noise_dim)))
 
     def median(self, *args, **kwargs) -> dict[str, Tensor]:
         """The implicit distribution has no closed-form median: a sample mean over 1,000 draws."""

@@ -150,9 +150,7 @@ class KNNElbo(ELBO):
         return guide_trace, model_trace
 
     def _site_samples(self, trace, num: int) -> Tensor:
-        if self.site not in trace.nodes:
-            raise ValueError(f"the guide has no site {self.site!r}; KNNElbo(site=...) names the "
-                             "latent whose KL is estimated by nearest neighbours")  # fmt: skip
+        """Flat ``(num, P)`` values of the k-NN site (its presence is checked in ``loss_components``)."""
         return trace.nodes[self.site]["value"].reshape(num, -1)
 
     def _prior_samples(self, model, args, kwargs) -> Tensor:

@@ -8,23 +8,28 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+def _section_code(heading: str) -> str:
+    """The first python block under the README heading ``## heading``."""
+    return re.search(rf"## {re.escape(heading)}\s+```python\n(.*?)```", README.read_text(), re.S).group(1)
+
+
+def _run_quick_start(namespace: dict) -> None:
+    code = _section_code("Quick start")
+    code = code.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
+    exec(compile(code, "README quick start", "exec"), namespace)
+
+
 def test_readme_quick_start_runs(tmp_path, monkeypatch):
-    text = README.read_text()
-    block = re.search(r"## Quick start\s+```python\n(.*?)```", text, re.S).group(1)
-    code = block.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README quick start", "exec"), namespace)
+    _run_quick_start(namespace)
     assert namespace["pred"]["obs"].shape[0] == 100
     assert namespace["f"].shape[0] == 50
 
 
 def test_readme_nuts_section_runs(tmp_path, monkeypatch):
     """The NUTS / ArviZ snippet runs after the quick start (small sizes)."""
-    text = README.read_text()
-    quick = re.search(r"## Quick start\s+```python\n(.*?)```", text, re.S).group(1)
-    quick = quick.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
-    block = re.search(r"## NUTS, the gold standard, and ArviZ\s+```python\n(.*?)```", text, re.S).group(1)
+    block = _section_code("NUTS, the gold standard, and ArviZ")
     small = {"num_samples=1000, warmup_steps=1000": "num_samples=30, warmup_steps=30",
              "num_chains=4": "num_chains=2", "num_samples=1000, num_draws=100": "num_samples=60, num_draws=3"}
     for old, new in small.items():
@@ -32,7 +37,7 @@ def test_readme_nuts_section_runs(tmp_path, monkeypatch):
         block = block.replace(old, new)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(quick, "README quick start", "exec"), namespace)
+    _run_quick_start(namespace)
     exec(compile(block.replace("seed=0)", "seed=0, progress=False, max_tree_depth=5)"),
                  "README NUTS", "exec"), namespace)  # fmt: skip
     idata = namespace["idata"]

@@ -371,7 +371,6 @@ def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
     ``MLP``, autograd through ``model.f`` for any other ``FlatNet``); otherwise ``None``.
     Subclasses of ``BNN`` that override ``forward`` (BNN+LV, ...) are *not* treated as a BNN.
     """
-    from ..models.bnn import BNN
     from ..nets import MLP
 
     custom = getattr(model, "nuts_potential", None)
@@ -383,7 +382,7 @@ def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
                 f"got {type(pot).__name__}"
             )
         return pot
-    if not (isinstance(model, BNN) and type(model).forward is BNN.forward):
+    if not _is_plain_bnn(model):
         return None
     sigma = torch.as_tensor(model.noise_scale).detach()
     if isinstance(model.net, MLP):

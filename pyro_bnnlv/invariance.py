@@ -41,6 +41,7 @@ from torch import Tensor
 from .infer.svi import fit_svi
 from .models.linear import (
     DTYPE,
+    FIGURE_NOISE_SCALE,
     Gaussian,
     OverparametrisedLinear,
     elbo_terms,
@@ -62,9 +63,6 @@ __all__ = [
     "nuts_invariance_check",
     "write_invariance_gap_figure",
 ]
-
-#: ``sigma_y = (2 pi e)^{-1/2}``, the noise of Fig. 1 and Fig. 2.
-FIGURE_NOISE_SCALE = (2 * math.pi * math.e) ** -0.5
 
 #: ``(lr, num_steps)`` of the Adam stages of :func:`fit_mean_field_linear`; the iterates of the
 #: last stage are averaged (Polyak-Ruppert).

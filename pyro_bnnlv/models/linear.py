@@ -116,6 +116,9 @@ __all__ = [
 
 DTYPE = torch.float64
 
+#: ``sigma_y = (2 pi e)^{-1/2}``, the noise of Fig. 1 and Fig. 2.
+FIGURE_NOISE_SCALE = (2 * math.pi * math.e) ** -0.5
+
 
 class Gaussian(NamedTuple):
     """A multivariate Gaussian ``N(loc, cov)`` with ``loc (K,)`` and full ``cov (K, K)``."""
@@ -659,7 +662,7 @@ def invariance_gap_table(
     y_value: float = 1.0,
     prior_loc: float = 0.0,
     prior_scale: float = 1.0,
-    noise_scale: float = (2 * math.pi * math.e) ** -0.5,
+    noise_scale: float = FIGURE_NOISE_SCALE,
     as_printed: bool = False,
 ):
     """Data of Fig. 1 and Fig. 2 as a long :class:`pandas.DataFrame`.

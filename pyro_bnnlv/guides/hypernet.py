@@ -122,7 +122,7 @@ class HypernetGuide(AutoGuide):
             raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
         if not (isinstance(init_scale, (int, float)) and init_scale > 0):
             raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
-        super().__init__(model)
+        super().__init__(InitMessenger(init_loc_fn)(model))  # as Pyro's AutoNormal does
         self.noise_dim = noise_dim
         self.hidden_sizes = hidden_sizes
         self.activation = activation
@@ -131,12 +131,7 @@ class HypernetGuide(AutoGuide):
 
     # -- set-up ------------------------------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
-        original = self._model
-        self._model = (InitMessenger(self.init_loc_fn)(original[0]),)
-        try:
-            super()._setup_prototype(*args, **kwargs)
-        finally:
-            self._model = original
+        super()._setup_prototype(*args, **kwargs)
         self._sites: dict[str, tuple[torch.Size, int]] = {}
         inits = []
         for name, site in self.prototype_trace.iter_stochastic_nodes():

@@ -231,10 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     kw: dict = {} if args.steps is None else {"steps": args.steps}
     if args.small:
-        kw = dict(steps=args.steps or 30, hidden=10, particles=5, **({"nuts_chains": 1,
-                  "nuts_samples": 20, "nuts_warmup": 20, "kl_samples": 50, "kl_draws": 2}
-                  if args.experiment == "cosine" else {"kl_samples": 20, "num_inputs": 20,
-                                                       "num_samples": 50}))  # fmt: skip
+        kw = dict(steps=args.steps or 30, hidden=10, particles=5)
+        if args.experiment == "cosine":
+            kw.update(nuts_chains=1, nuts_samples=20, nuts_warmup=20, kl_samples=50, kl_draws=2)
+        else:
+            kw.update(kl_samples=20, num_inputs=20, num_samples=50)
     if args.kl_samples is not None and args.experiment == "uci":
         kw["kl_samples"] = args.kl_samples
     if args.experiment == "cosine":

@@ -20,7 +20,7 @@ likelihood and the latents' log-density ratio by ``N / B``, one Adam over all pa
 
 ``nuts``: NUTS per leapfrog step on the 1x50 tanh BNN (two-cluster toy): Pyro's traced
 ``NUTS(model, jit_compile=True)`` against the fast flat potential in Pyro's ``NUTS`` and in
-``FlatNUTS`` (:func:`nuts_benchmark`).
+``FlatNUTS``, with its compiled core and in pure Python (:func:`nuts_benchmark`).
 
 ``laplace``: GGN Laplace fit and linearised predictive (full, diagonal, last-layer) against a
 plain ``torch.func`` reference (:func:`laplace_bench`).
@@ -42,7 +42,14 @@ from pyro.infer.autoguide import AutoNormal
 from torch import Tensor
 
 from .guides import init_to_network
-from .infer.nuts import FlatNUTS, _CountingNUTS, chain_records, flat_potential, run_nuts
+from .infer.nuts import (
+    FlatNUTS,
+    _CountingNUTS,
+    chain_records,
+    flat_potential,
+    mlp_regression_potential,
+    run_nuts,
+)
 from .infer.svi import _check_positive_int, fit_svi
 from .models.bnn import BNN
 from .nets import MLP
@@ -248,16 +255,18 @@ def nuts_benchmark(
        diagonal mass matrix and a state in the posterior bulk. From that state, with those
        settings and adaptation off, each contender runs ``steps`` NUTS draws (default 5), in
        ``rounds`` interleaved rounds: Pyro's ``MCMC(NUTS(model, jit_compile=True))``; the fast
-       potential in Pyro's stock ``NUTS(potential_fn=...)``; the fast potential in
-       :class:`FlatNUTS` (the ``run_nuts`` default). Reported: median ms per leapfrog step,
+       potential in Pyro's stock ``NUTS(potential_fn=...)``; :class:`FlatNUTS` in pure Python
+       (Python tree and potential: the fallback without a C++ compiler); :class:`FlatNUTS` with
+       the compiled core (the ``run_nuts`` default). Reported: median ms per leapfrog step,
        speed-up over the traced path, leapfrog steps per draw, and the seconds of the round.
     2. *A full default run* ``run_nuts(num_samples, warmup_steps)``: wall time (MAP init +
        warm-up + sampling), leapfrog steps per draw, and the bulk ESS of ``f(x)`` at
        ``x in {-1, -0.75, 0, 0.75, 1}`` (0 lies in the gap between the clusters): the minimum
        over the inputs per second of wall time. For the other contenders the ESS per second is
        *estimated* as the run's ESS per leapfrog step times their leapfrog steps per second.
-    3. *Breakdown*: the fast potential's value-and-gradient alone (microseconds per call, in
-       ``attrs``) and the per-step overhead of each NUTS kernel on top of it.
+    3. *Breakdown*: the fast potential's value-and-gradient alone (microseconds per call,
+       compiled and Python, in ``attrs``) and the per-step overhead of each NUTS kernel on top
+       of it.
 
     Returns a DataFrame indexed by contender. Columns: ``ms_per_leapfrog``, ``speedup_vs_traced``,
     ``leapfrog_per_draw``, ``seconds`` (one round of ``steps`` draws; for the full run its total
@@ -298,15 +307,19 @@ def nuts_benchmark(
     start_w = w[0, -1].clone()
     pot = flat_potential(model, x, y)
     assert pot is not None
+    pot_py = mlp_regression_potential(model.net, x, y, prior_loc=model.prior_loc,
+                                      prior_scale=model.prior_scale,
+                                      noise_scale=model.noise_scale, compiled=False)  # fmt: skip
     common = dict(step_size=eps, adapt_step_size=False, adapt_mass_matrix=False)
-    times: dict[str, list[float]] = {"traced": [], "stock": [], "flat": []}
-    counts: dict[str, list[int]] = {"traced": [], "stock": [], "flat": []}
-    walls: dict[str, list[float]] = {"traced": [], "stock": [], "flat": []}
-    pot_ms: list[float] = []
+    names = ("traced", "stock", "python", "flat")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    counts: dict[str, list[int]] = {k: [] for k in names}
+    walls: dict[str, list[float]] = {k: [] for k in names}
+    pot_ms: dict[str, list[float]] = {"compiled": [], "python": []}
     from pyro.infer.autoguide import init_to_value
 
     for r in range(rounds):
-        for name in ("traced", "stock", "flat"):
+        for name in names:
             pyro.set_rng_seed(seed + r)
             if name == "traced":
                 k = _BenchCountingNUTS(
@@ -316,6 +329,9 @@ def nuts_benchmark(
                 args: tuple = (x, y)
             elif name == "stock":
                 k = _BenchCountingNUTS(potential_fn=pot.potential_fn, **common)
+                args = ()
+            elif name == "python":
+                k = _BenchFlatNUTS(pot_py, compiled=False, **common)
                 args = ()
             else:
                 k = _BenchFlatNUTS(pot, **common)
@@ -328,23 +344,27 @@ def nuts_benchmark(
         # the potential alone: where the time of a leapfrog step goes
         with torch.no_grad():
             q = start_w.clone()
-            for _ in range(50):
-                pot.value_and_grad(q)
-            t = time.perf_counter()
-            for _ in range(1000):
-                pot.value_and_grad(q)
-            pot_ms.append((time.perf_counter() - t))  # seconds per 1000 calls = ms per call
+            for key, vg in (("compiled", pot.value_and_grad), ("python", pot_py.value_and_grad)):
+                for _ in range(50):
+                    vg(q)
+                t = time.perf_counter()
+                for _ in range(1000):
+                    vg(q)
+                pot_ms[key].append(time.perf_counter() - t)  # seconds per 1000 calls = ms per call
     import statistics
 
     med = {k: statistics.median(v) for k, v in times.items()}
-    pot_med = statistics.median(pot_ms)
+    pot_med = statistics.median(pot_ms["compiled"])
+    pot_py_med = statistics.median(pot_ms["python"])
+    core = "compiled core" if pot.compiled is not None else "compiled core UNAVAILABLE: Python"
     labels = {
         "traced": "Pyro MCMC(NUTS(model, jit_compile=True))",
         "stock": "fast potential + Pyro NUTS(potential_fn=...)",
-        "flat": "fast potential + FlatNUTS (run_nuts default)",
+        "python": "FlatNUTS, pure Python (fallback without a compiler)",
+        "flat": f"FlatNUTS, {core} (run_nuts default)",
     }
     rows = []
-    for name in ("traced", "stock", "flat"):
+    for name in names:
         rows.append({
             "contender": labels[name],
             "ms_per_leapfrog": med[name],
@@ -365,9 +385,13 @@ def nuts_benchmark(
     })  # fmt: skip
     table = pd.DataFrame(rows).set_index("contender")
     table.attrs["potential_value_and_grad_us"] = 1e3 * pot_med
+    table.attrs["python_potential_value_and_grad_us"] = 1e3 * pot_py_med
     table.attrs["flat_nuts_overhead_us_per_step"] = 1e3 * (med["flat"] - pot_med)
+    table.attrs["python_flat_nuts_overhead_us_per_step"] = 1e3 * (med["python"] - pot_py_med)
     table.attrs["pyro_nuts_overhead_us_per_step"] = 1e3 * (med["stock"] - pot_med)
+    table.attrs["compiled_core"] = pot.compiled is not None
     table.attrs["speedup_flat_vs_traced"] = med["traced"] / med["flat"]
+    table.attrs["speedup_python_flat_vs_traced"] = med["traced"] / med["python"]
     table.attrs["speedup_stock_potential_fn_vs_traced"] = med["traced"] / med["stock"]
     table.attrs["full_run_seconds"] = info["total_seconds"]
     table.attrs["full_run_min_bulk_ess_f"] = ess_min

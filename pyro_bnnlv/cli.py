@@ -131,7 +131,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     table = fn(steps=args.steps) if args.steps else fn()
     print(table.to_string(float_format="%.3f"))
     for key, value in table.attrs.items():
-        print(f"{key}: {value:.2f}")
+        print(f"{key}: {value}" if isinstance(value, (bool, str)) else f"{key}: {value:.2f}")
     if args.output:
         table.to_csv(args.output)
     return 0

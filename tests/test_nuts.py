@@ -203,7 +203,8 @@ def _draws(kernel, w0, num_samples, warmup):
     return mcmc.get_samples()["w"]
 
 
-def test_flat_nuts_reproduces_pyro_nuts_draw_for_draw():
+@pytest.mark.parametrize("compiled", [False, None], ids=["python-tree", "default-tree"])
+def test_flat_nuts_reproduces_pyro_nuts_draw_for_draw(compiled):
     """Same potential, same seed: FlatNUTS and Pyro's NUTS(potential_fn) produce the same chain.
 
     The two differ only by floating-point rounding (a fused ``r + alpha * g`` in the leapfrog,
@@ -214,10 +215,10 @@ def test_flat_nuts_reproduces_pyro_nuts_draw_for_draw():
     pot = flat_potential(model, x, y)
     w0 = model.net.init_weights(torch.Generator().manual_seed(1)).double()
     fixed = dict(step_size=0.01, adapt_step_size=False, adapt_mass_matrix=False)
-    a = _draws(FlatNUTS(pot, **fixed), w0, 30, 0)
+    a = _draws(FlatNUTS(pot, compiled=compiled, **fixed), w0, 30, 0)
     b = _draws(NUTS(potential_fn=pot.potential_fn, **fixed), w0, 30, 0)
     assert torch.allclose(a, b, atol=1e-10, rtol=0)
-    a = _draws(FlatNUTS(pot, max_tree_depth=6), w0, 2, 8)
+    a = _draws(FlatNUTS(pot, compiled=compiled, max_tree_depth=6), w0, 2, 8)
     b = _draws(NUTS(potential_fn=pot.potential_fn, max_tree_depth=6), w0, 2, 8)
     assert torch.allclose(a, b, atol=1e-7, rtol=0)
 
@@ -344,5 +345,6 @@ def test_nuts_benchmark_smoke():
     from pyro_bnnlv.bench import nuts_benchmark
 
     table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10)
-    assert len(table) == 4 and (table["ms_per_leapfrog"] > 0).all()
+    assert len(table) == 5 and (table["ms_per_leapfrog"] > 0).all()
+    assert table.attrs["compiled_core"] and math.isfinite(table.attrs["speedup_python_flat_vs_traced"])
     assert math.isfinite(table.attrs["speedup_flat_vs_traced"])

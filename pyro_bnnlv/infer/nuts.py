@@ -13,7 +13,8 @@ Two ways to evaluate the potential ``U(q) = -log p(y, latents | x)``
 * **fast** (models with a :class:`FlatPotential`): ``U`` and ``dU/dq`` are computed directly on
   one flat vector ``q`` of all latent sites (``"w"``, plus ``"z"`` for BNN+LV), with no Pyro
   tracing. For a :class:`~pyro_bnnlv.models.bnn.BNN` with an :class:`~pyro_bnnlv.nets.MLP` the
-  gradient is a hand-written backward pass (:func:`mlp_regression_potential`); any other
+  gradient is a hand-written backward pass (:func:`mlp_regression_potential`, evaluated by its
+  compiled C++ twin when :mod:`pyro_bnnlv.infer.compiled` builds); any other
   potential can be given as a plain differentiable log density
   (:meth:`FlatPotential.from_log_density`). The fast potential equals Pyro's traced potential
   (all normalising constants included) at every point, value and gradient (tested, and checked
@@ -23,16 +24,19 @@ Two NUTS kernels for the fast potential
 ---------------------------------------
 * ``kernel="pyro"``: Pyro's stock ``NUTS(potential_fn=...)``. Its tree building works on dicts
   of tensors with 0-dim tensor arithmetic and a ``pyro.sample`` per tree merge; on the 1x50 BNN
-  that costs about 0.7 ms per leapfrog step on top of the 0.1 ms potential, so the fast
-  potential alone buys only a factor 1.5 over the traced model (``pyro-bnnlv bench nuts``).
+  that costs about 0.15 ms per leapfrog step on top of the potential, so the fast potential
+  alone buys only a factor 2 over the traced model (``pyro-bnnlv bench nuts``).
 * ``kernel="flat"`` (default): :class:`FlatNUTS`, a subclass of Pyro's ``NUTS`` that runs the
   *same* algorithm -- multinomial NUTS with Pyro's tree recursion, generalised U-turn criterion,
   divergence threshold, the same random draws in the same order, and Pyro's own step-size and
   mass-matrix adaptation (``WarmupAdapter``) -- but keeps the state in one flat tensor and the
-  scalar bookkeeping in Python floats (about 0.08 ms per step of overhead). With a float64
-  potential it reproduces Pyro's ``NUTS(potential_fn=...)`` draw for draw up to rounding
-  (tested). Measured on the 1x50 BNN: 6-7x fewer seconds per leapfrog step than
-  ``MCMC(NUTS(model, jit_compile=True))``.
+  scalar bookkeeping in plain floats, and builds each tree in C++ (the compiled core of
+  :mod:`pyro_bnnlv.infer.compiled`, built on first use; a Python twin of the same recursion is
+  the fallback). With a float64 potential it reproduces Pyro's ``NUTS(potential_fn=...)`` draw
+  for draw up to rounding, with either tree (tested). Measured on the 1x50 tanh BNN
+  (``pyro-bnnlv bench nuts``): 0.016 ms per leapfrog step (12.6 us potential + 3.4 us tree),
+  about 21x fewer seconds per step than ``MCMC(NUTS(model, jit_compile=True))``; in pure Python
+  (no compiler) 0.044 ms, about 8x.
 
 The contract for other models (BNN+LV, ...)
 -------------------------------------------
@@ -87,6 +91,7 @@ from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from .compiled import extension
 from .svi import _check_positive_int, set_seed
 
 __all__ = [
@@ -99,6 +104,8 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+# activation codes of the compiled MLPPotential (enum Activation in _flat_nuts.cpp)
+_ACTIVATION_CODES = {"identity": 0, "tanh": 1, "relu": 2, "leaky_relu": 3, "sigmoid": 4, "rbf": 5}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,6 +138,9 @@ class FlatPotential:
             tensor. It is called with tensors that do not require grad, under
             ``torch.no_grad()``; it must return a fresh gradient tensor (not a buffer it will
             overwrite).
+        compiled: optional compiled twin of ``value_and_grad`` that :class:`FlatNUTS`'s compiled
+            tree calls without going through Python (a ``MLPPotential`` of
+            :mod:`pyro_bnnlv.infer.compiled`); ``None`` for potentials written in Python.
 
     ``potential_fn`` is the same potential in Pyro's dict form, differentiable by autograd (its
     backward returns the precomputed gradient), for ``NUTS(potential_fn=...)`` and for checks.
@@ -138,6 +148,7 @@ class FlatPotential:
 
     sites: dict[str, torch.Size]
     value_and_grad: Callable[[Tensor], tuple[Tensor, Tensor]]
+    compiled: Any = None
     sizes: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -238,6 +249,7 @@ def mlp_regression_potential(
     noise_scale: Tensor | float = 0.1,
     latent_dim: int = 0,
     latent_scale: Tensor | float = 1.0,
+    compiled: bool | None = None,
 ) -> FlatPotential:
     r"""Fast potential of MLP regression, with a hand-written backward pass.
 
@@ -258,6 +270,9 @@ def mlp_regression_potential(
         prior_loc, prior_scale: prior mean and standard deviation of ``w`` (scalars or ``(P,)``).
         noise_scale: observation noise ``sigma`` (scalar).
         latent_dim, latent_scale: ``K`` and ``sigma_z`` (scalar or ``(K,)``) of the latent inputs.
+        compiled: use the C++ twin of this function (:mod:`pyro_bnnlv.infer.compiled`, same
+            operations, about twice as fast, built on first use): ``None`` (default) when it
+            builds, ``True`` to require it (error otherwise), ``False`` for the Python code.
     """
     from ..nets import MLP
 
@@ -360,7 +375,20 @@ def mlp_regression_potential(
         u += 0.5 * torch.dot(zp.view(-1), z.reshape(-1)).item()
         return u, torch.cat([gw, gz.view(-1)])
 
-    return FlatPotential(sites, value_and_grad)
+    ext = None if compiled is False else extension()
+    if compiled and ext is None:
+        raise RuntimeError(
+            "compiled=True but the compiled NUTS core is unavailable (see the warning above, or "
+            "PYRO_BNNLV_COMPILED=0 is set)"
+        )
+    if ext is None:
+        return FlatPotential(sites, value_and_grad)
+    core = ext.MLPPotential(
+        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
+        _ACTIVATION_CODES[net.activation], loc, prec, has_loc, inv_var, const, K,
+        zprec if K else torch.ones(0, dtype=dtype),
+    )  # fmt: skip
+    return FlatPotential(sites, core.value_and_grad, compiled=core)
 
 
 def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
@@ -499,15 +527,24 @@ class FlatNUTS(_RecordingMixin, NUTS):
     * the per-merge subtree choice calls ``torch.bernoulli`` directly instead of
       ``pyro.sample(dist.Bernoulli(...))`` (the same draw).
 
+    The tree recursion (leapfrog steps, merges, U-turn tests, the per-merge Bernoulli draw) runs
+    in C++ (``build_tree`` of :mod:`pyro_bnnlv.infer.compiled`, the line-for-line twin of
+    :meth:`_build_tree_flat`) when the compiled core builds; it calls the potential's compiled
+    twin (:attr:`FlatPotential.compiled`) directly, or its Python ``value_and_grad`` otherwise.
+    The top level of each draw (direction and acceptance draws through ``pyro.sample``) and all
+    of Pyro's adaptation stay in Python.
+
     Only multinomial sampling (Pyro's default) is implemented.
 
     Args:
         potential: the :class:`FlatPotential`.
+        compiled: build trees in C++: ``None`` (default) when the compiled core builds, ``True``
+            to require it, ``False`` for the Python recursion.
         **kwargs: ``NUTS`` options: ``step_size``, ``adapt_step_size``, ``adapt_mass_matrix``,
             ``full_mass``, ``target_accept_prob``, ``max_tree_depth``.
     """
 
-    def __init__(self, potential: FlatPotential, **kwargs: Any) -> None:
+    def __init__(self, potential: FlatPotential, compiled: bool | None = None, **kwargs: Any) -> None:
         if not kwargs.pop("use_multinomial_sampling", True):
             raise ValueError("FlatNUTS implements multinomial sampling only; use pyro's NUTS")
         for bad in ("model", "potential_fn", "jit_compile", "transforms"):
@@ -516,6 +553,13 @@ class FlatNUTS(_RecordingMixin, NUTS):
         super().__init__(potential_fn=potential.potential_fn, **kwargs)
         self.flat_potential = potential
         self._vg = potential.value_and_grad
+        self._ext = None if compiled is False else extension()
+        if compiled and self._ext is None:
+            raise RuntimeError(
+                "compiled=True but the compiled NUTS core is unavailable (see the warning above, "
+                "or PYRO_BNNLV_COMPILED=0 is set)"
+            )
+        self._tree_potential = potential.compiled if potential.compiled is not None else self._vg
         self._mass_key: tuple | None = None
         self._reset_records()
 
@@ -620,11 +664,22 @@ class FlatNUTS(_RecordingMixin, NUTS):
         self._dtype = pe_t.dtype
         self._p = torch.zeros((), dtype=self._dtype)
         self._m = self._flat_mass()
-        q, g, pe = pot.pack(z), pot.pack(z_grads), float(pe_t)
+        q, g, pe = pot.pack(z).contiguous(), pot.pack(z_grads).contiguous(), float(pe_t)
         r_d, ru_d = self._sample_r(name="r_t={}".format(self._t))
-        r = pot.pack(r_d)
+        r = pot.pack(r_d).contiguous()
         u = torch.cat([v.reshape(-1) for v in ru_d.values()]) if len(ru_d) > 1 else next(iter(ru_d.values()))
         energy_current = 0.5 * torch.dot(u, u).item() + pe
+        if self._ext is not None:
+            minv, sqrt_inv, diag = (m.to(q.dtype) if isinstance(m, Tensor) else m for m in self._m)
+            eps, max_sliced = float(self.step_size), float(self._max_sliced_energy)
+
+            def build_tree(q, r, g, direction, depth):
+                return self._ext.build_tree(self._tree_potential, q, r, g, direction, depth,
+                                            energy_current, eps, max_sliced, minv, sqrt_inv, diag)  # fmt: skip
+        else:
+
+            def build_tree(q, r, g, direction, depth):
+                return self._build_tree_flat(q, r, g, direction, depth, energy_current)
 
         q_left = q_right = q
         r_left = r_right = r
@@ -646,10 +701,10 @@ class FlatNUTS(_RecordingMixin, NUTS):
                     ).item()
                 )
                 if direction == 1:
-                    new = self._build_tree_flat(q_right, r_right, g_right, 1, depth, energy_current)
+                    new = build_tree(q_right, r_right, g_right, 1, depth)
                     q_right, r_right, u_right, g_right = new[_QR], new[_RR], new[_UR], new[_GR]
                 else:
-                    new = self._build_tree_flat(q_left, r_left, g_left, 0, depth, energy_current)
+                    new = build_tree(q_left, r_left, g_left, 0, depth)
                     q_left, r_left, u_left, g_left = new[_QL], new[_RL], new[_UL], new[_GL]
                 sum_accept += new[_ACC]
                 num_proposals += new[_NPROP]
@@ -847,11 +902,12 @@ def run_nuts(
             initialisation), ``"prior"`` (prior draws) or ``{site: value}`` with values of the
             site's shape (shared by all chains) or ``(num_chains, *shape)``.
         jit_compile: for the traced path, ``NUTS(model, jit_compile=True)``. The fast path
-            ignores it: its potential is already a short sequence of fused tensor operations on
-            preallocated buffers, and compiling it was measured not to pay on CPU (1x50 BNN,
-            100 points: eager 80 us per value-and-gradient; TorchScript 89 us; ``torch.compile``
-            has a ~26 us call overhead and compiled the leapfrog step no faster than eager;
-            AOTInductor reached ~60 us but costs ~25 s of compilation per model and data set).
+            ignores it: it uses the compiled C++ core (:mod:`pyro_bnnlv.infer.compiled`; set
+            ``PYRO_BNNLV_COMPILED=0`` to disable it). TorchScript and ``torch.compile`` were
+            measured not to pay here (1x50 BNN, 100 points: TorchScript no faster than eager
+            Python; ``torch.compile`` has a ~26 us call overhead per potential evaluation;
+            AOTInductor costs ~25 s of compilation per model and data set), the C++ core does
+            (26 -> 12.6 us per value-and-gradient, 18 -> 3.4 us of tree overhead per step).
         seed: seeds initialisation and sampling (same seed, same draws).
         progress: Pyro's progress bar.
         potential: ``"auto"`` (fast when the model has a :class:`FlatPotential`, see
@@ -870,7 +926,8 @@ def run_nuts(
         the ``MCMC`` object; ``mcmc.get_samples()`` has ``"w"`` as ``(S, P)`` (and ``"z"`` as
         ``(S, N, K)`` for BNN+LV). ``mcmc.diagnostics()`` adds per-draw ``num_steps``,
         ``potential_energy``, ``accept_prob`` and ``tree_depth`` (``0`` where unknown) to Pyro's
-        ``divergences``. ``mcmc.run_info`` records the path taken and the timings.
+        ``divergences``. ``mcmc.run_info`` records the path taken, whether the
+        compiled core ran (``compiled_tree``, ``compiled_potential``) and the timings.
     """
     _check_positive_int(num_samples, "num_samples")
     _check_positive_int(warmup_steps, "warmup_steps", minimum=0)
@@ -969,6 +1026,8 @@ def run_nuts(
     total = sum(len(v) for v in steps)
     mcmc.run_info = {  # type: ignore[attr-defined]
         "path": path,
+        "compiled_tree": isinstance(nuts, FlatNUTS) and nuts._ext is not None,
+        "compiled_potential": pot is not None and pot.compiled is not None,
         "model": model_name,
         "init": init if isinstance(init, str) else "values",
         "init_seconds": init_seconds,

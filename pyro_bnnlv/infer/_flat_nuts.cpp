@@ -1,0 +1,390 @@
+// Compiled core of pyro_bnnlv.infer.nuts: the MLP-regression potential and FlatNUTS's tree.
+//
+// Built on first use by pyro_bnnlv/infer/compiled.py (torch.utils.cpp_extension.load); the
+// Python code in nuts.py is the reference implementation and the fallback when no compiler is
+// available. Both compute the same thing in the same order:
+//
+//  * MLPPotential::value_and_grad mirrors nuts.mlp_regression_potential's value_and_grad:
+//        U(w, z) = 1/(2 s^2) sum_n |f([x_n, z_n]; w) - y_n|^2 + 1/2 (w - m)' diag(prec) (w - m)
+//                  + 1/2 sum_n z_n' diag(zprec) z_n + const
+//    with a hand-written backward pass (tanh evaluated as 2 sigmoid(2a) - 1).
+//  * build_tree mirrors FlatNUTS._build_tree_flat (Pyro's NUTS._build_tree, multinomial
+//    sampling): the same recursion, U-turn test, divergence threshold and the same Bernoulli
+//    draw per merge from torch's default generator, so the random stream is unchanged.
+//
+// Everything runs with the GIL held (a Python potential is called back from C++).
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+using at::Tensor;
+
+namespace {
+
+enum Activation { IDENTITY = 0, TANH = 1, RELU = 2, LEAKY_RELU = 3, SIGMOID = 4, RBF = 5 };
+
+struct Layer {
+  int64_t fan_in, fan_out;
+  Tensor W, Wt, b, gW, gb;  // views of the weight / gradient buffers
+  Tensor A, H;              // pre-activation and output buffers (hidden layers)
+};
+
+// ---------------------------------------------------------------------------------------------
+// the potential of MLP regression
+// ---------------------------------------------------------------------------------------------
+class MLPPotential {
+ public:
+  // layers: (fan_in, fan_out, weight offset, bias offset) per layer, in net.layers order.
+  // xin: (N, D + K) inputs with K trailing columns for z; Y: (N, L) targets.
+  MLPPotential(Tensor xin, Tensor Y, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> layers,
+               int64_t activation, Tensor loc, Tensor prec, bool has_loc, double inv_var,
+               double constant, int64_t latent_dim, Tensor zprec)
+      : xin_(xin.contiguous().clone()), Y_(Y.contiguous()), loc_(loc.contiguous()),
+        prec_(prec.contiguous()), zprec_(zprec.contiguous()), act_(activation), has_loc_(has_loc),
+        inv_var_(inv_var), const_(constant), K_(latent_dim) {
+    TORCH_CHECK(xin_.dim() == 2 && Y_.dim() == 2 && xin_.size(0) == Y_.size(0),
+                "MLPPotential: xin must be (N, D+K) and Y (N, L)");
+    TORCH_CHECK(activation >= IDENTITY && activation <= RBF, "MLPPotential: unknown activation code");
+    N_ = xin_.size(0);
+    D_ = xin_.size(1) - K_;
+    P_ = loc_.numel();
+    auto opts = xin_.options();
+    buf_ = at::zeros({P_}, opts);
+    gbuf_ = at::zeros({P_}, opts);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto [fi, fo, w_off, b_off] = layers[i];
+      Layer l;
+      l.fan_in = fi;
+      l.fan_out = fo;
+      l.W = buf_.narrow(0, w_off, fi * fo).view({fo, fi});
+      l.Wt = l.W.t();
+      l.b = buf_.narrow(0, b_off, fo);
+      l.gW = gbuf_.narrow(0, w_off, fi * fo).view({fo, fi});
+      l.gb = gbuf_.narrow(0, b_off, fo);
+      if (i + 1 < layers.size()) {
+        l.A = at::empty({N_, fo}, opts);
+        l.H = at::empty({N_, fo}, opts);
+      }
+      layers_.push_back(l);
+    }
+    TORCH_CHECK(!layers_.empty() && layers_.back().fan_out == Y_.size(1),
+                "MLPPotential: the last layer's width must equal Y's columns");
+    if (K_ > 0) {
+      zin_ = xin_.narrow(1, D_, K_);
+      W0z_ = layers_[0].W.narrow(1, D_, K_);
+    }
+  }
+
+  int64_t dim() const { return P_ + N_ * K_; }
+
+  std::tuple<double, Tensor> value_and_grad(const Tensor& q) {
+    TORCH_CHECK(q.dim() == 1 && q.numel() == dim(), "value_and_grad: q must have shape (", dim(), ",)");
+    TORCH_CHECK(q.scalar_type() == xin_.scalar_type(), "value_and_grad: q has dtype ", q.scalar_type(),
+                ", the potential ", xin_.scalar_type());
+    at::NoGradGuard no_grad;
+    Tensor qc = q.contiguous();
+    if (qc.scalar_type() == at::kDouble) return compute<double>(qc);
+    TORCH_CHECK(qc.scalar_type() == at::kFloat, "value_and_grad: only float32 and float64 are supported");
+    return compute<float>(qc);
+  }
+
+ private:
+  template <typename T>
+  std::tuple<double, Tensor> compute(const Tensor& q) {
+    const size_t last = layers_.size() - 1;
+    buf_.copy_(q.narrow(0, 0, P_));
+    if (K_ > 0) zin_.copy_(q.narrow(0, P_, N_ * K_).view({N_, K_}));
+    // forward
+    Tensor h = xin_;
+    Tensor a;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      Layer& l = layers_[i];
+      if (i == last) {
+        a = at::addmm(l.b, h, l.Wt);
+        break;
+      }
+      if (act_ == TANH) {  // tanh(a) = 2 sigmoid(2a) - 1; torch's CPU sigmoid is faster than tanh
+        at::addmm_out(l.A, l.b, h, l.Wt, 2.0, 2.0);
+        at::sigmoid_out(l.H, l.A);
+        T* hp = l.H.data_ptr<T>();
+        const int64_t n = l.H.numel();
+        for (int64_t j = 0; j < n; ++j) hp[j] = T(2) * hp[j] - T(1);
+      } else {
+        at::addmm_out(l.A, l.b, h, l.Wt);
+        switch (act_) {
+          case IDENTITY: l.H.copy_(l.A); break;
+          case RELU: at::clamp_min_out(l.H, l.A, 0.0); break;
+          case LEAKY_RELU: at::leaky_relu_out(l.H, l.A, 0.01); break;
+          case SIGMOID: at::sigmoid_out(l.H, l.A); break;
+          case RBF: at::mul_out(l.H, l.A, l.A); l.H.neg_().exp_(); break;
+        }
+      }
+      h = l.H;
+    }
+    // residual r = f - y (the 1/s^2 is applied once at the end) and the data term
+    a.sub_(Y_);
+    Tensor delta = a;
+    double u = 0.0;
+    {
+      const T* dp = delta.data_ptr<T>();
+      const int64_t n = delta.numel();
+      for (int64_t j = 0; j < n; ++j) u += double(dp[j]) * double(dp[j]);
+      u *= 0.5 * inv_var_;
+    }
+    // backward
+    for (size_t ii = layers_.size(); ii-- > 0;) {
+      Layer& l = layers_[ii];
+      const Tensor& h_in = ii == 0 ? xin_ : layers_[ii - 1].H;
+      at::mm_out(l.gW, delta.t(), h_in);
+      at::sum_out(l.gb, delta, 0);
+      if (ii == 0) break;
+      Tensor dh = at::mm(delta, l.W);
+      const Layer& prev = layers_[ii - 1];
+      T* d = dh.data_ptr<T>();
+      const T* hp = prev.H.data_ptr<T>();
+      const int64_t n = dh.numel();
+      switch (act_) {
+        case IDENTITY: break;
+        case TANH: for (int64_t j = 0; j < n; ++j) d[j] *= T(1) - hp[j] * hp[j]; break;
+        case RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0); break;
+        case LEAKY_RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0.01) * d[j]; break;
+        case SIGMOID: for (int64_t j = 0; j < n; ++j) d[j] *= hp[j] * (T(1) - hp[j]); break;
+        case RBF: {
+          const T* ap = prev.A.data_ptr<T>();
+          for (int64_t j = 0; j < n; ++j) d[j] *= T(-2) * ap[j] * hp[j];
+          break;
+        }
+      }
+      delta = dh;
+    }
+    // prior of w and the full gradient
+    Tensor g = at::empty({dim()}, q.options());
+    {
+      T* gp = g.data_ptr<T>();
+      const T* wp = q.data_ptr<T>();
+      const T* lp = loc_.data_ptr<T>();
+      const T* pp = prec_.data_ptr<T>();
+      const T* lik = gbuf_.data_ptr<T>();
+      const T iv = T(inv_var_);
+      double quad = 0.0;
+      for (int64_t j = 0; j < P_; ++j) {
+        const T d = has_loc_ ? wp[j] - lp[j] : wp[j];
+        const T pd = pp[j] * d;
+        quad += double(pd) * double(d);
+        gp[j] = pd + iv * lik[j];
+      }
+      u += 0.5 * quad + const_;
+      if (K_ > 0) {
+        const T* zp = wp + P_;
+        const T* zpr = zprec_.data_ptr<T>();
+        T* gz = gp + P_;
+        double zquad = 0.0;
+        for (int64_t n = 0; n < N_; ++n)
+          for (int64_t k = 0; k < K_; ++k) {
+            const T v = zp[n * K_ + k] * zpr[k];
+            zquad += double(v) * double(zp[n * K_ + k]);
+            gz[n * K_ + k] = v;
+          }
+        u += 0.5 * zquad;
+        g.narrow(0, P_, N_ * K_).view({N_, K_}).addmm_(delta, W0z_, 1.0, inv_var_);
+      }
+    }
+    return {u, g};
+  }
+
+  Tensor xin_, Y_, loc_, prec_, zprec_, zin_, W0z_, buf_, gbuf_;
+  std::vector<Layer> layers_;
+  int64_t act_;
+  bool has_loc_;
+  double inv_var_, const_;
+  int64_t N_ = 0, D_ = 0, K_ = 0, P_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// NUTS tree (Pyro's NUTS._build_tree with multinomial sampling)
+// ---------------------------------------------------------------------------------------------
+struct Tree {
+  Tensor ql, rl, ul, gl, qr, rr, ur, gr, qp;
+  double pep;
+  Tensor gp, rsum;
+  double weight;
+  bool turning, diverging;
+  double sum_accept;
+  int64_t num_proposals;
+};
+
+double logaddexp(double x, double y) {  // as nuts._logaddexp
+  const double lo = x < y ? x : y, hi = x < y ? y : x;
+  return std::log1p(std::exp(lo - hi)) + hi;
+}
+
+template <typename T>
+class TreeBuilder {
+ public:
+  TreeBuilder(py::object potential, double step_size, double max_sliced_energy, double energy_current,
+              Tensor minv, Tensor sqrt_inv, bool diag)
+      : step_size_(step_size), max_sliced_(max_sliced_energy), energy_current_(energy_current),
+        minv_(minv.contiguous()), sqrt_inv_(sqrt_inv.contiguous()), diag_(diag) {
+    if (py::isinstance<MLPPotential>(potential))
+      mlp_ = potential.cast<MLPPotential*>();
+    else
+      py_potential_ = potential;
+    p_ = at::zeros({}, minv_.options());
+  }
+
+  Tree build(const Tensor& q, const Tensor& r, const Tensor& g, int direction, int64_t depth) {
+    if (depth == 0) return base(q, r, g, direction);
+    Tree half = build(q, r, g, direction, depth - 1);
+    if (half.turning || half.diverging) return half;
+    Tree other = direction == 1 ? build(half.qr, half.rr, half.gr, direction, depth - 1)
+                                : build(half.ql, half.rl, half.gl, direction, depth - 1);
+    const Tree& left = direction == 1 ? half : other;
+    const Tree& right = direction == 1 ? other : half;
+    Tree out;
+    out.weight = logaddexp(half.weight, other.weight);
+    out.rsum = at::empty_like(half.rsum);
+    {
+      T* s = out.rsum.data_ptr<T>();
+      const T* a = half.rsum.data_ptr<T>();
+      const T* b = other.rsum.data_ptr<T>();
+      const int64_t n = out.rsum.numel();
+      for (int64_t j = 0; j < n; ++j) s[j] = a[j] + b[j];
+    }
+    // the same draw as pyro.sample("is_other_half_tree", dist.Bernoulli(probs=p_other))
+    const double p_other = std::exp(other.weight - out.weight);
+    const bool take_other = at::bernoulli(p_.fill_(p_other)).item<double>() == 1.0;
+    const Tree& prop = take_other ? other : half;
+    out.turning = other.turning || is_turning(left.ul, right.ur, out.rsum);
+    out.ql = left.ql; out.rl = left.rl; out.ul = left.ul; out.gl = left.gl;
+    out.qr = right.qr; out.rr = right.rr; out.ur = right.ur; out.gr = right.gr;
+    out.qp = prop.qp; out.pep = prop.pep; out.gp = prop.gp;
+    out.diverging = other.diverging;
+    out.sum_accept = half.sum_accept + other.sum_accept;
+    out.num_proposals = half.num_proposals + other.num_proposals;
+    return out;
+  }
+
+  bool is_turning(const Tensor& ul, const Tensor& ur, const Tensor& rsum) const {
+    const T* a = ul.data_ptr<T>();
+    const T* b = ur.data_ptr<T>();
+    const T* s = rsum.data_ptr<T>();
+    const int64_t n = rsum.numel();
+    T left = 0, right = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const T rho = s[j] + T(-0.5) * (a[j] + b[j]);
+      left += a[j] * rho;
+      right += b[j] * rho;
+    }
+    return left <= 0 || right <= 0;
+  }
+
+ private:
+  std::tuple<double, Tensor> potential(const Tensor& q) {
+    if (mlp_ != nullptr) return mlp_->value_and_grad(q);
+    py::tuple res = py_potential_(q);
+    Tensor g = res[1].cast<Tensor>().contiguous();
+    TORCH_CHECK(g.sizes() == q.sizes() && g.scalar_type() == q.scalar_type(),
+                "the potential's gradient must have the shape and dtype of q");
+    return {py::float_(res[0]).cast<double>(), g};
+  }
+
+  Tree base(const Tensor& q, const Tensor& r, const Tensor& g, int direction) {
+    const double eps = direction == 1 ? step_size_ : -step_size_;
+    const int64_t n = q.numel();
+    const T half_eps = T(-0.5 * eps), eps_t = T(eps);
+    Tensor r1 = at::empty_like(r), q1 = at::empty_like(q);
+    T* r1p = r1.data_ptr<T>();
+    T* q1p = q1.data_ptr<T>();
+    const T* rp = r.data_ptr<T>();
+    const T* gp = g.data_ptr<T>();
+    const T* qp = q.data_ptr<T>();
+    for (int64_t j = 0; j < n; ++j) r1p[j] = rp[j] + half_eps * gp[j];
+    if (diag_) {
+      const T* m = minv_.data_ptr<T>();
+      for (int64_t j = 0; j < n; ++j) q1p[j] = qp[j] + eps_t * m[j] * r1p[j];
+    } else {
+      Tensor v = at::mv(minv_, r1);
+      const T* vp = v.data_ptr<T>();
+      for (int64_t j = 0; j < n; ++j) q1p[j] = qp[j] + eps_t * vp[j];
+    }
+    double pe;
+    Tensor g1;
+    std::tie(pe, g1) = potential(q1);
+    const T* g1p = g1.data_ptr<T>();
+    for (int64_t j = 0; j < n; ++j) r1p[j] += half_eps * g1p[j];
+    Tensor u;
+    if (diag_) {
+      u = at::empty_like(r1);
+      T* up = u.data_ptr<T>();
+      const T* s = sqrt_inv_.data_ptr<T>();
+      for (int64_t j = 0; j < n; ++j) up[j] = s[j] * r1p[j];
+    } else {
+      u = at::mv(sqrt_inv_, r1);
+    }
+    const T* up = u.data_ptr<T>();
+    T uu = 0;
+    for (int64_t j = 0; j < n; ++j) uu += up[j] * up[j];
+    double energy_new = pe + 0.5 * double(uu);
+    if (std::isnan(energy_new)) energy_new = std::numeric_limits<double>::infinity();
+    const double delta = energy_new - energy_current_;
+    Tree t;
+    t.ql = t.qr = t.qp = q1;
+    t.rl = t.rr = r1;
+    t.ul = t.ur = t.rsum = u;
+    t.gl = t.gr = t.gp = g1;
+    t.pep = pe;
+    t.weight = -delta;
+    t.turning = false;
+    t.diverging = delta > max_sliced_;
+    t.sum_accept = delta <= 0 ? 1.0 : std::exp(-delta);
+    t.num_proposals = 1;
+    return t;
+  }
+
+  MLPPotential* mlp_ = nullptr;
+  py::object py_potential_;
+  double step_size_, max_sliced_, energy_current_;
+  Tensor minv_, sqrt_inv_, p_;
+  bool diag_;
+};
+
+py::tuple to_tuple(const Tree& t) {
+  return py::make_tuple(t.ql, t.rl, t.ul, t.gl, t.qr, t.rr, t.ur, t.gr, t.qp, t.pep, t.gp, t.rsum,
+                        t.weight, t.turning, t.diverging, t.sum_accept, t.num_proposals);
+}
+
+// One (sub)tree of `depth` doublings from (q, r, g) in `direction` (1 forward, 0 backward), as
+// the 17-field tuple of nuts.FlatNUTS._build_tree_flat.
+py::tuple build_tree(py::object potential, Tensor q, Tensor r, Tensor g, int direction, int64_t depth,
+                     double energy_current, double step_size, double max_sliced_energy, Tensor minv,
+                     Tensor sqrt_inv, bool diag) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(q.is_contiguous() && r.is_contiguous() && g.is_contiguous(),
+              "build_tree: q, r and g must be contiguous");
+  TORCH_CHECK(q.scalar_type() == r.scalar_type() && q.scalar_type() == g.scalar_type() &&
+                  q.scalar_type() == minv.scalar_type(),
+              "build_tree: q, r, g and the mass matrix must share a dtype");
+  if (q.scalar_type() == at::kDouble) {
+    TreeBuilder<double> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag);
+    return to_tuple(b.build(q, r, g, direction, depth));
+  }
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "build_tree: only float32 and float64 are supported");
+  TreeBuilder<float> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag);
+  return to_tuple(b.build(q, r, g, direction, depth));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Compiled core of pyro_bnnlv's FlatNUTS (see pyro_bnnlv/infer/compiled.py)";
+  py::class_<MLPPotential>(m, "MLPPotential")
+      .def(py::init<Tensor, Tensor, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>, int64_t,
+                    Tensor, Tensor, bool, double, double, int64_t, Tensor>())
+      .def("value_and_grad", &MLPPotential::value_and_grad)
+      .def_property_readonly("dim", &MLPPotential::dim);
+  m.def("build_tree", &build_tree);
+}

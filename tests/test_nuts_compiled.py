@@ -2,12 +2,20 @@
 
 import warnings
 
+import pyro
 import pytest
 import torch
+from pyro.infer import MCMC
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer import compiled
-from pyro_bnnlv.infer.nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
+from pyro_bnnlv.infer.nuts import (
+    FlatNUTS,
+    FlatPotential,
+    chain_records,
+    mlp_regression_potential,
+    run_nuts,
+)
 
 from test_nuts import _check_exact, _draws, _linreg_data, _linreg_model, _tiny_bnn64
 
@@ -16,10 +24,14 @@ pytestmark = pytest.mark.skipif(compiled.extension() is None, reason="no C++ too
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("latent_dim", [0, 2])
-@pytest.mark.parametrize("activation", ["tanh", "relu", "leaky_relu", "sigmoid", "rbf", "identity"])
-def test_compiled_potential_equals_python_potential(activation, latent_dim, dtype):
+@pytest.mark.parametrize(
+    "activation,hidden",
+    [("tanh", []), ("tanh", [6])]
+    + [(act, [7, 5]) for act in ["tanh", "relu", "leaky_relu", "sigmoid", "rbf", "identity"]],
+)
+def test_compiled_potential_equals_python_potential(activation, hidden, latent_dim, dtype):
     g = torch.Generator().manual_seed(0)
-    net = pb.MLP(1 + latent_dim, [7, 5], 2, activation=activation)
+    net = pb.MLP(1 + latent_dim, hidden, 2, activation=activation)
     x = torch.randn(13, 1, generator=g, dtype=dtype)
     y = torch.randn(13, 2, generator=g, dtype=dtype)
     kw = dict(prior_loc=0.3, prior_scale=torch.rand(net.num_weights, generator=g, dtype=dtype) + 0.5,
@@ -28,8 +40,10 @@ def test_compiled_potential_equals_python_potential(activation, latent_dim, dtyp
     fast = mlp_regression_potential(net, x, y, compiled=True, **kw)
     assert python.compiled is None and fast.compiled is not None and fast.dim == python.dim
     rtol = 1e-12 if dtype == torch.float64 else 1e-5
-    for _ in range(3):
+    for i in range(3):
         q = torch.randn(python.dim, generator=g, dtype=dtype)
+        if i == 2:  # a non-contiguous q
+            q = torch.stack([q, q], 1)[:, 0]
         (u_py, g_py), (u_c, g_c) = python(q), fast(q)
         assert float(u_c) == pytest.approx(float(u_py), rel=rtol)
         assert g_c.dtype == dtype and g_c.shape == g_py.shape
@@ -56,6 +70,91 @@ def test_compiled_tree_reproduces_python_tree_draw_for_draw():
         assert torch.allclose(a, b, atol=1e-7, rtol=0), (full_mass, (a - b).abs().max())
 
 
+def test_compiled_tree_matches_python_tree_in_float32():
+    """float32: the C++ sums energies in double, the Python tree in float32 (~1e-5 relative), so
+    the chains agree only until a marginal accept/turn decision flips; over a few draws with a
+    small step they agree to float32 rounding."""
+    model, x, y = _tiny_bnn64()
+    model, x, y = model.float(), x.float(), y.float()
+    kw = dict(noise_scale=0.1, prior_scale=1.0)
+    pot_c = mlp_regression_potential(model.net, x, y, compiled=True, **kw)
+    pot_py = mlp_regression_potential(model.net, x, y, compiled=False, **kw)
+    w0 = model.net.init_weights(torch.Generator().manual_seed(1))
+    fixed = dict(step_size=0.01, adapt_step_size=False, adapt_mass_matrix=False, max_tree_depth=6)
+    a = _draws(FlatNUTS(pot_c, **fixed), w0, 5, 0)
+    b = _draws(FlatNUTS(pot_py, compiled=False, **fixed), w0, 5, 0)
+    assert a.dtype == torch.float32 and torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
+    assert not torch.allclose(a[0], a[-1])
+
+
+def test_compiled_tree_divergence_and_nan_energy_match_python_tree():
+    """A step size far too large: every trajectory diverges at once; a potential that returns
+    NaN away from the start: NaN energy counts as infinite (divergent) in both trees."""
+    model, x, y = _tiny_bnn64()
+    pot = mlp_regression_potential(model.net, x, y, compiled=False, noise_scale=0.1)
+    w0 = model.net.init_weights(torch.Generator().manual_seed(1)).double()
+    huge = dict(step_size=5.0, adapt_step_size=False, adapt_mass_matrix=False)
+    nan_after_start = FlatPotential(pot.sites, lambda q: (
+        pot.value_and_grad(q)[0] if torch.equal(q, w0) else float("nan"), pot.value_and_grad(q)[1]))
+    for p in (pot, nan_after_start):
+        runs = []
+        for c in (True, False):
+            pyro.set_rng_seed(3)
+            mcmc = MCMC(FlatNUTS(p, compiled=c, **huge), num_samples=4, warmup_steps=0,
+                        initial_params={"w": w0}, disable_progbar=True)  # fmt: skip
+            mcmc.run()
+            runs.append((mcmc.get_samples()["w"], chain_records(mcmc)[0]))
+        (a, rec_a), (b, rec_b) = runs
+        assert torch.equal(a, b) and torch.equal(a[-1], w0)  # never moves
+        for rec in (rec_a, rec_b):
+            assert rec["divergences"] == [0, 1, 2, 3]
+            assert rec["num_steps"] == [1, 1, 1, 1]
+
+
+def test_extension_rejects_inconsistent_inputs():
+    ext = compiled.extension()
+    x, y = torch.randn(5, 1), torch.randn(5, 1)
+    layers = [(1, 3, 0, 3), (3, 1, 6, 9)]  # P = 10
+    ok = dict(loc=torch.zeros(10), prec=torch.ones(10), zprec=torch.ones(0))
+
+    def make(**kw):
+        a = {**ok, **kw}
+        return ext.MLPPotential(x, y, kw.get("layers", layers), 1, a["loc"], a["prec"], False, 1.0, 0.0,
+                                kw.get("k", 0), a["zprec"])  # fmt: skip
+
+    assert make().dim == 10
+    for bad, msg in [(dict(prec=torch.ones(9)), "loc and prec"), (dict(zprec=torch.ones(2)), "zprec"),
+                     (dict(loc=torch.zeros(10, dtype=torch.float64), prec=torch.ones(10, dtype=torch.float64)), "dtype"),
+                     (dict(layers=[(1, 3, 0, 3), (3, 1, 6, 8), (1, 1, 9, 10)]), "does not fit"),
+                     (dict(layers=[(2, 3, 0, 3), (3, 1, 6, 9)]), "fan_in"), (dict(k=3), "latent_dim")]:  # fmt: skip
+        with pytest.raises(RuntimeError, match=msg):
+            make(**bad)
+    pot = make()
+    with pytest.raises(RuntimeError, match="shape"):
+        pot.value_and_grad(torch.zeros(9))
+    q, m = torch.zeros(10), torch.ones(10)
+    args = (0.0, 0.1, 1000.0)
+    with pytest.raises(RuntimeError, match="one length"):
+        ext.build_tree(pot, q, torch.zeros(9), q, 1, 2, *args, m, m, True)
+    with pytest.raises(RuntimeError, match="mass matrix"):
+        ext.build_tree(pot, q, q, q, 1, 2, *args, torch.eye(10), torch.eye(10), True)
+    with pytest.raises(RuntimeError, match="depth"):
+        ext.build_tree(pot, q, q, q, 1, -1, *args, m, m, True)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ext.build_tree(pot, q, q, q, 1, 2, *args, m.double(), m, True)
+    assert len(ext.build_tree(pot, q, q, q, 1, 2, *args, m, m, True)) == 17
+
+
+def test_replacing_value_and_grad_drops_the_compiled_twin():
+    model, x, y = _tiny_bnn64()
+    pot = mlp_regression_potential(model.net, x, y, compiled=True, noise_scale=0.1)
+    assert pot.compiled is not None
+    inner = pot.value_and_grad
+    pot.value_and_grad = lambda q: tuple(0.5 * v for v in inner(q))  # tempered by 1/2
+    assert pot.compiled is None
+    assert FlatNUTS(pot)._tree_potential is pot.value_and_grad
+
+
 def test_compiled_tree_with_latent_inputs_matches_python_tree():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(12, 1, generator=g, dtype=torch.float64)
@@ -70,8 +169,6 @@ def test_compiled_tree_with_latent_inputs_matches_python_tree():
 
     def chain(pot, compiled_tree):
         torch.manual_seed(0)
-        from pyro.infer import MCMC
-
         mcmc = MCMC(FlatNUTS(pot, compiled=compiled_tree, **fixed), num_samples=10, warmup_steps=0,
                     initial_params=dict(init), disable_progbar=True)  # fmt: skip
         mcmc.run()

@@ -2,7 +2,9 @@
 //
 // Built on first use by pyro_bnnlv/infer/compiled.py (torch.utils.cpp_extension.load); the
 // Python code in nuts.py is the reference implementation and the fallback when no compiler is
-// available. Both compute the same thing in the same order:
+// available. Both compute the same quantities with the same operations, except that the C++
+// sums the energy terms in double (the Python in the tensor's dtype) and does not fuse
+// r + alpha * g, so float64 results agree to ~1e-14 and float32 energies to ~1e-5 relative:
 //
 //  * MLPPotential::value_and_grad mirrors nuts.mlp_regression_potential's value_and_grad:
 //        U(w, z) = 1/(2 s^2) sum_n |f([x_n, z_n]; w) - y_n|^2 + 1/2 (w - m)' diag(prec) (w - m)
@@ -49,14 +51,29 @@ class MLPPotential {
     TORCH_CHECK(xin_.dim() == 2 && Y_.dim() == 2 && xin_.size(0) == Y_.size(0),
                 "MLPPotential: xin must be (N, D+K) and Y (N, L)");
     TORCH_CHECK(activation >= IDENTITY && activation <= RBF, "MLPPotential: unknown activation code");
+    TORCH_CHECK(latent_dim >= 0 && latent_dim <= xin_.size(1), "MLPPotential: latent_dim out of range");
+    for (const Tensor* t : {&Y_, &loc_, &prec_, &zprec_}) {
+      TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == xin_.scalar_type(),
+                  "MLPPotential: all tensors must be CPU tensors of xin's dtype");
+    }
+    TORCH_CHECK(xin_.device().is_cpu(), "MLPPotential: xin must be a CPU tensor");
+    TORCH_CHECK(xin_.scalar_type() == at::kFloat || xin_.scalar_type() == at::kDouble,
+                "MLPPotential: only float32 and float64 are supported");
     N_ = xin_.size(0);
     D_ = xin_.size(1) - K_;
     P_ = loc_.numel();
+    TORCH_CHECK(loc_.dim() == 1 && prec_.dim() == 1 && prec_.numel() == P_,
+                "MLPPotential: loc and prec must be (P,)");
+    TORCH_CHECK(zprec_.dim() == 1 && zprec_.numel() == K_, "MLPPotential: zprec must be (K,)");
     auto opts = xin_.options();
     buf_ = at::zeros({P_}, opts);
     gbuf_ = at::zeros({P_}, opts);
     for (size_t i = 0; i < layers.size(); ++i) {
       auto [fi, fo, w_off, b_off] = layers[i];
+      TORCH_CHECK(fi > 0 && fo > 0 && w_off >= 0 && b_off >= 0 && w_off + fi * fo <= P_ && b_off + fo <= P_,
+                  "MLPPotential: layer ", i, " does not fit in the ", P_, " weights");
+      TORCH_CHECK(i > 0 || fi == xin_.size(1), "MLPPotential: the first layer's fan_in must be D + K");
+      TORCH_CHECK(i == 0 || fi == layers_.back().fan_out, "MLPPotential: layer ", i, "'s fan_in must match");
       Layer l;
       l.fan_in = fi;
       l.fan_out = fo;
@@ -149,10 +166,10 @@ class MLPPotential {
       const int64_t n = dh.numel();
       switch (act_) {
         case IDENTITY: break;
-        case TANH: for (int64_t j = 0; j < n; ++j) d[j] *= T(1) - hp[j] * hp[j]; break;
+        case TANH: for (int64_t j = 0; j < n; ++j) d[j] = d[j] - d[j] * (hp[j] * hp[j]); break;
         case RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0); break;
         case LEAKY_RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0.01) * d[j]; break;
-        case SIGMOID: for (int64_t j = 0; j < n; ++j) d[j] *= hp[j] * (T(1) - hp[j]); break;
+        case SIGMOID: for (int64_t j = 0; j < n; ++j) d[j] = d[j] * hp[j] - (d[j] * hp[j]) * hp[j]; break;
         case RBF: {
           const T* ap = prev.A.data_ptr<T>();
           for (int64_t j = 0; j < n; ++j) d[j] *= T(-2) * ap[j] * hp[j];
@@ -363,11 +380,23 @@ py::tuple build_tree(py::object potential, Tensor q, Tensor r, Tensor g, int dir
                      double energy_current, double step_size, double max_sliced_energy, Tensor minv,
                      Tensor sqrt_inv, bool diag) {
   at::NoGradGuard no_grad;
+  TORCH_CHECK(q.dim() == 1 && r.sizes() == q.sizes() && g.sizes() == q.sizes(),
+              "build_tree: q, r and g must be vectors of one length");
   TORCH_CHECK(q.is_contiguous() && r.is_contiguous() && g.is_contiguous(),
               "build_tree: q, r and g must be contiguous");
+  const int64_t n = q.numel();
+  TORCH_CHECK(diag ? (minv.dim() == 1 && minv.numel() == n && sqrt_inv.dim() == 1 && sqrt_inv.numel() == n)
+                   : (minv.dim() == 2 && minv.size(0) == n && minv.size(1) == n && sqrt_inv.dim() == 2 &&
+                      sqrt_inv.size(0) == n && sqrt_inv.size(1) == n),
+              "build_tree: the mass matrix must be (D,) with diag=True or (D, D) with diag=False");
+  for (const Tensor* t : {&q, &r, &g, &minv, &sqrt_inv})
+    TORCH_CHECK(t->device().is_cpu(), "build_tree: all tensors must be on the CPU");
+  TORCH_CHECK(depth >= 0, "build_tree: depth must be non-negative");
+  TORCH_CHECK(direction == 0 || direction == 1, "build_tree: direction must be 0 or 1");
   TORCH_CHECK(q.scalar_type() == r.scalar_type() && q.scalar_type() == g.scalar_type() &&
                   q.scalar_type() == minv.scalar_type(),
               "build_tree: q, r, g and the mass matrix must share a dtype");
+  TORCH_CHECK(sqrt_inv.scalar_type() == q.scalar_type(), "build_tree: sqrt_inv must have q's dtype");
   if (q.scalar_type() == at::kDouble) {
     TreeBuilder<double> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag);
     return to_tuple(b.build(q, r, g, direction, depth));

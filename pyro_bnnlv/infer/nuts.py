@@ -141,6 +141,8 @@ class FlatPotential:
         compiled: optional compiled twin of ``value_and_grad`` that :class:`FlatNUTS`'s compiled
             tree calls without going through Python (a ``MLPPotential`` of
             :mod:`pyro_bnnlv.infer.compiled`); ``None`` for potentials written in Python.
+            Assigning a new ``value_and_grad`` (a wrapper, a tempered potential, ...) resets it
+            to ``None``, so the compiled tree never bypasses the replacement.
 
     ``potential_fn`` is the same potential in Pyro's dict form, differentiable by autograd (its
     backward returns the precomputed gradient), for ``NUTS(potential_fn=...)`` and for checks.
@@ -150,6 +152,11 @@ class FlatPotential:
     value_and_grad: Callable[[Tensor], tuple[Tensor, Tensor]]
     compiled: Any = None
     sizes: dict[str, int] = field(init=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "value_and_grad" and "compiled" in self.__dict__:
+            object.__setattr__(self, "compiled", None)
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         if not self.sites:

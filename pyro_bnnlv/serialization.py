@@ -40,15 +40,21 @@ def save_fit(
     x: torch.Tensor,
     y: torch.Tensor | None = None,
     guide_kwargs: dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
 ) -> None:
     """Write ``model`` and ``guide`` (fitted on data shaped like ``x``, ``y``) to ``path``.
 
     ``guide_kwargs``: picklable constructor arguments of the guide besides the model (e.g.
     ``{"init_scale": 0.01}``); initialisation functions need not be saved, the state dict
-    overrides what they produce.
+    overrides what they produce. ``model_kwargs``: keyword arguments the model needs besides
+    ``x, y`` (e.g. ``{"task": task}`` for a multi-task :class:`~pyro_bnnlv.ProjectedBNN`); they
+    are saved and passed to the model when :func:`load_fit` re-creates the guide's parameters.
     """
     if not hasattr(model, "config"):
         raise TypeError(f"model {type(model).__name__} has no config(); cannot be saved")
+    model_kwargs = dict(model_kwargs or {})
+    if hasattr(model, "check_data"):
+        model.check_data(x, y, **model_kwargs)  # catches a missing task= before writing the file
     payload = {
         "format": _FORMAT,
         "model_class": _qualname(model),
@@ -60,6 +66,7 @@ def save_fit(
         "x_shape": tuple(x.shape),
         "y_shape": None if y is None else tuple(y.shape),
         "x_dtype": str(x.dtype),
+        "model_kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in model_kwargs.items()},
     }
     torch.save(payload, Path(path))
 
@@ -81,6 +88,6 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     y_shape = payload["y_shape"]
     y_dummy = None if y_shape is None else torch.zeros(y_shape, dtype=dtype)
     with isolated_param_store(model, guide), torch.no_grad():
-        guide(x_dummy, y_dummy)  # creates the guide's parameters with their saved shapes
+        guide(x_dummy, y_dummy, **payload.get("model_kwargs", {}))  # creates the guide's parameters with their saved shapes
     guide.load_state_dict(payload["guide_state"])
     return model, guide

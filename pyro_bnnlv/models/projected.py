@@ -141,4 +141,26 @@ class ProjectedBNN(BNN):
             return pyro.sample("obs", self._likelihood(f), obs=y_b)
 
     def config(self) -> dict:
-        raise NotImplementedError("saving a ProjectedBNN is not supported yet; save its state_dict")
+        """Constructor settings besides the state dict (see :mod:`pyro_bnnlv.serialization`).
+
+        The scales and ``fixed_phi`` are buffers, restored by ``load_state_dict``."""
+        if not isinstance(self.net, MLP):
+            raise NotImplementedError(
+                "saving a ProjectedBNN needs an MLP network; for a ModuleNet save the state dicts yourself"
+            )
+        return dict(
+            net=self.net.config(), latent_dim=self.latent_dim,
+            decoder_hidden=list(self.decoder.hidden_sizes),
+            decoder_activation=self.decoder.activation, learn_noise=self.learn_noise,
+            num_tasks=self.num_tasks, fixed_phi=self.fixed_phi is not None,
+        )  # fmt: skip
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ProjectedBNN":
+        """Rebuild an (untrained) model from :meth:`config`; then load its state dict."""
+        cfg = dict(config)
+        net = MLP(**cfg.pop("net"))
+        model = cls(net, **{k: v for k, v in cfg.items() if k != "fixed_phi"})
+        if cfg["fixed_phi"]:  # a placeholder of the right shape; load_state_dict fills it
+            model.fixed_phi = torch.zeros(model.num_phi)
+        return model

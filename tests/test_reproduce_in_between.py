@@ -38,3 +38,27 @@ def test_uci_table_and_summary_on_yacht(capsys):
     assert main(["--datasets", "yacht", "--standard-splits", "1", "--max-gap-dims", "1", "--map-steps", "50",
                  "--vi-steps", "20"]) == 0  # fmt: skip
     assert "yacht" in capsys.readouterr().out
+
+
+def test_two_hidden_layers_and_split_counts():
+    data = pb.load_dataset("clusters", sizes=(60, 20, 40))
+    out = run_split(data, map_steps=100, vi_steps=50, num_samples=10, hidden_layers=2, methods=("MAP", "LL"))
+    assert math.isfinite(out["MAP"]) and math.isfinite(out["LL"]) and "MFVI" not in out
+    with pytest.raises(ValueError, match="hidden_layers"):
+        run_split(data, hidden_layers=3)
+    from pyro_bnnlv.reproduce.in_between import PAPER_LL
+
+    for hl in (1, 2):  # every method, split kind and data set has the paper's number
+        assert all(len(v) == 9 for kind in PAPER_LL[hl].values() for v in kind.values())
+
+
+@needs_data
+def test_uci_split_counts_and_missing_standard_splits_are_skipped():
+    from pyro_bnnlv.datasets.files import uci_num_splits
+
+    assert uci_num_splits("protein") == 5 and uci_num_splits("yacht") == 20
+    with pytest.raises(ValueError, match="unknown UCI dataset"):
+        uci_num_splits("nope")
+    table = uci_table(["yacht"], standard_splits=[19, 20], gap=False, map_steps=20, vi_steps=10,
+                      num_samples=5, progress=False, methods=("MAP",))  # fmt: skip
+    assert list(table["split"]) == [19]

@@ -21,7 +21,7 @@ import numpy as np
 
 from .base import Dataset, default_data_dir, make_dataset, register
 
-__all__ = ["load_uci", "load_table", "UCI_FOLDERS", "TABLES"]
+__all__ = ["load_uci", "uci_num_splits", "load_table", "UCI_FOLDERS", "TABLES"]
 
 #: dataset name -> folder under ``uci/``
 UCI_FOLDERS = {
@@ -71,6 +71,13 @@ def _train_valid(idx: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
 
 
+def uci_num_splits(name: str, data_dir: str | Path | None = None) -> int:
+    """How many standard splits the UCI set ``name`` has (20; protein 5)."""
+    if name not in UCI_FOLDERS:
+        raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
+    return int(np.loadtxt(_resolve(data_dir, f"uci/{UCI_FOLDERS[name]}") / "n_splits.txt"))
+
+
 def load_uci(
     name: str,
     split: int = 0,
@@ -83,7 +90,7 @@ def load_uci(
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
     folder = _resolve(data_dir, f"uci/{UCI_FOLDERS[name]}")
-    n_splits = int(np.loadtxt(folder / "n_splits.txt"))
+    n_splits = uci_num_splits(name, data_dir)
     if not (isinstance(split, int) and 0 <= split < n_splits):
         raise ValueError(f"split must be an integer in [0, {n_splits}) for {name}, got {split!r}")
     x, y = _read_uci_matrix(folder)

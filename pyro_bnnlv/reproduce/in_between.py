@@ -16,13 +16,18 @@ original scale. Per split:
 * **MFVI**: ``AutoNormal`` on a BNN with ``N(0, 1)`` priors and learned noise (App. D), minibatches
   of 100, Adam 0.01, a fixed number of steps; 100 posterior samples for the predictive.
 
+Data sets: the paper's nine (boston, concrete, energy, kin8nm, naval, power, protein, wine,
+yacht); ``--hidden-layers 2`` gives the paper's 2HL tanh rows (two layers of 50).
+
 Deviations from App. D (to fit two CPU cores): a fixed step budget and no grid search or
 retraining on train+validation for MFVI; MAP's epoch grid replaced by validation early stopping;
-one prior scale (``omega = 1``) for MAP; a subset of the standard splits (``--standard-splits``).
+one prior scale (``omega = 1``) for MAP; optionally a subset of the standard splits
+(``--standard-splits``; protein has 5, the others 20).
 
-Command (the numbers in the report)::
+Commands (the numbers in the README)::
 
-    python -m pyro_bnnlv.reproduce.in_between --output in_between_uci.csv
+    pyro-bnnlv reproduce in-between --standard-splits 20 --output docs/results/in-between-uci-1hl.csv
+    pyro-bnnlv reproduce in-between --hidden-layers 2 --standard-splits 5 --output docs/results/in-between-uci-2hl.csv
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 from ..datasets import Dataset, gap_splits, load_dataset
+from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
 from ..infer.laplace import LinearizedLaplace
 from ..infer.predict import sample_posterior
@@ -46,24 +52,46 @@ from ..models.bnn import BNN
 from ..nets import MLP
 from ..stats.predictive import evaluate
 
-__all__ = ["fit_map_learned_noise", "run_split", "uci_table", "DATASETS", "PAPER_LL"]
+__all__ = ["fit_map_learned_noise", "run_split", "uci_table", "summary", "DATASETS", "PAPER_LL"]
 
-DATASETS = ("boston", "concrete", "energy", "naval", "wine", "yacht")
+DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 METHODS = ("MAP", "MFVI", "LL", "LL-valid", "SL")
 
-#: the paper's Tables 1-2 (1 hidden layer, tanh): mean test log-likelihood
+
+def _row(*values: float) -> dict[str, float]:
+    return dict(zip(DATASETS, values))
+
+
+#: the paper's Tables 1-2 (tanh): mean test log-likelihood per hidden-layer count, split kind,
+#: method and data set
 PAPER_LL = {
-    "standard": {
-        "MAP": dict(boston=-2.69, concrete=-3.22, energy=-1.12, naval=5.48, wine=-0.99, yacht=-2.51),
-        "MFVI": dict(boston=-2.61, concrete=-3.12, energy=-0.82, naval=5.79, wine=-0.97, yacht=-1.32),
-        "LL": dict(boston=-2.57, concrete=-3.05, energy=-0.82, naval=6.40, wine=-0.97, yacht=-1.01),
-        "SL": dict(boston=-2.85, concrete=-3.27, energy=-2.77, naval=3.19, wine=-1.01, yacht=-3.75),
+    1: {
+        "standard": {
+            "MAP": _row(-2.69, -3.22, -1.12, 1.15, 5.48, -2.85, -2.92, -0.99, -2.51),
+            "MFVI": _row(-2.61, -3.12, -0.82, 1.10, 5.79, -2.86, -2.93, -0.97, -1.32),
+            "LL": _row(-2.57, -3.05, -0.82, 1.23, 6.40, -2.83, -2.89, -0.97, -1.01),
+            "SL": _row(-2.85, -3.27, -2.77, 1.15, 3.19, -3.41, -2.90, -1.01, -3.75),
+        },
+        "gap": {
+            "MAP": _row(-2.90, -3.64, -104.53, 1.09, -260.25, -2.89, -3.08, -0.97, -2.63),
+            "MFVI": _row(-2.88, -3.64, -100.16, 1.01, -385.33, -2.88, -3.08, -0.96, -1.77),
+            "LL": _row(-2.79, -3.53, -6.49, 1.14, -15.66, -2.89, -3.09, -0.96, -1.33),
+            "SL": _row(-3.03, -3.67, -14.08, 1.06, 2.20, -3.45, -3.08, -1.00, -3.95),
+        },
     },
-    "gap": {
-        "MAP": dict(boston=-2.90, concrete=-3.64, energy=-104.53, naval=-260.25, wine=-0.97, yacht=-2.63),
-        "MFVI": dict(boston=-2.88, concrete=-3.64, energy=-100.16, naval=-385.33, wine=-0.96, yacht=-1.77),
-        "LL": dict(boston=-2.79, concrete=-3.53, energy=-6.49, naval=-15.66, wine=-0.96, yacht=-1.33),
-        "SL": dict(boston=-3.03, concrete=-3.67, energy=-14.08, naval=2.20, wine=-1.00, yacht=-3.95),
+    2: {
+        "standard": {
+            "MAP": _row(-2.80, -3.33, -0.86, 1.24, 5.72, -2.81, -2.83, -0.99, -2.22),
+            "MFVI": _row(-2.70, -3.20, -1.60, 1.19, 6.08, -2.87, -2.88, -0.98, -1.87),
+            "LL": _row(-2.40, -3.07, -0.65, 1.29, 6.29, -2.79, -2.79, -0.98, -0.92),
+            "SL": _row(-2.82, -3.29, -2.67, 1.26, 3.80, -3.23, -2.79, -1.07, -3.63),
+        },
+        "gap": {
+            "MAP": _row(-2.91, -3.68, -113.12, 1.13, -219.61, -2.90, -3.08, -0.97, -2.27),
+            "MFVI": _row(-2.92, -3.60, -29.98, 1.10, -205.93, -2.88, -3.07, -1.01, -1.87),
+            "LL": _row(-2.75, -3.43, -6.34, 1.22, -20.76, -2.90, -3.13, -1.01, -1.45),
+            "SL": _row(-3.01, -3.62, -17.17, 1.20, -51.99, -3.36, -3.11, -1.12, -3.61),
+        },
     },
 }  # fmt: skip
 
@@ -114,14 +142,19 @@ def _gaussian_metrics(mean: torch.Tensor, var: torch.Tensor, data: Dataset) -> f
 
 def run_split(
     data: Dataset, *, map_steps: int = 2000, vi_steps: int = 4000, batch_size: int = 100,
-    num_samples: int = 100, seed: int = 0, methods: Sequence[str] = METHODS,
+    num_samples: int = 100, seed: int = 0, methods: Sequence[str] = METHODS, hidden_layers: int = 1,
 ) -> dict[str, float]:  # fmt: skip
-    """Test log-likelihood (original scale) of each method on one split; also seconds per method."""
+    """Test log-likelihood (original scale) of each method on one split; also seconds per method.
+
+    ``hidden_layers``: 1 or 2 hidden layers of 50 tanh units (the paper's 1HL / 2HL rows)."""
+    if hidden_layers not in (1, 2):
+        raise ValueError(f"hidden_layers must be 1 or 2 (the paper's networks), got {hidden_layers!r}")
+    hidden = [50] * hidden_layers
     out: dict[str, float] = {}
     D = data.input_dim
     kwargs = dict(y_mean=data.y_mean, y_std=data.y_std)
     t = time.perf_counter()
-    net = MLP(D, [50], 1, activation="tanh")
+    net = MLP(D, hidden, 1, activation="tanh")
     w, sigma, step = fit_map_learned_noise(net, data, num_steps=map_steps, seed=seed)
     with torch.no_grad():
         f = net(data.x_test, w)[:, 0]
@@ -150,7 +183,7 @@ def run_split(
                 out["sec_SL"] = time.perf_counter() - t
     if "MFVI" in methods:
         t = time.perf_counter()
-        vnet = MLP(D, [50], 1, activation="tanh")
+        vnet = MLP(D, hidden, 1, activation="tanh")
         vmodel = BNN(vnet, prior_scale=1.0, noise_scale=math.exp(-0.5), learn_noise=True)
         guide = AutoNormal(vmodel, init_scale=1e-2, init_loc_fn=init_to_network(vmodel, seed=seed))
         bs = None if len(data.x_train) <= batch_size else batch_size
@@ -166,10 +199,15 @@ def uci_table(
     datasets: Sequence[str] = DATASETS, *, standard_splits: Sequence[int] = (0, 1, 2),
     gap: bool = True, max_gap_dims: int | None = None, progress: bool = True, **options,
 ) -> pd.DataFrame:  # fmt: skip
-    """Run :func:`run_split` on the standard splits and the gap splits; one row per split."""
+    """Run :func:`run_split` on the standard splits and the gap splits; one row per split.
+
+    Standard splits a data set does not have (protein has 5, the others 20) are skipped."""
     rows = []
     for name in datasets:
+        available = uci_num_splits(name)
         for s in standard_splits:
+            if int(s) >= available:
+                continue
             data = load_dataset(name, split=int(s))
             res = run_split(data, **options)
             rows.append(dict(dataset=name, kind="standard", split=int(s), **res))
@@ -192,7 +230,7 @@ def _fmt(row: dict) -> str:
     return f"{row['dataset']:>9} {row['kind']:>8} {row['split']:>2}: {vals}"
 
 
-def summary(table: pd.DataFrame) -> pd.DataFrame:
+def summary(table: pd.DataFrame, hidden_layers: int = 1) -> pd.DataFrame:
     """Mean +- standard error of the test LL per (kind, dataset, method), beside the paper's."""
     rows = []
     for (kind, name), g in table.groupby(["kind", "dataset"], sort=False):
@@ -201,7 +239,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
                 continue
             v = g[m].astype(float)
             se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
-            paper = PAPER_LL[kind].get("LL" if m == "LL-valid" else m, {}).get(name, float("nan"))
+            paper = PAPER_LL[hidden_layers][kind].get("LL" if m == "LL-valid" else m, {}).get(name, float("nan"))
             rows.append(dict(kind=kind, dataset=name, method=m, n_splits=len(v), mean=float(v.mean()),
                              se=se, paper=paper))  # fmt: skip
     return pd.DataFrame(rows)
@@ -215,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-gap-dims", type=int, default=None, help="gap splits per data set (default all)")
     p.add_argument("--map-steps", type=int, default=2000)
     p.add_argument("--vi-steps", type=int, default=4000)
+    p.add_argument("--hidden-layers", type=int, default=1, choices=(1, 2),
+                   help="hidden layers of 50 tanh units (the paper's 1HL / 2HL rows)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", default=None, help="CSV of the per-split results")
@@ -223,10 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     table = uci_table(args.datasets, standard_splits=range(args.standard_splits), gap=not args.no_gap,
                       max_gap_dims=args.max_gap_dims, map_steps=args.map_steps, vi_steps=args.vi_steps,
-                      seed=args.seed)  # fmt: skip
+                      seed=args.seed, hidden_layers=args.hidden_layers)  # fmt: skip
     if args.output:
         table.to_csv(args.output, index=False)
-    summ = summary(table)
+    summ = summary(table, args.hidden_layers)
     wide = summ.assign(cell=[f"{m:.2f} ± {s:.2f} ({p:.2f})" for m, s, p in zip(summ["mean"], summ["se"], summ["paper"])])
     print(wide.pivot_table(index=["kind", "method"], columns="dataset", values="cell", aggfunc="first").to_string())
     print(f"total {time.perf_counter() - t0:.0f} s")

@@ -1,6 +1,7 @@
 """Tests for pyro_bnnlv.stats.invariance: the first-layer invariance gap (invariances paper, sec. 5,
 eq. 22-23), checked against the linear model's closed forms (models/linear.py, eq. 10, 15, 16),
-against the paper's beta -> inf construction with B_x, and against dense-matrix KLs."""
+against the paper's beta -> inf construction with B_x, and against dense-matrix KLs; and the
+later layers (eq. 25-26) against a brute-force dense computation on hand-built activations."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import pytest
 import torch
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.models import linear as L
@@ -17,6 +18,10 @@ from pyro_bnnlv.stats.invariance import (
     first_layer_invariance_gap,
     invariance_abiding_posterior,
     invariance_gap_at_inputs,
+    invariance_gap_by_layer,
+    layer_indices,
+    layer_inputs,
+    layer_invariance_gap,
     likelihood_factor_from_posterior,
     plot_first_layer_invariance_gap,
 )
@@ -254,3 +259,167 @@ def test_validation_and_plot(tmp_path, toy_data):
     plot_first_layer_invariance_gap(df, tmp_path / "gap.png")
     assert (tmp_path / "gap.png").stat().st_size > 0
     assert df.attrs["num_inputs"] == len(x)
+
+
+# --- later layers (eq. 25-26) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deep_fit():
+    """A tiny 1 -> [3, 2] -> 1 tanh BNN with a briefly fitted AutoNormal, its (loc, scale) and
+    12 training inputs."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(12, 1, generator=g) * 2 - 1
+    y = torch.cos(3 * x[:, 0]) + 0.1 * torch.randn(12, generator=g)
+    model = pb.BNN(pb.MLP(1, [3, 2], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+    guide = AutoNormal(model, init_scale=0.05, init_loc_fn=pb.init_to_network(model, seed=0))
+    pb.fit_svi(model, guide, x, y, num_steps=150, lr=0.02, seed=0, progress=False)
+    with pb.infer.isolated_param_store(model, guide):
+        loc, scale = (t.detach().to(F64) for t in guide._get_loc_and_scale("w"))
+    return model, guide, (loc, scale), x
+
+
+def test_layer_zero_is_the_first_layer_function(deep_fit):
+    model, guide, params, x = deep_fit
+    for kw in (dict(), dict(per_input=True), dict(num_samples=50, seed=3)):
+        ref = first_layer_invariance_gap(model, guide, x, **kw)
+        new = layer_invariance_gap(model, guide, x, 0, num_activation_samples=5, **kw)
+        assert new.equals(ref) and list(new.columns) == list(ref.columns)
+        assert new.attrs == ref.attrs
+    by = invariance_gap_by_layer(model, params, x, num_samples=50, seed=3)
+    assert list(by.layer.unique()) == [0, 1, 2] and list(by.columns[:2]) == ["layer", "unit"]
+    ref = first_layer_invariance_gap(model, params, x, num_samples=50, seed=3)
+    layer0 = by[by.layer == 0].drop(columns="layer").set_index("unit")
+    assert layer0.equals(ref)
+    assert by.attrs["total_gap_mean"][0] == ref.attrs["total_gap_mean"]
+    # the layers' own units: 3, 2 and 1 (the output)
+    assert by.groupby("layer").size().to_dict() == {0: 3, 1: 2, 2: 1}
+    assert (by.gap_mean > 0).all() and (by.gap_mean <= by.gap_max).all()
+    assert (by.gap_mixture < by.gap_mean + 4 * by.gap_mixture_se).all()
+    long = invariance_gap_by_layer(model, params, x, layers=[2, 0], num_activation_samples=2,
+                                   per_input=True)  # fmt: skip
+    assert list(long.columns[:4]) == ["layer", "draw", "input", "unit"]
+    assert long.groupby("layer").size().to_dict() == {0: 3 * len(x), 2: 2 * len(x)}
+    assert (long[long.layer == 0].draw == 0).all() and set(long[long.layer == 2].draw) == {0, 1}
+
+
+def _dense_eq25_gap(z, mq, v, mu, s2):
+    """Brute force KL[N(mq, Diag v) || q_mix(. | z)] for a batch ``z (M, d)`` of one unit:
+    g_0 by inverting eq. 6a by hand, eq. 25's mean and covariance as dense matrices, and
+    torch.distributions' MultivariateNormal KL."""
+    assert (v < s2).all()  # every coordinate informative: a Gaussian g_0 exists
+    lam = s2 * v / (s2 - v)
+    m = mq + lam * (mq - mu) / s2
+    Sigma, V = torch.diag(s2), torch.diag(lam)
+    sz = z @ Sigma  # (M, d)
+    denom = torch.einsum("md,de,me->m", z, V + Sigma, z)
+    loc = mu + (z @ (m - mu) / denom)[:, None] * sz
+    cov = Sigma - sz[:, :, None] * sz[:, None, :] / denom[:, None, None]
+    q0 = torch.distributions.MultivariateNormal(mq, torch.diag(v))
+    return torch.distributions.kl_divergence(q0, torch.distributions.MultivariateNormal(loc, cov))
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_later_layer_matches_brute_force_on_hand_built_activations(deep_fit, layer):
+    model, guide, (loc, scale), x = deep_fit
+    S, seed = 4, 7
+    # activations by hand: S weight vectors from q_0 with the documented draw, then the net
+    eps = torch.randn((S, loc.numel()), generator=torch.Generator().manual_seed(seed), dtype=F64)
+    w = loc + scale * eps
+    h = x.to(F64).expand(S, -1, -1)
+    for W, b in model.net.unflatten(w)[:layer]:
+        h = torch.tanh(h @ W.transpose(-1, -2) + b[:, None, :])
+    z = torch.cat([h, torch.ones(S, len(x), 1, dtype=F64)], -1)  # (S, N, d)
+    got_z = layer_inputs(model, guide, x, layer, num_activation_samples=S, seed=seed)
+    assert torch.allclose(got_z, z, rtol=0, atol=1e-12)
+    df = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed)
+    long = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed,
+                                per_input=True)  # fmt: skip
+    W_loc, b_loc = model.net.unflatten(loc)[layer]
+    W_sc, b_sc = model.net.unflatten(scale)[layer]
+    P_loc, pb_loc = model.net.unflatten(model.prior_loc.to(F64))[layer]
+    P_sc, pb_sc = model.net.unflatten(model.prior_scale.to(F64))[layer]
+    H = W_loc.shape[0]
+    assert list(df.index) == list(range(H)) and len(long) == S * len(x) * H
+    zs = z.reshape(-1, z.shape[-1])
+    for j in range(H):
+        mq = torch.cat([W_loc[j], b_loc[j : j + 1]])
+        v = torch.cat([W_sc[j], b_sc[j : j + 1]]) ** 2
+        mu = torch.cat([P_loc[j], pb_loc[j : j + 1]])
+        s2 = torch.cat([P_sc[j], pb_sc[j : j + 1]]) ** 2
+        kl = _dense_eq25_gap(zs, mq, v, mu, s2)  # (S N,)
+        assert df.gap_mean[j] == pytest.approx(float(kl.mean()), rel=1e-8)
+        assert df.gap_max[j] == pytest.approx(float(kl.max()), rel=1e-8)
+        rows = long[long.unit == j]
+        assert list(rows.draw) == list(torch.arange(S).repeat_interleave(len(x)))
+        assert list(rows.input) == list(range(len(x))) * S
+        assert rows.gap.values == pytest.approx(kl.numpy(), rel=1e-8)
+        kl_prior = torch.distributions.kl_divergence(
+            torch.distributions.Normal(mq, v.sqrt()), torch.distributions.Normal(mu, s2.sqrt())
+        ).sum()
+        assert df.kl_to_prior[j] == pytest.approx(float(kl_prior), rel=1e-8)
+    assert df.attrs["num_activation_vectors"] == S * len(x)
+    # another seed draws other activations (the gap is a Monte-Carlo estimate over z)
+    other = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed + 1)
+    assert not other.gap_mean.equals(df.gap_mean)
+
+
+def test_gap_of_a_layer_at_its_prior_is_zero(deep_fit):
+    """q_0 = prior for one layer's units: g_0 is flat, q_mix(. | z) = p = q_0 for every z, so
+    that layer's gap (and KL) vanish while the other layers keep theirs."""
+    model, _, (loc, scale), x = deep_fit
+    for layer in (1, 2):
+        idx = layer_indices(model.net, layer).reshape(-1)
+        loc2, scale2 = loc.clone(), scale.clone()
+        loc2[idx] = model.prior_loc.to(F64)[idx]
+        scale2[idx] = model.prior_scale.to(F64)[idx]
+        by = invariance_gap_by_layer(model, (loc2, scale2), x, num_activation_samples=3,
+                                     num_samples=20)  # fmt: skip
+        at_prior = by[by.layer == layer]
+        assert (at_prior.gap_max.abs() < 1e-8).all() and (at_prior.kl_to_prior.abs() < 1e-8).all()
+        assert (at_prior.gap_mixture.abs() < 1e-8).all()
+        assert (at_prior.frac_uninformative == 1).all()
+        assert (by[by.layer != layer].gap_mean > 1e-3).all()
+    # the same holds for the first layer through the first-layer function
+    idx = layer_indices(model.net, 0).reshape(-1)
+    loc2, scale2 = loc.clone(), scale.clone()
+    loc2[idx], scale2[idx] = 0.0, 1.0
+    assert (first_layer_invariance_gap(model, (loc2, scale2), x).gap_max.abs() < 1e-8).all()
+
+
+def test_layer_validation(deep_fit):
+    model, guide, params, x = deep_fit
+    with pytest.raises(ValueError, match=r"layer=3 is out of range: model.net has 3 layer"):
+        layer_invariance_gap(model, params, x, 3)
+    with pytest.raises(ValueError, match=r"layer=-1 is out of range.*valid indices are 0\.\.2"):
+        layer_invariance_gap(model, params, x, -1)
+    for bad in (1.0, "1", True, None):
+        with pytest.raises(ValueError, match="layer must be an int"):
+            layer_invariance_gap(model, params, x, bad)
+    with pytest.raises(ValueError, match="layer must be an int"):
+        invariance_gap_by_layer(model, params, x, layers=[0, 1.5])
+    with pytest.raises(ValueError, match="layer=7 is out of range"):
+        layer_indices(model.net, 7)
+    with pytest.raises(ValueError, match="layers must be a non-empty sequence"):
+        invariance_gap_by_layer(model, params, x, layers=[])
+    with pytest.raises(ValueError, match="layers contains duplicates"):
+        invariance_gap_by_layer(model, params, x, layers=[1, 1])
+    with pytest.raises(ValueError, match="BNN with an MLP"):
+        layer_invariance_gap(L.OverparametrisedLinear(3), params, x, 1)
+    with pytest.raises(ValueError, match="BNN with an MLP"):
+        invariance_gap_by_layer(L.OverparametrisedLinear(3), params, x)
+    with pytest.raises(ValueError, match="mean-field"):
+        layer_invariance_gap(model, AutoMultivariateNormal(model), x, 1)
+    with pytest.raises(ValueError, match="num_activation_samples must be a positive integer"):
+        layer_invariance_gap(model, params, x, 1, num_activation_samples=0)
+    with pytest.raises(ValueError, match="num_samples"):
+        layer_invariance_gap(model, params, x, 2, num_samples=-1)
+    with pytest.raises(ValueError, match="x has 2 columns"):
+        layer_invariance_gap(model, params, torch.zeros(4, 2), 1)
+    # a net without hidden layers: its only layer is the output layer (eq. 20), refused only by
+    # the first-layer function
+    linear = pb.BNN(pb.MLP(1, [], 1))
+    lin_params = (torch.zeros(2), torch.full((2,), 0.5))
+    assert len(layer_invariance_gap(linear, lin_params, x, 0)) == 1
+    with pytest.raises(ValueError, match="no hidden layer"):
+        first_layer_invariance_gap(linear, lin_params, x)

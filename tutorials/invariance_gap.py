@@ -28,7 +28,9 @@
 # 3. runs NUTS on the model and checks it against the exact posterior (eq. 13);
 # 4. applies the sec. 5 construction to a trained mean-field BNN: the first-layer
 #    invariance-abiding distribution (eq. 23) per training input, and the invariance gap per
-#    hidden unit (`pyro_bnnlv.stats.first_layer_invariance_gap`).
+#    hidden unit (`pyro_bnnlv.stats.first_layer_invariance_gap`);
+# 5. extends it to every layer of a 2-hidden-layer BNN (eq. 25-26,
+#    `pb.stats.invariance_gap_by_layer`).
 #
 # Set `PYRO_BNNLV_TUTORIAL_SMALL=1` for a quick run (the test suite does this). The full size
 # runs the sweep `K in {2, 4, ..., 128}` at the default SVI settings (about 10 minutes
@@ -69,6 +71,8 @@ size = dict(
     bnn_widths=[10, 30] if SMALL else [10, 50, 200],
     bnn_steps=800 if SMALL else 5000,
     mixture_samples=200 if SMALL else 2000,
+    deep_width=10 if SMALL else 50,
+    activation_samples=16 if SMALL else 64,
 )
 size
 
@@ -161,3 +165,29 @@ totals = pd.DataFrame(totals).set_index("width")
 print(totals.round(3).to_string())
 H = size["bnn_widths"][-1]
 print(gap_tables[H].sort_values("gap_mean", ascending=False).head(8).round(4).to_string())
+
+# %% [markdown]
+# ## 5. Every layer of a deeper BNN (eq. 25-26)
+#
+# Unit `j` of layer `l` sees only the previous layer's activations `z_{l-1}`, so eq. 25 is
+# eq. 23 with `[x, 1]` replaced by `[z_{l-1}, 1]`, averaged over `z ~ P(z_{l-1})`.
+# `invariance_gap_by_layer` approximates `P` by propagating the training inputs through
+# `activation_samples` weight draws of the fitted mean-field `q_0` (not `q_mix`: see
+# assumption 9 in the docstring of `pyro_bnnlv.stats.invariance`) and reports every unit of
+# every layer (layer 2 is the output unit). Per layer: total gap, total KL to the prior and the
+# share of that KL which is invariance gap.
+
+# %%
+Hd = size["deep_width"]
+deep = pb.BNN(pb.MLP(1, [Hd, Hd], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+deep_guide = AutoNormal(deep, init_scale=0.01, init_loc_fn=pb.init_to_network(deep, seed=0))
+pb.fit_svi(deep, deep_guide, x, y, num_steps=size["bnn_steps"], lr=0.01, seed=0, progress=False)
+by_layer = pb.stats.invariance_gap_by_layer(deep, deep_guide, x, seed=0,
+                                            num_activation_samples=size["activation_samples"])
+layer_totals = by_layer.groupby("layer").agg(
+    units=("unit", "size"), gap_mean_per_unit=("gap_mean", "mean"), total_gap=("gap_mean", "sum"),
+    total_kl=("kl_to_prior", "sum"),
+    collapsed_units=("kl_to_prior", lambda kl: int((kl < 0.1).sum())),
+)
+layer_totals["gap_fraction"] = layer_totals.total_gap / layer_totals.total_kl
+print(layer_totals.round(4).to_string())

@@ -6,7 +6,8 @@
   information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
 * ``ood``: epistemic entropy per input, OOD-vs-test AUROC, histograms (HyVI paper sec. 4);
 * ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
-* ``invariance``: first-layer invariance gap of a mean-field BNN (invariances paper, sec. 5).
+* ``invariance``: invariance gap of a mean-field BNN, per unit of every layer (invariances paper,
+  sec. 5, eq. 23 and 25).
 """
 from .dependence import (
     correlation_penalty,
@@ -36,7 +37,12 @@ from .latent import (
 )
 from .ood import auroc, epistemic_entropy, ood_report, plot_epistemic_histograms
 from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
-from .invariance import first_layer_invariance_gap, plot_first_layer_invariance_gap
+from .invariance import (
+    first_layer_invariance_gap,
+    invariance_gap_by_layer,
+    layer_invariance_gap,
+    plot_first_layer_invariance_gap,
+)
 
 __all__ = [
     "auroc",
@@ -68,5 +74,7 @@ __all__ = [
     "predictive_metrics",
     "predictor_space_samples",
     "first_layer_invariance_gap",
+    "layer_invariance_gap",
+    "invariance_gap_by_layer",
     "plot_first_layer_invariance_gap",
 ]

@@ -1,4 +1,4 @@
-r"""Invariance-gap diagnostic for the first layer of a mean-field BNN.
+r"""Invariance-gap diagnostic for every layer of a mean-field BNN.
 
 Reference: ``invariances-likelihood-variational-inference.txt`` (Kurle et al.), sec. 3 (eq. 5-11)
 and sec. 5 (eq. 20-26). The over-parametrised linear model of sec. 4 is in
@@ -35,6 +35,16 @@ in O(d) per input and unit (``d`` = fan-in + 1):
 :func:`first_layer_invariance_gap` evaluates it for every training input and first-layer unit
 of a fitted mean-field BNN and aggregates per unit.
 
+Later layers (eq. 20-21, 25-26). Unit ``j`` of layer ``l`` computes ``h(w_{l,j}^T z_{l-1})``
+(the output units: ``f = w_{L,j}^T z_{L-1}``), so at a fixed activation vector ``z_{l-1}`` it
+has the same invariance with ``x`` replaced by ``z = [z_{l-1}, 1]``; eq. 25 is eq. 23 with that
+substitution and the expectation taken over ``z ~ P(z_{l-1})`` (eq. 26) instead of the data.
+:func:`layer_invariance_gap` applies the same closed form to every unit of any layer
+(``layer`` is the 0-based index into ``model.net.layers``; layer 0 is exactly
+:func:`first_layer_invariance_gap`), with ``z`` drawn as in assumption 9;
+:func:`invariance_gap_by_layer` stacks all layers into one table with a ``layer`` column, and
+:func:`layer_inputs` returns the activation vectors used.
+
 Assumptions and approximations
 ------------------------------
 Made by the paper (sec. 3 and 5):
@@ -53,9 +63,11 @@ Made by the paper (sec. 3 and 5):
    argument of :mod:`pyro_bnnlv.models.linear`'s docstring with ``1`` replaced by ``x``). When it
    fails, ``KL[q_0 || q_mix]`` is still the divergence between the two posteriors but no longer
    exactly ``ELBO(q_mix) - ELBO(q_0)``; the column ``shrinkage_spread`` measures the violation.
-4. *Layer-wise treatment.* Eq. 23 concerns the first layer given the inputs; later layers
-   (eq. 25-26) need the distribution of the previous layer's activations and are not covered
-   here.
+4. *Layer-wise treatment.* The paper decomposes ``q_mix`` over layers and units (eq. 23,
+   25): each unit is made invariant given its own input (``x`` for layer 0, ``z_{l-1}``
+   otherwise), with the earlier layers entering only through the distribution
+   ``P(z_{l-1})`` of the activations (eq. 24, 26). Covered here for every layer, output layer
+   included, by :func:`layer_invariance_gap`, with ``P(z_{l-1})`` approximated as in 9.
 
 Made by this implementation:
 
@@ -68,15 +80,32 @@ Made by this implementation:
    ``lambda = inf`` (a flat ``g_0``); then ``x^T V x = inf``, ``g_mix`` is flat and
    ``q_mix = p`` at every input with ``x_k != 0``. The share of such coordinates is reported
    (``frac_uninformative``). The gap is computed with the fitted ``q_0`` itself.
-6. *Bias.* The bias ``b_j`` is the last entry of ``w_{1,j}`` and the input is augmented to
-   ``[x, 1]``, so the translations also trade weight against bias. (The paper's ``B_z`` divides by
+6. *Bias.* The bias ``b_j`` is the last entry of ``w_{l,j}`` and the unit's input is augmented
+   to ``[x, 1]`` (``[z_{l-1}, 1]`` in later layers), so the translations also trade weight
+   against bias. (The paper's ``B_z`` divides by
    the last entry of ``z``; with the bias last that entry is 1.)
-7. *Aggregation.* ``gap_mean`` is the average over inputs of the per-input gaps. By convexity of
-   the KL in its second argument it upper-bounds ``KL[q_0 || E_x q_mix(. | x)]``, the gap to the
-   eq. 23 mixture, which has no closed form; ``num_samples > 0`` adds a Monte-Carlo estimate of
-   the latter (``gap_mixture``, with its standard error).
+7. *Aggregation.* ``gap_mean`` is the average over inputs of the per-input gaps (for
+   ``l >= 1``: over the ``S x N`` activation vectors of 9). By convexity of the KL in its second
+   argument it upper-bounds ``KL[q_0 || E_x q_mix(. | x)]``, the gap to the eq. 23 (eq. 25)
+   mixture, which has no closed form; ``num_samples > 0`` adds a Monte-Carlo estimate of the
+   latter (``gap_mixture``, with its standard error).
 8. *Weights.* Each unit is treated separately with its marginal of ``q`` (exact for a mean-field
    ``q``) and its marginal of the prior (``BNN``'s prior is diagonal).
+9. *Activations of earlier layers (an approximation).* The paper takes ``z ~ P(z_{l-1})``,
+   defined through ``q_mix`` of the earlier layers (eq. 24, 26), which we cannot sample exactly
+   (it is a mixture over the training inputs of full-covariance Gaussians per unit, and it is
+   only characterised layer by layer). We use the fitted mean-field ``q_0`` itself instead:
+   ``S = num_activation_samples`` weight vectors ``w_s ~ q_0`` (the whole vector, one
+   ``torch.Generator`` seeded with ``seed``, see :func:`layer_inputs`) propagate the ``N``
+   training inputs through layers ``0..l-1``, and ``z`` ranges over the ``S x N`` activation
+   vectors, each weighted ``1 / (S N)``. Heuristic justification: where condition (7) holds
+   in an earlier unit (``shrinkage_spread = 0``), its pre-activation at a fixed input has the
+   same distribution under ``q_0`` and under the per-input ``q_mix(. | x)`` (eq. 9), so the
+   per-unit activation marginals agree with the per-input construction; they differ from the
+   paper's mixture ``P`` (which applies ``q_mix`` of *other* inputs too), and the approximation
+   is no better than the fitted ``q_0`` (a collapsed earlier layer gives near-prior
+   activations). The result is a Monte-Carlo estimate: it varies with ``seed`` and ``S``
+   (``gap_max`` grows with ``S``).
 
 Reading the output: the gap is the part of the unit's ``KL[q_0 || p]`` that mean-field VI pays
 because it cannot represent the unit's translation invariance (eq. 10-11); units with a large
@@ -88,6 +117,8 @@ collapse"), so small gaps together with small ``kl_to_prior`` flag collapsed uni
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +132,11 @@ __all__ = [
     "invariance_abiding_posterior",
     "invariance_gap_at_inputs",
     "first_layer_indices",
+    "layer_indices",
+    "layer_inputs",
     "first_layer_invariance_gap",
+    "layer_invariance_gap",
+    "invariance_gap_by_layer",
     "plot_first_layer_invariance_gap",
 ]
 
@@ -270,13 +305,295 @@ def _guide_loc_scale(model: Any, guide: Any) -> tuple[Tensor, Tensor]:
     return loc.to(_DTYPE), scale.to(_DTYPE)
 
 
+def _check_model(model: Any) -> Any:
+    """The model's :class:`~pyro_bnnlv.nets.MLP` (``ValueError`` for anything else)."""
+    from ..models.bnn import BNN
+    from ..nets import MLP
+
+    if not isinstance(model, BNN) or not isinstance(model.net, MLP):
+        raise ValueError(
+            f"model must be a pyro_bnnlv BNN with an MLP network, got {type(model).__name__}"
+            + (f" with {type(model.net).__name__}" if hasattr(model, "net") else "")
+        )
+    return model.net
+
+
+def _check_layer(net: Any, layer: Any) -> int:
+    if not isinstance(layer, numbers.Integral) or isinstance(layer, bool):
+        raise ValueError(
+            f"layer must be an int (0-based index into model.net.layers), got {layer!r} "
+            f"of type {type(layer).__name__}"
+        )
+    layer, num = int(layer), len(net.layers)
+    if not 0 <= layer < num:
+        raise ValueError(
+            f"layer={layer} is out of range: model.net has {num} layer(s), valid indices are "
+            f"0..{num - 1} (layer {num - 1} is the output layer)"
+        )
+    return layer
+
+
+def _check_count(value: Any, name: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a non-negative" if minimum == 0 else "a positive"
+        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
+    return value
+
+
+def layer_indices(net: Any, layer: int) -> Tensor:
+    """``(n_l, fan_in + 1)`` indices into the flat ``w`` of an :class:`~pyro_bnnlv.nets.MLP`:
+    row ``j`` holds unit ``j``'s input weights ``W_l[j, :]`` of layer ``layer`` (0-based index
+    into ``net.layers``) and, last, its bias ``b_l[j]``."""
+    layer = _check_layer(net, layer)
+    fan_in, fan_out, w_sl, b_sl = net.layers[layer]
+    weights = w_sl.start + torch.arange(fan_out * fan_in).reshape(fan_out, fan_in)
+    bias = b_sl.start + torch.arange(fan_out).unsqueeze(-1)
+    return torch.cat([weights, bias], dim=-1)
+
+
 def first_layer_indices(net: Any) -> Tensor:
     """``(H, D + 1)`` indices into the flat ``w`` of an :class:`~pyro_bnnlv.nets.MLP`: row ``j``
     holds unit ``j``'s input weights ``W_1[j, :]`` and, last, its bias ``b_1[j]``."""
-    D, H, w_sl, b_sl = net.layers[0]
-    weights = w_sl.start + torch.arange(H * D).reshape(H, D)
-    bias = b_sl.start + torch.arange(H).unsqueeze(-1)
-    return torch.cat([weights, bias], dim=-1)
+    return layer_indices(net, 0)
+
+
+def _augment(z: Tensor) -> Tensor:
+    return torch.cat([z, torch.ones(*z.shape[:-1], 1, dtype=z.dtype)], dim=-1)
+
+
+def _layer_inputs(
+    net: Any, x: Tensor, loc: Tensor, scale: Tensor, layer: int, num_activation_samples: int,
+    generator: torch.Generator,
+) -> Tensor:  # fmt: skip
+    """Augmented inputs ``[z_{l-1}, 1]`` of ``layer``: ``(1, N, d)`` for layer 0 (the data, no
+    draw), else ``(S, N, d)`` from ``S`` draws ``w = loc + scale * eps``, ``eps (S, P)``."""
+    h = x.detach().to(_DTYPE)
+    if layer == 0:
+        return _augment(h).unsqueeze(0)
+    from ..nets import ACTIVATIONS
+
+    act = ACTIVATIONS[net.activation]
+    eps = torch.randn((num_activation_samples, loc.shape[-1]), generator=generator, dtype=_DTYPE)
+    w = loc + scale * eps  # (S, P)
+    h = h.expand(num_activation_samples, *h.shape)
+    for W, b in net.unflatten(w)[:layer]:  # the earlier layers are all hidden: activation applies
+        h = act(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
+    return _augment(h)
+
+
+def _validated(model, guide, x, layer, num_activation_samples, num_samples):
+    net = _check_model(model)
+    layer = _check_layer(net, layer)
+    _check_count(num_samples, "num_samples", 0)
+    _check_count(num_activation_samples, "num_activation_samples", 1)
+    net.check_input(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape (N, {net.in_features}), got {tuple(x.shape)}")
+    loc, scale = _guide_loc_scale(model, guide)
+    return net, layer, loc, scale
+
+
+def layer_inputs(
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    layer: int,
+    *,
+    num_activation_samples: int = 32,
+    seed: int | None = 0,
+) -> Tensor:
+    """The augmented inputs ``[z_{l-1}, 1]`` that :func:`layer_invariance_gap` uses for ``layer``.
+
+    Layer 0: the training inputs ``[x, 1]``, shape ``(1, N, D + 1)``. Layer ``l >= 1``: shape
+    ``(S, N, n_{l-1} + 1)`` with ``S = num_activation_samples``; sample ``s`` propagates ``x``
+    through the earlier layers with the weight vector ``w_s = loc + scale * eps_s``, where
+    ``eps = torch.randn((S, P), generator=torch.Generator().manual_seed(seed), dtype=float64)``
+    and ``(loc, scale)`` are the guide's (mean-field ``q_0``; ``seed=None`` means 0). The draw
+    depends only on ``seed``, ``S`` and ``P``, so every layer sees the same weight samples.
+    """
+    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, 0)
+    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    return _layer_inputs(net, x, loc, scale, layer, num_activation_samples, gen)
+
+
+def _gaps_chunked(z: Tensor, mq, v, mu, s2, m, lam) -> Tensor:
+    """:func:`invariance_gap_at_inputs` for ``z (M, d)`` against ``(H, d)`` units -> ``(M, H)``,
+    in chunks of rows so that the ``(rows, H, d)`` temporaries stay small."""
+    H, d = mq.shape
+    rows = max(1, int(4e6 // max(1, H * d)))
+    return torch.cat([
+        invariance_gap_at_inputs(z[i : i + rows, None, :], mq, v, mu, s2, m, lam)
+        for i in range(0, z.shape[0], rows)
+    ])  # fmt: skip
+
+
+def layer_invariance_gap(
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    layer: int,
+    *,
+    num_activation_samples: int = 32,
+    per_input: bool = False,
+    num_samples: int = 0,
+    seed: int | None = 0,
+):
+    r"""Invariance gap of one layer of a mean-field BNN, per unit (sec. 5, eq. 20-23 and 25).
+
+    Unit ``j`` of layer ``l`` sees only ``z = [z_{l-1}, 1]`` (the previous layer's activations,
+    or ``[x, 1]`` for layer 0), so eq. 25 is eq. 23 with ``x`` replaced by ``z``. For every
+    activation vector ``z`` and unit ``j``: ``g_0`` from the fitted ``q_0(w_{l,j})`` (inverse of
+    eq. 6a), ``q_mix(w_{l,j} | z)`` and the gap ``KL[q_0(w_{l,j}) || q_mix(w_{l,j} | z)]``
+    (eq. 10), in closed form. For ``l >= 1`` the vectors ``z`` are the ``S x N`` activations of
+    the training inputs under ``S = num_activation_samples`` weight vectors drawn from the fitted
+    mean-field ``q_0`` (see :func:`layer_inputs`): an approximation of the paper's
+    ``z ~ P(z_{l-1})`` (eq. 26), assumption 9 of the module docstring. Layer 0 uses the
+    training inputs themselves, draws nothing and returns exactly what
+    :func:`first_layer_invariance_gap` returns.
+
+    Args:
+        model: a :class:`~pyro_bnnlv.models.bnn.BNN` whose ``net`` is an
+            :class:`~pyro_bnnlv.nets.MLP` (its diagonal prior ``prior_loc``, ``prior_scale`` is
+            used).
+        guide: a fitted ``AutoNormal`` (mean-field) guide of the model, or a pair
+            ``(loc, scale)`` of site ``"w"``, each ``(P,)``.
+        x: training inputs ``(N, D)``.
+        layer: 0-based index into ``model.net.layers``; ``len(model.net.layers) - 1`` is the
+            output layer (its units are the outputs ``f``, eq. 20).
+        num_activation_samples: ``S``, the number of ``q_0`` weight draws that produce the
+            activations for ``layer >= 1`` (ignored for layer 0).
+        per_input: return the long per-(activation vector, unit) table instead of the per-unit
+            summary.
+        num_samples: if positive, also estimate ``KL[q_0 || mean_z q_mix(. | z)]`` (the eq. 23 /
+            eq. 25 mixture over the ``N`` inputs, or the ``S x N`` activation vectors) with this
+            many samples of ``q_0`` per unit.
+        seed: seeds one generator that first draws the activation weights (``layer >= 1``)
+            and then the ``num_samples`` mixture samples; ``None`` means 0.
+
+    Returns:
+        a :class:`pandas.DataFrame` with the columns of :func:`first_layer_invariance_gap`, all
+        taken over the layer's activation vectors instead of the inputs (``gap_mean``,
+        ``gap_max``, ``preact_var_*`` over the ``S x N`` vectors; ``gap_max`` grows with ``S``).
+        ``attrs`` holds ``total_gap_mean``, ``total_kl_to_prior``, ``num_inputs`` and, for
+        ``layer >= 1``, ``num_activation_samples`` and ``num_activation_vectors``. With
+        ``per_input=True`` and ``layer >= 1`` the long table has an extra first column ``draw``
+        (the weight draw ``s``); ``input`` indexes the training input.
+    """
+    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, num_samples)
+    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    z = _layer_inputs(net, x, loc, scale, layer, num_activation_samples, gen)  # (S, N, d)
+    S, N, _ = z.shape
+    za = z.reshape(S * N, -1)
+    idx = layer_indices(net, layer)  # (H, d)
+    H, d = idx.shape
+    mq, v = loc[idx], scale[idx] ** 2
+    mu = model.prior_loc.detach().to(_DTYPE)[idx]
+    s2 = model.prior_scale.detach().to(_DTYPE)[idx] ** 2
+    m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
+    gaps = _gaps_chunked(za, mq, v, mu, s2, m, lam)  # (S N, H)
+    zz = za[:, None, :]  # (S N, 1, d)
+    a, s = _quadratic_terms(zz, s2, lam)
+    var_q0 = (zz * zz * v).sum(-1)  # (S N, H)
+    var_qmix = torch.where(torch.isinf(a), s, s * a / (s + a))  # z^T Cov_mix z
+    if per_input:
+        import pandas as pd
+
+        cols = dict(
+            input=torch.arange(N).repeat_interleave(H).repeat(S).numpy(),
+            unit=torch.arange(H).repeat(S * N).numpy(),
+            gap=gaps.reshape(-1).numpy(),
+            preact_var_q0=var_q0.reshape(-1).numpy(),
+            preact_var_qmix=var_qmix.reshape(-1).numpy(),
+        )
+        if layer > 0:
+            cols = dict(draw=torch.arange(S).repeat_interleave(N * H).numpy(), **cols)
+        return pd.DataFrame(cols)
+    df = _summary(mq, v, mu, s2, lam, za, gaps, var_q0, var_qmix, num_samples, m, gen)
+    df.attrs.update(num_inputs=int(N))
+    if layer > 0:
+        df.attrs.update(num_activation_samples=int(S), num_activation_vectors=int(S * N))
+    return df
+
+
+def _summary(mq, v, mu, s2, lam, z, gaps, var_q0, var_qmix, num_samples, m, gen):
+    import pandas as pd
+
+    H = mq.shape[0]
+    kl_prior = 0.5 * ((v + (mq - mu) ** 2) / s2 - 1 + torch.log(s2 / v)).sum(-1)  # (H,)
+    shrink = s2 / (s2 + lam)  # 0 where lambda = inf
+    if num_samples > 0:
+        mix, mix_se = _mixture_gap(mq, v, z, mu, s2, m, lam, num_samples, gen)
+    else:
+        mix = mix_se = torch.full((H,), math.nan, dtype=_DTYPE)
+    gap_mean = gaps.mean(0)
+    df = pd.DataFrame(
+        dict(
+            unit=range(H),
+            gap_mean=gap_mean.numpy(),
+            gap_max=gaps.max(0).values.numpy(),
+            gap_mixture=mix.numpy(),
+            gap_mixture_se=mix_se.numpy(),
+            kl_to_prior=kl_prior.numpy(),
+            gap_fraction=(gap_mean / kl_prior).numpy(),
+            preact_var_q0=var_q0.mean(0).numpy(),
+            preact_var_qmix=var_qmix.mean(0).numpy(),
+            shrinkage_spread=(shrink.max(-1).values - shrink.min(-1).values).numpy(),
+            frac_uninformative=torch.isinf(lam).to(_DTYPE).mean(-1).numpy(),
+        )
+    ).set_index("unit")
+    df.attrs.update(total_gap_mean=float(gap_mean.sum()), total_kl_to_prior=float(kl_prior.sum()))
+    return df
+
+
+def invariance_gap_by_layer(
+    model: Any,
+    guide: Any,
+    x: Tensor,
+    *,
+    layers: Sequence[int] | None = None,
+    num_activation_samples: int = 32,
+    per_input: bool = False,
+    num_samples: int = 0,
+    seed: int | None = 0,
+):
+    r""":func:`layer_invariance_gap` for several layers (default: all, output layer included) in
+    one :class:`pandas.DataFrame` with a ``layer`` column first (then ``unit`` and the
+    per-unit columns; with ``per_input=True``: ``layer``, ``draw``, ``input``, ``unit``, ...,
+    where layer 0's rows have ``draw = 0``). All layers use the same ``seed``, hence the same
+    ``q_0`` weight draws for their earlier layers (see :func:`layer_inputs`). Where the gap
+    sits: ``df.groupby("layer")[["gap_mean", "kl_to_prior"]].sum()``; ``attrs`` holds
+    ``total_gap_mean`` and ``total_kl_to_prior`` as ``{layer: value}`` dicts, ``num_inputs`` and
+    ``num_activation_samples``.
+    """
+    import pandas as pd
+
+    net = _check_model(model)
+    if layers is None:
+        layers = range(len(net.layers))
+    elif isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers:
+        raise ValueError(f"layers must be a non-empty sequence of ints or None, got {layers!r}")
+    layers = [_check_layer(net, lay) for lay in layers]
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers contains duplicates: {layers}")
+    frames, totals, kls = [], {}, {}
+    for lay in layers:
+        df = layer_invariance_gap(
+            model, guide, x, lay, num_activation_samples=num_activation_samples,
+            per_input=per_input, num_samples=num_samples, seed=seed,
+        )  # fmt: skip
+        if per_input:
+            if "draw" not in df.columns:
+                df.insert(0, "draw", 0)
+        else:
+            totals[lay], kls[lay] = df.attrs["total_gap_mean"], df.attrs["total_kl_to_prior"]
+            df = df.reset_index()
+        df.insert(0, "layer", lay)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs.update(num_inputs=int(x.shape[0]), num_activation_samples=num_activation_samples)
+    if not per_input:
+        out.attrs.update(total_gap_mean=totals, total_kl_to_prior=kls)
+    return out
 
 
 def first_layer_invariance_gap(
@@ -293,7 +610,9 @@ def first_layer_invariance_gap(
     For every training input ``x_n`` and first-layer unit ``j``: ``g_0`` from the fitted
     ``q_0(w_{1,j})`` (inverse of eq. 6a), the invariance-abiding ``q_mix(w_{1,j} | x_n)`` (eq. 23)
     and the gap ``KL[q_0(w_{1,j}) || q_mix(w_{1,j} | x_n)]`` (eq. 10). Read the module docstring
-    for the assumptions (the paper's and ours).
+    for the assumptions (the paper's and ours). Same as ``layer_invariance_gap(..., layer=0)``
+    except that a net without hidden layers is refused; later layers:
+    :func:`layer_invariance_gap`, :func:`invariance_gap_by_layer`.
 
     Args:
         model: a :class:`~pyro_bnnlv.models.bnn.BNN` whose ``net`` is an
@@ -320,77 +639,12 @@ def first_layer_invariance_gap(
         ``per_input=True``: columns ``input``, ``unit``, ``gap``, ``preact_var_q0``,
         ``preact_var_qmix``.
     """
-    import pandas as pd
-
-    from ..models.bnn import BNN
-    from ..nets import MLP
-
-    if not isinstance(model, BNN) or not isinstance(model.net, MLP):
-        raise ValueError(
-            f"model must be a pyro_bnnlv BNN with an MLP network, got {type(model).__name__}"
-            + (f" with {type(model.net).__name__}" if hasattr(model, "net") else "")
-        )
-    net = model.net
+    net = _check_model(model)
     if not net.hidden_sizes:
         raise ValueError("model.net has no hidden layer: the first layer is the output layer")
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 0:
-        raise ValueError(f"num_samples must be a non-negative integer, got {num_samples!r}")
-    net.check_input(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape (N, {net.in_features}), got {tuple(x.shape)}")
-    loc, scale = _guide_loc_scale(model, guide)
-    idx = first_layer_indices(net)  # (H, d)
-    H, d = idx.shape
-    mq, v = loc[idx], scale[idx] ** 2
-    mu = model.prior_loc.detach().to(_DTYPE)[idx]
-    s2 = model.prior_scale.detach().to(_DTYPE)[idx] ** 2
-    m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
-    xa = torch.cat([x.detach().to(_DTYPE), torch.ones(x.shape[0], 1, dtype=_DTYPE)], dim=-1)
-    xx = xa[:, None, :]  # (N, 1, d)
-    gaps = invariance_gap_at_inputs(xx, mq, v, mu, s2, m, lam)  # (N, H)
-    a, s = _quadratic_terms(xx, s2, lam)
-    var_q0 = (xx * xx * v).sum(-1)  # (N, H)
-    var_qmix = torch.where(torch.isinf(a), s, s * a / (s + a))  # x^T Cov_mix x
-    if per_input:
-        N = x.shape[0]
-        return pd.DataFrame(
-            dict(
-                input=torch.arange(N).repeat_interleave(H).numpy(),
-                unit=torch.arange(H).repeat(N).numpy(),
-                gap=gaps.reshape(-1).numpy(),
-                preact_var_q0=var_q0.reshape(-1).numpy(),
-                preact_var_qmix=var_qmix.reshape(-1).numpy(),
-            )
-        )
-    kl_prior = 0.5 * ((v + (mq - mu) ** 2) / s2 - 1 + torch.log(s2 / v)).sum(-1)  # (H,)
-    shrink = s2 / (s2 + lam)  # 0 where lambda = inf
-    if num_samples > 0:
-        gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-        mix, mix_se = _mixture_gap(mq, v, xa, mu, s2, m, lam, num_samples, gen)
-    else:
-        mix = mix_se = torch.full((H,), math.nan, dtype=_DTYPE)
-    gap_mean = gaps.mean(0)
-    df = pd.DataFrame(
-        dict(
-            unit=range(H),
-            gap_mean=gap_mean.numpy(),
-            gap_max=gaps.max(0).values.numpy(),
-            gap_mixture=mix.numpy(),
-            gap_mixture_se=mix_se.numpy(),
-            kl_to_prior=kl_prior.numpy(),
-            gap_fraction=(gap_mean / kl_prior).numpy(),
-            preact_var_q0=var_q0.mean(0).numpy(),
-            preact_var_qmix=var_qmix.mean(0).numpy(),
-            shrinkage_spread=(shrink.max(-1).values - shrink.min(-1).values).numpy(),
-            frac_uninformative=torch.isinf(lam).to(_DTYPE).mean(-1).numpy(),
-        )
-    ).set_index("unit")
-    df.attrs.update(
-        total_gap_mean=float(gap_mean.sum()),
-        total_kl_to_prior=float(kl_prior.sum()),
-        num_inputs=int(x.shape[0]),
+    return layer_invariance_gap(
+        model, guide, x, 0, per_input=per_input, num_samples=num_samples, seed=seed
     )
-    return df
 
 
 def plot_first_layer_invariance_gap(df, path: str | Path, sort: bool = True) -> None:

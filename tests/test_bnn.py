@@ -91,6 +91,12 @@ def test_bad_data_raise(toy_data):
         model(x, bad_y)
     with pytest.raises(ValueError, match=r"y must have shape \(100,\).*squeeze"):
         model(x, y.unsqueeze(-1))
+    with pytest.raises(ValueError, match=r"x has dtype torch.float64 but BNN's buffers are torch.float32.*double"):
+        model(x.double(), y.double())
+    for other in (pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1), pb.ProjectedBNN(pb.MLP(1, [4], 1), latent_dim=2)):
+        with pytest.raises(ValueError, match="x has dtype torch.float64"):
+            other(x.double(), y.double())
+    model.double()(x.double(), y.double())  # converting the model is the fix
 
 
 def test_vectorised_particle_elbo_equals_mean_of_single_particle_elbos(toy_data):

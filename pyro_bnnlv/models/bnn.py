@@ -139,6 +139,16 @@ class BNN(PyroModule):
         """Raise ``ValueError`` for inputs the model cannot take (see :func:`check_xy`)."""
         check_xy(x, y, self.net.in_features, self.net.out_features)
 
+    def _check_dtype(self, x: Tensor) -> None:
+        """The model's forward needs ``x`` in the dtype of its buffers (tools such as
+        :class:`~pyro_bnnlv.infer.LinearizedLaplace` that convert the data themselves do not)."""
+        if x.dtype != self.prior_loc.dtype:
+            raise ValueError(
+                f"x has dtype {x.dtype} but {type(self).__name__}'s buffers are {self.prior_loc.dtype}: "
+                f"convert the data (x.to({self.prior_loc.dtype})) or the model "
+                f"(model.to({x.dtype}), e.g. model.double())"
+            )
+
     def predictive_components(
         self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -170,6 +180,7 @@ class BNN(PyroModule):
     def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
             self.check_data(x, y)
+            self._check_dtype(x)
         w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
             if batch_size is None:

@@ -126,6 +126,7 @@ class BNNLV(BNN):
     def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():
             self.check_data(x, y)
+            self._check_dtype(x)
         w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         z_prior = dist.Normal(torch.zeros(self.latent_dim, dtype=x.dtype), self.latent_scale)
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:

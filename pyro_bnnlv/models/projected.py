@@ -115,6 +115,7 @@ class ProjectedBNN(BNN):
                 task: Tensor | None = None) -> Tensor:  # fmt: skip
         if not torch.jit.is_tracing():
             self.check_data(x, y, task)
+            self._check_dtype(x)
         K = self.latent_dim
         if self.fixed_phi is None:
             phi_prior = dist.Normal(torch.zeros(self.num_phi, dtype=x.dtype), self.phi_scale)

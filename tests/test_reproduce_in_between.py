@@ -62,3 +62,13 @@ def test_uci_split_counts_and_missing_standard_splits_are_skipped():
     table = uci_table(["yacht"], standard_splits=[19, 20], gap=False, map_steps=20, vi_steps=10,
                       num_samples=5, progress=False, methods=("MAP",))  # fmt: skip
     assert list(table["split"]) == [19]
+
+
+def test_mfvi_paper_settings_and_method_subsets():
+    data = pb.load_dataset("clusters", sizes=(60, 20, 40))
+    out = run_split(data, methods=("MFVI",), mfvi="paper", num_samples=10)
+    assert math.isfinite(out["MFVI"]) and "MAP" not in out and "sec_MAP" not in out
+    with pytest.raises(ValueError, match="mfvi"):
+        run_split(data, mfvi="long")
+    with pytest.raises(ValueError, match="unknown methods"):
+        run_split(data, methods=("MAP", "HMC"))

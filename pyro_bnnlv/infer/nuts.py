@@ -91,7 +91,7 @@ from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .compiled import extension
+from .compiled import resolve_extension
 from .svi import _check_positive_int, set_seed
 
 __all__ = [
@@ -382,12 +382,7 @@ def mlp_regression_potential(
         u += 0.5 * torch.dot(zp.view(-1), z.reshape(-1)).item()
         return u, torch.cat([gw, gz.view(-1)])
 
-    ext = None if compiled is False else extension()
-    if compiled and ext is None:
-        raise RuntimeError(
-            "compiled=True but the compiled NUTS core is unavailable (see the warning above, or "
-            "PYRO_BNNLV_COMPILED=0 is set)"
-        )
+    ext = resolve_extension(compiled)
     if ext is None:
         return FlatPotential(sites, value_and_grad)
     core = ext.MLPPotential(
@@ -560,12 +555,7 @@ class FlatNUTS(_RecordingMixin, NUTS):
         super().__init__(potential_fn=potential.potential_fn, **kwargs)
         self.flat_potential = potential
         self._vg = potential.value_and_grad
-        self._ext = None if compiled is False else extension()
-        if compiled and self._ext is None:
-            raise RuntimeError(
-                "compiled=True but the compiled NUTS core is unavailable (see the warning above, "
-                "or PYRO_BNNLV_COMPILED=0 is set)"
-            )
+        self._ext = resolve_extension(compiled)
         self._tree_potential = potential.compiled if potential.compiled is not None else self._vg
         self._mass_key: tuple | None = None
         self._reset_records()

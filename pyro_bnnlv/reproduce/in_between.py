@@ -205,13 +205,14 @@ def run_split(
         vmodel = BNN(vnet, prior_scale=1.0, noise_scale=math.exp(-0.5), learn_noise=True)
         n_train = len(data.x_train)
         bs = None if n_train <= batch_size else batch_size
-        if mfvi == "paper":
-            guide = AutoNormal(vmodel, init_scale=math.sqrt(1e-5), init_loc_fn=init_to_network(vmodel, seed=seed))
+        paper = mfvi == "paper"
+        guide = AutoNormal(vmodel, init_scale=math.sqrt(1e-5) if paper else 1e-2,
+                           init_loc_fn=init_to_network(vmodel, seed=seed))  # fmt: skip
+        if paper:
             epochs = 1000 if n_train < 2000 else 100
             steps = epochs * math.ceil(n_train / batch_size)
             loss = JitTrace_ELBO(num_particles=32, vectorize_particles=True, ignore_jit_warnings=True)
         else:
-            guide = AutoNormal(vmodel, init_scale=1e-2, init_loc_fn=init_to_network(vmodel, seed=seed))
             steps, loss = vi_steps, None
         fit_svi(vmodel, guide, data.x_train, data.y_train, num_steps=steps, lr=0.01,
                 batch_size=bs, seed=seed, progress=False, loss=loss)  # fmt: skip

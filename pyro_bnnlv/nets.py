@@ -185,13 +185,23 @@ class MLP(FlatNet):
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         """``f(x; w)``: ``x (N, D)`` or ``(*B, N, D)``, ``w (P,)`` or ``(*B, P)`` -> ``(*B, N, L)``."""
-        h = x
-        last = len(self.layers) - 1
-        for i, (W, b) in enumerate(self.unflatten(w)):
+        params = self.unflatten(w)
+        W, b = params[-1]
+        return torch.matmul(self._hidden(x, params[:-1]), W.transpose(-1, -2)) + b.unsqueeze(-2)
+
+    def hidden(self, x: Tensor, w: Tensor, num_layers: int) -> Tensor:
+        """The activations ``z_l`` after the first ``num_layers`` (hidden) layers, shapes as in
+        :meth:`forward` with ``L`` the width of layer ``num_layers``; ``num_layers = 0`` gives ``x``."""
+        if not 0 <= num_layers < len(self.layers):
+            raise ValueError(
+                f"num_layers must lie in [0, {len(self.layers) - 1}] (the hidden layers), got {num_layers!r}"
+            )
+        return self._hidden(x, self.unflatten(w)[:num_layers])
+
+    def _hidden(self, h: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
+        for W, b in params:
             # (.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)
-            h = torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2)
-            if i < last:
-                h = self._act(h)
+            h = self._act(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
         return h
 
 

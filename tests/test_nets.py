@@ -76,3 +76,17 @@ def test_bad_configuration_and_inputs_raise():
         net(torch.zeros(3, 2), torch.zeros(net.num_weights + 1))
     with pytest.raises(ValueError, match="in_features=2"):
         net.check_input(torch.zeros(3, 4))
+
+
+def test_mlp_hidden_activations_compose_to_forward():
+    net = MLP(2, [4, 3], 2, activation="tanh")
+    w = net.init_weights(torch.Generator().manual_seed(0)).expand(5, -1)  # (S, P)
+    x = torch.randn(7, 2)
+    assert torch.equal(net.hidden(x, w, 0), x)
+    z1 = net.hidden(x, w, 1)
+    assert z1.shape == (5, 7, 4) and (z1.abs() < 1).all()
+    W, b = net.unflatten(w)[-1]
+    last = torch.matmul(net.hidden(x, w, 2), W.transpose(-1, -2)) + b.unsqueeze(-2)
+    torch.testing.assert_close(last, net(x, w), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="num_layers must lie in"):
+        net.hidden(x, w, 3)

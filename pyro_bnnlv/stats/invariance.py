@@ -125,7 +125,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..infer.svi import isolated_param_store
+from ..infer.svi import _check_positive_int, isolated_param_store
 
 __all__ = [
     "likelihood_factor_from_posterior",
@@ -333,13 +333,6 @@ def _check_layer(net: Any, layer: Any) -> int:
     return layer
 
 
-def _check_count(value: Any, name: str, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a non-negative" if minimum == 0 else "a positive"
-        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
-    return value
-
-
 def layer_indices(net: Any, layer: int) -> Tensor:
     """``(n_l, fan_in + 1)`` indices into the flat ``w`` of an :class:`~pyro_bnnlv.nets.MLP`:
     row ``j`` holds unit ``j``'s input weights ``W_l[j, :]`` of layer ``layer`` (0-based index
@@ -370,22 +363,16 @@ def _layer_inputs(
     h = x.detach().to(_DTYPE)
     if layer == 0:
         return _augment(h).unsqueeze(0)
-    from ..nets import ACTIVATIONS
-
-    act = ACTIVATIONS[net.activation]
     eps = torch.randn((num_activation_samples, loc.shape[-1]), generator=generator, dtype=_DTYPE)
     w = loc + scale * eps  # (S, P)
-    h = h.expand(num_activation_samples, *h.shape)
-    for W, b in net.unflatten(w)[:layer]:  # the earlier layers are all hidden: activation applies
-        h = act(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
-    return _augment(h)
+    return _augment(net.hidden(h.expand(num_activation_samples, *h.shape), w, layer))
 
 
 def _validated(model, guide, x, layer, num_activation_samples, num_samples):
     net = _check_model(model)
     layer = _check_layer(net, layer)
-    _check_count(num_samples, "num_samples", 0)
-    _check_count(num_activation_samples, "num_activation_samples", 1)
+    _check_positive_int(num_samples, "num_samples", minimum=0)
+    _check_positive_int(num_activation_samples, "num_activation_samples")
     net.check_input(x, "x")
     if x.dim() != 2:
         raise ValueError(f"x must have shape (N, {net.in_features}), got {tuple(x.shape)}")

@@ -106,7 +106,7 @@ def test_hz_univariate_matches_reference(kind, n, seed):
     ref = _hz_reference(x)
     assert henze_zirkler(torch.from_numpy(x)).item() == pytest.approx(ref, rel=1e-9)
     # 1-D input is the same sample as (n, 1)
-    assert henze_zirkler(torch.from_numpy(x[:, 0])).item() == pytest.approx(ref, rel=1e-12)
+    assert henze_zirkler(torch.from_numpy(x[:, 0])).item() == henze_zirkler(torch.from_numpy(x)).item()
 
 
 def test_hz_beta_uses_published_exponent():
@@ -132,14 +132,47 @@ def test_hz_affine_invariant():
     assert henze_zirkler(x @ a + 7.0).item() == pytest.approx(henze_zirkler(x).item(), rel=1e-9)
 
 
-def test_hz_singular_covariance_is_4n_like_pingouin():
+def test_hz_singular_covariance_is_large_and_finite_without_a_branch():
+    """A constant column: pingouin returns the convention 4n; ours stays a smooth function of the
+    sample (ridge, no rank test), large, finite, with a finite gradient, and it is the limit of
+    nearly constant columns (so a traced objective cannot freeze a branch)."""
     x = _sample("gauss", 50, 3, 0)
     x[:, 2] = 1.5  # constant column: rank-deficient covariance
+    assert pingouin.multivariate_normality(x).hz == 4 * 50
     xt = torch.from_numpy(x).requires_grad_(True)
     hz = henze_zirkler(xt)
-    assert hz.item() == 4 * 50 == pingouin.multivariate_normality(x).hz
     hz.backward()
-    assert torch.equal(xt.grad, torch.zeros_like(xt))
+    assert torch.isfinite(xt.grad).all()
+    gauss = henze_zirkler(torch.from_numpy(_sample("gauss", 50, 3, 0))).item()
+    assert hz.item() > 3 * gauss  # 3.4 vs 0.99: the collapsed column reads as non-Gaussian
+    # all points equal: the closed form n (1 - 2 (1+b^2)^(-k/2) + (1+2b^2)^(-k/2)), gradient 0
+    from pyro_bnnlv.stats.dependence import henze_zirkler_beta
+
+    n, k = 300, 1
+    b2 = henze_zirkler_beta(n, k) ** 2
+    z = torch.zeros(n, k, dtype=torch.float64, requires_grad=True)
+    hz0 = henze_zirkler(z)
+    hz0.backward()
+    assert hz0.item() == pytest.approx(n * (1 - 2 * (1 + b2) ** -0.5 + (1 + 2 * b2) ** -0.5), rel=1e-12)
+    assert torch.equal(z.grad, torch.zeros_like(z))
+
+
+def test_hz_nearly_collinear_float32_matches_float64():
+    """Issue 16.6: a nearly collinear float32 sample used to fall back to 4n (800)."""
+    gen = torch.Generator().manual_seed(0)
+    x1 = torch.randn(200, 1, generator=gen, dtype=torch.float64)
+    x = torch.cat([x1, x1 + 1e-3 * torch.randn(200, 1, generator=gen, dtype=torch.float64)], 1)
+    ref = henze_zirkler(x).item()
+    assert ref < 5
+    assert henze_zirkler(x.float()).item() == pytest.approx(ref, rel=1e-3)
+
+
+def test_hz_jit_trace_follows_the_input():
+    """Traced at a degenerate sample, the compiled statistic must still track later samples."""
+    gen = torch.Generator().manual_seed(1)
+    traced = torch.jit.trace(henze_zirkler, (torch.zeros(40, 1),), check_trace=False)
+    for x in (torch.randn(40, 1, generator=gen), torch.rand(40, 1, generator=gen)):
+        assert traced(x).item() == pytest.approx(henze_zirkler(x).item(), rel=1e-5)
 
 
 def test_hz_float32_close_to_float64():

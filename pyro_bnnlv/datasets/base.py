@@ -18,12 +18,19 @@ DATA_DIR_ENV = "PYRO_BNNLV_DATA"
 
 
 def default_data_dir() -> Path:
-    """``$PYRO_BNNLV_DATA`` if set, else ``../shared/data`` relative to the repository root."""
+    """``$PYRO_BNNLV_DATA`` if set; else ``../shared/data`` relative to the repository root when
+    that directory exists (a development checkout); else the user cache (``~/.cache/pyro_bnnlv``
+    on Linux, ``pooch.os_cache``), where :mod:`pyro_bnnlv.datasets.fetch` downloads the real data."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env).expanduser()
     repo_root = Path(__file__).resolve().parents[2]
-    return (repo_root / ".." / "shared" / "data").resolve()
+    shared = (repo_root / ".." / "shared" / "data").resolve()
+    if shared.is_dir():
+        return shared
+    import pooch
+
+    return Path(pooch.os_cache("pyro_bnnlv"))
 
 
 @dataclass

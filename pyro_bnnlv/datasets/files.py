@@ -1,7 +1,10 @@
 """Loaders for the real data sets in the shared data directory (formats in its ``README.md``).
 
 The directory is the ``data_dir`` argument, else ``$PYRO_BNNLV_DATA``, else ``../shared/data``
-relative to the repository root (:func:`~pyro_bnnlv.datasets.base.default_data_dir`).
+relative to the repository root when it exists, else the user cache ``~/.cache/pyro_bnnlv``
+(:func:`~pyro_bnnlv.datasets.base.default_data_dir`). Every file is checked against the SHA-256 of
+the package manifest; missing or damaged files are downloaded on first use (``download=True``,
+mirror ``$PYRO_BNNLV_MIRROR``): :func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`.
 
 * UCI sets with the standard PBP / MC-dropout splits (``uci/<folder>/``): ``split`` selects one
   of the 20 (protein: 5) train/test partitions; ``valid_fraction`` of the training rows (a
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Dataset, default_data_dir, make_dataset, register
+from .base import Dataset, make_dataset, register
+from .fetch import fetch_dataset
 
 __all__ = ["load_uci", "uci_num_splits", "load_table", "UCI_FOLDERS", "TABLES"]
 
@@ -45,15 +49,9 @@ TABLES = {
 }
 
 
-def _resolve(data_dir: str | Path | None, rel: str) -> Path:
-    base = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    path = base / rel
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found; pass data_dir=... or set PYRO_BNNLV_DATA to the directory that "
-            "holds uci/, uci_extra/ and hetero/"
-        )
-    return path
+def _resolve(name: str, data_dir: str | Path | None, rel: str, download: bool) -> Path:
+    """``rel`` inside the data directory, once every file of ``name`` is there and verified."""
+    return fetch_dataset(name, data_dir, download=download) / rel
 
 
 def _read_uci_matrix(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -71,11 +69,11 @@ def _train_valid(idx: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
 
 
-def uci_num_splits(name: str, data_dir: str | Path | None = None) -> int:
+def uci_num_splits(name: str, data_dir: str | Path | None = None, download: bool = True) -> int:
     """How many standard splits the UCI set ``name`` has (20; protein 5)."""
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
-    return int(np.loadtxt(_resolve(data_dir, f"uci/{UCI_FOLDERS[name]}") / "n_splits.txt"))
+    return int(np.loadtxt(_resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download) / "n_splits.txt"))
 
 
 def load_uci(
@@ -85,12 +83,15 @@ def load_uci(
     valid_fraction: float = 0.1,
     standardize: bool = True,
     data_dir: str | Path | None = None,
+    download: bool = True,
 ) -> Dataset:
-    """A UCI set with its standard ``split`` (0-based); validation = ``valid_fraction`` of train."""
+    """A UCI set with its standard ``split`` (0-based); validation = ``valid_fraction`` of train.
+
+    Missing files are downloaded on first use unless ``download=False``."""
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
-    folder = _resolve(data_dir, f"uci/{UCI_FOLDERS[name]}")
-    n_splits = uci_num_splits(name, data_dir)
+    folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download)
+    n_splits = uci_num_splits(name, data_dir, download)
     if not (isinstance(split, int) and 0 <= split < n_splits):
         raise ValueError(f"split must be an integer in [0, {n_splits}) for {name}, got {split!r}")
     x, y = _read_uci_matrix(folder)
@@ -111,12 +112,15 @@ def load_table(
     fractions: tuple[float, float, float] = (0.7, 0.2, 0.1),
     standardize: bool = True,
     data_dir: str | Path | None = None,
+    download: bool = True,
 ) -> Dataset:
-    """LIDAR, motorcycle, airfoil or abalone with a seeded random train/valid/test split."""
+    """LIDAR, motorcycle, airfoil or abalone with a seeded random train/valid/test split.
+
+    Missing files are downloaded on first use unless ``download=False``."""
     if name not in TABLES:
         raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(TABLES)}")
     rel, kind, description = TABLES[name]
-    path = _resolve(data_dir, rel)
+    path = _resolve(name, data_dir, rel, download)
     if kind == "csv":
         table = np.loadtxt(path, delimiter=",", skiprows=1)
         x, y = table[:, :1], table[:, 1]

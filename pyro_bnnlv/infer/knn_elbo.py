@@ -225,6 +225,14 @@ class KNNElbo(ELBO):
             kl_trace, _ = self._particle_traces(model, guide, self.num_kl_samples, args, kwargs,
                                                 with_model=False)  # fmt: skip
             q_samples = self._site_samples(kl_trace, self.num_kl_samples)
+        if bool((q_samples == q_samples[:1]).all()):
+            raise ValueError(
+                f"{type(guide).__name__} gave {q_samples.shape[0]} identical samples of "
+                f"{self.site!r}: a point mass (e.g. AutoDelta) has no k-NN KL, the term would be "
+                f"a constant and {type(self).__name__} would train an unregularised MAP. Use a "
+                "guide with spread (AutoNormal, HypernetGuide, ...), or pb.train_map / "
+                "AutoDelta with Trace_ELBO for MAP"
+            )
         prior = self._prior_samples(model, args, kwargs)
         if prior.shape[1] != q_samples.shape[1]:
             raise ValueError(f"prior samples have {prior.shape[1]} coordinates, guide samples "

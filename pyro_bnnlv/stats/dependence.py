@@ -53,7 +53,13 @@ __all__ = [
 
 
 def _as_tensor_2d(name: str, value: Any) -> Tensor:
-    """Return ``value`` as a floating tensor of shape ``(n, d)`` (1-D ``(n,)`` -> ``(n, 1)``)."""
+    """Return ``value`` as a floating tensor of shape ``(n, d)`` (1-D ``(n,)`` -> ``(n, 1)``).
+
+    Under ``torch.jit.trace`` only the reshape runs: the checks branch on values, and
+    ``pyro.ops.jit.trace`` runs every compiled function once eagerly (where they apply) first.
+    """
+    if torch.jit.is_tracing() and isinstance(value, Tensor):
+        return value.unsqueeze(-1) if value.dim() == 1 else value
     x = torch.as_tensor(value)
     if not (x.is_floating_point() or x.is_complex()):
         x = x.to(torch.get_default_dtype())
@@ -343,7 +349,7 @@ def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
     n, k = z.shape
     if correction not in (0, 1):
         raise ValueError(f"`correction` must be 0 or 1, got {correction}")
-    if n - correction < 1:
+    if not torch.jit.is_tracing() and n - correction < 1:
         raise ValueError(f"`z` must have more than {correction} rows, got {n}")
     zc = z - z.mean(dim=0, keepdim=True)
     cov = zc.T @ zc / (n - correction)
@@ -375,8 +381,20 @@ def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True)
     so without this the estimate depends on the units of ``x`` and ``z``. Unlike scikit-learn,
     no jitter is added and the estimate is **not** clipped at 0: it is deterministic and can be
     slightly negative for independent variables (the estimator's bias/noise is part of the
-    reading). Ties (duplicated points) make the strict counts degenerate; add tiny noise to
-    discrete-valued data first.
+    reading).
+
+    **Ties** (discrete or rounded values, repeated points). Where a point has ``k`` or more exact
+    copies in the joint space, ``eps_i = 0`` and the strict counts above are undefined (the old
+    reading gave -1.61 nats for a discrete ``z = x`` with three equiprobable values, whose MI
+    is ``ln 3 = 1.10``). For such points we use the rule of Gao, Kannan, Oh & Viswanath
+    (2017, "Estimating mutual information for discrete-continuous mixtures", NeurIPS,
+    arXiv:1709.06212, sec. 3): ``k`` is replaced by ``k~_i``, the number of points ``j != i``
+    at joint distance 0, and ``n_x``, ``n_z`` count the points at marginal distance 0
+    (``<= eps_i``), so the term is ``psi(k~_i) + psi(N) - psi(n_x + 1) - psi(n_z + 1)``. For
+    purely discrete data this is the plug-in MI of the empirical distribution up to O(1/N)
+    (``psi`` for ``log``: for ``z = x`` uniform on three values,
+    ``psi(N/3 - 1) + psi(N) - 2 psi(N/3) -> ln 3``); points with ``eps_i > 0`` keep the KSG
+    term above, so tie-free data give exactly the KSG estimate.
 
     Args:
         x: ``(N, D)`` or ``(N,)``; tensor or array-like.
@@ -402,7 +420,12 @@ def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True)
     radius = np.nextafter(dist[:, -1], 0.0)
     n_x = cKDTree(xa).query_ball_point(xa, radius, p=np.inf, return_length=True) - 1.0
     n_z = cKDTree(za).query_ball_point(za, radius, p=np.inf, return_length=True) - 1.0
-    mi = digamma(k) + digamma(n) - np.mean(digamma(n_x + 1.0)) - np.mean(digamma(n_z + 1.0))
+    # ties (Gao et al. 2017): eps_i = 0 -> k~_i = number of exact copies of point i
+    k_i = np.full(n, float(k))
+    tied = dist[:, -1] == 0.0
+    if tied.any():
+        k_i[tied] = cKDTree(joint).query_ball_point(joint[tied], 0.0, p=np.inf, return_length=True) - 1.0
+    mi = digamma(n) + np.mean(digamma(k_i) - digamma(n_x + 1.0) - digamma(n_z + 1.0))
     return float(mi)
 
 

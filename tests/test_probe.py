@@ -1,0 +1,170 @@
+"""The reliability probe of issue 16: what a demanding user tries, kept as a regression test.
+
+Each case is one call at the public API on tiny data with its expected outcome: either a clean
+error (the exception type and a ``match=`` on the message, which names the argument and, where
+there is one, the fix) or a correct value checked against an analytic answer. The cases were
+silent wrong results or cryptic errors before issue 16; the ids say which item they cover.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import pyro_bnnlv as pb
+from pyro_bnnlv.stats.dependence import ksg_mutual_information
+from pyro_bnnlv.stats.knn import functional_knn_kl, knn_entropy, knn_kl
+
+F64 = torch.float64
+
+
+@dataclass
+class Raises:
+    """Expect ``exc`` whose message matches the regular expression ``match``."""
+
+    exc: type[BaseException]
+    match: str
+
+
+@dataclass
+class Value:
+    """Expect ``check(result)`` to hold; ``what`` says what is checked (shown on failure)."""
+
+    check: Callable[[Any], bool]
+    what: str
+
+
+@dataclass
+class Warns:
+    """Expect a warning of category ``category`` matching ``match`` (and a result)."""
+
+    category: type[Warning]
+    match: str
+
+
+CASES: dict[str, tuple[Callable[[], Any], Raises | Value | Warns]] = {}
+
+
+def case(name: str, expect: Raises | Value | Warns):
+    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
+        assert name not in CASES, name
+        CASES[name] = (fn, expect)
+        return fn
+
+    return deco
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# 16.5: k-NN estimators (ties, d >> n, point-mass guides)
+# ----------------------------------------------------------------------------------------------
+@case("16.5 knn_kl(s, s) is 0", Value(lambda v: v.item() == 0.0, "exactly 0"))
+def _():
+    s = torch.randn(200, 3, generator=_gen())
+    return knn_kl(s, s)
+
+
+@case("16.5 duplicated rows: the distinct rows' estimate",
+      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "equal to the estimate without the copies"))
+def _():
+    g = _gen()
+    s, q = torch.randn(200, 3, generator=g), 1.5 * torch.randn(300, 3, generator=g)
+    return knn_kl(torch.cat([s, s]), q).item(), knn_kl(s, q).item()
+
+
+@case("16.5 duplicated rows: entropy of N(0, I_2) is ln(2 pi e)",
+      Value(lambda v: abs(v - math.log(2 * math.pi * math.e)) < 0.1, "within 0.1 nats"))
+def _():
+    s = torch.randn(4000, 2, generator=_gen(), dtype=F64)  # sd of the estimate ~0.03
+    return knn_entropy(torch.cat([s, s[:1000]])).item()
+
+
+@case("16.5 functional knn_kl of a sample with itself is 0", Value(lambda v: v == 0.0, "exactly 0"))
+def _():
+    f = torch.randn(3, 40, 8, generator=_gen())
+    return functional_knn_kl(f, f).item()
+
+
+@case("16.5 compare_posteriors(mcmc samples, same samples) is 0 in both spaces",
+      Value(lambda v: (v.abs() < 1e-12).all().all(), "all four KLs exactly 0"))
+def _():
+    model = pb.BNN(pb.MLP(1, [4], 1))
+    w = torch.randn(60, model.num_weights, generator=_gen())
+    out = pb.compare_posteriors({"w": w}, {"w": w}, model, input_dist=torch.randn(30, 1),
+                                num_samples=60, num_draws=3, num_inputs=5, seed=0)
+    return out.select_dtypes("number")
+
+
+@case("16.5 d >> n warns naming the ratio", Warns(UserWarning, r"d=20000 is 667 times .*n=30"))
+def _():
+    g = _gen()
+    return knn_kl(torch.randn(30, 20_000, generator=g), 2 * torch.randn(30, 20_000, generator=g))
+
+
+@case("16.5 point mass refused", Raises(ValueError, r"samples has 1 distinct rows"))
+def _():
+    return knn_entropy(torch.ones(50, 3))
+
+
+@case("16.5 AutoDelta with KNNElbo refused", Raises(ValueError, r"AutoDelta gave 8 identical samples"))
+def _():
+    from pyro.infer.autoguide import AutoDelta
+
+    model = pb.BNN(pb.MLP(1, [4], 1))
+    loss = pb.KNNElbo(num_particles=8, num_kl_samples=8, num_prior_samples=8)
+    return pb.fit_svi(model, AutoDelta(model), torch.randn(10, 1), torch.randn(10), num_steps=2,
+                      loss=loss, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# 16.6: KSG mutual information with ties (Gao et al. 2017)
+# ----------------------------------------------------------------------------------------------
+@case("16.6 KSG, discrete z = x on 3 values: ln 3",
+      Value(lambda v: abs(v - math.log(3)) < 0.02, "within 0.02 of ln 3 = 1.0986"))
+def _():
+    x = np.random.default_rng(0).integers(0, 3, 600).astype(float)
+    return ksg_mutual_information(x, x)
+
+
+@case("16.6 KSG, discrete z = x with p = (.5, .3, .2): H(x)",
+      Value(lambda v: abs(v - 1.0297) < 0.03, "within 0.03 of H = 1.0297"))
+def _():
+    x = np.random.default_rng(0).choice(3, 2000, p=[0.5, 0.3, 0.2]).astype(float)
+    return ksg_mutual_information(x, x)
+
+
+@case("16.6 KSG, independent discrete x, z: 0", Value(lambda v: abs(v) < 0.03, "within 0.03 of 0"))
+def _():
+    rng = np.random.default_rng(0)
+    return ksg_mutual_information(rng.integers(0, 3, 600).astype(float),
+                                  rng.integers(0, 3, 600).astype(float))
+
+
+# ----------------------------------------------------------------------------------------------
+# the probe
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_probe(name: str) -> None:
+    torch.manual_seed(0)
+    fn, expect = CASES[name]
+    if isinstance(expect, Raises):
+        with pytest.raises(expect.exc, match=expect.match):
+            fn()
+    elif isinstance(expect, Warns):
+        with pytest.warns(expect.category, match=expect.match):
+            fn()
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a correct value comes without a warning
+            result = fn()
+        assert expect.check(result), f"{name}: expected {expect.what}, got {result!r}"

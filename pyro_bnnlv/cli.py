@@ -2,7 +2,8 @@
 
 Sub-commands:
 
-* ``pyro-bnnlv datasets``: list the data sets;
+* ``pyro-bnnlv datasets [--download [NAME ...]] [--mirror URL]``: list the data sets, which real
+  ones are cached (size, source, licence), and download them;
 * ``pyro-bnnlv fit --dataset NAME --model bnn --guide meanfield --steps N --seed S``: train,
   print the test metrics and, for 1-D inputs, write a PNG of the predictive mean and 95% band;
 * ``pyro-bnnlv compare DATASET``: BNN and BNN+LV with mean-field VI and NCAI, one table;
@@ -43,9 +44,32 @@ def _make_guide(name: str, model, seed: int):
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:
-    from .datasets import list_datasets
+    from .datasets import default_data_dir, list_datasets
+    from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
 
+    known = fetchable_datasets()
+    if args.download is not None:
+        names = [n.strip().lower().replace("_", "-") for n in args.download] or known
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            print(f"--download: unknown real data set(s) {unknown}; expected some of {known}", file=sys.stderr)
+            return 2
+        for name in names:
+            try:
+                fetch_dataset(name, args.data_dir, mirror=args.mirror)
+            except DatasetUnavailableError as err:
+                print(err, file=sys.stderr)
+                return 1
     print(list_datasets().to_string())
+    status = dataset_status(data_dir=args.data_dir)
+    root = args.data_dir or default_data_dir()
+    print(f"\nreal data in {root} (cached: files present with the manifest's SHA-256; "
+          "`pyro-bnnlv datasets --download [NAME ...]` fetches them):")  # fmt: skip
+    width = int(status["source"].str.len().max())
+    print(status[["cached", "size", "source"]].to_string(formatters={"source": lambda t: t.ljust(width)}))
+    print("licences:")
+    for licence, group in status.groupby("licence", sort=False):
+        print(f"  {', '.join(group.index)}: {licence}")
     return 0
 
 
@@ -157,7 +181,14 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="pyro-bnnlv", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("datasets", help="list the data sets").set_defaults(func=_cmd_datasets)
+    ds = sub.add_parser("datasets", help="list the data sets; download the real ones (--download)")
+    ds.add_argument("--download", nargs="*", metavar="NAME",
+                    help="fetch these real data sets (all when no NAME is given) into the data directory")
+    ds.add_argument("--mirror", help="base URL or directory of a mirror in the data directory's layout "
+                    "(default $PYRO_BNNLV_MIRROR, else the public sources)")
+    ds.add_argument("--data-dir", help="data directory (default $PYRO_BNNLV_DATA, else ../shared/data "
+                    "in a checkout, else ~/.cache/pyro_bnnlv)")
+    ds.set_defaults(func=_cmd_datasets)
 
     f = sub.add_parser("fit", help="train a model and print test metrics")
     f.add_argument("--dataset", required=True)

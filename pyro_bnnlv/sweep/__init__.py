@@ -1,0 +1,33 @@
+"""Experiments as sweeps: parallel, resumable, the same numbers on one core or a cluster.
+
+A fit is a :class:`Task` (a frozen key: data set, split, method, grid point, restart, seed, with
+a stable id) and a pure function ``fn(task) -> dict`` of results. :func:`run_sweep` runs the
+tasks that have no stored result on an executor (local worker processes, Ray, or inline), writes
+each result to a SQLite store in the output directory as soon as it arrives (one transaction per
+task), and returns the table of all tasks. Rerunning resumes; a failed task is recorded with its
+traceback and the others go on.
+
+Modules: :mod:`~pyro_bnnlv.sweep.task` (keys, ids, the sweep's identity),
+:mod:`~pyro_bnnlv.sweep.store` (the SQLite store), :mod:`~pyro_bnnlv.sweep.executors`
+(inline, local processes, Ray), :mod:`~pyro_bnnlv.sweep.run` (:func:`run_sweep`).
+"""
+
+from .executors import EXECUTORS, check_ray_address
+from .run import failures, load_results, run_sweep, summarize
+from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore
+from .task import Task, code_version
+
+__all__ = [
+    "Task",
+    "run_sweep",
+    "load_results",
+    "summarize",
+    "failures",
+    "code_version",
+    "check_ray_address",
+    "SweepStore",
+    "SweepMismatchError",
+    "SweepLockedError",
+    "STORE_NAME",
+    "EXECUTORS",
+]

@@ -1,0 +1,254 @@
+"""Where a sweep's tasks run: in this process, in local worker processes, or on a Ray cluster.
+
+Every executor calls :func:`execute` on each task and yields its outcome (a dict) as soon as the
+task finishes, in completion order; the driver writes each outcome to the store. Nothing here is
+home-made distribution: the local executor is the standard library's
+:class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (no forked copies
+of torch's thread pools or of the driver's state; tasks see only their key), the Ray executor is
+``ray.remote`` tasks collected with ``ray.wait``.
+
+:func:`execute` pins torch to ``threads`` threads (default 1), clears Pyro's parameter store and
+seeds Python, NumPy, torch and Pyro with ``task.seed`` before calling the task function, so a
+task's numbers depend on its key only, not on the worker, the order or the worker count. (The
+thread count is fixed rather than ``cores // workers`` because torch's results depend on it: a
+1x50 BNN fitted on yacht gives ELBOs that differ in the seventh digit with 1 and 2 threads.)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from datetime import datetime, timezone
+from typing import Any
+
+from .store import TABLE_FIELDS
+from .task import KEY_FIELDS, Task
+
+__all__ = ["execute", "make_executor", "available_cores", "EXECUTORS", "InlineExecutor",
+           "LocalExecutor", "RayExecutor", "check_ray_address", "cores_note"]  # fmt: skip
+
+EXECUTORS = ("local", "ray", "inline")
+_RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _plain(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    item = getattr(value, "item", None)  # numpy scalars, one-element tensors and arrays
+    if callable(item):
+        try:
+            return _plain(item(), name)
+        except (ValueError, RuntimeError):  # more than one element
+            pass
+    raise TypeError(
+        f"the task function returned {name}={value!r} of type {type(value).__name__}; results must "
+        "be str, int, float, bool or None (store arrays as files and return their paths)"
+    )
+
+
+def _encode_result(result: Any, task: Task) -> str:
+    import json
+
+    if not isinstance(result, Mapping):
+        raise TypeError(f"the task function must return a dict of results, got {type(result).__name__}")
+    clash = sorted(set(map(str, result)) & (_RESERVED | set(task.params)))
+    if clash:
+        raise ValueError(f"the task function's result reuses the table's column names {clash}; rename them")
+    return json.dumps({str(k): _plain(v, str(k)) for k, v in result.items()})
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def execute(fn: Callable[[Task], Mapping[str, Any]], task: Task, threads: int = 1) -> dict[str, Any]:
+    """Run one task (in a worker): seed, call ``fn(task)``, time it, catch its exception.
+
+    Returns the outcome: ``id``, ``status`` (``"done"`` or ``"failed"``), ``result`` (JSON) or
+    ``traceback``, ``seconds``, ``worker`` (``host:pid``), ``threads``, ``finished`` (UTC).
+    """
+    import pyro
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out: dict[str, Any] = {"id": task.id, "worker": f"{socket.gethostname()}:{os.getpid()}", "threads": threads}
+    t0 = time.perf_counter()
+    try:
+        pyro.clear_param_store()
+        pyro.set_rng_seed(task.seed)
+        out.update(status="done", result=_encode_result(fn(task), task))
+    except Exception:
+        out.update(status="failed", traceback=traceback.format_exc())
+    finally:
+        torch.set_num_threads(previous)
+    out.update(seconds=time.perf_counter() - t0, finished=_now())
+    return out
+
+
+def _failed(task: Task, err: BaseException, where: str) -> dict[str, Any]:
+    """The outcome of a task whose worker failed (not the task function: that is caught inside)."""
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    return {"id": task.id, "status": "failed", "traceback": f"{where}\n{tb}", "finished": _now()}
+
+
+class InlineExecutor:
+    """Runs the tasks one after another in this process (for debugging: breakpoints work)."""
+
+    name = "inline"
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads, self.slots = threads, 1
+
+    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+        for task in tasks:
+            yield execute(fn, task, self.threads)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor:
+    """``workers`` processes of a ``spawn`` :class:`~concurrent.futures.ProcessPoolExecutor`."""
+
+    name = "local"
+
+    def __init__(self, workers: int, threads: int = 1) -> None:
+        self.threads, self.slots = threads, workers
+
+    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+        pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            futures = {pool.submit(execute, fn, task, self.threads): task for task in tasks}
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except Exception as err:  # BrokenProcessPool: a worker died (killed, out of memory)
+                    yield _failed(futures[future], err, "the worker process running this task failed")
+        finally:  # on an error or Ctrl-C: queued tasks are cancelled, not run
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "executor='ray' needs Ray: pip install 'pyro_bnnlv[ray]' (or pip install 'ray>=2.9')"
+        ) from None
+    return ray
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """``ConnectionError`` naming the fix unless ``host:port`` (or ``ray://host:port``) accepts TCP.
+
+    Ray itself retries an unreachable address for minutes; this check answers in ``timeout``
+    seconds. ``"auto"`` (the cluster started on this machine by ``ray start``) is left to Ray.
+    """
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address={address!r} must look like host:port or ray://host:port (or 'auto')")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"cannot reach a Ray cluster at address={address!r} ({err}); start one with `ray start "
+            "--head` and pass the address it prints, or leave the address out for a local Ray instance"
+        ) from None
+
+
+class RayExecutor:
+    """``ray.remote`` tasks, at most ``slots`` in flight, collected with ``ray.wait``.
+
+    Uses the Ray instance this process is already connected to if any; else connects to
+    ``address`` (checked first, see :func:`check_ray_address`) or starts a local instance with
+    ``num_cpus=workers`` whose workers see this process's ``sys.path`` (so task functions from
+    scripts and test modules import). On a remote cluster the task function's module must be
+    importable on every node (install ``pyro_bnnlv`` there, or pass a ``runtime_env`` to your own
+    ``ray.init`` before calling :func:`~pyro_bnnlv.sweep.run_sweep`).
+    """
+
+    name = "ray"
+
+    def __init__(self, workers: int | None, threads: int = 1, address: str | None = None) -> None:
+        ray = self._ray = _import_ray()
+        self.threads, self._owns = threads, False
+        if not ray.is_initialized():
+            if address:
+                check_ray_address(address)
+                ray.init(address=address, log_to_driver=False)
+            else:
+                path = os.pathsep.join(p for p in sys.path if p)
+                ray.init(num_cpus=workers or available_cores(), include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+            self._owns = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.slots = workers or max(1, cpus // threads)
+
+    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+        ray = self._ray
+        remote = ray.remote(num_cpus=self.threads)(execute)
+        fn_ref = ray.put(fn)
+        queue, inflight = list(tasks)[::-1], {}
+        try:
+            while queue or inflight:
+                while queue and len(inflight) < self.slots:
+                    task = queue.pop()
+                    inflight[remote.remote(fn_ref, task, self.threads)] = task
+                done, _ = ray.wait(list(inflight), num_returns=1)
+                for ref in done:
+                    task = inflight.pop(ref)
+                    try:
+                        yield ray.get(ref)
+                    except Exception as err:  # the Ray worker died or the task could not be shipped
+                        yield _failed(task, err, "the Ray task running this task failed")
+        finally:
+            for ref in inflight:
+                ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._owns:
+            self._ray.shutdown()
+
+
+def make_executor(executor: str, *, workers: int | None, threads: int, address: str | None, num_tasks: int):
+    """The executor named ``executor`` (one of :data:`EXECUTORS`); ``ValueError`` otherwise."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {executor!r}")
+    if address is not None and executor != "ray":
+        raise ValueError(f"address={address!r} is for executor='ray' (got executor={executor!r})")
+    for name, value in (("workers", workers), ("threads", threads)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive int (or None), got {value!r}")
+    if executor == "inline":
+        return InlineExecutor(threads)
+    if executor == "ray":
+        return RayExecutor(workers, threads, address)
+    default = max(1, available_cores() // threads)
+    return LocalExecutor(max(1, min(workers or default, num_tasks)), threads)
+
+
+def cores_note(executor: Any) -> str:
+    """``"local: 2 workers x 1 torch thread"``."""
+    w, t = executor.slots, executor.threads
+    return f"{executor.name}: {w} worker{'s' * (w != 1)} x {t} torch thread{'s' * (t != 1)}"

@@ -1,0 +1,183 @@
+"""Run a sweep: plan the tasks in the store, run the unfinished ones, return the table.
+
+:func:`run_sweep` is what ``compare`` and every ``reproduce`` command call, and what a user calls
+for a grid of their own::
+
+    from pyro_bnnlv.sweep import Task, run_sweep
+
+    def fit_one(task: Task) -> dict:          # module level, so worker processes can import it
+        data = load_dataset(task.dataset, split=task.split)
+        ...                                   # seeded from task.seed by run_sweep
+        return {"test_ll": ..., "rmse": ...}
+
+    tasks = [Task(name, method=m, split=s, seed=s) for name in names for m in methods for s in range(10)]
+    table = run_sweep(tasks, fit_one, out_dir="runs/my-grid", workers=8)   # or executor="ray"
+
+Run the same call again (after a crash, a ``kill -9``, on another machine with the store copied
+over) and only the tasks without a result run; the table is the same as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .executors import cores_note, make_executor
+from .store import SweepStore
+from .task import Task, check_picklable, code_version as current_code_version, sweep_identity
+
+__all__ = ["run_sweep", "load_results", "summarize", "failures"]
+
+
+def _check_tasks(tasks: Sequence[Task]) -> list[Task]:
+    tasks = list(tasks)
+    if not tasks:
+        raise ValueError("tasks is empty; a sweep needs at least one Task")
+    bad = [t for t in tasks if not isinstance(t, Task)]
+    if bad:
+        raise TypeError(f"tasks must be pyro_bnnlv.sweep.Task objects, got {type(bad[0]).__name__}")
+    seen: dict[str, Task] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise ValueError(f"tasks holds the same task twice: {t.key()}; give repeats distinct restart=")
+        seen[t.id] = t
+    return tasks
+
+
+def run_sweep(
+    tasks: Sequence[Task],
+    fn: Callable[[Task], Mapping[str, Any]],
+    *,
+    out_dir: str | Path,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    threads: int = 1,
+    sweep_meta: Mapping[str, Any] | None = None,
+    code_version: str | None = None,
+    retry_failed: bool = True,
+    prepare: Callable[[], object] | None = None,
+    progress: bool = True,
+    desc: str = "sweep",
+) -> pd.DataFrame:
+    """Run ``fn`` on every task without a stored result and return the table of all tasks.
+
+    Args:
+        tasks: the sweep's :class:`Task` objects (distinct; their order is the table's order).
+        fn: ``fn(task) -> dict`` of str/int/float/bool/None results; a module-level function or
+            a ``functools.partial`` of one (worker processes import it). It must depend on the
+            task (and the partial's bound settings) only; ``run_sweep`` seeds Python, NumPy,
+            torch and Pyro with ``task.seed`` and clears Pyro's parameter store before each call.
+            An exception is recorded with its traceback and the sweep goes on.
+        out_dir: directory of the results store (``sweep.sqlite``, see
+            :mod:`pyro_bnnlv.sweep.store`); created if missing. A store of a different sweep
+            (other tasks, function, ``sweep_meta`` or code version) raises
+            :class:`~pyro_bnnlv.sweep.SweepMismatchError` and is left untouched.
+        executor: ``"local"`` (worker processes on this machine), ``"ray"`` (a Ray cluster at
+            ``address``, or a local Ray instance) or ``"inline"`` (this process, for debugging).
+        workers: parallel tasks; default: this machine's cores (``"local"``, capped at the number
+            of unfinished tasks) or the Ray cluster's CPUs.
+        address: the Ray cluster (``host:port``, ``ray://host:port`` or ``"auto"``); unreachable
+            addresses raise ``ConnectionError`` within seconds.
+        threads: torch threads per task (default 1). Fixed, not ``cores // workers``: torch's
+            floating-point results depend on the thread count, so a sweep's numbers would
+            otherwise depend on its worker count.
+        sweep_meta: JSON-able settings that identify the sweep beyond its tasks (budgets, ...).
+        code_version: the code label the store must agree on; default
+            :func:`~pyro_bnnlv.sweep.task.code_version` (package version, a hash of its source,
+            torch and Pyro versions).
+        retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
+        prepare: called once in this process before any worker starts, e.g.
+            ``pyro_bnnlv.infer.compiled.extension`` so the NUTS core is compiled once and every
+            worker loads the cached build instead of compiling it.
+        progress: one tqdm bar over the tasks (done / running / failed, ETA).
+
+    Returns:
+        The store's table (:meth:`~pyro_bnnlv.sweep.SweepStore.table`): one row per task with its
+        key, ``status``, results, ``task_seconds``, ``attempts`` and ``error``;
+        ``table.attrs`` holds ``"wall_seconds"``, ``"executor"`` and ``"ran"`` (tasks run now).
+        Use :func:`failures` / :func:`summarize` to report failed tasks.
+    """
+    tasks = _check_tasks(tasks)
+    version = code_version or current_code_version()
+    identity = sweep_identity(tasks, fn, sweep_meta)
+    by_id = {t.id: t for t in tasks}
+    t0 = time.perf_counter()
+    with SweepStore(out_dir) as store:
+        store.claim(identity, version, tasks)
+        todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
+        note = "nothing to run"
+        if todo:
+            if executor != "inline":
+                check_picklable(fn)
+            runner = make_executor(executor, workers=workers, threads=threads, address=address,
+                                   num_tasks=len(todo))  # fmt: skip
+            note = cores_note(runner)
+            if prepare is not None:
+                prepare()
+            try:
+                _drive(store, runner, fn, todo, version, progress=progress, desc=f"{desc} ({note})")
+            finally:
+                runner.close()
+        table = store.table()
+    table.attrs.update(wall_seconds=time.perf_counter() - t0, executor=note, ran=len(todo))
+    return table
+
+
+def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, *, progress: bool, desc: str) -> None:
+    counts = store.counts()
+    total = sum(counts.values())
+    failed = 0
+    bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="task", disable=not progress,
+               dynamic_ncols=True)  # fmt: skip
+    remaining = len(todo)
+
+    def postfix() -> None:
+        bar.set_postfix_str(f"running {min(runner.slots, remaining)}, failed {failed}", refresh=True)
+
+    with contextlib.closing(bar):
+        postfix()
+        for outcome in runner.run(fn, todo):
+            store.commit(outcome, version)
+            remaining -= 1
+            failed += outcome["status"] == "failed"
+            bar.update(1)
+            postfix()
+
+
+def load_results(out_dir: str | Path) -> pd.DataFrame:
+    """The table of the store in ``out_dir`` without running anything (works while a run is active)."""
+    path = Path(out_dir)
+    store = SweepStore(path)
+    if not store.path.exists():
+        raise FileNotFoundError(f"no sweep store in {str(path)!r} (expected {store.path.name})")
+    store.open(lock=False)
+    try:
+        return store.table()
+    finally:
+        store.close()
+
+
+def failures(table: pd.DataFrame) -> pd.DataFrame:
+    """The failed rows of a sweep table."""
+    return table[table["status"] == "failed"]
+
+
+def summarize(table: pd.DataFrame) -> str:
+    """``"12 tasks: 11 done, 1 failed, 0 pending"`` and one line per failed task (its last error line)."""
+    counts = table["status"].value_counts()
+    lines = [f"{len(table)} tasks: {counts.get('done', 0)} done, {counts.get('failed', 0)} failed, "
+             f"{counts.get('pending', 0)} pending"]  # fmt: skip
+    for _, row in failures(table).iterrows():
+        last = [ln for ln in str(row["error"]).strip().splitlines() if ln.strip()][-1:] or ["?"]
+        key = ", ".join(f"{k}={row[k]}" for k in ("dataset", "split", "method", "restart", "seed"))
+        lines.append(f"  FAILED {row['task_id']} ({key}): {last[0]}")
+    if "wall_seconds" in table.attrs:
+        lines.append(f"ran {table.attrs['ran']} tasks in {table.attrs['wall_seconds']:.1f} s ({table.attrs['executor']})")
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""A sweep's unit of work: :class:`Task`, its stable id, and the sweep's identity.
+
+A task is a frozen key ``(dataset, split, method, grid point, restart, seed)``. Its id is the
+first 16 hex digits of the SHA-256 of its canonical JSON (sorted keys, no spaces), so it is the
+same in every process, on every machine and in every Python version, and it does not depend on
+the order in which a grid was written (the grid point is stored as a sorted tuple of items).
+
+A sweep's identity (:func:`sweep_identity`) is what a results store must agree on before it may
+be resumed: the task function (its qualified name and, for a ``functools.partial``, its bound
+arguments), the user's ``sweep_meta`` and the sorted task ids. The code version
+(:func:`code_version`) is checked separately so the error can say which of the two differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import math
+import pickle
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+__all__ = ["Task", "canonical_json", "digest", "describe_fn", "sweep_identity", "code_version", "KEY_FIELDS"]
+
+Scalar = Union[str, int, float, bool, None]
+#: the columns a task contributes to a results table, in order (grid items follow ``method``)
+KEY_FIELDS = ("dataset", "split", "method", "restart", "seed")
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys, no whitespace and no NaN/infinity (``ValueError`` on those)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def digest(obj: Any, length: int = 16) -> str:
+    """The first ``length`` hex digits of the SHA-256 of :func:`canonical_json` of ``obj``."""
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
+
+
+def _check_scalar(value: Any, name: str) -> Scalar:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"grid value {name}={value!r} must be finite (it is part of the task id)")
+        return value
+    raise TypeError(
+        f"grid value {name}={value!r} has type {type(value).__name__}; grid values must be str, int, "
+        "float, bool or None (convert numpy scalars with float() or int())"
+    )
+
+
+def _check_int(value: Any, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"Task.{name} must be a non-negative int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """The key of one fit: ``Task("boston", split=3, method="MFVI", grid={"lr": 0.01}, seed=3)``.
+
+    ``grid`` takes a mapping or an iterable of ``(name, value)`` pairs and is stored as a sorted
+    tuple of items (so ``Task`` is hashable and its id does not depend on the order of the grid).
+    ``split`` is an int or a label (``"gap-3"``). The task function receives the task and reads
+    its settings from these fields; :func:`~pyro_bnnlv.sweep.run_sweep` seeds Python, NumPy,
+    torch and Pyro with ``seed`` before every call.
+    """
+
+    dataset: str
+    method: str
+    split: int | str = 0
+    grid: tuple[tuple[str, Scalar], ...] = field(default=())
+    restart: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dataset", "method"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Task.{name} must be a non-empty str, got {value!r}")
+        if not (isinstance(self.split, str) and self.split):
+            _check_int(self.split, "split")
+        _check_int(self.restart, "restart")
+        _check_int(self.seed, "seed")
+        grid = self.grid
+        pairs = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
+        items = []
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise TypeError(f"Task.grid must be a mapping or (name, value) pairs, got item {pair!r}")
+            items.append((pair[0], _check_scalar(pair[1], pair[0])))
+        names = [k for k, _ in items]
+        clashes = sorted({k for k in names if names.count(k) > 1} | (set(names) & set(KEY_FIELDS)))
+        if clashes:
+            raise ValueError(f"Task.grid names must be unique and differ from {KEY_FIELDS}; got {clashes}")
+        object.__setattr__(self, "grid", tuple(sorted(items)))
+
+    @property
+    def params(self) -> dict[str, Scalar]:
+        """The grid point as a dict."""
+        return dict(self.grid)
+
+    def key(self) -> dict[str, Any]:
+        """The task as a JSON-able dict (what its id hashes)."""
+        return {"dataset": self.dataset, "split": self.split, "method": self.method,
+                "grid": self.params, "restart": self.restart, "seed": self.seed}  # fmt: skip
+
+    @property
+    def id(self) -> str:
+        """16 hex digits of the SHA-256 of the canonical JSON of :meth:`key`."""
+        return digest(self.key())
+
+    @classmethod
+    def from_key(cls, key: Mapping[str, Any]) -> Task:
+        """The inverse of :meth:`key`."""
+        return cls(dataset=key["dataset"], method=key["method"], split=key["split"],
+                   grid=key.get("grid", {}), restart=key.get("restart", 0), seed=key.get("seed", 0))  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        canonical_json(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def describe_fn(fn: Callable) -> dict[str, Any]:
+    """The task function as JSON: ``module:qualname``, and the bound arguments of a partial."""
+    out: dict[str, Any] = {}
+    while isinstance(fn, functools.partial):
+        out.setdefault("args", []).extend(_jsonable(a) for a in fn.args)
+        out.setdefault("kwargs", {}).update({k: _jsonable(v) for k, v in sorted(fn.keywords.items())})
+        fn = fn.func
+    out["function"] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    return out
+
+
+def check_picklable(fn: Callable) -> None:
+    """``TypeError`` naming the fix unless ``fn`` pickles (worker processes need it)."""
+    try:
+        pickle.dumps(fn)
+    except Exception as err:
+        raise TypeError(
+            f"the task function {describe_fn(fn)['function']} cannot be pickled ({err}); worker "
+            "processes need a module-level function (or a functools.partial of one), not a lambda "
+            "or a nested function; or use executor='inline'"
+        ) from None
+
+
+def sweep_identity(tasks: Iterable[Task], fn: Callable, sweep_meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What two runs must share to use one store: the function, ``sweep_meta`` and the task ids."""
+    meta = {} if sweep_meta is None else dict(sweep_meta)
+    try:
+        canonical_json(meta)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sweep_meta must be JSON-serialisable with finite numbers: {err}") from None
+    return {"fn": describe_fn(fn), "meta": meta, "tasks": sorted(t.id for t in tasks)}
+
+
+@functools.cache
+def code_version() -> str:
+    """``pyro_bnnlv`` version, a hash of its source files (``*.py``, ``*.cpp``), torch and Pyro versions.
+
+    Any edit to the package's source changes it, so a store is never silently completed by other
+    code; pass ``code_version=`` to :func:`~pyro_bnnlv.sweep.run_sweep` to pin a label instead
+    when a change is known not to affect the results.
+    """
+    import pyro
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(p for ext in ("*.py", "*.cpp") for p in root.rglob(ext)):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        version = importlib.metadata.version("pyro_bnnlv")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        version = "unknown"
+    return f"pyro_bnnlv {version} src {h.hexdigest()[:12]}, torch {torch.__version__}, pyro {pyro.__version__}"

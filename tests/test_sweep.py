@@ -1,0 +1,283 @@
+"""The sweep layer: task ids, the SQLite store, executors (inline, local processes, Ray), resume."""
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+from pyro_bnnlv.sweep import (
+    STORE_NAME,
+    SweepLockedError,
+    SweepMismatchError,
+    SweepStore,
+    Task,
+    check_ray_address,
+    load_results,
+    run_sweep,
+    summarize,
+)
+
+MARKS_ENV = "PYRO_BNNLV_TEST_SWEEP_MARKS"
+TIMING = ["task_seconds"]
+
+
+def _model(x):
+    loc = pyro.sample("loc", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(x)):
+        pyro.sample("obs", dist.Normal(loc, 1.0), obs=x)
+
+
+def toy_fit(task: Task) -> dict:
+    """A few SVI steps on data drawn from the global RNGs that run_sweep seeds with task.seed."""
+    marks = os.environ.get(MARKS_ENV)
+    if marks:  # one file per execution, to count how often each task ran
+        (Path(marks) / f"{task.id}.{uuid.uuid4().hex}").touch()
+    if task.method == "fail":
+        raise ValueError(f"deliberate failure of {task.dataset}")
+    time.sleep(task.params.get("sleep", 0.0))
+    x = torch.randn(30) * task.params["scale"] + 1.0
+    guide = AutoNormal(_model)
+    svi = SVI(_model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+    for _ in range(10):
+        loss = svi.step(x)
+    return {"loss": loss, "loc": float(pyro.param("AutoNormal.locs.loc").detach()), "np_draw": float(np.random.rand()),
+            "n_params": len(pyro.get_param_store())}  # fmt: skip
+
+
+def _tasks(n_splits=3, sleep=0.0, methods=("a", "b")):
+    return [Task("toy", method=m, split=s, grid={"scale": 0.5 + s, "sleep": sleep}, seed=s)
+            for m in methods for s in range(n_splits)]  # fmt: skip
+
+
+def _results(table: pd.DataFrame) -> pd.DataFrame:
+    return table.drop(columns=TIMING)
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance for this module; its workers import this test module."""
+    import ray
+
+    path = os.pathsep.join([str(Path(__file__).parent)] + [p for p in sys.path if p])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+    yield ray
+    ray.shutdown()
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+def test_task_id_is_the_hash_of_its_canonical_key_and_ignores_grid_order():
+    a = Task("boston", method="MFVI", split=3, grid={"lr": 0.01, "eps": 0.5}, restart=2, seed=7)
+    b = Task("boston", method="MFVI", split=3, grid=[("eps", 0.5), ("lr", 0.01)], restart=2, seed=7)
+    canonical = json.dumps(a.key(), sort_keys=True, separators=(",", ":"))
+    assert a == b and hash(a) == hash(b)
+    assert a.id == b.id == hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    assert a.grid == (("eps", 0.5), ("lr", 0.01)) and a.params == {"eps": 0.5, "lr": 0.01}
+    assert Task.from_key(a.key()) == a
+    others = [Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=3, seed=7),
+              Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=2, seed=8),
+              Task("boston", "MFVI", "gap-3", {"lr": 0.01, "eps": 0.5}, restart=2, seed=7)]  # fmt: skip
+    assert len({a.id, *(t.id for t in others)}) == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(dataset="", method="m"), "Task.dataset must be a non-empty str"),
+        (dict(dataset="d", method="m", seed=-1), "Task.seed must be a non-negative int"),
+        (dict(dataset="d", method="m", split=1.5), "Task.split must be a non-negative int"),
+        (dict(dataset="d", method="m", grid={"seed": 1}), "grid names must be unique and differ"),
+        (dict(dataset="d", method="m", grid={"lr": float("nan")}), "must be finite"),
+    ],
+)
+def test_task_rejects_bad_keys(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Task(**kwargs)
+
+
+def test_task_rejects_non_scalar_grid_values():
+    with pytest.raises(TypeError, match="grid values must be str, int, float, bool or None"):
+        Task("d", "m", grid={"w": np.float32(1.0)})
+
+
+# -- running and the store ------------------------------------------------------------------------
+def test_inline_sweep_seeds_each_task_and_writes_one_row_per_task(tmp_path):
+    tasks = _tasks()
+    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert list(table["task_id"]) == [t.id for t in tasks]
+    assert (table["status"] == "done").all() and (table["attempts"] == 1).all()
+    assert list(table.columns[:8]) == ["task_id", "dataset", "split", "method", "scale", "sleep", "restart", "seed"]
+    assert (table["n_params"] == 2).all()  # the param store is cleared before every task
+    # same seed -> same data and the same fit, whatever the method name; other seeds differ
+    a, b = table[table.method == "a"].reset_index(), table[table.method == "b"].reset_index()
+    pd.testing.assert_series_equal(a["loss"], b["loss"])
+    assert a["np_draw"].nunique() == 3
+    assert table.attrs["ran"] == 6
+    again = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert again.attrs["ran"] == 0
+    pd.testing.assert_frame_equal(again, table)
+    pd.testing.assert_frame_equal(load_results(tmp_path), table)
+
+
+def test_one_worker_two_workers_and_ray_give_identical_tables(tmp_path, ray_instance):
+    tasks = _tasks(methods=("a", "fail", "b"))
+    ref = run_sweep(tasks, toy_fit, out_dir=tmp_path / "inline", executor="inline", progress=False)
+    one = run_sweep(tasks, toy_fit, out_dir=tmp_path / "w1", workers=1, progress=False)
+    two = run_sweep(tasks, toy_fit, out_dir=tmp_path / "w2", workers=2, progress=False)
+    on_ray = run_sweep(tasks, toy_fit, out_dir=tmp_path / "ray", executor="ray", progress=False)
+    assert one.attrs["executor"] == "local: 1 worker x 1 torch thread"
+    assert two.attrs["executor"] == "local: 2 workers x 1 torch thread"
+    assert on_ray.attrs["executor"] == "ray: 2 workers x 1 torch thread"
+    for table in (one, two, on_ray):
+        assert list(table["status"]) == ["done"] * 3 + ["failed"] * 3 + ["done"] * 3
+        assert table["error"].str.contains("ValueError: deliberate failure of toy").sum() == 3
+        # the traceback's worker-side frames aside, the tables are the same
+        pd.testing.assert_frame_equal(_results(table).drop(columns="error"), _results(ref).drop(columns="error"))
+    workers = {w for (w,) in sqlite3.connect(tmp_path / "w2" / STORE_NAME).execute("SELECT worker FROM tasks")}
+    assert len(workers) == 2  # both worker processes ran tasks
+
+
+def test_a_failing_task_is_recorded_and_the_others_complete(tmp_path):
+    tasks = _tasks(n_splits=2, methods=("a", "fail"))
+    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    failed = table[table["status"] == "failed"]
+    assert list(failed["method"]) == ["fail", "fail"]
+    assert (table.loc[table.method == "a", "status"] == "done").all()
+    assert table.loc[table.method == "a", "loss"].notna().all() and failed["loss"].isna().all()
+    for tb in failed["error"]:
+        assert "Traceback" in tb and "in toy_fit" in tb and "ValueError: deliberate failure of toy" in tb
+    text = summarize(table)
+    assert text.startswith("4 tasks: 2 done, 2 failed, 0 pending")
+    assert text.count("FAILED") == 2 and "ValueError: deliberate failure of toy" in text
+    # failed tasks are retried on a rerun (default) or kept; finished ones never rerun
+    kept = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", retry_failed=False, progress=False)
+    assert kept.attrs["ran"] == 0
+    again = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert again.attrs["ran"] == 2
+    assert list(again["attempts"]) == [1, 1, 2, 2]
+
+
+def test_a_result_that_is_not_a_dict_of_scalars_fails_the_task_with_a_clear_message(tmp_path):
+    table = run_sweep([Task("d", "m")], _returns_array, out_dir=tmp_path, executor="inline", progress=False)
+    assert table.loc[0, "status"] == "failed"
+    assert "results must be str, int, float, bool or None" in table.loc[0, "error"]
+
+
+def _returns_array(task):
+    return {"ok": np.float64(1.0), "one_element": torch.tensor([2.0]), "bad": np.zeros(3)}
+
+
+def test_kill_9_mid_sweep_then_rerun_completes_the_table_without_running_a_task_twice(tmp_path, monkeypatch):
+    tasks = _tasks(n_splits=4, sleep=1.0)  # 8 tasks of about a second each
+    ref = run_sweep(_tasks(n_splits=4), toy_fit, out_dir=tmp_path / "ref", executor="inline", progress=False)
+    out, marks1, marks2 = tmp_path / "out", tmp_path / "marks1", tmp_path / "marks2"
+    marks1.mkdir()
+    marks2.mkdir()
+    script = (
+        "from test_sweep import _tasks, toy_fit\n"
+        "from pyro_bnnlv.sweep import run_sweep\n"
+        "if __name__ == '__main__':\n"
+        f"    run_sweep(_tasks(n_splits=4, sleep=1.0), toy_fit, out_dir={str(out)!r}, workers=2, progress=False,\n"
+        "              code_version='kill-test')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+               **{MARKS_ENV: str(marks1)})  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.monotonic() < deadline, "no task finished within 180 s"
+            if (out / STORE_NAME).exists() and (load_results(out)["status"] == "done").sum() >= 2:
+                break
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:  # pragma: no cover - only if an assertion fired above
+            proc.kill()
+    before = load_results(out)
+    committed = set(before.loc[before.status == "done", "task_id"])
+    assert 2 <= len(committed) < len(tasks)
+    monkeypatch.setenv(MARKS_ENV, str(marks2))
+    # (a pinned code version: other engineers' edits to the package must not fail this test)
+    table = run_sweep(tasks, toy_fit, out_dir=out, executor="inline", code_version="kill-test", progress=False)
+    rerun = [p.name.split(".")[0] for p in marks2.iterdir()]
+    assert sorted(rerun) == sorted(set(t.id for t in tasks) - committed)  # each unfinished task once
+    assert (table["status"] == "done").all() and (table["attempts"] == 1).all()
+    expected = _results(ref).drop(columns=["task_id", "sleep"])
+    pd.testing.assert_frame_equal(_results(table).drop(columns=["task_id", "sleep"]), expected)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def test_a_different_sweep_in_the_same_directory_is_an_error_and_overwrites_nothing(tmp_path):
+    tasks = _tasks(n_splits=2)
+    run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10}, progress=False)
+    stored = (tmp_path / STORE_NAME).read_bytes()
+    with pytest.raises(SweepMismatchError, match=r"different sweep \(settings steps: 10 -> 20\)"):
+        run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 20}, progress=False)
+    with pytest.raises(SweepMismatchError, match="0 stored tasks not in this sweep, 2 new ones"):
+        run_sweep(_tasks(n_splits=3), toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
+                  progress=False)  # fmt: skip
+    with pytest.raises(SweepMismatchError, match="task function"):
+        run_sweep(tasks, _returns_array, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
+                  progress=False)  # fmt: skip
+    with pytest.raises(SweepMismatchError, match="computed by other code.*pin a version label"):
+        run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
+                  code_version="other", progress=False)  # fmt: skip
+    assert (tmp_path / STORE_NAME).read_bytes() == stored
+
+
+def test_two_drivers_cannot_share_a_store(tmp_path):
+    with SweepStore(tmp_path):
+        with pytest.raises(SweepLockedError, match="another process is running a sweep"):
+            run_sweep(_tasks(), toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    tasks = _tasks(n_splits=1)
+    with pytest.raises(ValueError, match=r"executor must be one of \['local', 'ray', 'inline'\], got 'dask'"):
+        run_sweep(tasks, toy_fit, out_dir=tmp_path / "a", executor="dask", progress=False)
+    with pytest.raises(ValueError, match="address='h:1' is for executor='ray'"):
+        run_sweep(tasks, toy_fit, out_dir=tmp_path / "b", address="h:1", progress=False)
+    with pytest.raises(ValueError, match="workers must be a positive int"):
+        run_sweep(tasks, toy_fit, out_dir=tmp_path / "c", workers=0, progress=False)
+    with pytest.raises(TypeError, match="cannot be pickled.*module-level function"):
+        run_sweep(tasks, lambda t: {}, out_dir=tmp_path / "d", progress=False)
+    with pytest.raises(ValueError, match="the same task twice"):
+        run_sweep(tasks + tasks, toy_fit, out_dir=tmp_path / "e", progress=False)
+    with pytest.raises(ValueError, match="tasks is empty"):
+        run_sweep([], toy_fit, out_dir=tmp_path / "f", progress=False)
+    with pytest.raises(FileNotFoundError, match="no sweep store"):
+        load_results(tmp_path / "nothing")
+
+
+def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, monkeypatch):
+    import ray
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"cannot reach a Ray cluster at address='127.0.0.1:1'.*ray start"):
+        check_ray_address("127.0.0.1:1", timeout=2)
+    # the same through run_sweep (Ray may already be running in this session: pretend it is not)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(ConnectionError, match="cannot reach a Ray cluster"):
+        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1",
+                  progress=False)  # fmt: skip
+    assert time.perf_counter() - t0 < 30
+    with pytest.raises(ValueError, match="must look like host:port"):
+        check_ray_address("localhost")

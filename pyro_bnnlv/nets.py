@@ -19,6 +19,7 @@ Two implementations:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -45,6 +46,20 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "identity": lambda a: a,
 }
+
+
+def _layer_size(value: object, name: str) -> int:
+    """A layer width as an ``int >= 1``: Python or numpy integers, or integral floats (``4.0``).
+
+    A fractional width (``4.7``) is refused instead of being truncated to 4.
+    """
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if isinstance(value, numbers.Integral) or float(value).is_integer():
+            if value >= 1:
+                return int(value)
+    raise ValueError(f"{name} must be a positive integer (a layer width), got {value!r}")
 
 
 class FlatNet(nn.Module):
@@ -112,11 +127,13 @@ class MLP(FlatNet):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        if isinstance(hidden_sizes, int):
+        if isinstance(hidden_sizes, numbers.Number):
             hidden_sizes = (hidden_sizes,)
-        sizes = [int(in_features), *map(int, hidden_sizes), int(out_features)]
-        if any(s < 1 for s in sizes):
-            raise ValueError(f"all layer sizes must be positive, got {sizes}")
+        sizes = [
+            _layer_size(in_features, "in_features"),
+            *(_layer_size(h, f"hidden_sizes[{i}]") for i, h in enumerate(hidden_sizes)),
+            _layer_size(out_features, "out_features"),
+        ]
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}"

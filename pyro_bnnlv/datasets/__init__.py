@@ -11,12 +11,17 @@ import pandas as pd
 
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir
+from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
 from .files import load_table, load_uci
 from .splits import extrapolation_split, gap_split, gap_splits, interpolation_split, pooled_data
 
 __all__ = [
     "DATA_DIR_ENV",
+    "MIRROR_ENV",
     "Dataset",
+    "DatasetUnavailableError",
+    "dataset_status",
+    "fetch_dataset",
     "default_data_dir",
     "list_datasets",
     "load_dataset",

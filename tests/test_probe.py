@@ -151,6 +151,109 @@ def _():
 
 
 # ----------------------------------------------------------------------------------------------
+# 16.3: evaluate's standardisation statistics and level
+# ----------------------------------------------------------------------------------------------
+def _bnn_and_samples(out: int = 1, S: int = 10):
+    model = pb.BNN(pb.MLP(2, [4], out))
+    return model, torch.randn(S, model.num_weights, generator=_gen())
+
+
+def _evaluate(**kwargs):
+    model, w = _bnn_and_samples()
+    return pb.evaluate(model, w, torch.randn(7, 2), torch.randn(7), **kwargs)
+
+
+@case("16.3 evaluate(y_std=x_std) refused (boston: 13 input stds)",
+      Raises(ValueError, r"y_std must be a scalar or have one value per output .*got shape \(13,\)"))
+def _():
+    return _evaluate(y_mean=0.5, y_std=torch.rand(13) + 0.5)
+
+
+@case("16.3 evaluate(y_mean of the inputs) refused", Raises(ValueError, r"y_mean must be a scalar"))
+def _():
+    return _evaluate(y_mean=torch.zeros(13), y_std=2.0)
+
+
+@case("16.3 evaluate(y_std=nan) is a clean error", Raises(ValueError, r"y_std must be finite, got nan"))
+def _():
+    return _evaluate(y_std=float("nan"))
+
+
+@case("16.3 evaluate(y_std=inf) is a clean error", Raises(ValueError, r"y_std must be finite"))
+def _():
+    return _evaluate(y_std=torch.tensor(math.inf))
+
+
+@case("16.3 evaluate(y_mean=nan) is a clean error", Raises(ValueError, r"y_mean must be finite"))
+def _():
+    return _evaluate(y_mean=float("nan"), y_std=1.0)
+
+
+@case("16.3 evaluate(level=95) names level and the fix",
+      Raises(ValueError, r"level must lie in \(0, 1\), got 95 \(a probability: level=0.95"))
+def _():
+    return _evaluate(level=95)
+
+
+@case("16.3 evaluate with y_std: LL shifts by -log(y_std) exactly",
+      Value(lambda v: abs(v[1] - (v[0] - math.log(2.5))) < 1e-5, "test_ll(std) = test_ll - ln 2.5"))
+def _():
+    model, w = _bnn_and_samples()
+    x, y = torch.randn(7, 2, generator=_gen(1)), torch.randn(7, generator=_gen(2))
+    plain = pb.evaluate(model, w, x, y)["test_ll"]
+    scaled = pb.evaluate(model, w, x, y, y_mean=np.float32(3.0), y_std=np.float64(2.5))["test_ll"]
+    return plain, scaled
+
+
+@case("16.3 evaluate per-output y_std (L = 2) accepted",
+      Value(lambda v: math.isfinite(v), "a finite test LL"))
+def _():
+    model, w = _bnn_and_samples(out=2)
+    return pb.evaluate(model, w, torch.randn(7, 2), torch.randn(7, 2), y_mean=torch.zeros(2),
+                       y_std=torch.tensor([1.0, 3.0]))["test_ll"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 16.4: run_nuts numeric options
+# ----------------------------------------------------------------------------------------------
+def _nuts(**kwargs):
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    return pb.run_nuts(model, torch.randn(8, 1), torch.randn(8), num_samples=2, warmup_steps=0,
+                       progress=False, map_steps=2, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, math.nan, math.inf])
+def test_run_nuts_refuses_a_non_positive_step_size(bad):
+    with pytest.raises(ValueError, match=r"step_size must be a positive finite number.*repeats"):
+        _nuts(step_size=bad)
+
+
+@case("16.4 run_nuts(map_lr=0) refused", Raises(ValueError, r"map_lr must be a positive finite"))
+def _():
+    return _nuts(map_lr=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# 16.8: MLP widths
+# ----------------------------------------------------------------------------------------------
+@case("16.8 MLP(2, [4.7], 1) refused, not truncated to 4",
+      Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got 4.7"))
+def _():
+    return pb.MLP(2, [4.7], 1)
+
+
+@case("16.8 MLP(2.5, ...) refused", Raises(ValueError, r"in_features must be a positive integer"))
+def _():
+    return pb.MLP(2.5, [3], 1)
+
+
+@case("16.8 MLP with numpy and integral-float widths accepted",
+      Value(lambda v: v == (2 * 4 + 4) + (4 * 3 + 3) + (3 + 1), "num_weights of 2 -> 4 -> 3 -> 1"))
+def _():
+    return pb.MLP(np.int64(2), [np.int32(4), 3.0], torch.tensor(1)).num_weights
+
+
+# ----------------------------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(CASES))

@@ -75,6 +75,7 @@ for a BNN, Adam on the flat potential for other fast-path models, ``AutoDelta`` 
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -937,6 +938,12 @@ def run_nuts(
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
     if not isinstance(full_mass, bool):
         raise ValueError("full_mass must be True or False (block lists: use pyro's NUTS directly)")
+    for name, value, consequence in (
+        ("step_size", step_size, "with step_size <= 0 every draw repeats the initial point"),
+        ("map_lr", map_lr, "map_lr <= 0 leaves the MAP initialisation untrained"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < math.inf:
+            raise ValueError(f"{name} must be a positive finite number, got {value!r} ({consequence})")
     if hasattr(model, "check_data"):
         model.check_data(x, y)
     elif not (isinstance(x, Tensor) and isinstance(y, Tensor)):

@@ -24,6 +24,7 @@ statistics) every metric is reported on the original scale of ``y``.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import pandas as pd
@@ -68,6 +69,32 @@ def mixture_quantile(loc: Tensor, scale: Tensor | float, q: float, iters: int = 
     return 0.5 * (lo + hi)
 
 
+def _check_level(level: float) -> None:
+    real = isinstance(level, numbers.Real) and not isinstance(level, bool)
+    if not real or not 0.0 < level < 1.0:
+        hint = f" (a probability: level={level / 100:g} for a {level:g}% interval)" if (
+            real and 1.0 < level < 100.0) else ""
+        raise ValueError(f"level must lie in (0, 1), got {level!r}{hint}")
+
+
+def _target_statistic(value: Any, name: str, num_outputs: int, dtype: torch.dtype) -> Tensor:
+    """``y_mean``/``y_std`` as a tensor that broadcasts over the ``L`` outputs only.
+
+    A scalar, or one value per output (shape ``(L,)`` or ``(1, L)``); anything else (e.g. the
+    inputs' ``x_std`` passed by mistake, which would broadcast ``y`` to ``(N, D)``) is refused.
+    """
+    t = torch.as_tensor(value, dtype=dtype)
+    if t.numel() not in (1, num_outputs) or t.dim() > 2 or (t.dim() == 2 and t.shape[0] != 1):
+        raise ValueError(
+            f"{name} must be a scalar or have one value per output (shape ({num_outputs},)); "
+            f"got shape {tuple(t.shape)} (is it the inputs' statistic, e.g. data.x_std instead "
+            f"of data.{name}?)"
+        )
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return t.reshape(-1)
+
+
 def predictive_metrics(
     y: Tensor,
     loc: Tensor,
@@ -84,13 +111,15 @@ def predictive_metrics(
     """
     if loc.dim() != 3:
         raise ValueError(f"loc must have shape (S, N, L); got {tuple(loc.shape)}")
+    _check_level(level)
     y = y.reshape(loc.shape[1], -1).to(loc.dtype)
     if y.shape[-1] != loc.shape[-1]:
         raise ValueError(f"y has {y.shape[-1]} outputs but the predictive has {loc.shape[-1]}")
     scale = torch.as_tensor(scale, dtype=loc.dtype)
     if y_std is not None:
-        std = torch.as_tensor(y_std, dtype=loc.dtype)
-        mean = torch.as_tensor(0.0 if y_mean is None else y_mean, dtype=loc.dtype)
+        L = loc.shape[-1]
+        std = _target_statistic(y_std, "y_std", L, loc.dtype)
+        mean = _target_statistic(0.0 if y_mean is None else y_mean, "y_mean", L, loc.dtype)
         if (std <= 0).any():
             raise ValueError(f"y_std must be positive, got {y_std}")
         y, loc, scale = y * std + mean, loc * std + mean, scale * std

@@ -238,10 +238,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .sweep import SweepLockedError
+
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, ConnectionError, SweepLockedError) as err:
         print(f"pyro-bnnlv: error: {err}", file=sys.stderr)
         return 2
 

@@ -28,6 +28,7 @@ output).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -43,13 +44,16 @@ from ..datasets import load_dataset
 from ..diagnostics import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
 from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior
+from ..infer.svi import set_seed
 from ..infer.nuts import run_nuts
 from ..models import BNN
 from ..nets import MLP
 from ..stats.ood import ood_report
 from ..stats.predictive import evaluate
+from ..sweep import Task, run_sweep
+from ..sweep.cli import add_sweep_arguments, report, sweep_options
 
-__all__ = ["cosine_experiment", "uci_experiment", "main"]
+__all__ = ["cosine_experiment", "uci_experiment", "uci_task", "main"]
 
 PRIOR_SCALE = math.sqrt(0.5)  # sec. 4.1: prior N(0, 0.5 I) on all parameters
 METHODS = ("MFVI", "NN-HyVI", "FuNN-HyVI", "FuNN-MFVI")
@@ -167,6 +171,34 @@ def _plot_cosine(model, data, posteriors, path) -> None:
     plt.close(fig)
 
 
+def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, kl_samples: int,
+             num_inputs: int, num_samples: int, data_dir: str | None = None) -> dict[str, float]:  # fmt: skip
+    """One fit of :func:`uci_experiment`: ``task.method`` on split ``task.split`` of ``task.dataset``.
+
+    Seeded by ``task.seed`` (the split index), so the 1,000 OOD inputs are the same for every
+    method of a split. Returns ``rmse``, ``test_ll``, ``auroc_ood``, ``noise_scale``, ``seconds``.
+    """
+    set_seed(task.seed)
+    kwargs = {} if data_dir is None else {"data_dir": data_dir}
+    data = load_dataset(task.dataset, seed=int(task.split), **kwargs)
+    x, y = data.x_train, data.y_train
+    box = input_box(x)
+    x_ood = box.sample((1000,))
+    model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
+                prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
+    w, seconds = _fit(task.method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=task.seed,
+                      input_dist=box, num_inputs=num_inputs, particles=particles,
+                      kl_samples=kl_samples, num_samples=num_samples, progress=False)  # fmt: skip
+    metrics = evaluate(model, {"w": w}, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
+    ood = ood_report(model, {"w": w}, x, data.x_test, x_ood)
+    return {"rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
+            "auroc_ood": float(ood.loc["ood", "auroc"]),
+            "noise_scale": float(torch.as_tensor(model.noise_scale).detach()), "seconds": seconds}  # fmt: skip
+
+
+UCI_COLUMNS = ["dataset", "split", "method", "rmse", "test_ll", "auroc_ood", "noise_scale", "seconds", "status"]
+
+
 def uci_experiment(
     datasets: Sequence[str] = ("boston", "concrete", "energy", "wine", "yacht"),
     *,
@@ -181,37 +213,38 @@ def uci_experiment(
     methods: Sequence[str] = ("MFVI", "NN-HyVI", "FuNN-HyVI"),
     data_dir: str | Path | None = None,
     progress: bool = True,
+    out_dir: str | Path | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    code_version: str | None = None,
 ) -> pd.DataFrame:
     """Experiment 2 (Table 5) at a reduced size; one row per (data set, split, method).
 
     Columns: ``rmse`` and ``test_ll`` (original scale), ``auroc_ood`` (1,000 inputs from the
-    training box vs the test inputs, by epistemic entropy), ``seconds``. Each split is the
-    library's ``load_dataset(name, seed=split)`` (UCI standard splits where the data ship them).
-    The noise standard deviation is learned jointly (``learn_noise=True``), as in Experiment 2.
+    training box vs the test inputs, by epistemic entropy), ``noise_scale``, ``seconds`` (the
+    fit), ``status`` (``done`` / ``failed``). Each split is the library's
+    ``load_dataset(name, seed=split)`` (UCI standard splits where the data ship them). The noise
+    standard deviation is learned jointly (``learn_noise=True``), as in Experiment 2.
+
+    Every fit is a task of :func:`pyro_bnnlv.sweep.run_sweep` (``out_dir``, ``executor``,
+    ``workers``, ``address``, ``code_version`` go to it): parallel, and resumable when
+    ``out_dir`` is given; the store keeps the tracebacks of failed fits, ``table.attrs["summary"]``
+    lists them.
     """
-    rows = []
-    for name in datasets:
-        for split in range(splits):
-            kwargs = {} if data_dir is None else {"data_dir": data_dir}
-            data = load_dataset(name, seed=split, **kwargs)
-            x, y = data.x_train, data.y_train
-            box = input_box(x)
-            x_ood = box.sample((1000,))
-            for method in methods:
-                model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
-                            prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
-                w, seconds = _fit(method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=split,
-                                  input_dist=box, num_inputs=num_inputs, particles=particles,
-                                  kl_samples=kl_samples, num_samples=num_samples, progress=progress)  # fmt: skip
-                metrics = evaluate(model, {"w": w}, data.x_test, data.y_test,
-                                   y_mean=data.y_mean, y_std=data.y_std)  # fmt: skip
-                ood = ood_report(model, {"w": w}, x, data.x_test, x_ood)
-                rows.append({"dataset": name, "split": split, "method": method,
-                             "rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
-                             "auroc_ood": float(ood.loc["ood", "auroc"]),
-                             "noise_scale": float(torch.as_tensor(model.noise_scale).detach()),
-                             "seconds": seconds})  # fmt: skip
-    return pd.DataFrame(rows)
+    for method in methods:
+        if method not in METHODS[:3]:
+            raise ValueError(f"unknown method {method!r} for the UCI experiment; choose from {METHODS[:3]}")
+    fn = functools.partial(uci_task, steps=steps, lr=lr, hidden=hidden, particles=particles,
+                           kl_samples=kl_samples, num_inputs=num_inputs, num_samples=num_samples,
+                           data_dir=None if data_dir is None else str(data_dir))  # fmt: skip
+    tasks = [Task(name, method=method, split=split, seed=split)
+             for name in datasets for split in range(splits) for method in methods]  # fmt: skip
+    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
+                      code_version=code_version, progress=progress, desc="hyvi-uci")  # fmt: skip
+    table = sweep.reindex(columns=UCI_COLUMNS)
+    table.attrs = dict(sweep.attrs)
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -227,7 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="guide and prior samples of the k-NN KL (paper and default: 500)")
     p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
     p.add_argument("--quiet", action="store_true")
+    add_sweep_arguments(p)
     args = p.parse_args(argv)
+    if args.experiment == "cosine" and sweep_options(args) != sweep_options(p.parse_args(["cosine"])):
+        p.error("--workers, --executor, --address, --out and --code-version apply to the uci experiment")
     torch.set_num_threads(1)
     kw: dict = {} if args.steps is None else {"steps": args.steps}
     if args.small:
@@ -244,13 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if args.datasets:
             kw["datasets"] = args.datasets
-        table = uci_experiment(splits=args.splits, progress=not args.quiet, **kw)
+        table = uci_experiment(splits=args.splits, progress=not args.quiet, **kw, **sweep_options(args))
         summary = table.groupby(["dataset", "method"])[["rmse", "test_ll", "auroc_ood"]].mean()
         print(summary.to_string(float_format="%.3f"))
     print(table.to_string(float_format="%.3f"))
     if args.output:
         table.to_csv(args.output)
-    return 0
+    return report(table) if args.experiment == "uci" else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

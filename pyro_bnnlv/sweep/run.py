@@ -20,6 +20,7 @@ over) and only the tasks without a result run; the table is the same as an unint
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,7 +55,7 @@ def run_sweep(
     tasks: Sequence[Task],
     fn: Callable[[Task], Mapping[str, Any]],
     *,
-    out_dir: str | Path,
+    out_dir: str | Path | None,
     executor: str = "local",
     workers: int | None = None,
     address: str | None = None,
@@ -78,7 +79,8 @@ def run_sweep(
         out_dir: directory of the results store (``sweep.sqlite``, see
             :mod:`pyro_bnnlv.sweep.store`); created if missing. A store of a different sweep
             (other tasks, function, ``sweep_meta`` or code version) raises
-            :class:`~pyro_bnnlv.sweep.SweepMismatchError` and is left untouched.
+            :class:`~pyro_bnnlv.sweep.SweepMismatchError` and is left untouched. ``None``: a
+            temporary directory, removed afterwards (nothing to resume).
         executor: ``"local"`` (worker processes on this machine), ``"ray"`` (a Ray cluster at
             ``address``, or a local Ray instance) or ``"inline"`` (this process, for debugging).
         workers: parallel tasks; default: this machine's cores (``"local"``, capped at the number
@@ -101,10 +103,16 @@ def run_sweep(
     Returns:
         The store's table (:meth:`~pyro_bnnlv.sweep.SweepStore.table`): one row per task with its
         key, ``status``, results, ``task_seconds``, ``attempts`` and ``error``;
-        ``table.attrs`` holds ``"wall_seconds"``, ``"executor"`` and ``"ran"`` (tasks run now).
-        Use :func:`failures` / :func:`summarize` to report failed tasks.
+        ``table.attrs`` holds ``"wall_seconds"``, ``"executor"``, ``"ran"`` (tasks run now),
+        ``"failed"`` (failed tasks) and ``"summary"`` (:func:`summarize`: counts and one line per
+        failed task); commands built on a sweep copy these attrs onto their own tables.
     """
     tasks = _check_tasks(tasks)
+    if out_dir is None:
+        with tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-") as tmp:
+            return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,
+                             threads=threads, sweep_meta=sweep_meta, code_version=code_version,
+                             retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc)  # fmt: skip
     version = code_version or current_code_version()
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
@@ -127,6 +135,7 @@ def run_sweep(
                 runner.close()
         table = store.table()
     table.attrs.update(wall_seconds=time.perf_counter() - t0, executor=note, ran=len(todo))
+    table.attrs.update(failed=len(failures(table)), summary=summarize(table))
     return table
 
 

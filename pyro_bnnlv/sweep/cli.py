@@ -1,0 +1,53 @@
+"""The command-line options every sweep-backed command shares, and its exit status.
+
+``add_sweep_arguments(parser)`` adds ``--workers``, ``--executor``, ``--address``, ``--out`` and
+``--code-version``; ``sweep_options(args)`` turns them into :func:`~pyro_bnnlv.sweep.run_sweep`
+keyword arguments; ``report(table)`` prints the sweep's summary (failed tasks with their last error
+line) and returns the command's exit status (1 if a task failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+import pandas as pd
+
+from .executors import EXECUTORS
+
+__all__ = ["add_sweep_arguments", "sweep_options", "report"]
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the sweep options (an argument group) to ``parser``."""
+    g = parser.add_argument_group("sweep: parallel and resumable runs (pyro_bnnlv.sweep)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="tasks run in parallel (default: all cores, or the Ray cluster's CPUs)")
+    g.add_argument("--executor", default="local", choices=EXECUTORS,
+                   help="local worker processes (default), a Ray cluster, or inline in this process")
+    g.add_argument("--address", default=None,
+                   help="Ray cluster address host:port (with --executor ray; default: a local Ray instance)")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="directory of the results store (sweep.sqlite): rerunning the same command "
+                        "resumes; default: a temporary directory (nothing kept)")
+    g.add_argument("--code-version", default=None, metavar="LABEL",
+                   help="pin the code version the store must agree on (default: a hash of the "
+                        "package's source); for resuming after edits that cannot change the results")  # fmt: skip
+
+
+def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments of parsed sweep options."""
+    return dict(executor=args.executor, workers=args.workers, address=args.address, out_dir=args.out,
+                code_version=args.code_version)  # fmt: skip
+
+
+def report(table: pd.DataFrame, file: TextIO | None = None) -> int:
+    """Print the sweep's summary and return 1 if a task failed, else 0.
+
+    ``table`` is a :func:`~pyro_bnnlv.sweep.run_sweep` table or any table that carries its
+    ``attrs`` (``"summary"``, ``"failed"``)."""
+    if "summary" not in table.attrs:
+        raise ValueError("report() needs a table from run_sweep (or one carrying its attrs: summary, failed)")
+    print(table.attrs["summary"], file=file or sys.stdout)
+    return 1 if table.attrs["failed"] else 0

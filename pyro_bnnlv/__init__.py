@@ -35,6 +35,7 @@ from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
 from .guides import LaplaceGuide
 from .infer import LinearizedLaplace, LocalReparamELBO
+from .infer import CompiledTraceElbo, PenalizedElbo
 from .datasets import extrapolation_split, gap_splits, interpolation_split
 
 __version__ = "0.1.0"
@@ -48,6 +49,8 @@ __all__ = [
     "BNNLV",
     "EmpiricalBayes",
     "NCAIElbo",
+    "CompiledTraceElbo",
+    "PenalizedElbo",
     "ncai_guide",
     "datasets",
     "diagnostics",

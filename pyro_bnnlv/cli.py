@@ -124,13 +124,12 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import CompareConfig, run_compare
-    from .datasets import load_dataset
+    from .compare import CompareConfig, load_compare_data, run_compare
 
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
                                         ncai_grid=_parse_grid(args.grid)).items() if v is not None}  # fmt: skip
     cfg = CompareConfig.full(**overrides) if args.full else CompareConfig(**overrides)
-    data = load_dataset(args.dataset, seed=cfg.seed, standardize=True)
+    data = load_compare_data(args.dataset, seed=cfg.seed)
     print(f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
           f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}")  # fmt: skip
     figure = None

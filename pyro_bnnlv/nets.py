@@ -97,7 +97,7 @@ class FlatNet(nn.Module):
             raise ValueError(f"{name} contains NaN or infinite values")
 
     def check_weights(self, w: Tensor, name: str = "w") -> None:
-        if w.shape[-1:] != (self.num_weights,):
+        if not torch.jit.is_tracing() and w.shape[-1:] != (self.num_weights,):
             raise ValueError(
                 f"{name} must have last dimension num_weights={self.num_weights}; "
                 f"got shape {tuple(w.shape)}"

@@ -1,9 +1,10 @@
 import math
 
 import pandas as pd
+import pytest
 
 from pyro_bnnlv.cli import main
-from pyro_bnnlv.compare import COLUMNS, METHODS, CompareConfig, run_compare
+from pyro_bnnlv.compare import COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare
 
 
 def test_compare_end_to_end_tiny(tmp_path, capsys):
@@ -19,12 +20,26 @@ def test_compare_end_to_end_tiny(tmp_path, capsys):
     assert math.isnan(table.loc[0, "mi_x_z"]) and table.loc[1:, "hz_z"].notna().all()
     assert png.stat().st_size > 20_000
     assert "NCAI grid points=2" in capsys.readouterr().out
+    sel = table.set_index("method")["selected"]
+    assert sel["BNN (MFVI)"].startswith("noise_var=") and "eps_T=0.01" in sel["BNN+LV (NCAI_lambda)"] or \
+        sel["BNN+LV (NCAI_lambda)"].startswith("lambda=0")
 
 
 def test_full_preset_is_the_papers_grid():
     cfg = CompareConfig.full(steps=5)
     assert cfg.steps == 5 and cfg.restarts == 10 and cfg.empirical_bayes
-    assert len(cfg.ncai_grid) == 8 and cfg.lv_noise_vars == (0.1, 0.01)
+    assert cfg.lv_noise_vars == (0.1, 0.01) and cfg.independence == "hsic"
+    points = {(p["eps_T"], p["eps_x"]) for p in cfg.ncai_grid}
+    assert points == {(t, e) for t in (0.01, 0.0003) for e in (0.1, 0.5, 1.0)}
+    pc = CompareConfig.full(independence="pc")
+    assert len(pc.ncai_grid) == 10  # App. F.1's 8 and Table 15's selected (eps_x, eps_y) = (0.1, 1.0)
+    assert {"eps_T": 0.0003, "eps_x": 0.1, "eps_y": 1.0}.items() <= pc.ncai_grid[-1].items()
+
+
+def test_synthetic_sets_keep_their_scale_real_sets_are_standardised():
+    heavy = load_compare_data("heavy-tail")
+    assert not heavy.standardized and heavy.y_train.std() > 3  # sigma_eps^2 = 0.1 means 0.1 here
+    assert load_compare_data("yacht").standardized
 
 
 def test_compare_with_empirical_bayes_runs():
@@ -32,3 +47,10 @@ def test_compare_with_empirical_bayes_runs():
     table, fits = run_compare("williams", cfg, progress=False)
     assert table["test_ll"].notna().all()
     assert fits["BNN+LV (MFVI)"].model.prior_scale[0].item() != 1.0  # EB moved the prior
+    assert fits["BNN+LV (MFVI)"].model.latent_scale.item() != 1.0  # williams: sigma_z^2 by EB
+    for method in ("BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)"):
+        h = fits[method].history  # logged during training: loss terms and I(x; mu_z)
+        assert len(h) == 10 and h["elbo_loss"].notna().all() and h["mi_x_mu_z"].notna().sum() == 1
+    fixed = run_compare("heavy-tail", cfg, progress=False)[1]
+    assert fixed["BNN+LV (MFVI)"].model.latent_scale.item() == pytest.approx(0.1)  # App. F.1 fixes it
+    assert fixed["BNN+LV (MFVI)"].model.prior_scale[0].item() != 1.0

@@ -37,7 +37,7 @@ def test_jit_default_loss_equals_trace_elbo():
     guide = AutoNormal(model, init_scale=0.1)
     guide(data.x_train, data.y_train)
     losses = []
-    for elbo in (Trace_ELBO(), JitTrace_ELBO(ignore_jit_warnings=True)):
+    for elbo in (Trace_ELBO(), JitTrace_ELBO()):
         vals = []
         for seed in range(3):
             pyro.set_rng_seed(seed)

@@ -13,6 +13,7 @@ from pyro_bnnlv.infer.empirical_bayes import EmpiricalBayes, eb_latent_variance,
 from pyro_bnnlv.infer.ncai import NCAIElbo, ncai_penalties, safe_exp
 from pyro_bnnlv.models.bnnlv import BNNLV
 from pyro_bnnlv.stats.dependence import correlation_penalty, henze_zirkler
+from pyro_bnnlv.stats.hsic import normalized_hsic
 from pyro_bnnlv.stats.latent import latent_means
 
 
@@ -43,7 +44,8 @@ def test_penalty_value_matches_eq_27_by_hand(setup):
     data, model, guide = setup
     with torch.no_grad():
         guide.locs.z.copy_(data.x_train * 0.05 + 0.01 * torch.randn(120, 1))
-    elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, eps_y=0.8)
+    elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, eps_y=0.8,
+                    independence="pc")
     pyro.set_rng_seed(0)
     total = elbo.loss(model, guide, data.x_train, data.y_train)
     pyro.set_rng_seed(0)
@@ -55,22 +57,31 @@ def test_penalty_value_matches_eq_27_by_hand(setup):
     pcy = correlation_penalty(data.y_train.unsqueeze(-1), mu)
     by_hand = 0.7 * N * math.exp(hz / 0.5) + 0.0 + 0.3 * N * math.exp(pcx / 0.5 + pcy / 0.8)
     assert total - base == pytest.approx(by_hand, rel=1e-4)
+    hsic_elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5)
+    pyro.set_rng_seed(0)
+    total = hsic_elbo.loss(model, guide, data.x_train, data.y_train)
+    by_hand = 0.7 * N * math.exp(hz / 0.5) + 0.3 * N * math.exp(normalized_hsic(data.x_train, mu) / 0.5)
+    assert total - base == pytest.approx(by_hand, rel=1e-4)
 
 
-def test_svi_step_descends_the_penalties(setup):
-    """Descending NCAIElbo lowers |corr(x, mu_z)| and HZ(mu_z) on a planted example where the
-    latent means memorise x (the non-identifiable solution of sec. 4)."""
+@pytest.mark.parametrize("independence, term", [("pc", "pc_x"), ("hsic", "hsic_x")])
+def test_svi_step_descends_the_penalties(setup, independence, term):
+    """Descending NCAIElbo lowers the dependence term and HZ(mu_z) on a planted example where
+    the latent means memorise x (the non-identifiable solution of sec. 4)."""
     data, model, guide = setup
     with torch.no_grad():
         guide.locs.z.copy_(0.3 * data.x_train ** 3 / data.x_train.abs().max() ** 3)
-    before = ncai_penalties(data.x_train, data.y_train, latent_means(guide, data.x_train, data.y_train))
-    elbo = NCAIElbo(lambda1=1.0, lambda2=10.0, lambda3=1.0, eps_T=0.01, eps_x=0.5, eps_y=0.5)
+    mu0 = latent_means(guide, data.x_train, data.y_train)
+    before = ncai_penalties(data.x_train, data.y_train, mu0, independence=independence)
+    elbo = NCAIElbo(lambda1=1.0, lambda2=10.0, lambda3=1.0, eps_T=0.01, eps_x=0.5, eps_y=0.5,
+                    independence=independence)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
     with pyro.get_param_store().scope():
         for _ in range(150):
             svi.step(data.x_train, data.y_train)
-    after = ncai_penalties(data.x_train, data.y_train, latent_means(guide, data.x_train, data.y_train))
-    assert after["pc_x"] < 0.5 * before["pc_x"]
+    mu = latent_means(guide, data.x_train, data.y_train)
+    after = ncai_penalties(data.x_train, data.y_train, mu, independence=independence)
+    assert after[term] < 0.5 * before[term]
     assert after["hz"] < 0.5 * before["hz"]
 
 
@@ -108,12 +119,21 @@ def test_ncai_initialisation(setup):
     data, model, _ = setup
     w = ncai_init_weights(model, data.x_train, data.y_train, num_steps=300, seed=0)
     mask = model.latent_weight_mask()
-    assert w[mask].abs().max() < 0.05  # weights on z start small
+    xavier = math.sqrt(2.0 / (2 + 10))  # first layer: fan_in 2 (x, z), fan_out 10
+    assert w[mask].std().item() == pytest.approx(xavier, rel=0.6)  # App. F.1: Xavier on z
+    small = ncai_init_weights(model, data.x_train, data.y_train, num_steps=300, seed=0,
+                              latent_weight_scale=0.01)
+    assert small[mask].abs().max() < 0.05 and torch.equal(small[~mask], w[~mask])
     # with z = 0 the network reproduces the trained deterministic fit: better than a constant
     f = model.net(torch.cat([data.x_train, torch.zeros(120, 1)], -1), w).squeeze(-1)
     assert (f - data.y_train).square().mean() < 0.5 * data.y_train.var()
     guide = ncai_guide(model, data.x_train, data.y_train, num_steps=300, init_scale=0.02, seed=0)
-    assert torch.equal(guide.locs.z, torch.zeros(120, 1))
+    z0 = guide.locs.z.detach()  # drawn from the prior N(0, 0.1^2), seeded
+    assert z0.std().item() == pytest.approx(0.1, rel=0.2) and abs(z0.mean().item()) < 0.03
+    again = ncai_guide(model, data.x_train, data.y_train, num_steps=300, init_scale=0.02, seed=0)
+    assert torch.equal(again.locs.z, guide.locs.z)
+    zero = ncai_guide(model, data.x_train, data.y_train, num_steps=300, z_init="zero", seed=0)
+    assert torch.equal(zero.locs.z, torch.zeros(120, 1))
     torch.testing.assert_close(guide.locs.w, w)
     s = guide.scales.w.detach()
     assert s.min() >= 0.01 - 1e-6 and s.max() <= 0.03 + 1e-6 and s.std() > 0  # random variances

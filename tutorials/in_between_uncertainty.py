@@ -111,10 +111,8 @@ for name, cls, loss in (("MFVI", AutoNormal, LocalReparamELBO(num_particles=size
     t0 = time.perf_counter()
     guide = cls(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model, seed=0))
     if loss is None:
-        from pyro.infer import JitTrace_ELBO
-
-        loss = JitTrace_ELBO(num_particles=size["vi_particles"], vectorize_particles=True,
-                             max_plate_nesting=1, ignore_jit_warnings=True)
+        loss = pb.CompiledTraceElbo(num_particles=size["vi_particles"], vectorize_particles=True,
+                                    max_plate_nesting=1)
     pb.fit_svi(model, guide, x, y, num_steps=size["vi_steps"], lr=0.01, loss=loss, seed=0, progress=False)
     guides[name] = guide
     timings[name] = time.perf_counter() - t0

@@ -1,5 +1,5 @@
 """Inference: SVI / MAP fitting loops, ELBOs (NCAI), empirical Bayes, posterior sampling, NUTS."""
-from .elbo import PenalizedElbo
+from .elbo import CompiledTraceElbo, PenalizedElbo
 from .empirical_bayes import EmpiricalBayes
 from .fge import FGEResult, fge
 from .projection import fit_projected_bnn, fit_projection
@@ -26,6 +26,7 @@ __all__ = [
     "run_nuts",
     "NCAIElbo",
     "PenalizedElbo",
+    "CompiledTraceElbo",
     "guide_site_mean",
     "NonFiniteLossError",
     "as_sample_dict",

@@ -1,14 +1,25 @@
-"""A Pyro ELBO with an extra differentiable penalty, routed through one objective.
+"""A Pyro ELBO with extra differentiable penalties, routed through one objective.
 
 ``SVI`` binds ``loss`` and ``loss_and_grads``; ``ELBO.__call__`` uses ``differentiable_loss``.
 :class:`PenalizedElbo` computes the objective once, as tensors, in :meth:`loss_and_surrogate_loss`
-(the ``Trace_ELBO`` estimator plus :meth:`PenalizedElbo.penalty` per particle) and derives all
-three from it, so no entry point can bypass the penalty. With ``jit=True`` that function is
-compiled with ``pyro.ops.jit.trace`` like ``JitTrace_ELBO`` (static model structure required).
+and derives all three from it, so no entry point can bypass the penalty. It is split in two:
+
+* the **statistics** (:meth:`PenalizedElbo.penalty_terms`: named raw tensors such as a
+  Henze-Zirkler statistic, averaged over particles) are computed with the ``Trace_ELBO``
+  estimator; with ``jit=True`` this part is compiled with ``pyro.ops.jit.trace`` like
+  ``JitTrace_ELBO`` (static model structure, and no value-dependent Python branches: tracer
+  warnings are *not* silenced);
+* the **weighting** (:meth:`PenalizedElbo.weigh`: weights, exponentials, warm-up ramps) runs
+  eagerly outside the trace, so a weight that changes during training is never frozen into the
+  compiled graph as the constant it had when it was traced.
+
+Every training step (``loss_and_grads``) appends the ELBO loss, each raw term and the weighted
+penalty to :attr:`PenalizedElbo.history`, so an inactive or dominating constraint shows at once.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import pyro.ops.jit
@@ -19,27 +30,52 @@ from pyro.infer.util import is_identically_zero
 from pyro.poutine import Trace
 from torch import Tensor
 
-__all__ = ["PenalizedElbo"]
+from .jit_guard import plate_shape_tracer_warnings_ignored
+
+__all__ = ["PenalizedElbo", "CompiledTraceElbo"]
 
 
 class PenalizedElbo(Trace_ELBO):
-    """``Trace_ELBO`` loss plus ``penalty(model_trace, guide_trace)``; subclasses define the penalty.
+    """``Trace_ELBO`` loss plus ``weigh(penalty_terms(...))``; subclasses define both.
 
-    The penalty is added to each particle's loss and therefore averaged over particles; it may
-    read anything from the traces (guide parameters through ``site["fn"]``, the model's inputs
-    through ``model_trace.nodes["_INPUT"]``, minibatch indices through the plate site).
+    Subclasses either override :meth:`penalty` (one term, weight 1: the simple case) or the pair
+    :meth:`penalty_terms` (raw statistics from the traces; compiled when ``jit=True``) and
+    :meth:`weigh` (their combination into the penalty; always eager). The terms are averaged
+    over particles before they are weighed; they may read anything from the traces (guide
+    parameters through ``site["fn"]``, the model's inputs through
+    ``model_trace.nodes["_INPUT"]``, minibatch indices through the plate site).
+
+    Attributes:
+        history: one dict per ``loss_and_grads`` call: ``"elbo_loss"`` (negative ELBO), each raw
+            term, and ``"penalty"`` (the weighted total).
+        steps_taken: number of ``loss_and_grads`` calls so far (drives warm-up ramps).
     """
 
     def __init__(self, *args, jit: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.jit = bool(jit)
         self._compiled: dict[tuple[int, int], object] = {}
+        self._term_names: tuple[str, ...] = ()
+        self.history: list[dict[str, float]] = []
+        self.steps_taken = 0
 
     def penalty(self, model_trace: Trace, guide_trace: Trace) -> Tensor | float:
-        """Extra loss of one particle (0 in the base class)."""
+        """Extra loss of one particle (0 in the base class); used by the default ``penalty_terms``."""
         return 0.0
 
-    def _particle(self, model_trace: Trace, guide_trace: Trace) -> tuple[Tensor, Tensor]:
+    def penalty_terms(self, model_trace: Trace, guide_trace: Trace) -> dict[str, Tensor | float]:
+        """Named raw statistics of one particle (compiled with ``jit=True``); default
+        ``{"penalty": penalty(...)}``. Only tensor values count: a Python number is a constant."""
+        return {"penalty": self.penalty(model_trace, guide_trace)}
+
+    def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
+        """The penalty from the particle-averaged terms (eager); default: their sum.
+
+        ``args``/``kwargs`` are the model's arguments (e.g. ``len(args[0])`` is the data size).
+        """
+        return sum(terms.values(), 0.0)
+
+    def _elbo_particle(self, model_trace: Trace, guide_trace: Trace) -> tuple[Tensor, Tensor]:
         # Trace_ELBO._differentiable_loss_particle, kept as tensors (no .item(): JIT-safe)
         elbo, surrogate, log_r = 0.0, 0.0, None
         for site in model_trace.nodes.values():
@@ -57,42 +93,92 @@ class PenalizedElbo(Trace_ELBO):
                         log_r = _compute_log_r(model_trace, guide_trace)
                     term = log_r.sum_to(site["cond_indep_stack"])
                     surrogate = surrogate + (term * score_function_term).sum()
-        pen = self.penalty(model_trace, guide_trace)
-        return -elbo + pen, -surrogate + pen
+        return -elbo, -surrogate
 
-    def _objective(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor]:
-        loss, surrogate = 0.0, 0.0
+    def _objective(self, model, guide, args, kwargs) -> tuple[Tensor, ...]:
+        """``(elbo_loss, elbo_surrogate, *terms)``, each averaged over particles."""
+        loss, surrogate, terms = 0.0, 0.0, {}
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-            lp, sp = self._particle(model_trace, guide_trace)
+            lp, sp = self._elbo_particle(model_trace, guide_trace)
             loss = loss + lp / self.num_particles
             surrogate = surrogate + sp / self.num_particles
-        return torch.as_tensor(loss), torch.as_tensor(surrogate)
+            for name, value in self.penalty_terms(model_trace, guide_trace).items():
+                if isinstance(value, Tensor):
+                    terms[name] = terms.get(name, 0.0) + value / self.num_particles
+        self._term_names = tuple(terms)
+        return (loss, surrogate, *terms.values())
+
+    def elbo_and_terms(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """``(elbo_loss, elbo_surrogate, terms)`` before weighting; compiled when ``jit=True``."""
+        if not self.jit:
+            out = self._objective(model, guide, args, kwargs)
+        else:
+            # one compiled objective per (model, guide, argument shapes): the trace may branch
+            # on shapes (Pyro's plates do), never on values
+            shape = lambda v: tuple(v.shape) if isinstance(v, Tensor) else repr(v)  # noqa: E731
+            key = (id(model), id(guide), tuple(map(shape, args)),
+                   tuple((k, shape(v)) for k, v in sorted(kwargs.items())))  # fmt: skip
+            if key not in self._compiled:
+                weakself = weakref.ref(self)
+
+                @pyro.ops.jit.trace(jit_options=self.jit_options)
+                def compiled(*args, **kwargs):
+                    return weakself()._objective(model, guide, args, kwargs)
+
+                self._compiled[key] = compiled
+                with plate_shape_tracer_warnings_ignored():
+                    out = compiled(*args, **kwargs)
+            else:
+                out = self._compiled[key](*args, **kwargs)
+        return out[0], out[1], dict(zip(self._term_names, out[2:]))
 
     def loss_and_surrogate_loss(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if not self.jit:
-            return self._objective(model, guide, args, kwargs)
-        key = (id(model), id(guide))
-        if key not in self._compiled:  # one compiled objective per (model, guide) pair
-            weakself = weakref.ref(self)
-
-            @pyro.ops.jit.trace(ignore_warnings=True, jit_options=self.jit_options)
-            def compiled(*args, **kwargs):
-                return weakself()._objective(model, guide, args, kwargs)
-
-            self._compiled[key] = compiled
-        return self._compiled[key](*args, **kwargs)
+        loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
+        pen = self.weigh(terms, args, kwargs)
+        return loss + pen, surrogate + pen
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> Tensor:
         loss, surrogate = self.loss_and_surrogate_loss(model, guide, *args, **kwargs)
         return loss.detach() + (surrogate - surrogate.detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss, surrogate = self.loss_and_surrogate_loss(model, guide, *args, **kwargs)
+        loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
+        pen = self.weigh(terms, args, kwargs)
+        total, surrogate = loss + pen, surrogate + pen
         if surrogate.requires_grad:
             surrogate.backward(retain_graph=self.retain_graph)
-        return loss.item()
+        record = {"elbo_loss": loss.item(), **{k: v.item() for k, v in terms.items()}}
+        record["penalty"] = torch.as_tensor(pen).item()
+        self.history.append(record)
+        self.steps_taken += 1
+        return total.item()
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         with torch.no_grad():
             loss, _ = self.loss_and_surrogate_loss(model, guide, *args, **kwargs)
         return loss.item()
+
+    def eager_twin(self) -> "PenalizedElbo | None":
+        """A copy computing the same objective without JIT (``None`` if this one is eager).
+
+        It shares :attr:`history` and continues :attr:`steps_taken` from this one, so training
+        can switch to it mid-run (``fit_svi``'s JIT guard does).
+        """
+        if not self.jit:
+            return None
+        twin = copy.copy(self)
+        twin.jit, twin._compiled = False, {}
+        return twin
+
+
+class CompiledTraceElbo(PenalizedElbo):
+    """``Trace_ELBO`` compiled with the JIT, safe to reuse: :class:`PenalizedElbo` with no penalty
+    and ``jit=True`` (``fit_svi``'s default loss).
+
+    Unlike Pyro's ``JitTrace_ELBO`` it compiles one graph per model, guide and argument shapes
+    (Pyro's compiles a closure over the first model and guide it is called with, and keys it by
+    the number of arguments only), and tracer warnings are not silenced.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(jit=True, **kwargs)

@@ -43,19 +43,23 @@ class EmpiricalBayes:
     """``fit_svi`` callback: every ``every`` steps set the model's prior variances to eq. 29-30.
 
     Works with an ``AutoNormal`` guide (reads ``guide.locs``/``guide.scales``); updates the
-    model's ``prior_scale`` (all weights share ``s_w``) and, for BNN+LV, ``latent_scale``. The
+    model's ``prior_scale`` (all weights share ``s_w``) and, for BNN+LV with
+    ``update_latent=True`` (default), ``latent_scale``; pass ``update_latent=False`` where the
+    latent prior variance is fixed (App. F.1 fixes it for heavy-tail, depeweg and bimodal). The
     updates write into the model's buffers in place; use an ELBO without JIT (the JIT would
     freeze the buffer values it saw when compiling), e.g. ``loss=Trace_ELBO()`` or
     ``NCAIElbo(jit=False)``.
     """
 
-    def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5):
+    def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5,
+                 update_latent: bool = True):  # fmt: skip
         if every < 1:
             raise ValueError(f"every must be a positive integer, got {every}")
         if alpha <= 1 or beta <= 0:
             raise ValueError(f"need alpha > 1 and beta > 0, got alpha={alpha}, beta={beta}")
         self.model, self.guide, self.every = model, guide, int(every)
         self.alpha, self.beta = float(alpha), float(beta)
+        self.update_latent = bool(update_latent)
         self.history: list[dict[str, float]] = []
 
     @torch.no_grad()
@@ -65,7 +69,7 @@ class EmpiricalBayes:
         s_w = eb_weight_variance(locs.w, scales.w, self.alpha, self.beta)
         self.model.prior_scale.fill_(s_w.sqrt().item())
         out = {"s_w": s_w.item()}
-        if hasattr(self.model, "latent_scale") and hasattr(locs, "z"):
+        if self.update_latent and hasattr(self.model, "latent_scale") and hasattr(locs, "z"):
             s_z = eb_latent_variance(locs.z, scales.z, self.alpha, self.beta)
             self.model.latent_scale.fill_(s_z.sqrt().item())
             out["s_z"] = s_z.item()

@@ -39,17 +39,19 @@ Commands (the numbers in the README)::
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 import torch
 from pyro.infer import JitTrace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from ..datasets import Dataset, gap_splits, load_dataset
+from ..datasets import Dataset, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
 from ..infer.laplace import LinearizedLaplace
@@ -58,8 +60,10 @@ from ..infer.svi import fit_svi, set_seed
 from ..models.bnn import BNN
 from ..nets import MLP
 from ..stats.predictive import evaluate
+from ..sweep import Task, run_sweep
+from ..sweep.cli import add_sweep_arguments, report, sweep_options
 
-__all__ = ["fit_map_learned_noise", "run_split", "uci_table", "summary", "DATASETS", "PAPER_LL"]
+__all__ = ["fit_map_learned_noise", "run_split", "split_task", "uci_table", "summary", "DATASETS", "PAPER_LL"]
 
 DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 METHODS = ("MAP", "MFVI", "LL", "LL-valid", "SL")
@@ -222,39 +226,60 @@ def run_split(
     return out
 
 
+#: the tasks of one split: MAP and the Laplace methods built on it, and MFVI (independent of MAP)
+TASK_METHODS = {"MAP+Laplace": ("MAP", "LL", "LL-valid", "SL"), "MFVI": ("MFVI",)}
+
+
+def split_task(task: Task, *, methods: Sequence[str] = METHODS, **options) -> dict[str, float]:
+    """One task of :func:`uci_table`: the methods of ``TASK_METHODS[task.method]`` (those also in
+    ``methods``) on standard split ``task.split`` or, with ``grid={"kind": "gap"}``, gap split
+    ``task.split`` (input dimension) of ``task.dataset``; ``options`` go to :func:`run_split`."""
+    kind = task.params.get("kind")
+    if kind == "standard":
+        data = load_dataset(task.dataset, split=int(task.split))
+    elif kind == "gap":
+        data = gap_split(load_dataset(task.dataset, split=0), int(task.split))
+    else:
+        raise ValueError(f"task grid kind must be 'standard' or 'gap', got {kind!r}")
+    chosen = [m for m in TASK_METHODS[task.method] if m in methods]
+    return run_split(data, seed=task.seed, methods=chosen, **options)
+
+
 def uci_table(
     datasets: Sequence[str] = DATASETS, *, standard_splits: Sequence[int] = (0, 1, 2),
-    gap: bool = True, max_gap_dims: int | None = None, progress: bool = True, **options,
+    gap: bool = True, max_gap_dims: int | None = None, progress: bool = True, seed: int = 0,
+    methods: Sequence[str] = METHODS, out_dir: str | Path | None = None, executor: str = "local",
+    workers: int | None = None, address: str | None = None, code_version: str | None = None,
+    threads: int = 1, **options,
 ) -> pd.DataFrame:  # fmt: skip
     """Run :func:`run_split` on the standard splits and the gap splits; one row per split.
 
-    Standard splits a data set does not have (protein has 5, the others 20) are skipped."""
-    rows = []
+    Standard splits a data set does not have (protein has 5, the others 20) are skipped. Each
+    split is up to two tasks of :func:`pyro_bnnlv.sweep.run_sweep` (MAP with the Laplace methods,
+    and MFVI), run in parallel and resumable with ``out_dir`` (``executor``, ``workers``,
+    ``address``, ``code_version``, ``threads`` go to it); the rows are merged from the store."""
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; expected a subset of {list(METHODS)}")
+    groups = [g for g, ms in TASK_METHODS.items() if set(ms) & set(methods)]
+    tasks = []
     for name in datasets:
-        available = uci_num_splits(name)
-        for s in standard_splits:
-            if int(s) >= available:
-                continue
-            data = load_dataset(name, split=int(s))
-            res = run_split(data, **options)
-            rows.append(dict(dataset=name, kind="standard", split=int(s), **res))
-            if progress:
-                print(_fmt(rows[-1]), flush=True)
+        splits = [("standard", int(s)) for s in standard_splits if int(s) < uci_num_splits(name)]
         if gap:
-            base = load_dataset(name, split=0)
-            for d, data in enumerate(gap_splits(base)):
-                if max_gap_dims is not None and d >= max_gap_dims:
-                    break
-                res = run_split(data, **options)
-                rows.append(dict(dataset=name, kind="gap", split=d, **res))
-                if progress:
-                    print(_fmt(rows[-1]), flush=True)
-    return pd.DataFrame(rows)
-
-
-def _fmt(row: dict) -> str:
-    vals = " ".join(f"{m}={row[m]:.2f}" for m in METHODS if m in row)
-    return f"{row['dataset']:>9} {row['kind']:>8} {row['split']:>2}: {vals}"
+            dims = load_dataset(name, split=0).input_dim
+            splits += [("gap", d) for d in range(dims if max_gap_dims is None else min(dims, max_gap_dims))]
+        tasks += [Task(name, method=g, split=s, grid={"kind": kind}, seed=seed) for kind, s in splits for g in groups]
+    fn = functools.partial(split_task, methods=tuple(methods), **options)
+    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
+                      code_version=code_version, threads=threads, progress=progress, desc="in-between")  # fmt: skip
+    key = ["dataset", "kind", "split"]
+    results = sweep.drop(columns=["task_id", "method", "restart", "seed", "task_seconds", "attempts", "error"])
+    table = results.groupby(key, sort=False).first().reset_index()  # the two tasks of a split -> one row
+    table["status"] = results.groupby(key, sort=False)["status"].agg(
+        lambda v: "done" if (v == "done").all() else "failed").to_numpy()  # fmt: skip
+    table = table[key + [c for c in table.columns if c not in key and c != "status"] + ["status"]]
+    table.attrs = dict(sweep.attrs)
+    return table
 
 
 def summary(table: pd.DataFrame, hidden_layers: int = 1) -> pd.DataFrame:
@@ -287,22 +312,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mfvi", default="short", choices=("short", "paper"),
                    help="MFVI budget: short (default) or the paper's App. D settings (slower)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per task (default 1)")
     p.add_argument("--output", default=None, help="CSV of the per-split results")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_sweep_arguments(p)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     table = uci_table(args.datasets, standard_splits=range(args.standard_splits), gap=not args.no_gap,
                       max_gap_dims=args.max_gap_dims, map_steps=args.map_steps, vi_steps=args.vi_steps,
                       seed=args.seed, hidden_layers=args.hidden_layers, methods=args.methods,
-                      mfvi=args.mfvi)  # fmt: skip
+                      mfvi=args.mfvi, threads=args.threads, progress=not args.quiet,
+                      **sweep_options(args))  # fmt: skip
     if args.output:
         table.to_csv(args.output, index=False)
     summ = summary(table, args.hidden_layers)
     wide = summ.assign(cell=[f"{m:.2f} ± {s:.2f} ({p:.2f})" for m, s, p in zip(summ["mean"], summ["se"], summ["paper"])])
     print(wide.pivot_table(index=["kind", "method"], columns="dataset", values="cell", aggfunc="first").to_string())
     print(f"total {time.perf_counter() - t0:.0f} s")
-    return 0
+    return report(table)
 
 
 if __name__ == "__main__":

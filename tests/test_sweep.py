@@ -281,3 +281,56 @@ def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, mo
     assert time.perf_counter() - t0 < 30
     with pytest.raises(ValueError, match="must look like host:port"):
         check_ray_address("localhost")
+
+
+def test_an_address_while_connected_to_ray_is_an_error(tmp_path, ray_instance):
+    with pytest.raises(ValueError, match="already connected to Ray, so address='127.0.0.1:1' would be ignored"):
+        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1",
+                  progress=False)  # fmt: skip
+
+
+# -- the command line -----------------------------------------------------------------------------
+def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, capsys):
+    from pyro_bnnlv.cli import main
+    from pyro_bnnlv.sweep.cli import report
+
+    args = ["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
+            "--executor", "inline", "--out", str(tmp_path / "store")]  # fmt: skip
+    assert main(args + ["--output", str(tmp_path / "a.csv")]) == 0
+    assert "3 tasks: 3 done, 0 failed, 0 pending\nran 3 tasks" in capsys.readouterr().out
+    assert main(args + ["--output", str(tmp_path / "b.csv")]) == 0  # resumed: nothing left to run
+    assert "ran 0 tasks" in capsys.readouterr().out
+    first, second = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
+    pd.testing.assert_frame_equal(first, second)
+    assert list(first["status"]) == ["done"] * 3
+    assert main(args[:-2] + ["--out", str(tmp_path / "store"), "--steps", "31"]) == 2  # another sweep
+    assert "holds the results of a different sweep (task function" in capsys.readouterr().err
+    assert main(args[:-4] + ["--address", "h:1"]) == 2
+    assert "address='h:1' is for executor='ray'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "hyvi-cosine", "--small", "--workers", "2"])
+    assert "apply to the uci experiment" in capsys.readouterr().err
+    failed = run_sweep(_tasks(n_splits=1, methods=("fail",)), toy_fit, out_dir=None, executor="inline",
+                       progress=False)  # fmt: skip
+    assert report(failed) == 1 and "1 tasks: 0 done, 1 failed" in capsys.readouterr().out
+
+
+def compiled_core_file(task: Task) -> dict:
+    """Where this worker's compiled NUTS core comes from, and when that file was written."""
+    from pyro_bnnlv.infer import compiled
+
+    module = compiled.extension()
+    return {"file": module.__file__, "mtime_ns": os.stat(module.__file__).st_mtime_ns}
+
+
+def test_workers_load_the_compiled_nuts_core_built_once_by_the_driver(tmp_path):
+    from pyro_bnnlv.infer import compiled
+
+    if compiled.extension() is None:
+        pytest.skip("the compiled NUTS core cannot be built here (no compiler or PYRO_BNNLV_COMPILED=0)")
+    built = os.stat(compiled.extension().__file__).st_mtime_ns
+    tasks = [Task("none", method="load", seed=s) for s in range(2)]
+    table = run_sweep(tasks, compiled_core_file, out_dir=tmp_path, workers=2, prepare=compiled.extension,
+                      progress=False)  # fmt: skip
+    assert (table["status"] == "done").all()
+    assert set(table["file"]) == {compiled.extension().__file__} and set(table["mtime_ns"]) == {built}

@@ -193,6 +193,11 @@ class RayExecutor:
     def __init__(self, workers: int | None, threads: int = 1, address: str | None = None) -> None:
         ray = self._ray = _import_ray()
         self.threads, self._owns = threads, False
+        if ray.is_initialized() and address:
+            raise ValueError(
+                f"this process is already connected to Ray, so address={address!r} would be ignored; "
+                "leave the address out to use that connection, or call ray.shutdown() first"
+            )
         if not ray.is_initialized():
             if address:
                 check_ray_address(address)

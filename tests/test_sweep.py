@@ -265,6 +265,7 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         run_sweep([], toy_fit, out_dir=tmp_path / "f", progress=False)
     with pytest.raises(FileNotFoundError, match="no sweep store"):
         load_results(tmp_path / "nothing")
+    assert not any(tmp_path.iterdir())  # every check comes before the store is created
 
 
 def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, monkeypatch):

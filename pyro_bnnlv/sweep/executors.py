@@ -31,7 +31,7 @@ from .store import TABLE_FIELDS
 from .task import KEY_FIELDS, Task
 
 __all__ = ["execute", "make_executor", "available_cores", "EXECUTORS", "InlineExecutor",
-           "LocalExecutor", "RayExecutor", "check_ray_address", "cores_note"]  # fmt: skip
+           "LocalExecutor", "RayExecutor", "check_ray_address", "check_executor_args", "cores_note"]  # fmt: skip
 
 EXECUTORS = ("local", "ray", "inline")
 _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
@@ -236,8 +236,8 @@ class RayExecutor:
             self._ray.shutdown()
 
 
-def make_executor(executor: str, *, workers: int | None, threads: int, address: str | None, num_tasks: int):
-    """The executor named ``executor`` (one of :data:`EXECUTORS`); ``ValueError`` otherwise."""
+def check_executor_args(executor: str, workers: int | None, threads: int, address: str | None) -> None:
+    """``ValueError`` naming the argument unless the executor options make sense."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {executor!r}")
     if address is not None and executor != "ray":
@@ -245,6 +245,11 @@ def make_executor(executor: str, *, workers: int | None, threads: int, address: 
     for name, value in (("workers", workers), ("threads", threads)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive int (or None), got {value!r}")
+
+
+def make_executor(executor: str, *, workers: int | None, threads: int, address: str | None, num_tasks: int):
+    """The executor named ``executor`` (one of :data:`EXECUTORS`); ``ValueError`` on bad options."""
+    check_executor_args(executor, workers, threads, address)
     if executor == "inline":
         return InlineExecutor(threads)
     if executor == "ray":

@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .executors import cores_note, make_executor
+from .executors import check_executor_args, cores_note, make_executor
 from .store import SweepStore
 from .task import Task, check_picklable, code_version as current_code_version, sweep_identity
 
@@ -113,6 +113,9 @@ def run_sweep(
             return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,
                              threads=threads, sweep_meta=sweep_meta, code_version=code_version,
                              retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc)  # fmt: skip
+    check_executor_args(executor, workers, threads, address)  # before the store is touched
+    if executor != "inline":
+        check_picklable(fn)
     version = code_version or current_code_version()
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
@@ -122,8 +125,6 @@ def run_sweep(
         todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
         note = "nothing to run"
         if todo:
-            if executor != "inline":
-                check_picklable(fn)
             runner = make_executor(executor, workers=workers, threads=threads, address=address,
                                    num_tasks=len(todo))  # fmt: skip
             note = cores_note(runner)

@@ -156,11 +156,18 @@ class HypernetGuide(AutoGuide):
             inits.append(value.reshape(-1))
         if not self._sites:
             raise ValueError("the model has no latent sites for the HypernetGuide")
+        dtypes = {v.dtype for v in inits}
+        if len(dtypes) > 1:
+            raise ValueError(f"HypernetGuide generates all sites with one network; the sites have dtypes "
+                             f"{sorted(map(str, dtypes))}: convert the model to one dtype (e.g. model.double())")  # fmt: skip
+        like = inits[0]  # the hypernet, its noise and its output follow the model's dtype and device
         out_dim = sum(n for _, n in self._sites.values())
         net = _hypernet(self.noise_dim, self.hidden_sizes, out_dim, self.activation)
+        net.to(dtype=like.dtype, device=like.device)
         with torch.no_grad():
             last = net[-1]
-            probe = net[:-1](torch.randn(1000, self.noise_dim)) @ last.weight.t()
+            probe = net[:-1](torch.randn(1000, self.noise_dim, dtype=like.dtype, device=like.device))
+            probe = probe @ last.weight.t()
             spread = probe.std(0).mean().clamp_min(1e-12)
             last.weight.mul_(self.init_scale / spread)
             last.bias.copy_(torch.cat(inits) - (probe.mean(0) * self.init_scale / spread))
@@ -178,7 +185,7 @@ class HypernetGuide(AutoGuide):
             self._setup_prototype(*args, **kwargs)
         eps = pyro.sample(
             f"_{self._pyro_name}_eps",
-            dist.Normal(torch.zeros(self.noise_dim), 1.0).to_event(1),
+            dist.Normal(self._noise(None), 1.0).to_event(1),
             infer={"is_auxiliary": True, "implicit_noise": True},
         )
         values = self._split(self.hypernet(eps))
@@ -186,6 +193,14 @@ class HypernetGuide(AutoGuide):
             name: pyro.sample(name, ImplicitSample(v, event_dim=len(self._sites[name][0])))
             for name, v in values.items()
         }
+
+    def _noise(self, num_samples: int | None) -> Tensor:
+        """``(num_samples, l)`` standard normal noise in the hypernet's dtype and device (those of
+        the model's sites, or whatever ``guide.to(...)`` set); ``None``: the ``(l,)`` zero mean."""
+        like = self.hypernet[0].weight
+        if num_samples is None:
+            return torch.zeros(self.noise_dim, dtype=like.dtype, device=like.device)
+        return torch.randn(num_samples, self.noise_dim, dtype=like.dtype, device=like.device)
 
     def _split(self, theta: Tensor) -> dict[str, Tensor]:
         """Hypernet output ``(*B, sum numel)`` -> ``{site: (*B, *shape)}``."""
@@ -200,7 +215,7 @@ class HypernetGuide(AutoGuide):
         """``num_samples`` draws of every site, ``{name: (num_samples, *shape)}``, differentiable."""
         if self.prototype_trace is None:
             raise RuntimeError("call the guide once (or fit it) before sample_weights")
-        return self._split(self.hypernet(torch.randn(num_samples, self.noise_dim)))
+        return self._split(self.hypernet(self._noise(num_samples)))
 
     def median(self, *args, **kwargs) -> dict[str, Tensor]:
         """The implicit distribution has no closed-form median: a sample mean over 1,000 draws."""

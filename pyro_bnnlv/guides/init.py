@@ -5,14 +5,19 @@ saddle of the network where all hidden units are identical, from which mean-fiel
 slowly if at all (on the cosine toy, RMSE 0.41 after 1,500 steps against 0.15 from a proper
 initialisation). :func:`init_to_network` starts the weight site at a PyTorch-default network
 initialisation (or a given vector, e.g. a MAP fit) instead.
+
+The initial weights follow the dtype (and device) of the model's ``"w"`` site when the guide
+is set up, so a model converted with ``model.double()`` (before or after this function is
+called) gets float64 starting weights.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
-from pyro.infer.autoguide import init_to_feasible, init_to_value
+from pyro.infer.autoguide import init_to_feasible
 from torch import Tensor
 
 __all__ = ["init_to_network"]
@@ -27,11 +32,29 @@ def init_to_network(
     """An ``init_loc_fn`` for autoguides: site ``"w"`` starts at ``weights`` or at
     ``model.net.init_weights`` drawn with ``seed``; other sites (e.g. latent inputs ``"z"``)
     use ``fallback`` (default ``init_to_feasible``, i.e. 0 for real-valued sites)."""
-    net = model.net
+    net = getattr(model, "net", None)
+    if net is None or not hasattr(net, "init_weights"):
+        raise TypeError(
+            f"init_to_network needs a model with a network in model.net (BNN, BNNLV, ProjectedBNN); "
+            f"{type(model).__name__} has none: use one of Pyro's init functions (e.g. init_to_feasible)"
+        )
     if weights is None:
         weights = net.init_weights(torch.Generator().manual_seed(int(seed)))
     else:
         net.check_weights(weights, "weights")
         if not torch.isfinite(weights).all():
             raise ValueError("weights contains NaN or infinite values")
-    return init_to_value(values={"w": weights.detach().clone()}, fallback=fallback)
+    return functools.partial(_init_site, weights=weights.detach().clone(), fallback=fallback)
+
+
+def _init_site(site: dict, weights: Tensor, fallback: Callable | None) -> Tensor:
+    """``weights`` for site ``"w"`` in the dtype and device of the site's distribution."""
+    if site["name"] != "w":
+        if fallback is None:
+            raise ValueError(f"init_to_network has no value for site {site['name']!r} and fallback=None")
+        return fallback(site)
+    try:  # the mean has the site's dtype and device and, unlike a draw, uses no random numbers
+        like = site["fn"].mean
+    except NotImplementedError:
+        like = site["fn"].sample()
+    return weights.to(dtype=like.dtype, device=like.device)

@@ -135,16 +135,24 @@ class LaplaceGuide(PyroModule):
             return "diag"
         return "full" if self.indices is None else "subset"
 
-    def distribution(self) -> dist.Distribution:
-        """``q(w)`` as a Pyro distribution with event shape ``(P,)``."""
+    def distribution(self, dtype: torch.dtype | None = None) -> dist.Distribution:
+        """``q(w)`` as a Pyro distribution with event shape ``(P,)``, in ``dtype`` (default: the
+        dtype of the stored ``loc``)."""
+        loc = self.loc if dtype is None else self.loc.to(dtype)
         if self.scale is not None:
-            return dist.Normal(self.loc, self.scale).to_event(1)
+            return dist.Normal(loc, self.scale.to(loc.dtype)).to_event(1)
+        tril = self.scale_tril.to(loc.dtype)
         if self.indices is None:
-            return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril)
-        return SubsetNormal(self.loc, self.indices, self.scale_tril)
+            return dist.MultivariateNormal(loc, scale_tril=tril)
+        return SubsetNormal(loc, self.indices, tril)
 
     def forward(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
-        return {self.site: pyro.sample(self.site, self.distribution())}
+        """Sample ``w``. ``args``/``kwargs`` are the model's; the draw takes the dtype of the first
+        floating-point tensor among them (the data ``x``), since a library model only accepts
+        weights in the dtype of its data (``as_guide()`` of a float64 model then still works)."""
+        data = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()]
+        dtype = data[0].dtype if data else None
+        return {self.site: pyro.sample(self.site, self.distribution(dtype))}
 
     def sample_weights(self, num_samples: int, seed: int | None = None) -> Tensor:
         """``(num_samples, P)`` draws of ``w`` outside Pyro (seeded by ``seed`` if given)."""

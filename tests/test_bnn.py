@@ -89,8 +89,15 @@ def test_bad_data_raise(toy_data):
     bad_y[0] = float("inf")
     with pytest.raises(ValueError, match="y contains NaN"):
         model(x, bad_y)
-    with pytest.raises(ValueError, match=r"y must have shape \(100,\).*squeeze"):
-        model(x, y.unsqueeze(-1))
+    with pytest.raises(ValueError, match=r"y must have shape \(100,\) or \(100, 1\)"):
+        model(x, y.unsqueeze(-1).expand(100, 2))
+    # a single-output (N, 1) column is read as (N,): the same log-likelihood (issue 16)
+    def log_lik(targets):
+        with pyro.poutine.seed(rng_seed=0):
+            trace = pyro.poutine.trace(model).get_trace(x, targets)
+        return trace.log_prob_sum()
+
+    assert log_lik(y.unsqueeze(-1)).item() == log_lik(y).item()
     with pytest.raises(ValueError, match=r"x has dtype torch.float64 but BNN's buffers are torch.float32.*double"):
         model(x.double(), y.double())
     for other in (pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1), pb.ProjectedBNN(pb.MLP(1, [4], 1), latent_dim=2)):

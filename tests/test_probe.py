@@ -254,8 +254,190 @@ def _():
 
 
 # ----------------------------------------------------------------------------------------------
+# 16.7: BNN+LV with one data point
+# ----------------------------------------------------------------------------------------------
+def _bnnlv_fit(N: int):
+    from pyro.infer.autoguide import AutoNormal
+
+    model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1)
+    x, y = torch.randn(N, 1, generator=_gen(1)), torch.randn(N, generator=_gen(2))
+    guide = AutoNormal(model, create_plates=model.create_plates)
+    pb.fit_svi(model, guide, x, y, num_steps=3, progress=False, seed=0)
+    return model, guide, x, y
+
+
+@case("16.7 N = 1: sample_posterior keeps z as (S, N, K) = (5, 1, 1)",
+      Value(lambda v: v == {"w": (5, 17), "z": (5, 1, 1), "obs": (5, 1)}, "per-site shapes"))
+def _():
+    model, guide, x, y = _bnnlv_fit(1)
+    s = pb.sample_posterior(model, guide, x, y, num_samples=5, sites=("w", "z", "obs"), seed=0)
+    return {k: tuple(v.shape) for k, v in s.items()}
+
+
+@case("16.7 N = 1: reconstruction_components is (S, N, L) = (5, 1, 1)",
+      Value(lambda v: v == (5, 1, 1), "shape (5, 1, 1)"))
+def _():
+    model, guide, x, y = _bnnlv_fit(1)
+    s = pb.sample_posterior(model, guide, x, y, num_samples=5, sites=("w", "z"), seed=0)
+    return tuple(model.reconstruction_components(x, s).shape)
+
+
+@case("16.7 reconstruction_components with a squeezed z refused",
+      Raises(ValueError, r"samples\['z'\] must have shape \(S, N, K\) = \(5, 1, 1\)"))
+def _():
+    model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1)
+    return model.reconstruction_components(torch.randn(1, 1), {"w": torch.randn(5, 17),
+                                                               "z": torch.randn(5, 1)})
+
+
+@case("16.7 one sample: sample_posterior(num_samples=1) keeps (1, N, K)",
+      Value(lambda v: v == {"w": (1, 17), "z": (1, 3, 1)}, "per-site shapes"))
+def _():
+    model, guide, x, y = _bnnlv_fit(3)
+    s = pb.sample_posterior(model, guide, x, y, num_samples=1, sites=("w", "z"), seed=0)
+    return {k: tuple(v.shape) for k, v in s.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# cryptic errors made clean (or inputs accepted) in the models, evaluate, Laplace and data
+# ----------------------------------------------------------------------------------------------
+@case("cryptic: (N, 1) y for a single-output BNN is read as (N,): same SVI fit",
+      Value(lambda v: v[0] == v[1], "identical loss curves"))
+def _():
+    from pyro.infer.autoguide import AutoNormal
+
+    x, y = torch.randn(12, 1, generator=_gen(1)), torch.randn(12, generator=_gen(2))
+    curves = []
+    for target in (y, y.unsqueeze(-1)):
+        model = pb.BNN(pb.MLP(1, [4], 1))
+        curves.append(pb.fit_svi(model, AutoNormal(model), x, target, num_steps=5, seed=0,
+                                 progress=False))
+    return curves
+
+
+@case("cryptic: (N, 1) y for BNN+LV and ProjectedBNN give the same log-likelihood",
+      Value(lambda v: all(a == b for a, b in v), "identical log densities"))
+def _():
+    import pyro
+
+    x, y = torch.randn(6, 1, generator=_gen(1)), torch.randn(6, generator=_gen(2))
+    out = []
+    for model in (pb.BNNLV(pb.MLP(2, [4], 1)), pb.ProjectedBNN(pb.MLP(1, [4], 1), latent_dim=2)):
+        lps = []
+        for target in (y, y.unsqueeze(-1)):
+            with pyro.poutine.seed(rng_seed=0):
+                lps.append(pyro.poutine.trace(model).get_trace(x, target).log_prob_sum().item())
+        out.append(lps)
+    return out
+
+
+@case("cryptic: (N, 1) y through run_nuts, Laplace and evaluate: same results",
+      Value(lambda v: all(a == b for a, b in v), "identical values"))
+def _():
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    x, y = torch.randn(8, 1, generator=_gen(1)), torch.randn(8, generator=_gen(2))
+    w = torch.randn(4, model.num_weights, generator=_gen(3))
+    pairs = []
+    for target in (y, y.unsqueeze(-1)):
+        mcmc = pb.run_nuts(model, x, target, num_samples=3, warmup_steps=2, map_steps=3, seed=0,
+                           progress=False)
+        la = pb.infer.LinearizedLaplace(model, w[0]).fit(x, target)
+        pairs.append((mcmc.get_samples()["w"].sum().item(), la.log_marginal_likelihood().item(),
+                      pb.evaluate(model, w, x, target)["test_ll"]))
+    return list(zip(*pairs))
+
+
+@case("cryptic: a wrong y shape still names both accepted shapes",
+      Raises(ValueError, r"y must have shape \(8,\) or \(8, 1\) for out_features=1; got \(8, 2\)"))
+def _():
+    return pb.BNN(pb.MLP(1, [3], 1))(torch.randn(8, 1), torch.randn(8, 2))
+
+
+@case("cryptic: fit_svi with N = 0 names x", Raises(ValueError, r"x has 0 rows"))
+def _():
+    from pyro.infer.autoguide import AutoNormal
+
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    return pb.fit_svi(model, AutoNormal(model), torch.randn(0, 1), torch.randn(0), num_steps=2,
+                      progress=False)
+
+
+@case("cryptic: evaluate on 0 rows names x", Raises(ValueError, r"x has 0 rows"))
+def _():
+    model, w = _bnn_and_samples()
+    return pb.evaluate(model, w, torch.randn(0, 2), torch.randn(0))
+
+
+def _laplace(**kwargs):
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    x, y = torch.randn(10, 1, generator=_gen(1)), torch.randn(10, generator=_gen(2))
+    w = torch.randn(model.num_weights, generator=_gen(3))
+    return pb.infer.LinearizedLaplace(model, w, **kwargs).fit(x, y)
+
+
+@case("cryptic: la.predictive on 0 rows names x", Raises(ValueError, r"x has 0 rows"))
+def _():
+    return _laplace().predictive(torch.randn(0, 1))
+
+
+@case("cryptic: Laplace fit on 0 rows names x", Raises(ValueError, r"x has 0 rows"))
+def _():
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    return pb.infer.LinearizedLaplace(model, torch.zeros(model.num_weights)).fit(
+        torch.randn(0, 1), torch.randn(0))
+
+
+@case("cryptic: float32 log_marginal_likelihood on a singular H names dtype and the fix",
+      Raises(ValueError, r"not numerically positive definite in torch.float32.*dtype=torch.float64"))
+def _():
+    return _laplace(dtype=torch.float32).log_marginal_likelihood(prior_precision=1e-30)
+
+
+@case("cryptic: log_marginal_likelihood(prior_precision < 0) names the argument",
+      Raises(ValueError, r"prior_precision must be positive and finite"))
+def _():
+    return _laplace().log_marginal_likelihood(prior_precision=-1.0)
+
+
+@case("cryptic: log_marginal_likelihood(noise_scale=0) names the argument",
+      Raises(ValueError, r"noise_scale must be a positive finite scalar"))
+def _():
+    return _laplace().log_marginal_likelihood(noise_scale=0.0)
+
+
+@case("Laplace: log marginal likelihood stays differentiable in its hyper-parameters",
+      Value(lambda v: all(math.isfinite(g) and g != 0 for g in v), "finite non-zero gradients"))
+def _():
+    la = _laplace()
+    p = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    s = torch.tensor(0.5, dtype=F64, requires_grad=True)
+    la.log_marginal_likelihood(p, s).backward()
+    return p.grad.item(), s.grad.item()
+
+
+@case("cryptic: load_dataset('boston', split=True) names split",
+      Raises(ValueError, r"split must be an integer in \[0, 20\) for boston.*got True"))
+def _():
+    return pb.datasets.load_dataset("boston", split=True)
+
+
+@case("numpy integer split accepted", Value(lambda v: "standard split 3 of 20" in v, "split 3"))
+def _():
+    return pb.datasets.load_dataset("boston", split=np.int64(3)).description
+
+
+# ----------------------------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="needs infer.svi._check_positive_int to accept numpy "
+                   "integers (numbers.Integral); svi.py is being rewritten by the lead")
+def test_numpy_integer_counts_are_accepted():
+    model, w = _bnn_and_samples()
+    guide = pb.infer.LinearizedLaplace(model, w[0]).fit(torch.randn(6, 2), torch.randn(6)).as_guide()
+    out = pb.sample_posterior(model, guide, torch.randn(6, 2), num_samples=np.int64(3), seed=0)
+    assert out["w"].shape == (3, model.num_weights)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_probe(name: str) -> None:
     torch.manual_seed(0)
@@ -268,6 +450,9 @@ def test_probe(name: str) -> None:
             fn()
     else:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a correct value comes without a warning
+            # a correct value comes without a warning of ours (torch's own deprecation notices,
+            # filtered in pyproject.toml, stay as they are)
+            warnings.simplefilter("error", UserWarning)
+            warnings.simplefilter("error", RuntimeWarning)
             result = fn()
         assert expect.check(result), f"{name}: expected {expect.what}, got {result!r}"

@@ -18,6 +18,7 @@ Real data are standardised with training statistics by default.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -92,8 +93,10 @@ def load_uci(
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
     folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download)
     n_splits = uci_num_splits(name, data_dir, download)
-    if not (isinstance(split, int) and 0 <= split < n_splits):
-        raise ValueError(f"split must be an integer in [0, {n_splits}) for {name}, got {split!r}")
+    if isinstance(split, bool) or not isinstance(split, numbers.Integral) or not 0 <= split < n_splits:
+        raise ValueError(f"split must be an integer in [0, {n_splits}) for {name} (the index of a "
+                         f"standard split), got {split!r}")  # fmt: skip
+    split = int(split)
     x, y = _read_uci_matrix(folder)
     train = np.loadtxt(folder / f"index_train_{split}.txt", dtype=int)
     test = np.loadtxt(folder / f"index_test_{split}.txt", dtype=int)

@@ -462,6 +462,8 @@ class LinearizedLaplace:
         """The linearised predictive at ``x (N, D)`` (App. A), batched over the points."""
         self._check_fitted()
         self.net.check_input(x)
+        if x.shape[0] == 0:
+            raise ValueError("x has 0 rows: pass at least one input to predict at")
         x = x.to(self.dtype)
         L, K = self.num_outputs, self.num_params
         means, covs = [], []
@@ -524,13 +526,26 @@ class LinearizedLaplace:
         Differentiable in tensor-valued ``prior_precision`` and ``noise_scale``."""
         self._check_fitted()
         P = self.net.num_weights
+        if prior_precision is not None:
+            _as_vector(prior_precision, P, "prior_precision", self.dtype)  # checks only (detached)
+        if noise_scale is not None:
+            _as_positive_scalar(noise_scale, "noise_scale", self.dtype)
         p = self.prior_precision if prior_precision is None else torch.as_tensor(prior_precision, dtype=self.dtype)
         p = self._sub(p.expand(P))
         sigma = self.noise_scale if noise_scale is None else torch.as_tensor(noise_scale, dtype=self.dtype)
         s2 = sigma.square()
         H = self.gram / s2 + (p if self.structure == "diag" else torch.diag(p))
-        logdet = H.log().sum() if self.structure == "diag" else 2 * torch.linalg.cholesky(H).diagonal().log().sum()
-        return self._log_evidence(logdet, p, s2)
+        if self.structure == "diag":
+            return self._log_evidence(H.log().sum(), p, s2)
+        chol, info = torch.linalg.cholesky_ex(H)
+        if int(info) != 0:
+            raise ValueError(
+                f"the posterior precision H = G / sigma^2 + diag(prior_precision) is not numerically "
+                f"positive definite in {self.dtype} (Cholesky fails at order {int(info)}), so its "
+                "log-determinant is undefined: build LinearizedLaplace(..., dtype=torch.float64) "
+                "(the default) or use a larger prior_precision"
+            )
+        return self._log_evidence(2 * chol.diagonal().log().sum(), p, s2)
 
     def _log_evidence(self, logdet: Tensor, p: Tensor, s2: Tensor) -> Tensor:
         NL = self.num_data * self.num_outputs

@@ -7,14 +7,16 @@ latents such as ``"z"`` as ``(S, N, K)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from pyro import poutine
 from pyro.infer import Predictive
 from torch import Tensor
 
-from .svi import isolated_param_store, set_seed
+from .svi import _check_positive_int, isolated_param_store, set_seed
 
 __all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean"]
 
@@ -34,26 +36,40 @@ def sample_posterior(
     pass the training data, since the guide's local sites are indexed by training points.
     Returns ``{"w": (S, P), ...}`` with the data-plate dimension of global sites removed.
     """
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    _check_positive_int(num_samples, "num_samples")
     set_seed(seed)
     with isolated_param_store(model, guide), torch.no_grad():
         pred = Predictive(
             model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites)
         )
         out = pred(*args, **kwargs)
-    missing = [s for s in sites if s not in out]
-    if missing:
-        raise ValueError(f"sites {missing} not found in the model; available: {sorted(out)}")
-    return {k: _squeeze_plate_dim(v, num_samples) for k, v in out.items()}
+        missing = [s for s in sites if s not in out]
+        if missing:
+            raise ValueError(f"sites {missing} not found in the model; available: {sorted(out)}")
+        with poutine.block():
+            shapes = {
+                name: site["value"].shape
+                for name, site in poutine.trace(model).get_trace(*args, **kwargs).nodes.items()
+                if name in out
+            }
+    return {k: _drop_plate_dims(v, num_samples, shapes[k], k) for k, v in out.items()}
 
 
-def _squeeze_plate_dim(v: Tensor, num_samples: int) -> Tensor:
-    # A global site sampled under Predictive(parallel=True) has shape (S, 1, *event): the 1 is the
-    # model's data plate (dim -1 of the batch shape). Local sites already have (S, N, *event).
-    if v.dim() >= 3 and v.shape[0] == num_samples and v.shape[1] == 1:
-        return v.squeeze(1)
-    return v
+def _drop_plate_dims(v: Tensor, num_samples: int, shape: torch.Size, name: str) -> Tensor:
+    """``(S, *plate singletons, *shape)`` -> ``(S, *shape)``.
+
+    A global site sampled under ``Predictive(parallel=True)`` carries a singleton for each
+    plate the model declares (``"w"``: ``(S, 1, P)``); local sites already have ``(S, N, ...)``.
+    The site's shape in one trace of the model tells which is which, so a data set of one point
+    (``"z"`` of shape ``(S, 1, K)``) is not mistaken for a global site.
+    """
+    target = (num_samples, *shape)
+    if v.shape == target:
+        return v
+    if v.numel() != math.prod(target):
+        raise ValueError(f"site {name!r}: Predictive returned shape {tuple(v.shape)}, which does "
+                         f"not reshape to (num_samples, *site shape) = {target}")
+    return v.reshape(target)
 
 
 def as_sample_dict(posterior: Any) -> dict[str, Tensor]:

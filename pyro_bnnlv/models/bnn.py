@@ -10,11 +10,12 @@ Generative model (``ncai-bnnlv-nonidentifiability.txt`` sec. 2, "A Bayesian Neur
 with all network weights in one flat latent site ``"w"`` (event shape ``(P,)``) and the
 observations at site ``"obs"`` inside ``pyro.plate("data", N, subsample_size=batch_size)``.
 
-Shapes. ``x`` is ``(N, D)``; ``y`` is ``(N,)`` for a single-output network (``out_features=1``)
-or ``(N, L)``. Under vectorised particles or ``Predictive(parallel=True)`` the global ``w`` has
-batch shape ``(S, 1)`` (the trailing 1 is the data plate's dimension); the model then evaluates
-``f`` for the ``S`` weight vectors at once and gives ``"obs"`` batch shape ``(S, N)``, never
-``(S, S, N)`` (a silent broadcasting trap, see ``tests/test_bnn.py``).
+Shapes. ``x`` is ``(N, D)``; ``y`` is ``(N,)`` for a single-output network (``out_features=1``;
+an ``(N, 1)`` column is accepted and read as ``(N,)``) or ``(N, L)``. Under vectorised
+particles or ``Predictive(parallel=True)`` the global ``w`` has batch shape ``(S, 1)`` (the
+trailing 1 is the data plate's dimension); the model then evaluates ``f`` for the ``S`` weight
+vectors at once and gives ``"obs"`` batch shape ``(S, N)``, never ``(S, S, N)`` (a silent
+broadcasting trap, see ``tests/test_bnn.py``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None
 
 
 def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -> None:
-    """Validate regression data: finite ``x (N, in_features)``; ``y (N,)`` if ``out_features``
-    is 1, else ``(N, out_features)``; ``ValueError`` naming the argument otherwise."""
+    """Validate regression data: finite ``x (N, in_features)``; ``y (N, out_features)``, or
+    ``(N,)`` when ``out_features`` is 1; ``ValueError`` naming the argument otherwise."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != in_features:
@@ -68,6 +69,8 @@ def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -
             f"x must have shape (N, {in_features}) (in_features={in_features}); "
             f"got {tuple(x.shape)}"
         )
+    if x.shape[0] == 0:
+        raise ValueError("x has 0 rows: the data must have at least one point")
     if not torch.isfinite(x).all():
         raise ValueError("x contains NaN or infinite values")
     if y is None:
@@ -77,10 +80,10 @@ def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: {x.shape[0]} vs {y.shape[0]}")
     L = out_features
-    expected = (x.shape[0],) if L == 1 else (x.shape[0], L)
-    if y.shape != expected:
-        hint = " (use y.squeeze(-1))" if L == 1 and y.shape == (x.shape[0], 1) else ""
-        raise ValueError(f"y must have shape {expected} for out_features={L}; got {tuple(y.shape)}{hint}")
+    N = x.shape[0]
+    if y.shape != (N, L) and (L != 1 or y.shape != (N,)):
+        expected = f"({N},) or ({N}, 1)" if L == 1 else f"({N}, {L})"
+        raise ValueError(f"y must have shape {expected} for out_features={L}; got {tuple(y.shape)}")
     if not torch.isfinite(y).all():
         raise ValueError("y contains NaN or infinite values")
 
@@ -171,6 +174,12 @@ class BNN(PyroModule):
             w = w.squeeze(-2)
         return self.net(x, w)
 
+    def _observed(self, y: Tensor | None) -> Tensor | None:
+        """Targets in the shape of ``"obs"``: a single-output ``(N, 1)`` column becomes ``(N,)``."""
+        if y is not None and self.net.out_features == 1 and y.dim() == 2:
+            return y.squeeze(-1)
+        return y
+
     def _likelihood(self, f: Tensor) -> dist.Distribution:
         sigma = self.noise_scale
         if self.net.out_features == 1:
@@ -181,6 +190,7 @@ class BNN(PyroModule):
         if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
             self.check_data(x, y)
             self._check_dtype(x)
+        y = self._observed(y)
         w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:
             if batch_size is None:

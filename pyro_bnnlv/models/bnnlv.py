@@ -121,12 +121,23 @@ class BNNLV(BNN):
         ``samples["z"]`` is ``(S, N, K)`` (from :func:`pyro_bnnlv.sample_posterior` with
         ``sites=("w", "z")``); used for the reconstruction MSE (eq. 33).
         """
-        return self.net(self.network_input(x, samples["z"]), samples["w"])
+        if "z" not in samples:
+            raise ValueError("samples has no 'z': draw it with pb.sample_posterior(model, guide, x, "
+                             "y, sites=('w', 'z'))")  # fmt: skip
+        w, z = samples["w"], samples["z"]
+        expected = (w.shape[0], x.shape[0], self.latent_dim)
+        if w.dim() != 2 or tuple(z.shape) != expected:
+            raise ValueError(
+                f"samples['z'] must have shape (S, N, K) = {expected} for samples['w'] of shape "
+                f"(S, P) and x of N = {x.shape[0]} rows; got z {tuple(z.shape)}, w {tuple(w.shape)}"
+            )
+        return self.net(self.network_input(x, z), w)
 
     def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():
             self.check_data(x, y)
             self._check_dtype(x)
+        y = self._observed(y)
         w = pyro.sample("w", dist.Normal(self.prior_loc.clone(), self.prior_scale.clone()).to_event(1))
         z_prior = dist.Normal(torch.zeros(self.latent_dim, dtype=x.dtype), self.latent_scale)
         with pyro.plate("data", x.shape[0], subsample_size=batch_size) as idx:

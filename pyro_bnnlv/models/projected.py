@@ -116,6 +116,7 @@ class ProjectedBNN(BNN):
         if not torch.jit.is_tracing():
             self.check_data(x, y, task)
             self._check_dtype(x)
+        y = self._observed(y)
         K = self.latent_dim
         if self.fixed_phi is None:
             phi_prior = dist.Normal(torch.zeros(self.num_phi, dtype=x.dtype), self.phi_scale)

@@ -33,7 +33,7 @@ from .models import OverparametrisedLinear
 from .nets import MLP, FlatNet, ModuleNet
 from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
-from .guides import LaplaceGuide
+from .guides import LaplaceGuide, MeanField
 from .infer import LinearizedLaplace, LocalReparamELBO
 from .infer import CompiledTraceElbo, PenalizedElbo
 from .datasets import extrapolation_split, gap_splits, interpolation_split
@@ -71,6 +71,7 @@ __all__ = [
     "train_map",
     "OverparametrisedLinear",
     "LaplaceGuide",
+    "MeanField",
     "LinearizedLaplace",
     "LocalReparamELBO",
     "extrapolation_split",

@@ -1,0 +1,83 @@
+r"""Mean-field Gaussian VI for the library's networks: ``AutoNormal`` with a start that works.
+
+The variational family is the fully factorised Gaussian of Bayes by Backprop (Blundell,
+Cornebise, Kavukcuoglu & Wierstra 2015, arXiv:1505.05424, sec. 3.2),
+
+.. math::
+
+    q_\phi(w) = \prod_{i=1}^{P} \mathcal N(w_i;\ \mu_i, s_i^2), \qquad \phi = (\mu, s),
+
+fitted by maximising the ELBO ``E_q[log p(y | x, w)] - KL(q || p)`` (Foong, Li, Hernandez-Lobato
+& Turner 2019, "'In-Between' Uncertainty in Bayesian Neural Networks", arXiv:1906.11537, sec. 2,
+eq. 1 is its Monte Carlo form). It is Pyro's :class:`~pyro.infer.autoguide.AutoNormal`; only the
+starting point differs. Pyro's defaults (``init_to_feasible``: every mean ``mu_i = 0``;
+``init_scale=0.1``) start at the symmetric saddle where all hidden units are identical, with
+weight noise as large as the weights a network needs. On the two-cluster cosine toy (120 points,
+1x50 tanh, ``N(0, 1)`` prior, ``sigma = 0.1``, 3,000 Adam steps at lr 0.01, seed 0) plain
+``AutoNormal(model)`` reaches a test log-likelihood of -4.23 (RMSE 0.41) and this guide 0.66
+(RMSE 0.13); issue 16 reported -4.4 and 0.46 (``tests/test_default_guide.py`` checks the gap
+at 600 steps).
+
+:class:`MeanField` starts the means at a PyTorch-default random network
+(:func:`~pyro_bnnlv.guides.init.init_to_network`) and every ``s_i`` at ``init_scale = 0.01``,
+the recipe of Foong et al. (2019, App. D: means from a random initialisation, variances
+``1e-5``) at a scale that Adam moves within a few hundred steps. For models with per-datapoint
+latents (BNN+LV) it also passes the model's ``create_plates``, so minibatches subsample the
+latents with the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyro.infer.autoguide import AutoNormal, init_to_feasible
+
+from ..nets import FlatNet
+from .init import init_to_network
+
+__all__ = ["MeanField"]
+
+
+class MeanField(AutoNormal):
+    """``AutoNormal`` (mean-field Gaussian VI) with defaults for neural networks.
+
+    Args:
+        model: a Pyro model; for the library's models (anything with a
+            :class:`~pyro_bnnlv.nets.FlatNet` in ``model.net``) the weight site ``"w"`` starts at
+            ``model.net.init_weights`` drawn with ``seed``.
+        init_loc_fn: overrides that start (any Pyro ``init_loc_fn``, e.g.
+            ``pb.init_to_network(model, weights=w_map)``). Default: ``init_to_network(model,
+            seed)`` for the library's models, Pyro's ``init_to_feasible`` otherwise.
+        init_scale: initial standard deviation of every factor (default 0.01; Pyro's is 0.1).
+        create_plates: as in ``AutoNormal``; default ``model.create_plates`` when the model has
+            one (BNN+LV), so its latents ``z`` are subsampled with minibatches.
+        seed: seed of the random network start (restarts: 0, 1, 2, ...).
+
+    ``MeanField(model)`` is ``AutoNormal(model, init_loc_fn=pb.init_to_network(model, seed),
+    init_scale=0.01)``: the same parameters and names, usable wherever an ``AutoNormal`` is.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        init_loc_fn: Callable | None = None,
+        init_scale: float = 0.01,
+        create_plates: Callable | None = None,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not init_scale > 0:
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+        if init_loc_fn is None:
+            has_net = isinstance(getattr(model, "net", None), FlatNet)
+            init_loc_fn = init_to_network(model, seed=seed) if has_net else init_to_feasible
+        if create_plates is None:
+            create_plates = getattr(model, "create_plates", None)
+        self.seed = seed
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale),
+                         create_plates=create_plates)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"init_scale={self._init_scale}, seed={self.seed}"

@@ -370,7 +370,7 @@ def nuts_benchmark(
             pyro.set_rng_seed(seed + r)
             if name == "traced":
                 k = _BenchCountingNUTS(
-                    model, jit_compile=True, ignore_jit_warnings=True,
+                    model, jit_compile=True,
                     init_strategy=init_to_value(values={"w": start_w}), **common,
                 )  # fmt: skip
                 args: tuple = (x, y)

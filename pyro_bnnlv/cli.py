@@ -127,7 +127,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import CompareConfig, load_compare_data, run_compare
 
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
-                                        ncai_grid=_parse_grid(args.grid)).items() if v is not None}  # fmt: skip
+                                        ncai_grid=_parse_grid(args.grid),
+                                        independence=args.independence).items() if v is not None}  # fmt: skip
     cfg = CompareConfig.full(**overrides) if args.full else CompareConfig(**overrides)
     data = load_compare_data(args.dataset, seed=cfg.seed)
     print(f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
@@ -215,6 +216,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--grid", nargs="*", metavar="NAME=V1,V2",
                    help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5")
+    c.add_argument("--independence", choices=["hsic", "pc"], default=None,
+                   help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations")
     c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
     c.add_argument("--output", help="write the table as CSV")
     c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")

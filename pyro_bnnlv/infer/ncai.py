@@ -29,11 +29,11 @@ linear correlations of ``mu_z`` with ``x`` *and with* ``y`` ("``y`` depends non-
 
 The default ``independence="hsic"`` penalises the normalised Hilbert-Schmidt independence
 criterion of ``x`` and ``mu_z`` (:func:`~pyro_bnnlv.stats.hsic.normalized_hsic`, Gaussian kernels,
-median bandwidths), ``lambda3 N exp(nHSIC(x, mu_z) / eps_x)``: zero in the population iff ``x`` and
+bandwidths from the samples' spread), ``lambda3 N exp(nHSIC(x, mu_z) / eps_x)``: zero in the population iff ``x`` and
 ``mu_z`` are independent, blind to nothing a correlation misses (``mu_z = x^2`` scores 0.35,
 a sign pattern of ``x + y`` 0.61), invariant to rescaling ``mu_z`` and indifferent to ``y``, so
 the truth pays almost nothing (heavy-tail: ``nHSIC(x, z_true) = 0.003-0.007``, the null's 95%
-quantile is 0.018). ``independence="pc"`` keeps the printed form.
+quantile is 0.015). ``independence="pc"`` keeps the printed form.
 
 Readings of the printed text (documented choices):
 

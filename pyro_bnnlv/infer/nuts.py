@@ -1005,7 +1005,7 @@ def run_nuts(
     options = dict(target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
                    full_mass=full_mass, step_size=step_size)  # fmt: skip
     if pot is None:
-        nuts = _CountingNUTS(model, jit_compile=jit_compile, ignore_jit_warnings=True, **options)
+        nuts = _CountingNUTS(model, jit_compile=jit_compile, **options)
         path = "traced"
     elif kernel == "flat":
         nuts = FlatNUTS(pot, **options)

@@ -87,7 +87,7 @@ def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
 
 
 def _check_same_n(name_a: str, a: Any, name_b: str, b: Any) -> None:
-    if a.shape[0] != b.shape[0]:
+    if not torch.jit.is_tracing() and a.shape[0] != b.shape[0]:
         raise ValueError(
             f"`{name_a}` and `{name_b}` must have the same number of rows (datapoints), "
             f"got {a.shape[0]} and {b.shape[0]}"

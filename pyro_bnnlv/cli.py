@@ -125,6 +125,7 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import CompareConfig, load_compare_data, run_compare
+    from .sweep.cli import report, sweep_options
 
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
                                         ncai_grid=_parse_grid(args.grid),
@@ -136,14 +137,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     figure = None
     if data.input_dim == 1 and not args.no_plot:
         figure = Path(args.figure or f"compare-{data.name}.png")
-    table, _ = run_compare(data, cfg, progress=not args.quiet, figure=figure)
+    table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, **sweep_options(args))
     print(table.to_string(index=False, float_format="%.3f"))
     if figure is not None:
         print(f"wrote {figure}")
     if args.output:
         table.to_csv(args.output, index=False)
         print(f"wrote {args.output}")
-    return 0
+    return report(table)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -223,6 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")
     c.add_argument("--no-plot", action="store_true")
     c.add_argument("--quiet", action="store_true")
+    from .sweep.cli import add_sweep_arguments
+
+    add_sweep_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
     b = sub.add_parser("bench", help="side-by-side benchmarks")

@@ -36,6 +36,8 @@ empirical Bayes for the prior variances).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -63,8 +65,10 @@ from .nets import MLP
 from .stats.dependence import ksg_mutual_information
 from .stats.latent import latent_diagnostics, latent_means
 from .stats.predictive import evaluate
+from .sweep import Task, run_sweep
 
-__all__ = ["CompareConfig", "DATASET_SETTINGS", "run_compare", "load_compare_data", "METHODS", "COLUMNS"]
+__all__ = ["CompareConfig", "DATASET_SETTINGS", "run_compare", "load_compare_data", "compare_tasks",
+           "fit_task", "select_fits", "METHODS", "COLUMNS"]  # fmt: skip
 
 METHODS = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)")
 COLUMNS = ["method", "test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z", "seconds", "selected"]
@@ -208,11 +212,83 @@ def _fit(method: str, data: Dataset, cfg: CompareConfig, hidden: list[int], z_va
     return _Fit(model, guide, float(valid["test_ll"]), _setting(noise_var, ncai, cfg.independence), history)
 
 
-def _candidates(method: str, cfg: CompareConfig):
-    noise_vars = cfg.bnn_noise_vars if method == "BNN (MFVI)" else cfg.lv_noise_vars
-    grid = cfg.ncai_grid if method == "BNN+LV (NCAI_lambda)" else [None]
-    for noise_var, ncai, restart in itertools.product(noise_vars, grid, range(cfg.restarts)):
-        yield noise_var, ncai, restart
+NCAI_KEYS = ("lambda1", "lambda2", "lambda3", "eps_T", "eps_x", "eps_y")
+
+
+def _architecture(name: str, cfg: CompareConfig) -> tuple[list[int], float, bool]:
+    """Hidden layers, latent prior variance and whether App. F.1 fixes it, for data set ``name``."""
+    settings = DATASET_SETTINGS.get(name, {})
+    z_fixed = cfg.z_var is not None or "z_var" in settings
+    return cfg.hidden or settings.get("hidden", [20]), cfg.z_var or settings.get("z_var", 1.0), z_fixed
+
+
+def compare_tasks(dataset: str, cfg: CompareConfig, splits: list[int] | None = None) -> list[Task]:
+    """The fits of a comparison as sweep tasks: method x noise variance x NCAI grid point x
+    restart, on each split (data seed; default ``[cfg.seed]``); task seed ``split * 1000 + restart``."""
+    tasks = []
+    for split in splits if splits is not None else [cfg.seed]:
+        for method in METHODS:
+            noise_vars = cfg.bnn_noise_vars if method == "BNN (MFVI)" else cfg.lv_noise_vars
+            grid = cfg.ncai_grid if method == "BNN+LV (NCAI_lambda)" else [{}]
+            for noise_var, point, restart in itertools.product(noise_vars, grid, range(cfg.restarts)):
+                params = {"noise_var": float(noise_var), **{k: float(point[k]) for k in NCAI_KEYS if k in point}}
+                tasks.append(Task(dataset, method, split=int(split), grid=params, restart=restart,
+                                  seed=int(split) * 1000 + restart))  # fmt: skip
+    return tasks
+
+
+def _test_row(fit: _Fit, data: Dataset, cfg: CompareConfig) -> dict[str, Any]:
+    samples = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train,
+                               num_samples=cfg.num_samples, seed=cfg.seed)  # fmt: skip
+    test = evaluate(fit.model, samples, data.x_test, data.y_test,
+                    y_mean=data.y_mean, y_std=data.y_std, seed=cfg.seed)  # fmt: skip
+    row = {**{k: float(v) for k, v in test.to_dict().items()}, "mi_x_z": math.nan, "hz_z": math.nan}
+    if isinstance(fit.model, BNNLV):
+        diag = latent_diagnostics(fit.model, fit.guide, data.x_train, data.y_train)
+        row.update(mi_x_z=float(diag["mi_x_z"]), hz_z=float(diag["hz_z"]))
+    return row
+
+
+def _fit_task(task: Task, cfg: CompareConfig, data: Dataset) -> _Fit:
+    hidden, z_var, z_fixed = _architecture(data.name, cfg)
+    p = task.params
+    ncai = {k: p[k] for k in NCAI_KEYS if k in p} if task.method == "BNN+LV (NCAI_lambda)" else None
+    return _fit(task.method, data, cfg, hidden, z_var, z_fixed, p["noise_var"], ncai, task.seed)
+
+
+def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None) -> dict[str, Any]:
+    """One fit of the comparison (a sweep task): validation LL (for selection), the test metrics,
+    ``I(x; mu_z)``, ``HZ(mu_z)``, the final value of every logged training term, and seconds."""
+    cfg = CompareConfig(**config)
+    data = data if data is not None else load_compare_data(task.dataset, seed=int(task.split))
+    t0 = time.perf_counter()
+    fit = _fit_task(task, cfg, data)
+    row = {"valid_ll": fit.valid_ll, "setting": fit.setting, "fit_seconds": time.perf_counter() - t0}
+    row.update(_test_row(fit, data, cfg))
+    if fit.history is not None:
+        last = fit.history.ffill().iloc[-1]
+        row.update({f"final_{k}": float(v) for k, v in last.items()})
+    return row
+
+
+def select_fits(results: pd.DataFrame) -> pd.DataFrame:
+    """Per (data set, split, method) the fit with the best validation LL; the ``NCAI_lambda``
+    row is replaced by the ``NCAI_0`` one where that validates better (App. F.1), its
+    ``selected`` column then starting with ``lambda=0``."""
+    done = results[results["status"] == "done"] if "status" in results else results
+    best = done.loc[done.groupby(["dataset", "split", "method"])["valid_ll"].idxmax()].copy()
+    best["selected"] = best["setting"]
+    out = []
+    for (_, _), group in best.groupby(["dataset", "split"], sort=False):
+        rows = group.set_index("method")
+        if {"BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)"} <= set(rows.index):
+            zero, lam = rows.loc["BNN+LV (NCAI_0)"], rows.loc["BNN+LV (NCAI_lambda)"]
+            if zero["valid_ll"] >= lam["valid_ll"]:
+                replaced = zero.copy()
+                replaced["selected"] = "lambda=0 (" + str(zero["setting"]) + ")"
+                rows.loc["BNN+LV (NCAI_lambda)"] = replaced
+        out.append(rows.reindex([m for m in METHODS if m in rows.index]).reset_index())
+    return pd.concat(out, ignore_index=True)
 
 
 def run_compare(
@@ -221,47 +297,38 @@ def run_compare(
     *,
     progress: bool = True,
     figure: str | Path | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    out_dir: str | Path | None = None,
+    code_version: str | None = None,
 ) -> tuple[pd.DataFrame, dict[str, _Fit]]:
-    """Run the four methods on ``dataset``; return the results table and the selected fits."""
+    """Run the four methods on ``dataset``; return the results table and the selected fits.
+
+    The fits are sweep tasks (:func:`compare_tasks`, :func:`fit_task`) run by
+    :func:`pyro_bnnlv.sweep.run_sweep` (``executor``, ``workers``, ``address``; ``out_dir`` keeps
+    a resumable store). The selected fits are refitted in this process (same seeds) to return
+    them and draw the figure. The table's ``attrs`` carry the sweep's summary and failures.
+    """
     cfg = config or CompareConfig()
-    data = dataset if isinstance(dataset, Dataset) else load_compare_data(dataset, seed=cfg.seed)
-    settings = DATASET_SETTINGS.get(data.name, {})
-    hidden = cfg.hidden or settings.get("hidden", [20])
-    z_fixed = cfg.z_var is not None or "z_var" in settings
-    z_var = cfg.z_var or settings.get("z_var", 1.0)
-    rows, fits = [], {}
-    total = sum(len(list(_candidates(m, cfg))) for m in METHODS)
-    bar = tqdm(total=total, disable=not progress, desc=f"compare {data.name}")
-    for method in METHODS:
-        t0 = time.perf_counter()
-        best: _Fit | None = None
-        for noise_var, ncai, restart in _candidates(method, cfg):
-            seed = cfg.seed * 1000 + restart
-            fit = _fit(method, data, cfg, hidden, z_var, z_fixed, noise_var, ncai, seed)
-            if best is None or fit.valid_ll > best.valid_ll:
-                best = fit
-            bar.update(1)
-            bar.set_postfix(method=method, valid_ll=f"{fit.valid_ll:.3f}")
-        seconds = time.perf_counter() - t0
-        if method == "BNN+LV (NCAI_lambda)":  # App. F.1: NCAI_0 vs NCAI_lambda on validation
-            zero = fits["BNN+LV (NCAI_0)"]
-            if zero.valid_ll >= best.valid_ll:
-                best = _Fit(zero.model, zero.guide, zero.valid_ll, "lambda=0 (" + zero.setting + ")", zero.history)
-        fits[method] = best
-        samples = sample_posterior(best.model, best.guide, data.x_train, data.y_train,
-                                   num_samples=cfg.num_samples, seed=cfg.seed)  # fmt: skip
-        test = evaluate(best.model, samples, data.x_test, data.y_test,
-                        y_mean=data.y_mean, y_std=data.y_std, seed=cfg.seed)  # fmt: skip
-        row = {"method": method, **test.to_dict(), "mi_x_z": math.nan, "hz_z": math.nan}
-        if isinstance(best.model, BNNLV):
-            diag = latent_diagnostics(best.model, best.guide, data.x_train, data.y_train)
-            row.update(mi_x_z=diag["mi_x_z"], hz_z=diag["hz_z"])
-        row["seconds"] = seconds
-        row["selected"] = best.setting
-        rows.append(row)
-    bar.close()
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    if figure is not None and data.input_dim == 1:
+    named = not isinstance(dataset, Dataset)
+    data = load_compare_data(dataset, seed=cfg.seed) if named else dataset
+    tasks = compare_tasks(data.name, cfg)
+    config = dataclasses.asdict(cfg)
+    fn = functools.partial(fit_task, config=config) if named else functools.partial(fit_task, config=config, data=data)
+    results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
+                        sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
+                        progress=progress, desc=f"compare {data.name}")  # fmt: skip
+    chosen = select_fits(results)
+    seconds = results.groupby("method")["fit_seconds"].sum()
+    table = chosen.assign(seconds=chosen["method"].map(seconds))[COLUMNS]
+    table.attrs.update(results.attrs)
+    by_id = {t.id: t for t in tasks}
+    fits = {}
+    for _, row in chosen.iterrows():
+        fits[row["method"]] = _fit_task(by_id[row["task_id"]], cfg, data)
+        fits[row["method"]].setting = row["selected"]
+    if figure is not None and data.input_dim == 1 and fits:
         plot_compare(data, fits, cfg, figure)
     return table, fits
 

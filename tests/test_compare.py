@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from pyro_bnnlv.cli import main
-from pyro_bnnlv.compare import COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare
+from pyro_bnnlv.compare import COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare, select_fits
 
 
 def test_compare_end_to_end_tiny(tmp_path, capsys):
@@ -54,3 +54,28 @@ def test_compare_with_empirical_bayes_runs():
     fixed = run_compare("heavy-tail", cfg, progress=False)[1]
     assert fixed["BNN+LV (MFVI)"].model.latent_scale.item() == pytest.approx(0.1)  # App. F.1 fixes it
     assert fixed["BNN+LV (MFVI)"].model.prior_scale[0].item() != 1.0
+
+
+def test_selection_takes_ncai_0_where_it_validates_better():
+    rows = []
+    for split, (zero, lam) in enumerate([(-1.0, -1.2), (-1.5, -1.1)]):
+        for method, ll, setting in [("BNN (MFVI)", -2.0, "noise_var=1"), ("BNN+LV (MFVI)", -1.8, "noise_var=0.1"),
+                                    ("BNN+LV (NCAI_0)", zero, "noise_var=0.1"),
+                                    ("BNN+LV (NCAI_lambda)", lam, "noise_var=0.1, eps_T=0.01, eps_x=0.5"),
+                                    ("BNN+LV (NCAI_lambda)", lam - 1, "noise_var=0.1, eps_T=0.0003, eps_x=0.5")]:
+            rows.append(dict(dataset="d", split=split, method=method, valid_ll=ll, setting=setting,
+                             test_ll=ll - 0.1, status="done"))
+    chosen = select_fits(pd.DataFrame(rows)).set_index(["split", "method"])
+    assert chosen.loc[(0, "BNN+LV (NCAI_lambda)"), "selected"] == "lambda=0 (noise_var=0.1)"
+    assert chosen.loc[(0, "BNN+LV (NCAI_lambda)"), "test_ll"] == pytest.approx(-1.1)
+    assert chosen.loc[(1, "BNN+LV (NCAI_lambda)"), "selected"].endswith("eps_T=0.01, eps_x=0.5")
+    assert list(chosen.loc[0].index) == list(METHODS)
+
+
+def test_compare_table_is_the_same_inline_and_on_two_workers():
+    cfg = CompareConfig(steps=20, restarts=1, num_samples=30, map_steps=20)
+    tables = [run_compare("yuan", cfg, progress=False, executor=ex, workers=w)[0]
+              for ex, w in (("inline", None), ("local", 2))]
+    numbers = ["test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z"]
+    pd.testing.assert_frame_equal(tables[0][numbers], tables[1][numbers])
+    assert list(tables[0]["selected"]) == list(tables[1]["selected"])

@@ -48,18 +48,17 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _layer_size(value: object, name: str) -> int:
-    """A layer width as an ``int >= 1``: Python or numpy integers, or integral floats (``4.0``).
-
-    A fractional width (``4.7``) is refused instead of being truncated to 4.
-    """
+def as_positive_int(value: object, name: str, role: str = "") -> int:
+    """``value`` as an ``int >= 1``: Python or numpy integers, integral floats (``4.0``) and
+    one-element tensors are accepted; a fraction (``4.7``, never truncated), a bool or anything
+    else raises a ``ValueError`` naming ``name`` (``role`` adds what the number is for)."""
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if isinstance(value, numbers.Integral) or float(value).is_integer():
             if value >= 1:
                 return int(value)
-    raise ValueError(f"{name} must be a positive integer (a layer width), got {value!r}")
+    raise ValueError(f"{name} must be a positive integer{role}, got {value!r}")
 
 
 class FlatNet(nn.Module):
@@ -130,9 +129,10 @@ class MLP(FlatNet):
         if isinstance(hidden_sizes, numbers.Number):
             hidden_sizes = (hidden_sizes,)
         sizes = [
-            _layer_size(in_features, "in_features"),
-            *(_layer_size(h, f"hidden_sizes[{i}]") for i, h in enumerate(hidden_sizes)),
-            _layer_size(out_features, "out_features"),
+            as_positive_int(in_features, "in_features", " (a layer width)"),
+            *(as_positive_int(h, f"hidden_sizes[{i}]", " (a layer width)")
+              for i, h in enumerate(hidden_sizes)),
+            as_positive_int(out_features, "out_features", " (a layer width)"),
         ]
         if activation not in ACTIVATIONS:
             raise ValueError(

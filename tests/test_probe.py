@@ -426,6 +426,107 @@ def _():
     return pb.datasets.load_dataset("boston", split=np.int64(3)).description
 
 
+@case("cryptic: run_nuts(y=None) names y", Raises(TypeError, r"y must be a tensor of targets"))
+def _():
+    model = pb.BNN(pb.MLP(1, [3], 1))
+    return pb.run_nuts(model, torch.randn(8, 1), None, num_samples=2, warmup_steps=1)
+
+
+@case("cryptic: load_dataset(3) names name", Raises(TypeError, r"name must be a data set name"))
+def _():
+    return pb.datasets.load_dataset(3)
+
+
+@case("numpy latent_dim accepted by BNN+LV and ProjectedBNN", Value(lambda v: v == (2, 3), "(2, 3)"))
+def _():
+    lv = pb.BNNLV(pb.MLP(3, [4], 1), latent_dim=np.int64(2))
+    proj = pb.ProjectedBNN(pb.MLP(1, [4], 1), latent_dim=np.int32(3))
+    return lv.latent_dim, proj.latent_dim
+
+
+@case("fractional latent_dim refused", Raises(ValueError, r"latent_dim must be a positive integer, got 1.5"))
+def _():
+    return pb.BNNLV(pb.MLP(3, [4], 1), latent_dim=1.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs that were already refused cleanly: kept so they stay clean
+# ----------------------------------------------------------------------------------------------
+def _m():
+    return pb.BNN(pb.MLP(2, [4], 1))
+
+
+_X, _Y = torch.randn(8, 2), torch.randn(8)
+_W = torch.randn(5, 17)
+ALREADY_CLEAN = {
+    "evaluate: wrong number of weights": (lambda: pb.evaluate(_m(), torch.randn(5, 18), _X, _Y),
+                                          ValueError, r"w must have last dimension num_weights=17"),
+    "evaluate: no 'w' site": (lambda: pb.evaluate(_m(), {"v": _W}, _X, _Y), ValueError, r"no 'w' site"),
+    "evaluate: x and y rows": (lambda: pb.evaluate(_m(), _W, _X, _Y[:5]), ValueError, r"different numbers of rows"),
+    "evaluate: NaN y": (lambda: pb.evaluate(_m(), _W, _X, torch.full((8,), math.nan)), ValueError, r"y contains NaN"),
+    "evaluate: NaN weights": (lambda: pb.evaluate(_m(), torch.full((5, 17), math.nan), _X, _Y),
+                              ValueError, r"posterior_samples\['w'\] contains NaN"),
+    "evaluate: level 0": (lambda: pb.evaluate(_m(), _W, _X, _Y, level=0.0), ValueError, r"level must lie in"),
+    "evaluate: y_std 0": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_std=0.0), ValueError, r"y_std must be positive"),
+    "evaluate: y_mean alone": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_mean=1.0), ValueError, r"y_mean was given without y_std"),
+    "evaluate: a list of samples": (lambda: pb.evaluate(_m(), [_W], _X, _Y), TypeError, r"posterior_samples must be"),
+    "run_nuts: num_chains 0": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, num_chains=0),
+                               ValueError, r"num_chains must be a positive integer"),
+    "run_nuts: warmup -1": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=-1),
+                            ValueError, r"warmup_steps must be an integer >= 0"),
+    "run_nuts: target_accept_prob 1.5": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1,
+                                                             target_accept_prob=1.5), ValueError, r"target_accept_prob"),
+    "run_nuts: init 'bogus'": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, init="bogus",
+                                                   progress=False), ValueError, r"init must be 'map', 'prior'"),
+    "run_nuts: init of the wrong shape": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1,
+                                                              init={"w": torch.zeros(3)}, progress=False),
+                                          ValueError, r"init\['w'\] must have shape \(17,\)"),
+    "run_nuts: kernel 'x'": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, kernel="x"),
+                             ValueError, r"kernel must be 'flat' or 'pyro'"),
+    "run_nuts: max_tree_depth 0": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, max_tree_depth=0),
+                                   ValueError, r"max_tree_depth must be a positive integer"),
+    "sample_posterior: num_samples 0": (lambda: pb.sample_posterior(_m(), None, _X, num_samples=0),
+                                        ValueError, r"num_samples must be a positive integer"),
+    "MLP: unknown activation": (lambda: pb.MLP(2, [4], 1, activation="gelu"), ValueError, r"unknown activation 'gelu'"),
+    "MLP: width '4'": (lambda: pb.MLP(2, "4", 1), ValueError, r"hidden_sizes\[0\] must be a positive integer"),
+    "BNN: prior_scale < 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=-1), ValueError, r"prior_scale must be positive"),
+    "BNN: noise_scale 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), noise_scale=0), ValueError, r"noise_scale must be positive"),
+    "BNN: prior_scale shape": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=torch.ones(3)),
+                               ValueError, r"prior_scale must be a scalar or have shape \(17,\)"),
+    "BNN: a torch.nn.Linear net": (lambda: pb.BNN(torch.nn.Linear(2, 1)), TypeError, r"net must be a pyro_bnnlv FlatNet"),
+    "BNN+LV: latent_dim 0": (lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=0), ValueError, r"latent_dim must be a positive"),
+    "BNN+LV: latent_scale < 0": (lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_scale=-1.0), ValueError, r"latent_scale must be"),
+    "BNN+LV: in_features <= latent_dim": (lambda: pb.BNNLV(pb.MLP(1, [4], 1), latent_dim=1), ValueError, r"must exceed latent_dim"),
+    "BNN+LV: x with D + K columns": (lambda: pb.BNNLV(pb.MLP(2, [4], 1))(torch.randn(5, 2), torch.randn(5)),
+                                     ValueError, r"x must have shape \(N, 1\)"),
+    "Laplace: structure 'kron'": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0], structure="kron"), ValueError, r"structure must be"),
+    "Laplace: w_map (S, P)": (lambda: pb.infer.LinearizedLaplace(_m(), _W), ValueError, r"w_map must have shape \(17,\)"),
+    "Laplace: predictive before fit": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).predictive(_X), RuntimeError, r"call fit"),
+    "Laplace: x with 5 columns": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).predictive(torch.randn(3, 5)),
+                                  ValueError, r"x has 5 columns .* in_features=2"),
+    "Laplace: prior_precision 0": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0], prior_precision=0.0),
+                                   ValueError, r"prior_precision must be positive"),
+    "Laplace: evaluate(level=95)": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(_X, _Y, level=95),
+                                    ValueError, r"level must lie in \(0, 1\), got 95"),
+    "Laplace: evaluate(y_std=x_std)": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(
+        _X, _Y, y_std=torch.ones(13)), ValueError, r"y_std must be a scalar or have one value per output"),
+    "load_dataset: unknown name": (lambda: pb.datasets.load_dataset("bostn"), ValueError, r"unknown dataset 'bostn'"),
+    "load_dataset: split 25": (lambda: pb.datasets.load_dataset("boston", split=25), ValueError, r"split must be an integer in \[0, 20\)"),
+    "load_dataset: unknown option": (lambda: pb.datasets.load_dataset("cosine", standardise=True), TypeError, r"standardise"),
+    "KSG: k >= N": (lambda: ksg_mutual_information(np.arange(5.0), np.arange(5.0), k=5), ValueError, r"`k` must be"),
+    "KSG: different N": (lambda: ksg_mutual_information(np.arange(5.0), np.arange(6.0)), ValueError, r"same number of rows"),
+    "KSG: NaN": (lambda: ksg_mutual_information(np.array([1.0, np.nan, 2, 3, 4, 5, 6]), np.arange(7.0), k=2),
+                 ValueError, r"`x` contains NaN"),
+    "knn: integer samples": (lambda: knn_kl(torch.ones(5, 2, dtype=torch.long), torch.randn(5, 2)),
+                             ValueError, r"p_samples must be float32 or float64"),
+    "KNNElbo: k 0": (lambda: pb.KNNElbo(k=0), ValueError, r"k must be a positive integer"),
+    "FunctionalKNNElbo: input_dist 'box'": (lambda: pb.FunctionalKNNElbo(input_dist="box"), ValueError, r"input_dist must be"),
+    "input_box: one row": (lambda: pb.infer.input_box(torch.randn(1, 2)), ValueError, r"x must be a \(N, D\) tensor with N >= 2"),
+}
+for _name, (_fn, _exc, _match) in ALREADY_CLEAN.items():
+    case("clean: " + _name, Raises(_exc, _match))(_fn)
+
+
 # ----------------------------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ __all__ = [
 
 
 def _canonical(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a data set name (a str, see list_datasets()), got {name!r}")
     return name.strip().lower().replace("_", "-")
 
 

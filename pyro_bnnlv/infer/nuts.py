@@ -944,10 +944,13 @@ def run_nuts(
     ):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < math.inf:
             raise ValueError(f"{name} must be a positive finite number, got {value!r} ({consequence})")
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a tensor of targets (NUTS samples the posterior given data), "
+                        f"got {type(y).__name__}")  # fmt: skip
     if hasattr(model, "check_data"):
         model.check_data(x, y)
-    elif not (isinstance(x, Tensor) and isinstance(y, Tensor)):
-        raise TypeError("x and y must be tensors")
+    elif not isinstance(x, Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
     model_name = type(model).__name__
     t_start = time.perf_counter()
     set_seed(seed)

@@ -33,7 +33,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from ..nets import MLP, FlatNet
+from ..nets import MLP, FlatNet, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
 
 __all__ = ["BNNLV"]
@@ -60,8 +60,7 @@ class BNNLV(BNN):
     ) -> None:
         super().__init__(net, prior_scale=prior_scale, noise_scale=noise_scale,
                          learn_noise=learn_noise)  # fmt: skip
-        if not isinstance(latent_dim, int) or latent_dim < 1:
-            raise ValueError(f"latent_dim must be a positive integer, got {latent_dim!r}")
+        latent_dim = as_positive_int(latent_dim, "latent_dim")
         if net.in_features <= latent_dim:
             raise ValueError(
                 f"net.in_features={net.in_features} must exceed latent_dim={latent_dim}: the "

@@ -35,7 +35,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from ..nets import MLP, FlatNet
+from ..nets import MLP, FlatNet, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
 
 __all__ = ["ProjectedBNN"]
@@ -72,10 +72,9 @@ class ProjectedBNN(BNN):
         fixed_phi: Tensor | None = None,
     ) -> None:
         super().__init__(net, prior_scale=1.0, noise_scale=noise_scale, learn_noise=learn_noise)
-        if not isinstance(latent_dim, int) or latent_dim < 1:
-            raise ValueError(f"latent_dim must be a positive integer, got {latent_dim!r}")
-        if num_tasks is not None and (not isinstance(num_tasks, int) or num_tasks < 1):
-            raise ValueError(f"num_tasks must be a positive integer or None, got {num_tasks!r}")
+        latent_dim = as_positive_int(latent_dim, "latent_dim")
+        if num_tasks is not None:
+            num_tasks = as_positive_int(num_tasks, "num_tasks", " or None")
         self.latent_dim = latent_dim
         self.num_tasks = num_tasks
         self.decoder = MLP(latent_dim, list(decoder_hidden), net.num_weights, activation=decoder_activation)

@@ -174,6 +174,11 @@ def _():
     return _evaluate(y_mean=torch.zeros(13), y_std=2.0)
 
 
+@case("16.3 evaluate(level=0) refused, not a zero-width interval", Raises(ValueError, r"level must lie in"))
+def _():
+    return _evaluate(level=0.0)
+
+
 @case("16.3 evaluate(y_std=nan) is a clean error", Raises(ValueError, r"y_std must be finite, got nan"))
 def _():
     return _evaluate(y_std=float("nan"))
@@ -240,6 +245,12 @@ def _():
       Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got 4.7"))
 def _():
     return pb.MLP(2, [4.7], 1)
+
+
+@case("16.8 MLP(2, '44', 1) refused, not read as hidden sizes [4, 4]",
+      Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got '4'"))
+def _():
+    return pb.MLP(2, "44", 1)
 
 
 @case("16.8 MLP(2.5, ...) refused", Raises(ValueError, r"in_features must be a positive integer"))
@@ -466,7 +477,6 @@ ALREADY_CLEAN = {
     "evaluate: NaN y": (lambda: pb.evaluate(_m(), _W, _X, torch.full((8,), math.nan)), ValueError, r"y contains NaN"),
     "evaluate: NaN weights": (lambda: pb.evaluate(_m(), torch.full((5, 17), math.nan), _X, _Y),
                               ValueError, r"posterior_samples\['w'\] contains NaN"),
-    "evaluate: level 0": (lambda: pb.evaluate(_m(), _W, _X, _Y, level=0.0), ValueError, r"level must lie in"),
     "evaluate: y_std 0": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_std=0.0), ValueError, r"y_std must be positive"),
     "evaluate: y_mean alone": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_mean=1.0), ValueError, r"y_mean was given without y_std"),
     "evaluate: a list of samples": (lambda: pb.evaluate(_m(), [_W], _X, _Y), TypeError, r"posterior_samples must be"),
@@ -488,7 +498,6 @@ ALREADY_CLEAN = {
     "sample_posterior: num_samples 0": (lambda: pb.sample_posterior(_m(), None, _X, num_samples=0),
                                         ValueError, r"num_samples must be a positive integer"),
     "MLP: unknown activation": (lambda: pb.MLP(2, [4], 1, activation="gelu"), ValueError, r"unknown activation 'gelu'"),
-    "MLP: width '4'": (lambda: pb.MLP(2, "4", 1), ValueError, r"hidden_sizes\[0\] must be a positive integer"),
     "BNN: prior_scale < 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=-1), ValueError, r"prior_scale must be positive"),
     "BNN: noise_scale 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), noise_scale=0), ValueError, r"noise_scale must be positive"),
     "BNN: prior_scale shape": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=torch.ones(3)),

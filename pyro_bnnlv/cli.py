@@ -167,6 +167,7 @@ REPRODUCTIONS = {
     "hyvi-uci": ("pyro_bnnlv.reproduce.hyvi", ["uci"]),
     "in-between": ("pyro_bnnlv.reproduce.in_between", []),
     "proj-uci": ("pyro_bnnlv.reproduce.projected", []),
+    "ncai": ("pyro_bnnlv.reproduce.ncai", []),
 }
 
 

@@ -1,0 +1,172 @@
+"""The NCAI paper's protocol on its five synthetic sets (``pyro-bnnlv reproduce ncai``).
+
+Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569, sec. 7 and App. F.1: "We use the first
+data-split to select hyper-parameters by selecting the hyper-parameters that yield the best
+average log-likelihood performance on the validation set across 10 random restarts. After having
+selected the hyper-parameter for each method, we select between NCAI_{lambda=0} and NCAI_lambda
+[...]. Now, using the selected hyper-parameters and form of NCAI, we train our models on the
+remaining 5 data-splits, averaging the best-of-10 random restarts (selected by validation
+log-likelihood) across the data-splits."
+
+Here a data split is a seed of the synthetic generator (split 0 selects, splits 1-5 evaluate).
+Both stages are sweeps (:mod:`pyro_bnnlv.sweep`) with a store per data set and stage under
+``--out``, so a run killed or stopped at the end of a session resumes where it stopped (pin
+``--code-version`` to resume after edits that cannot change the numbers). Each fit is
+:func:`pyro_bnnlv.compare.fit_task` with :class:`~pyro_bnnlv.compare.CompareConfig` settings
+(``--full``: 30,000 steps, 10 restarts, the App. F.1 grids, empirical Bayes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data
+from ..sweep import Task, run_sweep
+from ..sweep.cli import add_sweep_arguments, sweep_options
+
+__all__ = ["DATASETS", "PAPER", "select_settings", "run_protocol", "main"]
+
+DATASETS = ("heavy-tail", "goldberg", "williams", "yuan", "depeweg")
+
+#: The paper's test log-likelihood (Table 4), I(x; mu_z) (Table 2) and HZ(mu_z) (Table 3) for
+#: (BNN, BNN+LV MFVI, NCAI_0, NCAI_lambda); NaN where the paper has no entry.
+PAPER = {
+    "test_ll": {
+        "heavy-tail": (-2.47, -1.867, -1.481, -1.426), "goldberg": (-1.055, -1.026, -0.962, -0.963),
+        "williams": (-1.591, -1.033, -0.414, -0.414), "yuan": (-2.846, -1.278, -1.211, -1.211),
+        "depeweg": (-2.306, -2.342, -1.973, -1.973),
+    },
+    "mi_x_z": {  # MFVI / NCAI_lambda
+        "heavy-tail": (0.243, 0.036), "goldberg": (0.229, 0.046), "williams": (0.982, 0.519),
+        "yuan": (0.24, 0.283), "depeweg": (0.428, 0.032),
+    },
+    "hz_z": {
+        "heavy-tail": (4.70, 0.027), "goldberg": (0.92, 0.026), "williams": (6.45, 7.25),
+        "yuan": (5.25, 8.09), "depeweg": (6.41, 0.79),
+    },
+}  # fmt: skip
+
+
+def select_settings(results: pd.DataFrame) -> dict[str, str]:
+    """Stage 1: per method the setting with the best *mean* validation LL over restarts, and
+    ``NCAI_lambda``'s replaced by ``"lambda=0"`` where ``NCAI_0``'s mean validates better."""
+    done = results[results["status"] == "done"]
+    means = done.groupby(["method", "setting"])["valid_ll"].mean()
+    chosen = {m: means.loc[m].idxmax() for m in METHODS if m in means.index.get_level_values(0)}
+    lam, zero = "BNN+LV (NCAI_lambda)", "BNN+LV (NCAI_0)"
+    if lam in chosen and zero in chosen and means.loc[(zero, chosen[zero])] >= means.loc[(lam, chosen[lam])]:
+        chosen[lam] = "lambda=0"
+    return chosen
+
+
+def _evaluation_tasks(dataset: str, cfg: CompareConfig, chosen: dict[str, str], splits: Sequence[int]) -> list[Task]:
+    tasks = []
+    for task in compare_tasks(dataset, cfg, splits=list(splits)):
+        setting = chosen.get(task.method)
+        if task.method == "BNN+LV (NCAI_lambda)" and setting == "lambda=0":
+            continue  # its rows are NCAI_0's
+        params = dict(task.params)
+        text = f"noise_var={params['noise_var']:g}"
+        keys = ["eps_T", "eps_x"] + (["eps_y"] if cfg.independence == "pc" else [])
+        if task.method == "BNN+LV (NCAI_lambda)":
+            text += ", " + ", ".join(f"{k}={params[k]:g}" for k in keys)
+        if text == setting:
+            tasks.append(task)
+    return tasks
+
+
+def _best_per_split(results: pd.DataFrame, chosen: dict[str, str]) -> pd.DataFrame:
+    done = results[results["status"] == "done"]
+    best = done.loc[done.groupby(["split", "method"])["valid_ll"].idxmax()].copy()
+    if chosen.get("BNN+LV (NCAI_lambda)") == "lambda=0":
+        zero = best[best["method"] == "BNN+LV (NCAI_0)"].assign(method="BNN+LV (NCAI_lambda)")
+        best = pd.concat([best, zero], ignore_index=True)
+    return best
+
+
+def run_protocol(
+    datasets: Sequence[str] = DATASETS,
+    config: CompareConfig | None = None,
+    *,
+    splits: Sequence[int] = (1, 2, 3, 4, 5),
+    out: str | Path,
+    progress: bool = True,
+    **sweep: object,
+) -> pd.DataFrame:
+    """Both stages on every data set; returns one row per (data set, method, evaluation split)
+    with the selected setting. Stores: ``out/<dataset>/selection`` and ``out/<dataset>/evaluation``."""
+    cfg = config or CompareConfig()
+    conf = dataclasses.asdict(cfg)
+    fn = functools.partial(fit_task, config=conf)
+    frames, failed = [], 0
+    for name in datasets:
+        name = load_compare_data(name).name
+        meta = {"experiment": "ncai-protocol", "config": conf}
+        stage1 = run_sweep(compare_tasks(name, cfg, splits=[0]), fn, out_dir=Path(out) / name / "selection",
+                           sweep_meta=meta, progress=progress, desc=f"{name} selection", **sweep)  # fmt: skip
+        failed += stage1.attrs["failed"]
+        chosen = select_settings(stage1)
+        tasks = _evaluation_tasks(name, cfg, chosen, splits)
+        stage2 = run_sweep(tasks, fn, out_dir=Path(out) / name / "evaluation", sweep_meta=meta,
+                           progress=progress, desc=f"{name} evaluation", **sweep)  # fmt: skip
+        failed += stage2.attrs["failed"]
+        best = _best_per_split(stage2, chosen)
+        frames.append(best.assign(selected=best["method"].map(chosen)))
+    table = pd.concat(frames, ignore_index=True)
+    table.attrs.update(failed=failed, summary=f"{len(table)} selected fits; {failed} failed tasks")
+    return table
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation over splits per (data set, method), beside the paper's values."""
+    cols = ["test_ll", "mi_x_z", "hz_z"]
+    agg = table.groupby(["dataset", "method"], sort=False)[cols].agg(["mean", "std"])
+    agg.columns = [f"{c}_{s}" for c, s in agg.columns]
+    paper_ll = []
+    for dataset, method in agg.index:
+        values = PAPER["test_ll"].get(dataset)
+        paper_ll.append(values[METHODS.index(method)] if values else float("nan"))
+    agg["paper_test_ll"] = paper_ll
+    agg["splits"] = table.groupby(["dataset", "method"], sort=False).size()
+    return agg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pyro-bnnlv reproduce ncai", description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", nargs="*", default=list(DATASETS))
+    p.add_argument("--full", action="store_true", help="the paper's budget (30,000 steps, 10 restarts, EB)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--restarts", type=int, default=None)
+    p.add_argument("--independence", choices=["hsic", "pc"], default=None)
+    p.add_argument("--splits", type=int, default=5, help="evaluation splits (1..N; split 0 selects)")
+    p.add_argument("--output", help="CSV of the selected fits")
+    p.add_argument("--quiet", action="store_true")
+    add_sweep_arguments(p)
+    args = p.parse_args(argv)
+    if args.out is None:
+        p.error("--out DIR is required: the protocol is long and resumes from its stores")
+    torch.set_num_threads(1)
+    overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts,
+                                        independence=args.independence).items() if v is not None}  # fmt: skip
+    cfg = CompareConfig.full(**overrides) if args.full else CompareConfig.full(
+        **{"steps": 3000, "restarts": 2, "empirical_bayes": False, **overrides})  # fmt: skip
+    opts = sweep_options(args)
+    out = opts.pop("out_dir")
+    table = run_protocol(args.datasets, cfg, splits=range(1, args.splits + 1), out=out,
+                         progress=not args.quiet, **opts)  # fmt: skip
+    print(summary(table).to_string(float_format="%.3f"))
+    if args.output:
+        table.to_csv(args.output, index=False)
+    print(table.attrs["summary"])
+    return 1 if table.attrs["failed"] else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

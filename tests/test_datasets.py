@@ -89,6 +89,7 @@ def test_unknown_name_and_aliases():
 
 def test_data_dir_setting(monkeypatch, tmp_path):
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("PYRO_BNNLV_MIRROR", str(tmp_path / "no-mirror"))  # offline: fail fast
     assert default_data_dir() == tmp_path
     with pytest.raises(FileNotFoundError, match="PYRO_BNNLV_DATA"):
         load_dataset("yacht")

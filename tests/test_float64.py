@@ -42,7 +42,7 @@ def test_readme_quick_start_after_model_double(tmp_path, monkeypatch):
     lines.insert(data_line + 1, "data = _double_data(data)")
     model_line = next(i for i, line in enumerate(lines) if line.startswith("model = "))
     lines.insert(model_line + 1, "model = model.double()")
-    code = "\n".join(lines).replace("num_steps=2000", "num_steps=100").replace("num_samples=500", "num_samples=50")
+    code = "\n".join(lines).replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
     monkeypatch.chdir(tmp_path)
     ns: dict = {"_double_data": _double_data}
     exec(compile(code, "README quick start (float64)", "exec"), ns)
@@ -93,7 +93,7 @@ def test_hypernet_guide_in_float64(toy64):
     x, y = toy64
     model = _model64()
     guide = pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model))
-    losses = pb.fit_svi(model, guide, x, y, num_steps=20, lr=0.005, loss=pb.KNNElbo(num_particles=4),
+    losses = pb.fit_svi(model, guide, x, y, num_steps=20, lr=0.005, loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20),
                         seed=0, progress=False)  # fmt: skip
     assert all(math.isfinite(v) for v in losses)
     assert all(p.dtype == F64 for p in guide.hypernet.parameters())
@@ -108,26 +108,27 @@ def test_hypernet_lv_guide_in_float64(toy64):
     x, y = toy64
     model = pb.BNNLV(pb.MLP(2, [8], 1), latent_dim=1, noise_scale=0.1).double()
     guide = hypernet_lv_guide(model, init_loc_fn=pb.init_to_network(model))
-    pb.fit_svi(model, guide, x, y, num_steps=10, loss=pb.KNNElbo(num_particles=4), seed=0, progress=False)
+    pb.fit_svi(model, guide, x, y, num_steps=10, loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20), seed=0, progress=False)
     samples = pb.sample_posterior(model, guide, x, y, num_samples=10, sites=("w", "z"), seed=0)
     assert samples["w"].dtype == F64 and samples["z"].dtype == F64
 
 
 @pytest.mark.parametrize("structure", ["full", "diag", "last_layer"])
-@pytest.mark.parametrize("guide_dtype", [None, torch.float32, F64], ids=["default", "f32", "f64"])
+@pytest.mark.parametrize("guide_dtype", [None, F64], ids=["default-dtype", "f64"])
 def test_sampled_laplace_on_a_float64_model(structure, guide_dtype, toy64):
     """``as_guide()`` of a float64 model's Laplace fit samples in the data's dtype (float64),
-    whatever dtype the guide stores; the draws have the Laplace covariance."""
+    whatever dtype the guide stores (``as_guide()`` defaults to torch's default dtype); the draws
+    have the Laplace covariance."""
     x, y = toy64
     model = _model64()
-    w_map = pb.train_map(model, x, y, num_steps=200, seed=0, progress=False)
+    w_map = pb.train_map(model, x, y, num_steps=100, seed=0, progress=False)
     la = pb.LinearizedLaplace(model, w_map, structure=structure).fit(x, y)
     guide = la.as_guide(guide_dtype)
-    samples = pb.sample_posterior(model, guide, x, num_samples=4000, seed=0)
+    samples = pb.sample_posterior(model, guide, x, num_samples=2000, seed=0)
     assert samples["w"].dtype == F64
     var = guide.distribution(F64).variance
-    torch.testing.assert_close(samples["w"].var(0), var, rtol=0.12, atol=1e-12)  # 4000 draws: sd 2.2%
-    assert math.isfinite(pb.evaluate(model, samples, x, y)["test_ll"])
+    torch.testing.assert_close(samples["w"].var(0), var, rtol=0.15, atol=1e-12)  # 2000 draws: sd 3.2%
+    assert math.isfinite(pb.evaluate(model, samples["w"][:200], x, y)["test_ll"])
 
 
 def test_laplace_guide_distribution_dtype():

@@ -46,7 +46,7 @@ from pyro.nn.module import to_pyro_module_
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
 
-__all__ = ["ImplicitSample", "HypernetGuide", "hypernet_lv_guide"]
+__all__ = ["ImplicitSample", "HypernetGuide", "HypernetLVGuide", "hypernet_lv_guide"]
 
 IMPLICIT_MESSAGE = (
     "the hypernetwork guide is implicit: q(w) has no density, so log q(w) cannot be evaluated. "
@@ -94,7 +94,8 @@ class HypernetGuide(AutoGuide):
         model: the Pyro model (or ``poutine.block(model, expose=[...])`` of it).
         noise_dim: ``l``, the dimension of the noise (paper: 5).
         hidden_sizes: hidden layer widths of the hypernet (paper: 20, 40).
-        activation: hidden activation module class (paper: ReLU).
+        activation: hidden activation module class (paper: ReLU), or the name of one in
+            ``torch.nn`` (``"ReLU"``, ``"Tanh"``, ...).
         init_loc_fn: where the hypernet's output starts: its last-layer bias is set to
             ``init_loc_fn(site)`` (default ``init_to_sample``, a prior draw; for networks,
             ``pyro_bnnlv.init_to_network(model)`` is a good choice).
@@ -111,7 +112,7 @@ class HypernetGuide(AutoGuide):
         model: Callable,
         noise_dim: int = 5,
         hidden_sizes: Sequence[int] = (20, 40),
-        activation: Callable[[], nn.Module] = nn.ReLU,
+        activation: Callable[[], nn.Module] | str = nn.ReLU,
         init_loc_fn: Callable = init_to_sample,
         init_scale: float = 0.1,
     ) -> None:
@@ -122,12 +123,25 @@ class HypernetGuide(AutoGuide):
             raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
         if not (isinstance(init_scale, (int, float)) and init_scale > 0):
             raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+        if isinstance(activation, str):
+            activation = _torch_activation(activation)
         super().__init__(InitMessenger(init_loc_fn)(model))  # as Pyro's AutoNormal does
         self.noise_dim = noise_dim
         self.hidden_sizes = hidden_sizes
         self.activation = activation
         self.init_loc_fn = init_loc_fn
         self.init_scale = float(init_scale)
+
+    def config(self) -> dict:
+        """Constructor arguments besides the model and ``init_loc_fn``, as plain data (see
+        :mod:`pyro_bnnlv.serialization`): ``HypernetGuide(model, **guide.config())`` rebuilds the
+        same architecture. A custom activation outside ``torch.nn`` cannot be named and raises."""
+        act = self.activation
+        if not (isinstance(act, type) and getattr(nn, act.__name__, None) is act):
+            raise ValueError(f"activation {act!r} is not a torch.nn class, so it cannot be saved by name; "
+                             "use a torch.nn activation (e.g. nn.ReLU) to save this guide")  # fmt: skip
+        return dict(noise_dim=self.noise_dim, hidden_sizes=list(self.hidden_sizes),
+                    activation=act.__name__, init_scale=self.init_scale)  # fmt: skip
 
     # -- set-up ------------------------------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -223,13 +237,31 @@ class HypernetGuide(AutoGuide):
             return {k: v.mean(0) for k, v in self.sample_weights(1000).items()}
 
 
-def hypernet_lv_guide(model, **hypernet_kwargs) -> AutoGuideList:
-    """Hypernet over ``"w"`` and mean-field ``AutoNormal`` over the local ``"z"`` of a BNN+LV.
+def _torch_activation(name: str) -> type[nn.Module]:
+    """The ``torch.nn`` module class called ``name`` (only classes of ``torch.nn`` are looked up)."""
+    cls = getattr(nn, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"activation {name!r} is not a torch.nn module class (e.g. 'ReLU', 'Tanh')")
+    return cls
 
-    ``hypernet_kwargs`` go to :class:`HypernetGuide`. The ``AutoNormal`` part uses the model's
-    ``create_plates`` so minibatches subsample ``z`` together with the data.
-    """
-    guide = AutoGuideList(model, create_plates=getattr(model, "create_plates", None))
-    guide.append(HypernetGuide(poutine.block(model, expose=["w"]), **hypernet_kwargs))
-    guide.append(AutoNormal(poutine.block(model, hide=["w"]), init_scale=0.1))
-    return guide
+
+class HypernetLVGuide(AutoGuideList):
+    """Hypernet over ``"w"`` and mean-field ``AutoNormal`` over the local ``"z"`` of a BNN+LV:
+    an ``AutoGuideList`` of ``HypernetGuide(block(model, expose=["w"]), **hypernet_kwargs)`` and
+    ``AutoNormal(block(model, hide=["w"]), init_scale=0.1)``, with the model's ``create_plates``
+    so minibatches subsample ``z`` together with the data."""
+
+    def __init__(self, model: Callable, **hypernet_kwargs) -> None:
+        super().__init__(model, create_plates=getattr(model, "create_plates", None))
+        self.append(HypernetGuide(poutine.block(model, expose=["w"]), **hypernet_kwargs))
+        self.append(AutoNormal(poutine.block(model, hide=["w"]), init_scale=0.1))
+
+    def config(self) -> dict:
+        """The hypernet's :meth:`HypernetGuide.config` (see :mod:`pyro_bnnlv.serialization`)."""
+        return self[0].config()
+
+
+def hypernet_lv_guide(model, **hypernet_kwargs) -> HypernetLVGuide:
+    """Hypernet over ``"w"`` and mean-field ``AutoNormal`` over the local ``"z"`` of a BNN+LV
+    (:class:`HypernetLVGuide`). ``hypernet_kwargs`` go to :class:`HypernetGuide`."""
+    return HypernetLVGuide(model, **hypernet_kwargs)

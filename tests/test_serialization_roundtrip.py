@@ -97,3 +97,11 @@ def _run(case, with_y, dtype, tmp_path):
     for site in sites:
         assert b[site].dtype == dtype
         torch.testing.assert_close(b[site], a[site], rtol=0, atol=0)
+
+
+def test_hypernet_activation_by_name():
+    model = BNN()
+    assert pb.HypernetGuide(model, activation="Tanh").activation is torch.nn.Tanh
+    assert pb.HypernetGuide(model, activation=torch.nn.ELU).config()["activation"] == "ELU"
+    with pytest.raises(ValueError, match="not a torch.nn module class"):
+        pb.HypernetGuide(model, activation="os.system")

@@ -71,7 +71,7 @@ def register_class(cls: type, kind: str) -> None:
 
 
 def _lookup(table: dict[str, type], name: Any, what: str, path: Path) -> type:
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ValueError(
             f"{path} names the {what} class {name!r}, which is not one load_fit rebuilds "
             f"({', '.join(sorted(n.rpartition(':')[2] for n in table))}); it was not imported. "
@@ -244,7 +244,9 @@ def _build_guide(cls: type, model: torch.nn.Module, payload: dict[str, Any]) -> 
     if hasattr(model, "create_plates") and "create_plates" in inspect.signature(cls).parameters:
         kwargs.setdefault("create_plates", model.create_plates)  # local latents subsample
     guide = cls(model, **kwargs)
-    dtype = getattr(torch, payload["x_dtype"].removeprefix("torch."))
+    dtype = getattr(torch, str(payload["x_dtype"]).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"the file's x_dtype {payload['x_dtype']!r} is not a floating-point torch dtype")
     x_dummy = torch.zeros(payload["x_shape"], dtype=dtype)
     y_shape = payload["y_shape"]
     if y_shape is None:  # format 1, saved without y

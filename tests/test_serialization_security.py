@@ -177,3 +177,15 @@ def test_format_1_file_saved_without_y_loads(tmp_path):
     torch.save(payload, tmp_path / "old.pt")
     _, guide2 = load_fit(tmp_path / "old.pt")
     torch.testing.assert_close(guide2.locs.w, guide.locs.w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("x_dtype", "torch.load", "not a floating-point torch dtype"),
+    ("model_class", ["a", "list"], "names the model class"),
+])  # fmt: skip
+def test_crafted_fields_are_checked(field, value, match, fit_file, tmp_path):
+    payload = torch.load(fit_file, weights_only=True)
+    payload[field] = value
+    torch.save(payload, tmp_path / "crafted.pt")
+    with pytest.raises(ValueError, match=match):
+        load_fit(tmp_path / "crafted.pt")

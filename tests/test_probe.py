@@ -116,14 +116,25 @@ def _():
     return knn_entropy(torch.ones(50, 3))
 
 
-@case("16.5 AutoDelta with KNNElbo refused", Raises(ValueError, r"AutoDelta gave 8 identical samples"))
-def _():
+def _knn_fit_with_autodelta(loss):
     from pyro.infer.autoguide import AutoDelta
 
     model = pb.BNN(pb.MLP(1, [4], 1))
-    loss = pb.KNNElbo(num_particles=8, num_kl_samples=8, num_prior_samples=8)
     return pb.fit_svi(model, AutoDelta(model), torch.randn(10, 1), torch.randn(10), num_steps=2,
                       loss=loss, progress=False)
+
+
+@case("16.5 AutoDelta with KNNElbo refused",
+      Raises(ValueError, r"guide gave 8 identical samples of 'w': a point mass \(e.g. AutoDelta\)"))
+def _():
+    return _knn_fit_with_autodelta(pb.KNNElbo(num_particles=8, num_kl_samples=8, num_prior_samples=8))
+
+
+@case("16.5 AutoDelta with FunctionalKNNElbo refused",
+      Raises(ValueError, r"guide gave 8 identical samples of 'w'.*FunctionalKNNElbo"))
+def _():
+    return _knn_fit_with_autodelta(pb.FunctionalKNNElbo(num_particles=8, num_kl_samples=8,
+                                                        num_prior_samples=8, num_inputs=5))
 
 
 # ----------------------------------------------------------------------------------------------

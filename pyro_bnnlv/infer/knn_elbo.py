@@ -173,8 +173,19 @@ class KNNElbo(ELBO):
         raise NotImplementedError("KNNElbo builds its own vectorised traces (loss_components)")
 
     # -- the objective --------------------------------------------------------------------------------
+    def _refuse_point_mass(self, q_samples: Tensor) -> None:
+        if bool((q_samples == q_samples[:1]).all()):
+            raise ValueError(
+                f"the guide gave {q_samples.shape[0]} identical samples of {self.site!r}: a point "
+                f"mass (e.g. AutoDelta) has no k-NN KL, the term would be a constant and "
+                f"{type(self).__name__} would train an unregularised MAP. Use a guide with spread "
+                "(AutoNormal, HypernetGuide, ...), or pb.train_map / AutoDelta with Trace_ELBO "
+                "for MAP"
+            )
+
     def kl_estimate(self, q_samples: Tensor, prior_samples: Tensor, model, args, kwargs) -> Tensor:
         """``KL(q, p)`` of the k-NN site from flat samples ``(n, P)`` (eq. 4)."""
+        self._refuse_point_mass(q_samples)
         return knn_kl(q_samples, prior_samples.to(q_samples.dtype), k=self.k)
 
     def loss_components(self, model, guide, *args, **kwargs) -> dict[str, Tensor]:
@@ -225,14 +236,6 @@ class KNNElbo(ELBO):
             kl_trace, _ = self._particle_traces(model, guide, self.num_kl_samples, args, kwargs,
                                                 with_model=False)  # fmt: skip
             q_samples = self._site_samples(kl_trace, self.num_kl_samples)
-        if bool((q_samples == q_samples[:1]).all()):
-            raise ValueError(
-                f"{type(guide).__name__} gave {q_samples.shape[0]} identical samples of "
-                f"{self.site!r}: a point mass (e.g. AutoDelta) has no k-NN KL, the term would be "
-                f"a constant and {type(self).__name__} would train an unregularised MAP. Use a "
-                "guide with spread (AutoNormal, HypernetGuide, ...), or pb.train_map / "
-                "AutoDelta with Trace_ELBO for MAP"
-            )
         prior = self._prior_samples(model, args, kwargs)
         if prior.shape[1] != q_samples.shape[1]:
             raise ValueError(f"prior samples have {prior.shape[1]} coordinates, guide samples "
@@ -330,6 +333,7 @@ class FunctionalKNNElbo(KNNElbo):
 
     def kl_estimate(self, q_samples: Tensor, prior_samples: Tensor, model, args, kwargs) -> Tensor:
         """``KL(q, p)`` in predictor space (eq. 6), averaged over ``num_input_draws`` draws."""
+        self._refuse_point_mass(q_samples)
         predictor = self.predictor or getattr(model, "f", None)
         if predictor is None:
             raise ValueError("FunctionalKNNElbo needs predictor=(x, w) -> f, or a model with .f(x, w)")

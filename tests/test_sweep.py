@@ -335,3 +335,16 @@ def test_workers_load_the_compiled_nuts_core_built_once_by_the_driver(tmp_path):
                       progress=False)  # fmt: skip
     assert (table["status"] == "done").all()
     assert set(table["file"]) == {compiled.extension().__file__} and set(table["mtime_ns"]) == {built}
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_gets_a_hint_instead_of_a_bare_broken_pool(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from test_sweep import _tasks, toy_fit\n"
+        "from pyro_bnnlv.sweep import run_sweep\n"
+        "print(run_sweep(_tasks(n_splits=1), toy_fit, out_dir=None, workers=2, progress=False).attrs['summary'])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "2 tasks: 0 done, 2 failed" in out and out.count('put the sweep under `if __name__ == "__main__":`') == 2

@@ -100,10 +100,19 @@ def execute(fn: Callable[[Task], Mapping[str, Any]], task: Task, threads: int = 
     return out
 
 
-def _failed(task: Task, err: BaseException, where: str) -> dict[str, Any]:
+def _failed(task: Task, err: BaseException, where: str, hint: str = "") -> dict[str, Any]:
     """The outcome of a task whose worker failed (not the task function: that is caught inside)."""
-    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    return {"id": task.id, "status": "failed", "traceback": f"{where}\n{tb}", "finished": _now()}
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip()
+    return {"id": task.id, "status": "failed", "traceback": f"{where}\n{tb}{hint}", "finished": _now()}
+
+
+#: the usual cause of a broken pool at start-up, said on the last line (the one summaries show)
+_SPAWN_HINT = (
+    "\nHint: a worker process died. If every task failed like this, the script that started the sweep "
+    "probably runs it at import time: worker processes are started with 'spawn' and import the main "
+    "script again, so put the sweep under `if __name__ == \"__main__\":` or use executor='inline'. "
+    "Otherwise a worker was killed (out of memory?)."
+)
 
 
 class InlineExecutor:
@@ -138,7 +147,7 @@ class LocalExecutor:
                 try:
                     yield future.result()
                 except Exception as err:  # BrokenProcessPool: a worker died (killed, out of memory)
-                    yield _failed(futures[future], err, "the worker process running this task failed")
+                    yield _failed(futures[future], err, "the worker process running this task failed", _SPAWN_HINT)
         finally:  # on an error or Ctrl-C: queued tasks are cancelled, not run
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -83,6 +83,8 @@ def run_sweep(
             temporary directory, removed afterwards (nothing to resume).
         executor: ``"local"`` (worker processes on this machine), ``"ray"`` (a Ray cluster at
             ``address``, or a local Ray instance) or ``"inline"`` (this process, for debugging).
+            Local workers are started with ``spawn`` and import the main script again: a script
+            that calls ``run_sweep`` at module level needs ``if __name__ == "__main__":``.
         workers: parallel tasks; default: this machine's cores (``"local"``, capped at the number
             of unfinished tasks) or the Ray cluster's CPUs.
         address: the Ray cluster (``host:port``, ``ray://host:port`` or ``"auto"``); unreachable

@@ -82,8 +82,9 @@ class Task:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"Task.{name} must be a non-empty str, got {value!r}")
-        if not (isinstance(self.split, str) and self.split):
-            _check_int(self.split, "split")
+        split = self.split
+        if not (isinstance(split, str) and split) and (not isinstance(split, int) or isinstance(split, bool) or split < 0):
+            raise ValueError(f"Task.split must be a non-negative int or a non-empty str label, got {split!r}")
         _check_int(self.restart, "restart")
         _check_int(self.seed, "seed")
         grid = self.grid

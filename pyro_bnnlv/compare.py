@@ -297,7 +297,7 @@ def run_compare(
     *,
     progress: bool = True,
     figure: str | Path | None = None,
-    executor: str = "local",
+    executor: str = "inline",
     workers: int | None = None,
     address: str | None = None,
     out_dir: str | Path | None = None,
@@ -307,7 +307,9 @@ def run_compare(
 
     The fits are sweep tasks (:func:`compare_tasks`, :func:`fit_task`) run by
     :func:`pyro_bnnlv.sweep.run_sweep` (``executor``, ``workers``, ``address``; ``out_dir`` keeps
-    a resumable store). The selected fits are refitted in this process (same seeds) to return
+    a resumable store). The default executor runs them in this process; ``executor="local"``
+    uses worker processes (started with "spawn": call it under ``if __name__ == "__main__":``
+    in a script), as ``pyro-bnnlv compare`` does by default. The selected fits are refitted in this process (same seeds) to return
     them and draw the figure. The table's ``attrs`` carry the sweep's summary and failures.
     """
     cfg = config or CompareConfig()
@@ -319,6 +321,8 @@ def run_compare(
     results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
                         sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
                         progress=progress, desc=f"compare {data.name}")  # fmt: skip
+    if not (results["status"] == "done").any():
+        raise RuntimeError(f"every fit of the comparison failed:\n{results.attrs['summary']}")
     chosen = select_fits(results)
     seconds = results.groupby("method")["fit_seconds"].sum()
     table = chosen.assign(seconds=chosen["method"].map(seconds))[COLUMNS]

@@ -48,12 +48,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from pyro.infer import JitTrace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from ..datasets import Dataset, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
+from ..infer.elbo import CompiledTraceElbo
 from ..infer.laplace import LinearizedLaplace
 from ..infer.predict import sample_posterior
 from ..infer.svi import fit_svi, set_seed
@@ -215,7 +215,7 @@ def run_split(
         if paper:
             epochs = 1000 if n_train < 2000 else 100
             steps = epochs * math.ceil(n_train / batch_size)
-            loss = JitTrace_ELBO(num_particles=32, vectorize_particles=True, ignore_jit_warnings=True)
+            loss = CompiledTraceElbo(num_particles=32, vectorize_particles=True)
         else:
             steps, loss = vi_steps, None
         fit_svi(vmodel, guide, data.x_train, data.y_train, num_steps=steps, lr=0.01,

@@ -150,3 +150,15 @@ def test_train_map_fits_the_data():
                       progress=False)  # fmt: skip
     assert torch.equal(w, w2)
     assert math.isfinite(float(w.sum()))
+
+
+def test_train_map_refuses_a_zero_learning_rate_and_models_with_other_latents():
+    data = pb.load_dataset("cosine", sizes=(20, 5, 5))
+    bnn = pb.BNN(pb.MLP(1, [5], 1))
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        pb.train_map(bnn, data.x_train, data.y_train, lr=0.0, num_steps=5)
+    lv = pb.BNNLV(pb.MLP(2, [5], 1))
+    with pytest.raises(TypeError, match="AutoDelta"):
+        pb.train_map(lv, data.x_train, data.y_train, num_steps=5)
+    with pytest.raises(TypeError, match="BNN\\+LV"):
+        pb.ncai_guide(bnn, data.x_train, data.y_train)

@@ -550,8 +550,6 @@ for _name, (_fn, _exc, _match) in ALREADY_CLEAN.items():
 # ----------------------------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="needs infer.svi._check_positive_int to accept numpy "
-                   "integers (numbers.Integral); svi.py is being rewritten by the lead")
 def test_numpy_integer_counts_are_accepted():
     model, w = _bnn_and_samples()
     guide = pb.infer.LinearizedLaplace(model, w[0]).fit(torch.randn(6, 2), torch.randn(6)).as_guide()

@@ -67,6 +67,8 @@ def ncai_init_weights(
     vector, with the weights on the latent inputs drawn from ``N(0, latent_weight_scale^2)``
     (default ``None``: Xavier, ``latent_weight_scale^2 = 2 / (fan_in + fan_out)`` of the first
     layer, App. F.1)."""
+    if not isinstance(model, BNNLV):
+        raise TypeError(f"the NCAI initialisation needs a BNN+LV model (pb.BNNLV), got {type(model).__name__}")
     model.check_data(x, y)
     twin, keep = _deterministic_twin(model)
     w_twin = train_map(twin, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,

@@ -29,6 +29,7 @@ requires anyway). Besides:
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -63,13 +64,15 @@ def set_seed(seed: int | None) -> None:
         pyro.set_rng_seed(int(seed))
 
 
-def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an ``int`` (not a bool) ``>= minimum``."""
+def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> int | None:
+    """``value`` as an ``int``; ``ValueError`` naming ``name`` unless it is an integer (Python or
+    NumPy, not a bool) ``>= minimum``."""
     if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(value)
 
 
 @contextmanager
@@ -239,6 +242,14 @@ def train_map(
     """
     _check_positive_int(num_steps, "num_steps")
     _check_positive_int(batch_size, "batch_size", allow_none=True)
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if hasattr(model, "latent_dim") or not hasattr(model, "net"):
+        raise TypeError(
+            f"train_map fits the weights of a BNN with an N(prior_loc, prior_scale^2) prior; "
+            f"{type(model).__name__} has other latent sites (per-point z, or w = g(z)): use "
+            "pb.fit_svi(model, AutoDelta(model), x, y, ...) for its MAP"
+        )
     net = model.net
     model.check_data(x, y)
     set_seed(seed)

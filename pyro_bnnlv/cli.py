@@ -137,7 +137,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     figure = None
     if data.input_dim == 1 and not args.no_plot:
         figure = Path(args.figure or f"compare-{data.name}.png")
-    table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, **sweep_options(args))
+    table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, return_fits=False,
+                           **sweep_options(args))  # fmt: skip
     print(table.to_string(index=False, float_format="%.3f"))
     if figure is not None:
         print(f"wrote {figure}")

@@ -302,6 +302,7 @@ def run_compare(
     address: str | None = None,
     out_dir: str | Path | None = None,
     code_version: str | None = None,
+    return_fits: bool = True,
 ) -> tuple[pd.DataFrame, dict[str, _Fit]]:
     """Run the four methods on ``dataset``; return the results table and the selected fits.
 
@@ -310,7 +311,8 @@ def run_compare(
     a resumable store). The default executor runs them in this process; ``executor="local"``
     uses worker processes (started with "spawn": call it under ``if __name__ == "__main__":``
     in a script), as ``pyro-bnnlv compare`` does by default. The selected fits are refitted in this process (same seeds) to return
-    them and draw the figure. The table's ``attrs`` carry the sweep's summary and failures.
+    them and draw the figure (``return_fits=False`` and no ``figure``: skipped, ``fits`` is
+    empty). The table's ``attrs`` carry the sweep's summary and failures.
     """
     cfg = config or CompareConfig()
     named = not isinstance(dataset, Dataset)
@@ -329,7 +331,7 @@ def run_compare(
     table.attrs.update(results.attrs)
     by_id = {t.id: t for t in tasks}
     fits = {}
-    for _, row in chosen.iterrows():
+    for _, row in chosen.iterrows() if (return_fits or figure is not None) else ():
         fits[row["method"]] = _fit_task(by_id[row["task_id"]], cfg, data)
         fits[row["method"]].setting = row["selected"]
     if figure is not None and data.input_dim == 1 and fits:

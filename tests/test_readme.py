@@ -10,7 +10,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _section_code(heading: str) -> str:
     """The first python block under the README heading ``## heading``."""
-    return re.search(rf"## {re.escape(heading)}\s+```python\n(.*?)```", README.read_text(), re.S).group(1)
+    section = re.search(rf"## {re.escape(heading)}\n(.*?)(?=\n## |\Z)", README.read_text(), re.S).group(1)
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def _run_quick_start(namespace: dict) -> None:
@@ -64,3 +65,16 @@ def test_cli_entry_points(argv, capsys):
         code = exit_.code
     assert code == 0
     assert capsys.readouterr().out
+
+
+def test_readme_sweep_example_runs(tmp_path, monkeypatch):
+    """The sweep section's code, in this process (inline), on 2 tasks with a few steps."""
+    monkeypatch.chdir(tmp_path)
+    code = _section_code("Sweeps: parallel, resumable experiments")
+    code = (code.replace("for s in range(5)", "for s in range(1)").replace("steps=2000", "steps=20")
+            .replace("workers=2", 'executor="inline", progress=False'))  # fmt: skip
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(code, "README sweep section", "exec"), namespace)
+    table = namespace["table"]
+    assert len(table) == 2 and (table["status"] == "done").all() and table["test_ll"].notna().all()
+    assert (tmp_path / "runs" / "yacht" / "sweep.sqlite").exists()

@@ -139,9 +139,6 @@ def test_laplace_guide_distribution_dtype():
     assert guide.double().distribution().sample().dtype == F64
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "issue 16 float64: evaluate reaches a torch matmul dtype error; fix outside this test's area: "
-    "BNN/BNNLV/ProjectedBNN.predictive_components should call self._check_dtype(x) first"))
 def test_evaluate_float32_model_on_float64_data_says_what_to_convert(toy64):
     x, y = toy64
     model = pb.BNN(pb.MLP(1, [8], 1), noise_scale=0.1)

@@ -159,6 +159,7 @@ class BNN(PyroModule):
 
         ``samples["w"]`` is ``(S, P)``; used by :func:`pyro_bnnlv.evaluate`.
         """
+        self._check_dtype(x)
         return self.f(x, samples["w"]), torch.as_tensor(self.noise_scale).detach()
 
     def _plate_f(self, x: Tensor, w: Tensor) -> Tensor:

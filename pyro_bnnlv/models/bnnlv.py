@@ -108,6 +108,7 @@ class BNNLV(BNN):
         One latent ``z* ~ p(z)`` is drawn per weight sample and input, independently of the
         training latents: ``loc[s, n] = f([x_n, z*_{s,n}]; w_s)``.
         """
+        self._check_dtype(x)
         w = samples["w"]
         S, N = w.shape[0], x.shape[0]
         eps = torch.randn(S, N, self.latent_dim, generator=generator, dtype=x.dtype)

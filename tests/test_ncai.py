@@ -113,6 +113,16 @@ def test_bad_arguments():
         NCAIElbo(eps_x=0.0)
     with pytest.raises(ValueError, match="hz_normalization"):
         NCAIElbo(hz_normalization="sqrt")
+    with pytest.raises(ValueError, match="independence"):
+        NCAIElbo(independence="mi")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        NCAIElbo(warmup_steps=-1)
+
+
+def test_batch_of_two_names_batch_size(setup):
+    data, model, guide = setup
+    with pytest.raises(ValueError, match="batch_size >= 3"):
+        NCAIElbo().loss(model, guide, data.x_train, data.y_train, batch_size=2)
 
 
 def test_ncai_initialisation(setup):

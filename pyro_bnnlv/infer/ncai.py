@@ -206,6 +206,9 @@ class NCAIElbo(PenalizedElbo):
             return {}
         x_b, y_b, _ = self.batch_data(model_trace)
         mu = self.latent_means(guide_trace)
+        if not torch.jit.is_tracing() and mu.shape[0] < 3:
+            raise ValueError(f"NCAIElbo's statistics need at least 3 points per step, got a batch of "
+                             f"{mu.shape[0]}: use batch_size >= 3 (or None for the full data)")
         return ncai_penalties(x_b, y_b, mu, hz_normalization=self.hz_normalization,
                               independence=self.independence)  # fmt: skip
 

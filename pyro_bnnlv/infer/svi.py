@@ -28,6 +28,7 @@ requires anyway). Besides:
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -184,6 +185,10 @@ def fit_svi(
     _check_positive_int(batch_size, "batch_size", allow_none=True)
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    check = getattr(model, "check_data", None)
+    if callable(check):  # clean errors before Pyro's trace appends its shape tables
+        accepted = inspect.signature(check).parameters
+        check(x, y, **{k: v for k, v in (model_kwargs or {}).items() if k in accepted})
     if batch_size is not None and batch_size > len(x):
         raise ValueError(f"batch_size={batch_size} exceeds the number of data points {len(x)}")
     set_seed(seed)

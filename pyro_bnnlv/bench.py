@@ -95,18 +95,23 @@ def _hand_bbb_step(net: MLP, x: torch.Tensor, y: torch.Tensor, particles: int) -
     return step
 
 
+def _fit_step_ms(model: Any, guide: Any, x: torch.Tensor, y: torch.Tensor, steps: int, **fit_kwargs: Any) -> float:
+    """Median ms per ``fit_svi`` step over ``steps`` steps, stamped by its callback; the first 20
+    steps (compilation, warm-up, the JIT guard's checks at steps 1 and 10) are not timed."""
+    stamps: list[float] = []
+    fit_svi(model, guide, x, y, num_steps=steps + 21, progress=False,
+            callback=lambda step, value: stamps.append(time.perf_counter()), **fit_kwargs)  # fmt: skip
+    return 1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:]))
+
+
 def _ours_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, steps: int, particles: int) -> float:
     """Median per-step time of ``fit_svi``'s default path, stamped by its callback."""
     model = BNN(net, prior_scale=1.0, noise_scale=0.1)
     guide = AutoNormal(model, init_scale=0.01, init_loc_fn=init_to_network(model))
-    stamps: list[float] = []
     loss = None
     if particles > 1:
         loss = CompiledTraceElbo(num_particles=particles, vectorize_particles=True, max_plate_nesting=1)
-    fit_svi(model, guide, x, y, num_steps=steps + 21, lr=1e-3, loss=loss, progress=False,
-            callback=lambda step, value: stamps.append(time.perf_counter()))  # fmt: skip
-    diffs = [b - a for a, b in zip(stamps[20:], stamps[21:])]  # skip compile and warm-up
-    return 1e3 * statistics.median(diffs)
+    return _fit_step_ms(model, guide, x, y, steps, lr=1e-3, loss=loss)
 
 
 def _pyro_trace_step(net: MLP, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
@@ -186,12 +191,7 @@ def _ours_lv_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: i
     model = BNNLV(net, latent_dim=1, noise_scale=0.3)
     guide = AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
                        init_loc_fn=init_to_network(model))  # fmt: skip
-    stamps: list[float] = []
-    fit_svi(model, guide, x, y, num_steps=steps + 21, lr=1e-3, progress=False,
-            batch_size=batch if batch < x.shape[0] else None,
-            callback=lambda step, value: stamps.append(time.perf_counter()))  # fmt: skip
-    diffs = [b - a for a, b in zip(stamps[20:], stamps[21:])]
-    return 1e3 * statistics.median(diffs)
+    return _fit_step_ms(model, guide, x, y, steps, lr=1e-3, batch_size=batch if batch < x.shape[0] else None)
 
 
 def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 0) -> pd.DataFrame:
@@ -226,11 +226,7 @@ def _ncai_step_ms(kind: str, data: Any, steps: int, seed: int) -> float:
     else:
         guide = ncai_guide(model, x, y, num_steps=50, seed=seed)
         loss = NCAIElbo(jit=kind != "ncai-eager", independence="pc" if kind == "ncai-pc" else "hsic")
-    stamps: list[float] = []
-    fit_svi(model, guide, x, y, num_steps=steps + 21, loss=loss, seed=seed, progress=False,
-            callback=lambda step, value: stamps.append(time.perf_counter()))  # fmt: skip
-    diffs = [b - a for a, b in zip(stamps[20:], stamps[21:])]  # the guard's steps 1, 10 excluded
-    return 1e3 * statistics.median(diffs)
+    return _fit_step_ms(model, guide, x, y, steps, loss=loss, seed=seed)
 
 
 def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:

@@ -68,7 +68,7 @@ from .stats.predictive import evaluate
 from .sweep import Task, run_sweep
 
 __all__ = ["CompareConfig", "DATASET_SETTINGS", "run_compare", "load_compare_data", "compare_tasks",
-           "fit_task", "select_fits", "METHODS", "COLUMNS"]  # fmt: skip
+           "fit_task", "task_setting", "select_fits", "METHODS", "COLUMNS"]  # fmt: skip
 
 METHODS = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)")
 COLUMNS = ["method", "test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z", "seconds", "selected"]
@@ -249,11 +249,22 @@ def _test_row(fit: _Fit, data: Dataset, cfg: CompareConfig) -> dict[str, Any]:
     return row
 
 
+def _task_ncai(task: Task) -> dict[str, float] | None:
+    """The NCAI grid point of a task (``None`` unless it is an ``NCAI_lambda`` fit)."""
+    if task.method != "BNN+LV (NCAI_lambda)":
+        return None
+    return {k: v for k, v in task.params.items() if k in NCAI_KEYS}
+
+
+def task_setting(task: Task, independence: str) -> str:
+    """The ``setting`` text of a task's fit (as :func:`fit_task` reports it)."""
+    return _setting(task.params["noise_var"], _task_ncai(task), independence)
+
+
 def _fit_task(task: Task, cfg: CompareConfig, data: Dataset) -> _Fit:
     hidden, z_var, z_fixed = _architecture(data.name, cfg)
-    p = task.params
-    ncai = {k: p[k] for k in NCAI_KEYS if k in p} if task.method == "BNN+LV (NCAI_lambda)" else None
-    return _fit(task.method, data, cfg, hidden, z_var, z_fixed, p["noise_var"], ncai, task.seed)
+    return _fit(task.method, data, cfg, hidden, z_var, z_fixed, task.params["noise_var"],
+                _task_ncai(task), task.seed)  # fmt: skip
 
 
 def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None) -> dict[str, Any]:

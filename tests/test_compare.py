@@ -79,3 +79,16 @@ def test_compare_table_is_the_same_inline_and_on_two_workers():
     numbers = ["test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z"]
     pd.testing.assert_frame_equal(tables[0][numbers], tables[1][numbers])
     assert list(tables[0]["selected"]) == list(tables[1]["selected"])
+
+
+def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys):
+    from pyro_bnnlv.reproduce.ncai import main as protocol
+
+    argv = ["--datasets", "yuan", "--steps", "5", "--restarts", "1", "--splits", "1", "--executor", "inline",
+            "--out", str(tmp_path), "--output", str(tmp_path / "p.csv"), "--quiet"]
+    assert protocol(argv) == 0
+    table = pd.read_csv(tmp_path / "p.csv")
+    assert sorted(table["method"]) == sorted(METHODS) and (table["split"] == 1).all()
+    first = capsys.readouterr().out
+    assert protocol(argv) == 0  # resumes: nothing left to run, the same summary
+    assert capsys.readouterr().out.splitlines()[:6] == first.splitlines()[:6]

@@ -132,22 +132,24 @@ class PenalizedElbo(Trace_ELBO):
                 out = self._compiled[key](*args, **kwargs)
         return out[0], out[1], dict(zip(self._term_names, out[2:]))
 
-    def loss_and_surrogate_loss(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
+    def _weighed(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
+        """``(loss, surrogate, elbo_loss, terms, penalty)`` with the penalty weighed eagerly."""
+        elbo_loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
         pen = self.weigh(terms, args, kwargs)
-        return loss + pen, surrogate + pen
+        return elbo_loss + pen, surrogate + pen, elbo_loss, terms, pen
+
+    def loss_and_surrogate_loss(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return self._weighed(model, guide, args, kwargs)[:2]
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> Tensor:
         loss, surrogate = self.loss_and_surrogate_loss(model, guide, *args, **kwargs)
         return loss.detach() + (surrogate - surrogate.detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
-        pen = self.weigh(terms, args, kwargs)
-        total, surrogate = loss + pen, surrogate + pen
+        total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
         if surrogate.requires_grad:
             surrogate.backward(retain_graph=self.retain_graph)
-        record = {"elbo_loss": loss.item(), **{k: v.item() for k, v in terms.items()}}
+        record = {"elbo_loss": elbo_loss.item(), **{k: v.item() for k, v in terms.items()}}
         record["penalty"] = torch.as_tensor(pen).item()
         self.history.append(record)
         self.steps_taken += 1

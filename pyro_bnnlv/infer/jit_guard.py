@@ -15,7 +15,6 @@ tracer warnings of that one module while compiling. Every other tracer warning s
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Iterator, Sequence

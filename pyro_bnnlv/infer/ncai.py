@@ -81,6 +81,13 @@ def safe_exp(t: Tensor, cap: float = _EXP_CAP) -> Tensor:
     return torch.where(t <= cap, torch.exp(t.clamp(max=cap)), math.exp(cap) * (1.0 + t - cap))
 
 
+def _check_options(hz_normalization: str, independence: str) -> None:
+    if hz_normalization not in ("per_point", "none"):
+        raise ValueError(f"hz_normalization must be 'per_point' or 'none', got {hz_normalization!r}")
+    if independence not in ("hsic", "pc"):
+        raise ValueError(f"independence must be 'hsic' or 'pc', got {independence!r}")
+
+
 def ncai_penalties(
     x: Tensor, y: Tensor, mu_z: Tensor, *, hz_normalization: str = "per_point",
     independence: str = "hsic",
@@ -88,10 +95,7 @@ def ncai_penalties(
     """The raw constraint proxies on a batch: ``hz`` (eq. 25), ``offdiag`` (eq. 26) and, for
     ``independence="pc"``, ``pc_x``, ``pc_y`` (eq. 24), for ``"hsic"``, ``hsic_x``
     (:func:`~pyro_bnnlv.stats.hsic.normalized_hsic` of ``x`` and ``mu_z``)."""
-    if hz_normalization not in ("per_point", "none"):
-        raise ValueError(f"hz_normalization must be 'per_point' or 'none', got {hz_normalization!r}")
-    if independence not in ("hsic", "pc"):
-        raise ValueError(f"independence must be 'hsic' or 'pc', got {independence!r}")
+    _check_options(hz_normalization, independence)
     hz = henze_zirkler(mu_z)
     if hz_normalization == "per_point":
         hz = hz / mu_z.shape[0]
@@ -165,10 +169,7 @@ class NCAIElbo(PenalizedElbo):
         for name, value in dict(eps_T=eps_T, eps_x=eps_x, eps_y=eps_y).items():
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be positive, got {value!r}")
-        if hz_normalization not in ("per_point", "none"):
-            raise ValueError(f"hz_normalization must be 'per_point' or 'none', got {hz_normalization!r}")
-        if independence not in ("hsic", "pc"):
-            raise ValueError(f"independence must be 'hsic' or 'pc', got {independence!r}")
+        _check_options(hz_normalization, independence)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps!r}")
         self.lambdas = (float(lambda1), float(lambda2), float(lambda3))

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data
+from ..compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, sweep_options
 
@@ -70,14 +70,7 @@ def _evaluation_tasks(dataset: str, cfg: CompareConfig, chosen: dict[str, str], 
     tasks = []
     for task in compare_tasks(dataset, cfg, splits=list(splits)):
         setting = chosen.get(task.method)
-        if task.method == "BNN+LV (NCAI_lambda)" and setting == "lambda=0":
-            continue  # its rows are NCAI_0's
-        params = dict(task.params)
-        text = f"noise_var={params['noise_var']:g}"
-        keys = ["eps_T", "eps_x"] + (["eps_y"] if cfg.independence == "pc" else [])
-        if task.method == "BNN+LV (NCAI_lambda)":
-            text += ", " + ", ".join(f"{k}={params[k]:g}" for k in keys)
-        if text == setting:
+        if task_setting(task, cfg.independence) == setting:  # "lambda=0" matches no NCAI_lambda task
             tasks.append(task)
     return tasks
 

@@ -353,9 +353,6 @@ def run_compare(
 def plot_compare(data: Dataset, fits: dict[str, _Fit], cfg: CompareConfig, path: str | Path) -> Path:
     """Fig. 4: predictive mean and 95% band per method (top), ``mu_z`` against ``x`` (middle),
     and for the NCAI fits every penalty term and ``I(x; mu_z)`` during training (bottom)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .stats.predictive import mixture_quantile

@@ -722,9 +722,6 @@ def plot_invariance_gap(df, path, svi=None) -> None:
     ``svi``: optionally a :func:`pyro_bnnlv.invariance.svi_invariance_experiment` table (columns
     ``K``, ``elbo_fit``, ``pred_var_y_fit``), overlaid as black crosses on the ELBO and
     predictive-variance panels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {"theta_0*": "tab:blue", "theta_mix*": "tab:red"}

@@ -150,9 +150,6 @@ def cosine_experiment(
 
 
 def _plot_cosine(model, data, posteriors, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = torch.linspace(-4, 2, 300)[:, None]

@@ -637,9 +637,6 @@ def first_layer_invariance_gap(
 def plot_first_layer_invariance_gap(df, path: str | Path, sort: bool = True) -> None:
     """Bar chart per first-layer unit of ``kl_to_prior`` and ``gap_mean`` (and ``gap_mixture``
     when present) from :func:`first_layer_invariance_gap`, written to the PNG ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     d = df.sort_values("kl_to_prior", ascending=False) if sort else df

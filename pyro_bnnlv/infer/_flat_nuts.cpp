@@ -12,10 +12,16 @@
 //    with a hand-written backward pass (tanh evaluated as 2 sigmoid(2a) - 1).
 //  * build_tree mirrors FlatNUTS._build_tree_flat (Pyro's NUTS._build_tree, multinomial
 //    sampling): the same recursion, U-turn test, divergence threshold and the same Bernoulli
-//    draw per merge from torch's default generator, so the random stream is unchanged.
+//    draw per merge from the chain's torch.Generator (torch's default generator when none is
+//    given), so the random stream is that of torch.bernoulli.
 //
-// Everything runs with the GIL held (a Python potential is called back from C++).
+// A tree on an MLPPotential runs without the GIL, so several chains (one thread each, each with
+// its own MLPPotential.clone() and generator) advance in parallel; a tree calling a Python
+// potential back holds the GIL.
 #include <torch/extension.h>
+#include <torch/csrc/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 
 #include <cmath>
 #include <limits>
@@ -47,7 +53,7 @@ class MLPPotential {
                double constant, int64_t latent_dim, Tensor zprec)
       : xin_(xin.contiguous().clone()), Y_(Y.contiguous()), loc_(loc.contiguous()),
         prec_(prec.contiguous()), zprec_(zprec.contiguous()), act_(activation), has_loc_(has_loc),
-        inv_var_(inv_var), const_(constant), K_(latent_dim) {
+        inv_var_(inv_var), const_(constant), K_(latent_dim), specs_(layers) {
     TORCH_CHECK(xin_.dim() == 2 && Y_.dim() == 2 && xin_.size(0) == Y_.size(0),
                 "MLPPotential: xin must be (N, D+K) and Y (N, L)");
     TORCH_CHECK(activation >= IDENTITY && activation <= RBF, "MLPPotential: unknown activation code");
@@ -97,6 +103,11 @@ class MLPPotential {
   }
 
   int64_t dim() const { return P_ + N_ * K_; }
+
+  // An independent copy (same data, its own work buffers) for another thread.
+  MLPPotential clone() const {
+    return MLPPotential(xin_, Y_, specs_, act_, loc_, prec_, has_loc_, inv_var_, const_, K_, zprec_);
+  }
 
   std::tuple<double, Tensor> value_and_grad(const Tensor& q) {
     TORCH_CHECK(q.dim() == 1 && q.numel() == dim(), "value_and_grad: q must have shape (", dim(), ",)");
@@ -219,6 +230,7 @@ class MLPPotential {
   bool has_loc_;
   double inv_var_, const_;
   int64_t N_ = 0, D_ = 0, K_ = 0, P_ = 0;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> specs_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -243,15 +255,16 @@ template <typename T>
 class TreeBuilder {
  public:
   TreeBuilder(py::object potential, double step_size, double max_sliced_energy, double energy_current,
-              Tensor minv, Tensor sqrt_inv, bool diag)
+              Tensor minv, Tensor sqrt_inv, bool diag, at::CPUGeneratorImpl* gen)
       : step_size_(step_size), max_sliced_(max_sliced_energy), energy_current_(energy_current),
-        minv_(minv.contiguous()), sqrt_inv_(sqrt_inv.contiguous()), diag_(diag) {
+        minv_(minv.contiguous()), sqrt_inv_(sqrt_inv.contiguous()), diag_(diag), gen_(gen) {
     if (py::isinstance<MLPPotential>(potential))
       mlp_ = potential.cast<MLPPotential*>();
     else
       py_potential_ = potential;
-    p_ = at::zeros({}, minv_.options());
   }
+
+  bool compiled_potential() const { return mlp_ != nullptr; }
 
   Tree build(const Tensor& q, const Tensor& r, const Tensor& g, int direction, int64_t depth) {
     if (depth == 0) return base(q, r, g, direction);
@@ -271,9 +284,11 @@ class TreeBuilder {
       const int64_t n = out.rsum.numel();
       for (int64_t j = 0; j < n; ++j) s[j] = a[j] + b[j];
     }
-    // the same draw as pyro.sample("is_other_half_tree", dist.Bernoulli(probs=p_other))
+    // the same draw as pyro.sample("is_other_half_tree", dist.Bernoulli(probs=p_other)), i.e.
+    // torch.bernoulli of a 0-dim tensor of q's dtype holding p_other (ATen's CPU kernel: one
+    // uniform from the generator, compared with p), without the tensor round trip
     const double p_other = std::exp(other.weight - out.weight);
-    const bool take_other = at::bernoulli(p_.fill_(p_other)).item<double>() == 1.0;
+    const bool take_other = bernoulli(p_other);
     const Tree& prop = take_other ? other : half;
     out.turning = other.turning || is_turning(left.ul, right.ur, out.rsum);
     out.ql = left.ql; out.rl = left.rl; out.ul = left.ul; out.gl = left.gl;
@@ -362,11 +377,23 @@ class TreeBuilder {
     return t;
   }
 
+  bool bernoulli(double p) {
+    std::lock_guard<std::mutex> lock(gen_->mutex_);
+    if constexpr (std::is_same_v<T, double>) {
+      at::bernoulli_distribution<double> draw(p);
+      return draw(gen_) != 0;
+    } else {
+      at::bernoulli_distribution<float> draw(static_cast<float>(p));
+      return draw(gen_) != 0;
+    }
+  }
+
   MLPPotential* mlp_ = nullptr;
   py::object py_potential_;
   double step_size_, max_sliced_, energy_current_;
-  Tensor minv_, sqrt_inv_, p_;
+  Tensor minv_, sqrt_inv_;
   bool diag_;
+  at::CPUGeneratorImpl* gen_;
 };
 
 py::tuple to_tuple(const Tree& t) {
@@ -374,11 +401,36 @@ py::tuple to_tuple(const Tree& t) {
                         t.weight, t.turning, t.diverging, t.sum_accept, t.num_proposals);
 }
 
+at::CPUGeneratorImpl* cpu_generator(const py::object& generator) {
+  if (generator.is_none()) return at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
+  TORCH_CHECK(THPGenerator_Check(generator.ptr()), "build_tree: generator must be a torch.Generator or None");
+  const at::Generator& gen = reinterpret_cast<THPGenerator*>(generator.ptr())->cdata;
+  TORCH_CHECK(gen.device().is_cpu(), "build_tree: generator must be a CPU generator");
+  return at::check_generator<at::CPUGeneratorImpl>(gen);
+}
+
+template <typename T>
+py::tuple build_typed(py::object potential, const Tensor& q, const Tensor& r, const Tensor& g, int direction,
+                      int64_t depth, double energy_current, double step_size, double max_sliced_energy,
+                      const Tensor& minv, const Tensor& sqrt_inv, bool diag, const py::object& generator) {
+  TreeBuilder<T> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag,
+                   cpu_generator(generator));
+  if (!b.compiled_potential()) return to_tuple(b.build(q, r, g, direction, depth));
+  Tree t;
+  {
+    py::gil_scoped_release no_gil;  // other chains' threads run meanwhile
+    at::NoGradGuard no_grad;        // grad mode is thread-local
+    t = b.build(q, r, g, direction, depth);
+  }
+  return to_tuple(t);
+}
+
 // One (sub)tree of `depth` doublings from (q, r, g) in `direction` (1 forward, 0 backward), as
-// the 17-field tuple of nuts.FlatNUTS._build_tree_flat.
+// the 17-field tuple of nuts.FlatNUTS._build_tree_flat. `generator` (a torch.Generator, or None
+// for torch's default generator) supplies the per-merge Bernoulli draws.
 py::tuple build_tree(py::object potential, Tensor q, Tensor r, Tensor g, int direction, int64_t depth,
                      double energy_current, double step_size, double max_sliced_energy, Tensor minv,
-                     Tensor sqrt_inv, bool diag) {
+                     Tensor sqrt_inv, bool diag, py::object generator) {
   at::NoGradGuard no_grad;
   TORCH_CHECK(q.dim() == 1 && r.sizes() == q.sizes() && g.sizes() == q.sizes(),
               "build_tree: q, r and g must be vectors of one length");
@@ -397,13 +449,12 @@ py::tuple build_tree(py::object potential, Tensor q, Tensor r, Tensor g, int dir
                   q.scalar_type() == minv.scalar_type(),
               "build_tree: q, r, g and the mass matrix must share a dtype");
   TORCH_CHECK(sqrt_inv.scalar_type() == q.scalar_type(), "build_tree: sqrt_inv must have q's dtype");
-  if (q.scalar_type() == at::kDouble) {
-    TreeBuilder<double> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag);
-    return to_tuple(b.build(q, r, g, direction, depth));
-  }
+  if (q.scalar_type() == at::kDouble)
+    return build_typed<double>(potential, q, r, g, direction, depth, energy_current, step_size, max_sliced_energy,
+                               minv, sqrt_inv, diag, generator);
   TORCH_CHECK(q.scalar_type() == at::kFloat, "build_tree: only float32 and float64 are supported");
-  TreeBuilder<float> b(potential, step_size, max_sliced_energy, energy_current, minv, sqrt_inv, diag);
-  return to_tuple(b.build(q, r, g, direction, depth));
+  return build_typed<float>(potential, q, r, g, direction, depth, energy_current, step_size, max_sliced_energy,
+                            minv, sqrt_inv, diag, generator);
 }
 
 }  // namespace
@@ -414,6 +465,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<Tensor, Tensor, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>, int64_t,
                     Tensor, Tensor, bool, double, double, int64_t, Tensor>())
       .def("value_and_grad", &MLPPotential::value_and_grad)
+      .def("clone", &MLPPotential::clone)
       .def_property_readonly("dim", &MLPPotential::dim);
-  m.def("build_tree", &build_tree);
+  m.def("build_tree", &build_tree, py::arg("potential"), py::arg("q"), py::arg("r"), py::arg("g"),
+        py::arg("direction"), py::arg("depth"), py::arg("energy_current"), py::arg("step_size"),
+        py::arg("max_sliced_energy"), py::arg("minv"), py::arg("sqrt_inv"), py::arg("diag"),
+        py::arg("generator") = py::none());
 }

@@ -74,8 +74,13 @@ for a BNN, Adam on the flat potential for other fast-path models, ``AutoDelta`` 
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
+import os
+import queue
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -87,6 +92,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
+from pyro.infer.mcmc.api import AbstractMCMC
 from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
@@ -105,6 +111,9 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_log = logging.getLogger("pyro_bnnlv")
+# run_nuts warns when at least this share of the kept draws exhausted max_tree_depth
+_SATURATION_WARNING = 0.1
 # activation codes of the compiled MLPPotential (enum Activation in _flat_nuts.cpp)
 _ACTIVATION_CODES = {"identity": 0, "tanh": 1, "relu": 2, "leaky_relu": 3, "sigmoid": 4, "rbf": 5}
 
@@ -539,15 +548,31 @@ class FlatNUTS(_RecordingMixin, NUTS):
 
     Only multinomial sampling (Pyro's default) is implemented.
 
+    Random numbers: without ``generator`` the kernel draws from Pyro/torch's global generator
+    (through ``pyro.sample`` at the top level), exactly as Pyro's ``NUTS`` does, so both give the
+    same chain from the same seed. With a ``torch.Generator`` every draw of the chain (momenta,
+    including those of Pyro's step-size search, directions, acceptance and per-merge draws) comes
+    from it, with the same torch calls in the same order: a kernel with a generator seeded ``s``
+    reproduces a kernel on the global generator seeded ``s``, and several kernels with their own
+    generators can advance in parallel threads (:func:`run_nuts` does so) without touching each
+    other's random streams.
+
+    ``tree_depth`` in the records is Pyro's (and Stan's ``treedepth__``): the number of completed
+    doublings, so a trajectory that exhausts ``max_tree_depth`` has depth ``max_tree_depth`` and
+    ``2**max_tree_depth - 1`` leapfrog steps; a doubling stopped by a U-turn or divergence inside
+    the new subtree does not count.
+
     Args:
         potential: the :class:`FlatPotential`.
         compiled: build trees in C++: ``None`` (default) when the compiled core builds, ``True``
             to require it, ``False`` for the Python recursion.
+        generator: the chain's own ``torch.Generator`` (CPU), or ``None`` for the global one.
         **kwargs: ``NUTS`` options: ``step_size``, ``adapt_step_size``, ``adapt_mass_matrix``,
             ``full_mass``, ``target_accept_prob``, ``max_tree_depth``.
     """
 
-    def __init__(self, potential: FlatPotential, compiled: bool | None = None, **kwargs: Any) -> None:
+    def __init__(self, potential: FlatPotential, compiled: bool | None = None,
+                 generator: torch.Generator | None = None, **kwargs: Any) -> None:  # fmt: skip
         if not kwargs.pop("use_multinomial_sampling", True):
             raise ValueError("FlatNUTS implements multinomial sampling only; use pyro's NUTS")
         for bad in ("model", "potential_fn", "jit_compile", "transforms"):
@@ -558,8 +583,37 @@ class FlatNUTS(_RecordingMixin, NUTS):
         self._vg = potential.value_and_grad
         self._ext = resolve_extension(compiled)
         self._tree_potential = potential.compiled if potential.compiled is not None else self._vg
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError(f"generator must be a CPU generator (FlatNUTS runs on the CPU), got {generator.device}")
+        self._generator = generator
         self._mass_key: tuple | None = None
         self._reset_records()
+
+    # -- random draws: the chain's generator, or Pyro's sample statements on the global one -------
+    def _sample_r(self, name: str) -> tuple[dict, dict]:
+        if self._generator is None:
+            return super()._sample_r(name)
+        pe = self._potential_energy_last
+        r_unscaled = {
+            sites: torch.normal(torch.zeros(size, dtype=pe.dtype), torch.ones(size, dtype=pe.dtype),
+                                generator=self._generator)  # fmt: skip
+            for sites, size in self.mass_matrix_adapter.mass_matrix_size.items()
+        }
+        return self.mass_matrix_adapter.scale(r_unscaled, r_prototype=self.initial_params), r_unscaled
+
+    def _draw_direction(self, depth: int, half: Tensor) -> int:
+        if self._generator is None:
+            name = "direction_t={}_treedepth={}".format(self._t, depth)
+            return int(pyro.sample(name, dist.Bernoulli(probs=half)).item())
+        return int(torch.bernoulli(half, generator=self._generator).item())
+
+    def _draw_uniform(self, depth: int) -> float:
+        if self._generator is None:
+            zero, one = torch.zeros((), dtype=self._dtype), torch.ones((), dtype=self._dtype)
+            return pyro.sample("rand_t={}_treedepth={}".format(self._t, depth), dist.Uniform(zero, one)).item()
+        return torch.rand((), dtype=self._dtype, generator=self._generator).item()
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
@@ -645,7 +699,7 @@ class FlatNUTS(_RecordingMixin, NUTS):
         r_sum = half[_RSUM] + other[_RSUM]
         # the same draw as pyro.sample("is_other_half_tree", dist.Bernoulli(probs=p_other))
         p_other = math.exp(other[_WEIGHT] - weight)
-        prop = other if torch.bernoulli(self._p.fill_(p_other)).item() == 1 else half
+        prop = other if torch.bernoulli(self._p.fill_(p_other), generator=self._generator).item() == 1 else half
         turning = other[_TURN] or self._flat_is_turning(left[_UL], right[_UR], r_sum)
         return (left[_QL], left[_RL], left[_UL], left[_GL],
                 right[_QR], right[_RR], right[_UR], right[_GR],
@@ -673,7 +727,8 @@ class FlatNUTS(_RecordingMixin, NUTS):
 
             def build_tree(q, r, g, direction, depth):
                 return self._ext.build_tree(self._tree_potential, q, r, g, direction, depth,
-                                            energy_current, eps, max_sliced, minv, sqrt_inv, diag)  # fmt: skip
+                                            energy_current, eps, max_sliced, minv, sqrt_inv, diag,
+                                            self._generator)  # fmt: skip
         else:
 
             def build_tree(q, r, g, direction, depth):
@@ -692,12 +747,7 @@ class FlatNUTS(_RecordingMixin, NUTS):
         half = torch.tensor(0.5, dtype=self._dtype)
         with torch.no_grad():
             while depth < self._max_tree_depth:
-                direction = int(
-                    pyro.sample(
-                        "direction_t={}_treedepth={}".format(self._t, depth),
-                        dist.Bernoulli(probs=half),
-                    ).item()
-                )
+                direction = self._draw_direction(depth, half)
                 if direction == 1:
                     new = build_tree(q_right, r_right, g_right, 1, depth)
                     q_right, r_right, u_right, g_right = new[_QR], new[_RR], new[_UR], new[_GR]
@@ -715,11 +765,7 @@ class FlatNUTS(_RecordingMixin, NUTS):
                 depth += 1
                 d = new[_WEIGHT] - tree_weight
                 p_new = math.exp(d) if d < 700.0 else math.inf
-                rand = pyro.sample(
-                    "rand_t={}_treedepth={}".format(self._t, depth - 1),
-                    dist.Uniform(torch.zeros((), dtype=self._dtype), torch.ones((), dtype=self._dtype)),
-                )
-                if rand.item() < p_new:
+                if self._draw_uniform(depth - 1) < p_new:
                     accepted = True
                     new_q, new_pe, new_g = new[_QP], new[_PEP], new[_GP]
                 r_sum = r_sum + new[_RSUM]
@@ -741,7 +787,197 @@ class FlatNUTS(_RecordingMixin, NUTS):
             n = self._t
             self._adapter.step(self._t, z, torch.tensor(accept_prob, dtype=self._dtype), z_grads)
         self._mean_accept_prob += (accept_prob - self._mean_accept_prob) / n
-        return z.copy(), (num_proposals, new_pe if accepted else pe, accept_prob, depth + 1)
+        # depth: completed doublings, Pyro's tree_depth (max_tree_depth when the tree saturated)
+        return z.copy(), (num_proposals, new_pe if accepted else pe, accept_prob, depth)
+
+
+# ----------------------------------------------------------------------------------------------
+# several chains in one process
+# ----------------------------------------------------------------------------------------------
+_MASK64 = (1 << 64) - 1
+
+
+def _sampling_seed(chain_seed: int) -> int:
+    """Seed of a chain's NUTS generator: SplitMix64's mix of the chain seed (Steele, Lea & Flood
+    2014, "Fast splittable pseudorandom number generators", OOPSLA), so that the sampling stream
+    of chain seed ``s`` never coincides with an initialisation stream (``set_seed(s' + 1)``) of
+    this or another chain."""
+    z = (int(chain_seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # 63 bits
+
+
+def _chain_potentials(pot: FlatPotential, num_chains: int) -> list[FlatPotential]:
+    """One potential per chain. A compiled potential keeps work buffers, so each further chain
+    gets an independent ``clone()`` (same data); a Python potential is shared (its chains run one
+    after another)."""
+    if pot.compiled is None or not hasattr(pot.compiled, "clone"):
+        return [pot] * num_chains
+    out = [pot]
+    for _ in range(num_chains - 1):
+        core = pot.compiled.clone()
+        out.append(FlatPotential(dict(pot.sites), core.value_and_grad, compiled=core))
+    return out
+
+
+def _format_seconds(sec: float) -> str:
+    if sec < 120:
+        return f"{sec:.0f} s"
+    if sec < 7200:
+        return f"{sec / 60:.1f} min"
+    return f"{sec / 3600:.1f} h"
+
+
+class _ChainRunner:
+    """Runs several :class:`FlatNUTS` chains in this process, in Pyro's sampler protocol.
+
+    ``run()`` yields ``(item, chain_id)`` as Pyro's samplers do for :class:`~pyro.infer.MCMC`:
+    first the sites' shapes, then each kept draw as one flat tensor, then the chain's
+    diagnostics. With ``parallel=True`` every chain runs in its own thread; the tree building
+    (almost all of the time) runs in C++ without the GIL, so the chains advance in parallel on
+    as many cores as there are. Otherwise the chains run one after another. Each chain owns its
+    kernel, potential and generator, so the draws do not depend on the order of execution.
+
+    After ``estimate_after`` iterations per running chain the total run time is estimated from
+    the rate so far and said (a ``tqdm`` line when the progress bar is on, and an INFO record of
+    the ``pyro_bnnlv`` logger); the bars' postfix keeps an updated estimate of the time left.
+    """
+
+    def __init__(self, kernels: Sequence["FlatNUTS"], initial_params: Sequence[dict], warmup_steps: int,
+                 num_samples: int, parallel: bool, progress: bool, estimate_after: int = 10) -> None:  # fmt: skip
+        self.kernels = list(kernels)
+        self.initial_params = list(initial_params)
+        self.warmup_steps, self.num_samples = warmup_steps, num_samples
+        self.parallel = parallel
+        self.progress = progress
+        self.estimate_after = estimate_after
+        self.estimate: dict[str, float] | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def terminate(self, *args: Any, **kwargs: Any) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def _chain(self, c: int):
+        kernel = self.kernels[c]
+        kernel.initial_params = self.initial_params[c]
+        kernel.setup(self.warmup_steps)
+        params = kernel.initial_params
+        names = sorted(params)
+        yield "structure", {n: params[n].shape for n in names}
+        for i in range(self.warmup_steps + self.num_samples):
+            if self._stop.is_set():
+                return
+            params = kernel.sample(params)
+            if i < self.warmup_steps:
+                yield "warmup", None
+            else:
+                yield "draw", torch.cat([params[n].reshape(-1) for n in names])
+        yield "diagnostics", kernel.diagnostics()
+        kernel.cleanup()
+
+    def _events(self):
+        K = len(self.kernels)
+        if not self.parallel:
+            for c in range(K):
+                for kind, payload in self._chain(c):
+                    yield c, kind, payload
+            return
+        events: queue.Queue = queue.Queue()
+
+        def work(c: int) -> None:
+            try:
+                for kind, payload in self._chain(c):
+                    events.put((c, kind, payload))
+                events.put((c, "end", None))
+            except BaseException as err:  # noqa: BLE001 -- re-raised in the caller's thread
+                events.put((c, "error", err))
+
+        self._stop.clear()
+        self._threads = [threading.Thread(target=work, args=(c,), name=f"nuts-chain-{c}", daemon=True)
+                         for c in range(K)]  # fmt: skip
+        for t in self._threads:
+            t.start()
+        running = K
+        while running:
+            c, kind, payload = events.get()
+            if kind == "error":
+                self.terminate()
+                raise payload
+            if kind == "end":
+                running -= 1
+                continue
+            yield c, kind, payload
+
+    def run(self, *args: Any, **kwargs: Any):
+        from pyro.infer.mcmc.logger import ProgressBar
+
+        K, W, S = len(self.kernels), self.warmup_steps, self.num_samples
+        total = K * (W + S)
+        bar = ProgressBar(W, S, disable=not self.progress, num_bars=K)
+        done = [0] * K
+        t0 = time.perf_counter()
+        last_postfix = t0
+        running = K if self.parallel else 1
+        try:
+            for c, kind, payload in self._events():
+                if kind in ("warmup", "draw"):
+                    done[c] += 1
+                    bar.update(pos=c)
+                    if done[c] == W + 1 or (W == 0 and done[c] == 1):
+                        bar.set_description("Sample" if K == 1 else f"Sample [{c + 1}]", pos=c)
+                    now = time.perf_counter()
+                    n = sum(done)
+                    if self.estimate is None and n >= min(self.estimate_after * running, total):
+                        self._say_estimate(bar, n, now - t0, total)
+                    if self.progress and now - last_postfix > 0.5:
+                        left = (now - t0) * (total - n) / n
+                        for b in range(K):
+                            bar.set_postfix({"left": _format_seconds(left)}, refresh=False, pos=b)
+                        last_postfix = now
+                if kind != "warmup":
+                    yield payload, c
+        finally:
+            self.terminate()
+            bar.close()
+
+    def _say_estimate(self, bar: Any, n: int, elapsed: float, total: int) -> None:
+        est = elapsed * total / n
+        K = len(self.kernels)
+        how = (f"{K} chains in parallel threads" if self.parallel and K > 1
+               else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
+        msg = (f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
+               f"{self.warmup_steps + self.num_samples} iterations, from the first {n} iterations "
+               f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)")  # fmt: skip
+        self.estimate = {"seconds": est, "from_iterations": n}
+        _log.info(msg)
+        if self.progress and not bar.disable:
+            from tqdm import tqdm
+
+            tqdm.write(msg, file=sys.stderr)
+
+
+class _InProcessMCMC(MCMC):
+    """Pyro's :class:`~pyro.infer.MCMC` (``get_samples``, ``summary``, ``diagnostics``) whose
+    ``run`` advances several :class:`FlatNUTS` chains in this process (:class:`_ChainRunner`)
+    instead of Pyro's one-after-another or multiprocessing samplers. ``kernel`` is chain 0's
+    kernel, ``kernels`` all of them."""
+
+    def __init__(self, kernels: Sequence["FlatNUTS"], num_samples: int, warmup_steps: int,
+                 initial_params: Sequence[dict], parallel: bool, progress: bool) -> None:  # fmt: skip
+        AbstractMCMC.__init__(self, kernels[0], len(kernels), None)
+        self.kernels = list(kernels)
+        self.warmup_steps, self.num_samples = warmup_steps, num_samples
+        self.disable_validation = True
+        self._samples = None
+        self._args, self._kwargs = None, None
+        self._diagnostics = [None] * len(kernels)
+        self.sampler = _ChainRunner(kernels, initial_params, warmup_steps, num_samples, parallel,
+                                    progress)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -787,9 +1023,10 @@ def _map_traced(model: Any, x: Tensor, y: Tensor, names: Sequence[str], steps: i
 
 def _initial_values(
     model: Any, x: Tensor, y: Tensor, init: Any, names: Sequence[str], shapes: Mapping[str, Any],
-    pot: FlatPotential | None, num_chains: int, seed: int | None, map_steps: int, map_lr: float,
+    pot: FlatPotential | None, num_chains: int, base: int, map_steps: int, map_lr: float,
 ) -> dict[str, Tensor]:  # fmt: skip
-    """``{site: (num_chains, *shape)}`` initial values in the constrained space."""
+    """``{site: (num_chains, *shape)}`` initial values in the constrained space; chain ``c``'s
+    depend only on its chain seed ``base + c``."""
     from .svi import train_map
 
     if isinstance(init, Mapping):
@@ -809,22 +1046,22 @@ def _initial_values(
         return out
     if init not in ("map", "prior"):
         raise ValueError(f"init must be 'map', 'prior' or a dict of site values; got {init!r}")
-    base = int(torch.randint(0, 2**30, ()).item()) if seed is None else int(seed)
     draws: list[dict[str, Tensor]] = []
     for c in range(num_chains):
-        if seed is not None:
-            set_seed(base + 1000 * c + 1)
+        set_seed(base + c + 1)
         if init == "prior":
             draws.append(_prior_draw(model, x, y, names))
-        elif _is_plain_bnn(model):
-            w = train_map(model, x, y, num_steps=map_steps, lr=map_lr, seed=base + c, progress=False)
-            draws.append({"w": w})
         elif pot is not None:
+            # Adam on U / N from the network's own initialisation: for a BNN the objective and
+            # the start of train_map, on the fast potential (no autograd)
             start = _prior_draw(model, x, y, names)
             if "w" in start and hasattr(getattr(model, "net", None), "init_weights"):
                 start["w"] = model.net.init_weights(torch.Generator().manual_seed(base + c)).to(x.dtype)
             q = _map_on_potential(pot, pot.pack(start), map_steps, map_lr, x.shape[0])
             draws.append({k: v.clone() for k, v in pot.unpack(q).items()})
+        elif _is_plain_bnn(model):
+            w = train_map(model, x, y, num_steps=map_steps, lr=map_lr, seed=base + c, progress=False)
+            draws.append({"w": w})
         else:
             draws.append(_map_traced(model, x, y, names, map_steps, map_lr, base + c))
     return {k: torch.stack([d[k] for d in draws]) for k in names}
@@ -885,6 +1122,7 @@ def run_nuts(
     map_steps: int = 2000,
     map_lr: float = 0.01,
     check_potential: bool = True,
+    chain_method: str = "auto",
     mp_context: str | None = None,
 ) -> MCMC:
     """Run NUTS on ``model(x, y)`` and return Pyro's ``MCMC`` object (already run).
@@ -894,11 +1132,17 @@ def run_nuts(
             Pyro callable.
         x, y: the data (full batch; NUTS does not subsample).
         num_samples, warmup_steps: draws kept per chain and warm-up (adaptation) iterations.
-        num_chains: number of chains. Pyro runs them in parallel processes when the machine has
-            more than ``num_chains`` cores, sequentially otherwise.
+        num_chains: number of chains. On the fast path with the flat kernel (the default for
+            library models) all chains run in this process, each with its own kernel, step-size
+            and mass-matrix adaptation and random generator; see ``chain_method``. Chain ``c``
+            of ``run_nuts(seed=s, num_chains=K)`` is the chain of ``run_nuts(seed=s + c)``, draw
+            for draw. The traced path and ``kernel="pyro"`` use Pyro's ``MCMC``: processes when
+            ``num_chains`` is below the number of cores, one chain after another otherwise
+            (said by a warning).
         init: ``"map"`` (default; each chain starts at a MAP fit from its own random network
-            initialisation), ``"prior"`` (prior draws) or ``{site: value}`` with values of the
-            site's shape (shared by all chains) or ``(num_chains, *shape)``.
+            initialisation, by Adam on ``U(q) / N``), ``"prior"`` (prior draws) or
+            ``{site: value}`` with values of the site's shape (shared by all chains) or
+            ``(num_chains, *shape)``.
         jit_compile: for the traced path, ``NUTS(model, jit_compile=True)``. The fast path
             ignores it: it uses the compiled C++ core (:mod:`pyro_bnnlv.infer.compiled`; set
             ``PYRO_BNNLV_COMPILED=0`` to disable it). TorchScript and ``torch.compile`` were
@@ -906,8 +1150,13 @@ def run_nuts(
             Python; ``torch.compile`` has a ~26 us call overhead per potential evaluation;
             AOTInductor costs ~25 s of compilation per model and data set), the C++ core does
             (26 -> 12.6 us per value-and-gradient, 18 -> 3.4 us of tree overhead per step).
-        seed: seeds initialisation and sampling (same seed, same draws).
-        progress: Pyro's progress bar.
+        seed: seeds initialisation and sampling (same seed, same draws). Chain ``c`` uses the
+            chain seed ``seed + c`` (``mcmc.run_info["seeds"]``): its initialisation from
+            ``seed + c`` and its NUTS draws from a ``torch.Generator`` seeded with a 64-bit mix
+            of ``seed + c``.
+        progress: Pyro's progress bars, one per chain, with the estimated time left; after the
+            first 10 iterations per running chain the estimated total is printed above them
+            (and logged at INFO level on the ``pyro_bnnlv`` logger either way).
         potential: ``"auto"`` (fast when the model has a :class:`FlatPotential`, see
             :func:`flat_potential`; traced otherwise), ``"fast"`` (error if there is none),
             ``"traced"``, or a :class:`FlatPotential` to use.
@@ -918,14 +1167,28 @@ def run_nuts(
         map_steps, map_lr: Adam steps and learning rate of the MAP initialisation.
         check_potential: compare the fast potential with Pyro's traced potential (value and
             gradient) at the first chain's initial point before sampling; a mismatch raises.
-        mp_context: multiprocessing context for parallel chains (Pyro's ``MCMC`` option).
+        chain_method: how the flat kernel runs several chains: ``"auto"`` (default: parallel
+            threads when the potential is compiled, i.e. an MLP regression potential with the
+            C++ core, whose trees run without the GIL; one after another otherwise, with a
+            warning), ``"threads"`` (error when the potential is not compiled) or
+            ``"sequential"``. The draws are the same either way.
+        mp_context: multiprocessing context for Pyro's parallel chains (traced path and
+            ``kernel="pyro"``).
 
     Returns:
         the ``MCMC`` object; ``mcmc.get_samples()`` has ``"w"`` as ``(S, P)`` (and ``"z"`` as
         ``(S, N, K)`` for BNN+LV). ``mcmc.diagnostics()`` adds per-draw ``num_steps``,
-        ``potential_energy``, ``accept_prob`` and ``tree_depth`` (``0`` where unknown) to Pyro's
-        ``divergences``. ``mcmc.run_info`` records the path taken, whether the
-        compiled core ran (``compiled_tree``, ``compiled_potential``) and the timings.
+        ``potential_energy``, ``accept_prob`` and ``tree_depth`` (completed doublings, as
+        Pyro's and Stan's: ``max_tree_depth`` for a saturated draw of
+        ``2**max_tree_depth - 1`` leapfrog steps; ``0`` where unknown) to Pyro's
+        ``divergences``. ``mcmc.run_info`` records the path taken, whether the compiled core
+        ran (``compiled_tree``, ``compiled_potential``), ``chain_method`` (``"threads"``,
+        ``"sequential"`` or Pyro's ``"processes"``), the chain seeds, the timings with the
+        early estimate of the sampling time, and ``max_tree_depth_share``, the share of kept
+        draws that exhausted ``max_tree_depth``.
+
+    Warns when at least 10% of the kept draws exhausted ``max_tree_depth`` (their trajectories
+    were cut short: each such draw costs ``2**max_tree_depth - 1`` leapfrog steps).
     """
     _check_positive_int(num_samples, "num_samples")
     _check_positive_int(warmup_steps, "warmup_steps", minimum=0)
@@ -951,6 +1214,8 @@ def run_nuts(
         model.check_data(x, y)
     elif not isinstance(x, Tensor):
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if chain_method not in ("auto", "threads", "sequential"):
+        raise ValueError(f"chain_method must be 'auto', 'threads' or 'sequential', got {chain_method!r}")
     model_name = type(model).__name__
     t_start = time.perf_counter()
     set_seed(seed)
@@ -993,7 +1258,8 @@ def run_nuts(
                 )
 
     t_init = time.perf_counter()
-    values = _initial_values(model, x, y, init, latent, shapes, pot, num_chains, seed, map_steps,
+    base = int(torch.randint(0, 2**30, ()).item()) if seed is None else int(seed)
+    values = _initial_values(model, x, y, init, latent, shapes, pot, num_chains, base, map_steps,
                              map_lr)  # fmt: skip
     init_seconds = time.perf_counter() - t_init
     unconstrained = {
@@ -1007,39 +1273,104 @@ def run_nuts(
 
     options = dict(target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
                    full_mass=full_mass, step_size=step_size)  # fmt: skip
-    if pot is None:
-        nuts = _CountingNUTS(model, jit_compile=jit_compile, **options)
-        path = "traced"
-    elif kernel == "flat":
-        nuts = FlatNUTS(pot, **options)
-        path = "fast/flat"
-    else:
-        nuts = _CountingNUTS(potential_fn=pot.potential_fn, **options)
-        path = "fast/pyro"
-    initial = unconstrained if num_chains > 1 else {k: v[0] for k, v in unconstrained.items()}
-    set_seed(None if seed is None else int(seed) + 7)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
-        mcmc = MCMC(nuts, num_samples=num_samples, warmup_steps=warmup_steps,
-                    initial_params=initial, num_chains=num_chains,
-                    disable_progbar=not progress, mp_context=mp_context)  # fmt: skip
+    estimate = None
     t_run = time.perf_counter()
-    if pot is None:
-        mcmc.run(x, y)
-    else:
+    if pot is not None and kernel == "flat":
+        # every chain in this process, each with its own kernel, potential and generator
+        pots = _chain_potentials(pot, num_chains)
+        ext = resolve_extension(None)
+        threaded = ext is not None and all(p.compiled is not None for p in pots)
+        if chain_method == "threads" and not threaded and num_chains > 1:
+            raise ValueError(
+                "chain_method='threads' needs the compiled core and a compiled potential (an MLP "
+                "regression potential): this potential is Python code, which holds the GIL. Use "
+                "chain_method='auto' or 'sequential'"
+            )
+        parallel = threaded and num_chains > 1 and chain_method != "sequential"
+        method = "threads" if parallel else "sequential"
+        if num_chains > 1 and not parallel and chain_method == "auto":
+            warnings.warn(
+                f"run_nuts: the {num_chains} chains run one after another in this process (about "
+                f"{num_chains}x the time of one chain): "
+                + ("the compiled NUTS core is unavailable" if ext is None else
+                   "the potential is Python code (not an MLP regression potential), which holds the GIL")
+                + ". Chains run in parallel threads for MLP potentials with the compiled core",
+                UserWarning, stacklevel=2,
+            )  # fmt: skip
+        kernels = [
+            FlatNUTS(p, generator=torch.Generator().manual_seed(_sampling_seed(base + c)), **options)
+            for c, p in enumerate(pots)
+        ]  # fmt: skip
+        starts = [{k: v[c] for k, v in unconstrained.items()} for c in range(num_chains)]
+        mcmc: MCMC = _InProcessMCMC(kernels, num_samples, warmup_steps, starts, parallel, progress)
+        nuts = kernels[0]
+        path = "fast/flat"
         mcmc.run()
+        estimate = mcmc.sampler.estimate
+    else:
+        if chain_method != "auto":
+            raise ValueError(
+                f"chain_method={chain_method!r} applies to the fast path's flat kernel only; this "
+                "run uses Pyro's MCMC (leave chain_method='auto')"
+            )
+        if pot is None:
+            nuts = _CountingNUTS(model, jit_compile=jit_compile, **options)
+            path = "traced"
+        else:
+            nuts = _CountingNUTS(potential_fn=pot.potential_fn, **options)
+            path = "fast/pyro"
+        available = max((os.cpu_count() or 1) - 1, 1)  # Pyro's rule: one core for the main process
+        method = "processes" if 1 < num_chains <= available else "sequential"
+        if num_chains > 1 and method == "sequential":
+            warnings.warn(
+                f"run_nuts: Pyro's MCMC runs the {num_chains} chains of the {path} path one after "
+                f"another (it uses processes only for num_chains <= {available}, the number of "
+                "cores minus one): about {num_chains}x the time of one chain. The fast path "
+                "(kernel='flat', an MLP potential) runs chains in parallel threads".replace(
+                    "{num_chains}", str(num_chains)),
+                UserWarning, stacklevel=2,
+            )  # fmt: skip
+        initial = unconstrained if num_chains > 1 else {k: v[0] for k, v in unconstrained.items()}
+        set_seed(base + 7)
+        with warnings.catch_warnings():  # said above, with the reason and the alternative
+            warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
+            mcmc = MCMC(nuts, num_samples=num_samples, warmup_steps=warmup_steps,
+                        initial_params=initial, num_chains=num_chains,
+                        disable_progbar=not progress, mp_context=mp_context)  # fmt: skip
+        if pot is None:
+            mcmc.run(x, y)
+        else:
+            mcmc.run()
     run_seconds = time.perf_counter() - t_run
-    steps = [rec.get("num_steps", []) for rec in chain_records(mcmc)]
+    records = chain_records(mcmc)
+    steps = [rec.get("num_steps", []) for rec in records]
     total = sum(len(v) for v in steps)
+    # num_steps == 2**max_tree_depth - 1 exactly when every doubling completed (any kernel)
+    flat_steps = [n for v in steps for n in v]
+    saturated = sum(n >= 2**max_tree_depth - 1 for n in flat_steps) / len(flat_steps) if flat_steps else math.nan
+    if saturated >= _SATURATION_WARNING:
+        warnings.warn(
+            f"run_nuts: {100 * saturated:.0f}% of the draws reached max_tree_depth={max_tree_depth} "
+            f"({2**max_tree_depth - 1} leapfrog steps per draw): the trajectories were cut short, "
+            "so each draw costs the maximum and explores less than NUTS would. Raise "
+            "max_tree_depth (each +1 doubles the cost of a saturated draw), try full_mass=True, "
+            "or reparameterise the model (narrower priors, standardised data)",
+            UserWarning, stacklevel=2,
+        )  # fmt: skip
     mcmc.run_info = {  # type: ignore[attr-defined]
         "path": path,
         "compiled_tree": isinstance(nuts, FlatNUTS) and nuts._ext is not None,
         "compiled_potential": pot is not None and pot.compiled is not None,
+        "chain_method": method,
+        "num_chains": num_chains,
+        "seeds": [base + c for c in range(num_chains)],
         "model": model_name,
         "init": init if isinstance(init, str) else "values",
         "init_seconds": init_seconds,
         "sampling_seconds": run_seconds,
+        "estimated_sampling_seconds": None if estimate is None else estimate["seconds"],
         "total_seconds": time.perf_counter() - t_start,
         "mean_leapfrog_per_sample": (sum(sum(v) for v in steps) / total) if total else math.nan,
+        "max_tree_depth_share": saturated,
     }
     return mcmc

@@ -23,6 +23,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -36,10 +37,85 @@ namespace {
 enum Activation { IDENTITY = 0, TANH = 1, RELU = 2, LEAKY_RELU = 3, SIGMOID = 4, RBF = 5 };
 
 struct Layer {
-  int64_t fan_in, fan_out;
-  Tensor W, Wt, b, gW, gb;  // views of the weight / gradient buffers
-  Tensor A, H;              // pre-activation and output buffers (hidden layers)
+  int64_t fan_in, fan_out, w_off, b_off;  // W (fan_out, fan_in) row-major at w_off, b at b_off
+  Tensor A, H;                            // pre-activation and output buffers (hidden layers)
 };
+
+// ---------------------------------------------------------------------------------------------
+// small dense products in plain loops
+// ---------------------------------------------------------------------------------------------
+// C[m, j] = c0[j] + sum_k A[m, k] B[k, j] for m < M, j < J (c0 = nullptr: 0), with A[m, k] at
+// A[m * a_m + k * a_k] and B, C row-major (leading dimensions ldb, ldc). Products of more than
+// kLoopMacs multiply-adds go to the BLAS (at::mm_out on views of the buffers: its register tiling
+// wins there, e.g. 409 x 13 x 50 on boston, 1.5x); smaller ones run as plain loops, which beat
+// the BLAS call's overhead (100 x 1 x 50 on the toy): rows of C in blocks of 4, 2 or 1
+// registers of columns whose accumulators stay in registers over the whole sum (the compiler
+// unrolls and vectorises the fixed-length loops), then single columns with eight partial sums;
+// fewer columns than a register holds (the output layer) go as vectorised dot products.
+constexpr int64_t kLoopMacs = 65536;
+
+template <typename T, int BJ>
+__attribute__((always_inline)) inline int64_t gemm_block(int64_t M, int64_t j0, int64_t J, int64_t Kd, const T* A,
+                                                         int64_t a_m, int64_t a_k, const T* B, int64_t ldb, T* C,
+                                                         int64_t ldc, const T* c0) {
+  for (; j0 + BJ <= J; j0 += BJ) {
+    for (int64_t m = 0; m < M; ++m) {
+      T acc[BJ];
+      for (int j = 0; j < BJ; ++j) acc[j] = c0 ? c0[j0 + j] : T(0);
+      const T* a = A + m * a_m;
+      for (int64_t k = 0; k < Kd; ++k) {
+        const T ak = a[k * a_k];
+        const T* b = B + k * ldb + j0;
+        for (int j = 0; j < BJ; ++j) acc[j] += ak * b[j];
+      }
+      T* c = C + m * ldc + j0;
+      for (int j = 0; j < BJ; ++j) c[j] = acc[j];
+    }
+  }
+  return j0;
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void gemm(int64_t M, int64_t J, int64_t Kd, const T* A, int64_t a_m,
+                                                int64_t a_k, const T* B, int64_t ldb, T* C, int64_t ldc,
+                                                const T* c0) {
+  constexpr int W = 32 / sizeof(T);  // one 256-bit register
+  if (M * J * Kd > kLoopMacs) {  // large enough for the BLAS's register tiling to win
+    const auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+    Tensor a = at::from_blob(const_cast<T*>(A), {M, Kd}, {a_m, a_k}, opts);
+    Tensor b = at::from_blob(const_cast<T*>(B), {Kd, J}, {ldb, 1}, opts);
+    Tensor c = at::from_blob(C, {M, J}, {ldc, 1}, opts);
+    if (c0)
+      at::addmm_out(c, at::from_blob(const_cast<T*>(c0), {J}, opts), a, b);
+    else
+      at::mm_out(c, a, b);
+    return;
+  }
+  if (J < W && a_k == 1) {  // few columns (the output layer): dot products over k
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < J; ++j) {
+        const T* a = A + m * a_m;
+        T acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t k = 0; k < Kd; ++k) acc += a[k] * B[k * ldb + j];
+        C[m * ldc + j] = (c0 ? c0[j] : T(0)) + acc;
+      }
+    return;
+  }
+  int64_t j0 = gemm_block<T, 4 * W>(M, 0, J, Kd, A, a_m, a_k, B, ldb, C, ldc, c0);
+  j0 = gemm_block<T, 2 * W>(M, j0, J, Kd, A, a_m, a_k, B, ldb, C, ldc, c0);
+  j0 = gemm_block<T, W>(M, j0, J, Kd, A, a_m, a_k, B, ldb, C, ldc, c0);
+  for (; j0 < J; ++j0)  // the last columns: eight partial sums, not one serial chain over k
+    for (int64_t m = 0; m < M; ++m) {
+      const T* a = A + m * a_m;
+      T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= Kd; k += 8)
+        for (int u = 0; u < 8; ++u) acc[u] += a[(k + u) * a_k] * B[(k + u) * ldb + j0];
+      for (; k < Kd; ++k) acc[0] += a[k * a_k] * B[k * ldb + j0];
+      C[m * ldc + j0] = (c0 ? c0[j0] : T(0)) + (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // the potential of MLP regression
@@ -72,8 +148,8 @@ class MLPPotential {
                 "MLPPotential: loc and prec must be (P,)");
     TORCH_CHECK(zprec_.dim() == 1 && zprec_.numel() == K_, "MLPPotential: zprec must be (K,)");
     auto opts = xin_.options();
-    buf_ = at::zeros({P_}, opts);
     gbuf_ = at::zeros({P_}, opts);
+    int64_t widest = 1, largest = 1;
     for (size_t i = 0; i < layers.size(); ++i) {
       auto [fi, fo, w_off, b_off] = layers[i];
       TORCH_CHECK(fi > 0 && fo > 0 && w_off >= 0 && b_off >= 0 && w_off + fi * fo <= P_ && b_off + fo <= P_,
@@ -83,11 +159,10 @@ class MLPPotential {
       Layer l;
       l.fan_in = fi;
       l.fan_out = fo;
-      l.W = buf_.narrow(0, w_off, fi * fo).view({fo, fi});
-      l.Wt = l.W.t();
-      l.b = buf_.narrow(0, b_off, fo);
-      l.gW = gbuf_.narrow(0, w_off, fi * fo).view({fo, fi});
-      l.gb = gbuf_.narrow(0, b_off, fo);
+      l.w_off = w_off;
+      l.b_off = b_off;
+      largest = std::max(largest, fi * fo);
+      if (i > 0) widest = std::max(widest, fi);
       if (i + 1 < layers.size()) {
         l.A = at::empty({N_, fo}, opts);
         l.H = at::empty({N_, fo}, opts);
@@ -96,10 +171,11 @@ class MLPPotential {
     }
     TORCH_CHECK(!layers_.empty() && layers_.back().fan_out == Y_.size(1),
                 "MLPPotential: the last layer's width must equal Y's columns");
-    if (K_ > 0) {
-      zin_ = xin_.narrow(1, D_, K_);
-      W0z_ = layers_[0].W.narrow(1, D_, K_);
-    }
+    wt_ = at::empty({largest}, opts);
+    sb_ = at::empty({largest}, opts);
+    res_ = at::empty({N_, Y_.size(1)}, opts);
+    dh_[0] = at::empty({N_ * widest}, opts);
+    dh_[1] = at::empty({N_ * widest}, opts);
   }
 
   int64_t dim() const { return P_ + N_ * K_; }
@@ -121,110 +197,182 @@ class MLPPotential {
   }
 
  private:
+  // The value and gradient in plain loops over raw pointers (no ATen dispatch except one
+  // sigmoid / exp per hidden layer): for the small layers of NUTS on a BNN (100 x 50, 409 x 13 x
+  // 50) the per-operation overhead of ATen (~1-10 us per addmm / sum) exceeded the arithmetic.
+  // Every inner loop runs over a contiguous axis (vectorised by the compiler; compiled twice,
+  // for AVX2+FMA and for the baseline ISA, chosen at run time), and reductions accumulate in
+  // the order that makes them axpy's, so no reassociation is needed.
   template <typename T>
   std::tuple<double, Tensor> compute(const Tensor& q) {
+    Tensor g = at::empty({dim()}, q.options());
+    double u;
+    if (cpu_has_avx2_fma())
+      u = compute_avx2<T>(q.data_ptr<T>(), g.data_ptr<T>());
+    else
+      u = compute_generic<T>(q.data_ptr<T>(), g.data_ptr<T>());
+    return {u, g};
+  }
+
+  static bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+  }
+
+  template <typename T>
+  __attribute__((target("avx2,fma"))) double compute_avx2(const T* q, T* g) { return compute_impl<T>(q, g); }
+
+  template <typename T>
+  double compute_generic(const T* q, T* g) { return compute_impl<T>(q, g); }
+
+  template <typename T>
+  __attribute__((always_inline)) inline double compute_impl(const T* q, T* gout) {
     const size_t last = layers_.size() - 1;
-    buf_.copy_(q.narrow(0, 0, P_));
-    if (K_ > 0) zin_.copy_(q.narrow(0, P_, N_ * K_).view({N_, K_}));
-    // forward
-    Tensor h = xin_;
-    Tensor a;
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    T* xin = xin_.data_ptr<T>();
+    const int64_t Din = D_ + K_;
+    if (K_ > 0) {  // the latent inputs z (N, K) go into the trailing columns of xin
+      const T* z = q + P_;
+      for (int64_t n = 0; n < N_; ++n)
+        for (int64_t k = 0; k < K_; ++k) xin[n * Din + D_ + k] = z[n * K_ + k];
+    }
+    T* wt = wt_.data_ptr<T>();
+    // forward: out = s (h W^T + b), s = 2 for the tanh = 2 sigmoid(2a) - 1 of hidden layers
+    const T* h = xin;
+    T* out = nullptr;
+    for (size_t i = 0; i <= last; ++i) {
       Layer& l = layers_[i];
-      if (i == last) {
-        a = at::addmm(l.b, h, l.Wt);
-        break;
+      const int64_t fi = l.fan_in, fo = l.fan_out;
+      const T* W = q + l.w_off;
+      const T* b = q + l.b_off;
+      out = i == last ? res_.data_ptr<T>() : l.A.data_ptr<T>();
+      const T s = (i < last && act_ == TANH) ? T(2) : T(1);
+      // out (N, fo) = s (h (N, fi) W^T (fi, fo) + b)
+      T* sb = sb_.data_ptr<T>();
+      for (int64_t o = 0; o < fo; ++o) {
+        sb[o] = s * b[o];
+        for (int64_t k = 0; k < fi; ++k) wt[k * fo + o] = s * W[o * fi + k];
       }
-      if (act_ == TANH) {  // tanh(a) = 2 sigmoid(2a) - 1; torch's CPU sigmoid is faster than tanh
-        at::addmm_out(l.A, l.b, h, l.Wt, 2.0, 2.0);
-        at::sigmoid_out(l.H, l.A);
-        T* hp = l.H.data_ptr<T>();
-        const int64_t n = l.H.numel();
-        for (int64_t j = 0; j < n; ++j) hp[j] = T(2) * hp[j] - T(1);
-      } else {
-        at::addmm_out(l.A, l.b, h, l.Wt);
-        switch (act_) {
-          case IDENTITY: l.H.copy_(l.A); break;
-          case RELU: at::clamp_min_out(l.H, l.A, 0.0); break;
-          case LEAKY_RELU: at::leaky_relu_out(l.H, l.A, 0.01); break;
-          case SIGMOID: at::sigmoid_out(l.H, l.A); break;
-          case RBF: at::mul_out(l.H, l.A, l.A); l.H.neg_().exp_(); break;
+      gemm<T>(N_, fo, fi, h, fi, 1, wt, fo, out, fo, sb);
+      if (i == last) break;
+      T* H = l.H.data_ptr<T>();
+      const int64_t m = N_ * fo;
+      switch (act_) {
+        case TANH: {  // torch's vectorised CPU sigmoid is faster than its tanh
+          at::sigmoid_out(l.H, l.A);
+          for (int64_t j = 0; j < m; ++j) H[j] = T(2) * H[j] - T(1);
+          break;
+        }
+        case SIGMOID: at::sigmoid_out(l.H, l.A); break;
+        case IDENTITY: for (int64_t j = 0; j < m; ++j) H[j] = out[j]; break;
+        case RELU: for (int64_t j = 0; j < m; ++j) H[j] = out[j] > T(0) ? out[j] : T(0); break;
+        case LEAKY_RELU: for (int64_t j = 0; j < m; ++j) H[j] = out[j] > T(0) ? out[j] : T(0.01) * out[j]; break;
+        case RBF: {
+          for (int64_t j = 0; j < m; ++j) H[j] = -out[j] * out[j];
+          l.H.exp_();
+          break;
         }
       }
-      h = l.H;
+      h = H;
     }
     // residual r = f - y (the 1/s^2 is applied once at the end) and the data term
-    a.sub_(Y_);
-    Tensor delta = a;
+    T* delta = out;
+    const T* Y = Y_.data_ptr<T>();
+    const int64_t nl = N_ * layers_[last].fan_out;
     double u = 0.0;
-    {
-      const T* dp = delta.data_ptr<T>();
-      const int64_t n = delta.numel();
-      for (int64_t j = 0; j < n; ++j) u += double(dp[j]) * double(dp[j]);
-      u *= 0.5 * inv_var_;
+#pragma omp simd reduction(+ : u)
+    for (int64_t j = 0; j < nl; ++j) {
+      delta[j] -= Y[j];
+      u += double(delta[j]) * double(delta[j]);
     }
-    // backward
+    u *= 0.5 * inv_var_;
+    // backward: likelihood gradient (times s^2) into gbuf in the weights' layout
+    T* glik = gbuf_.data_ptr<T>();
+    T* dh_buf[2] = {dh_[0].data_ptr<T>(), dh_[1].data_ptr<T>()};
+    int flip = 0;
     for (size_t ii = layers_.size(); ii-- > 0;) {
-      Layer& l = layers_[ii];
-      const Tensor& h_in = ii == 0 ? xin_ : layers_[ii - 1].H;
-      at::mm_out(l.gW, delta.t(), h_in);
-      at::sum_out(l.gb, delta, 0);
+      const Layer& l = layers_[ii];
+      const int64_t fi = l.fan_in, fo = l.fan_out;
+      const T* hin = ii == 0 ? xin : layers_[ii - 1].H.data_ptr<T>();
+      const T* W = q + l.w_off;
+      T* gW = glik + l.w_off;
+      T* gb = glik + l.b_off;
+      for (int64_t o = 0; o < fo; ++o) gb[o] = 0;
+      for (int64_t n = 0; n < N_; ++n)
+        for (int64_t o = 0; o < fo; ++o) gb[o] += delta[n * fo + o];
+      if (fo >= fi) {  // gW^T (fi, fo) = h^T delta, then transposed
+        gemm<T>(fi, fo, N_, hin, 1, fi, delta, fo, wt, fo, nullptr);
+        for (int64_t o = 0; o < fo; ++o)
+          for (int64_t k = 0; k < fi; ++k) gW[o * fi + k] = wt[k * fo + o];
+      } else {  // gW (fo, fi) = delta^T h
+        gemm<T>(fo, fi, N_, delta, 1, fo, hin, fi, gW, fi, nullptr);
+      }
       if (ii == 0) break;
-      Tensor dh = at::mm(delta, l.W);
+      // dL/dh = delta W (N, fi), then through the activation of the layer below
+      T* dh = dh_buf[flip];
+      flip ^= 1;
+      gemm<T>(N_, fi, fo, delta, fo, 1, W, fi, dh, fi, nullptr);
       const Layer& prev = layers_[ii - 1];
-      T* d = dh.data_ptr<T>();
       const T* hp = prev.H.data_ptr<T>();
-      const int64_t n = dh.numel();
+      const int64_t m = N_ * fi;
       switch (act_) {
         case IDENTITY: break;
-        case TANH: for (int64_t j = 0; j < n; ++j) d[j] = d[j] - d[j] * (hp[j] * hp[j]); break;
-        case RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0); break;
-        case LEAKY_RELU: for (int64_t j = 0; j < n; ++j) d[j] = hp[j] > T(0) ? d[j] : T(0.01) * d[j]; break;
-        case SIGMOID: for (int64_t j = 0; j < n; ++j) d[j] = d[j] * hp[j] - (d[j] * hp[j]) * hp[j]; break;
+        case TANH: for (int64_t j = 0; j < m; ++j) dh[j] = dh[j] - dh[j] * (hp[j] * hp[j]); break;
+        case RELU: for (int64_t j = 0; j < m; ++j) dh[j] = hp[j] > T(0) ? dh[j] : T(0); break;
+        case LEAKY_RELU: for (int64_t j = 0; j < m; ++j) dh[j] = hp[j] > T(0) ? dh[j] : T(0.01) * dh[j]; break;
+        case SIGMOID: for (int64_t j = 0; j < m; ++j) dh[j] = dh[j] * hp[j] - (dh[j] * hp[j]) * hp[j]; break;
         case RBF: {
           const T* ap = prev.A.data_ptr<T>();
-          for (int64_t j = 0; j < n; ++j) d[j] *= T(-2) * ap[j] * hp[j];
+          for (int64_t j = 0; j < m; ++j) dh[j] *= T(-2) * ap[j] * hp[j];
           break;
         }
       }
       delta = dh;
     }
     // prior of w and the full gradient
-    Tensor g = at::empty({dim()}, q.options());
-    {
-      T* gp = g.data_ptr<T>();
-      const T* wp = q.data_ptr<T>();
-      const T* lp = loc_.data_ptr<T>();
-      const T* pp = prec_.data_ptr<T>();
-      const T* lik = gbuf_.data_ptr<T>();
-      const T iv = T(inv_var_);
-      double quad = 0.0;
+    const T* lp = loc_.data_ptr<T>();
+    const T* pp = prec_.data_ptr<T>();
+    const T iv = T(inv_var_);
+    double quad = 0.0;
+    if (has_loc_) {
+#pragma omp simd reduction(+ : quad)
       for (int64_t j = 0; j < P_; ++j) {
-        const T d = has_loc_ ? wp[j] - lp[j] : wp[j];
+        const T d = q[j] - lp[j];
         const T pd = pp[j] * d;
         quad += double(pd) * double(d);
-        gp[j] = pd + iv * lik[j];
+        gout[j] = pd + iv * glik[j];
       }
-      u += 0.5 * quad + const_;
-      if (K_ > 0) {
-        const T* zp = wp + P_;
-        const T* zpr = zprec_.data_ptr<T>();
-        T* gz = gp + P_;
-        double zquad = 0.0;
-        for (int64_t n = 0; n < N_; ++n)
-          for (int64_t k = 0; k < K_; ++k) {
-            const T v = zp[n * K_ + k] * zpr[k];
-            zquad += double(v) * double(zp[n * K_ + k]);
-            gz[n * K_ + k] = v;
-          }
-        u += 0.5 * zquad;
-        g.narrow(0, P_, N_ * K_).view({N_, K_}).addmm_(delta, W0z_, 1.0, inv_var_);
+    } else {
+#pragma omp simd reduction(+ : quad)
+      for (int64_t j = 0; j < P_; ++j) {
+        const T pd = pp[j] * q[j];
+        quad += double(pd) * double(q[j]);
+        gout[j] = pd + iv * glik[j];
       }
     }
-    return {u, g};
+    u += 0.5 * quad + const_;
+    if (K_ > 0) {  // z: its prior, and the likelihood through the first layer's z columns
+      const T* zp = q + P_;
+      const T* zpr = zprec_.data_ptr<T>();
+      T* gz = gout + P_;
+      const Layer& l0 = layers_[0];
+      const T* W0 = q + l0.w_off;
+      const int64_t fo = l0.fan_out;
+      double zquad = 0.0;
+      for (int64_t n = 0; n < N_; ++n)
+        for (int64_t k = 0; k < K_; ++k) {
+          const T v = zp[n * K_ + k] * zpr[k];
+          zquad += double(v) * double(zp[n * K_ + k]);
+          T acc = 0;
+          for (int64_t o = 0; o < fo; ++o) acc += delta[n * fo + o] * W0[o * Din + D_ + k];
+          gz[n * K_ + k] = v + iv * acc;
+        }
+      u += 0.5 * zquad;
+    }
+    return u;
   }
 
-  Tensor xin_, Y_, loc_, prec_, zprec_, zin_, W0z_, buf_, gbuf_;
+  Tensor xin_, Y_, loc_, prec_, zprec_, gbuf_;
+  Tensor wt_, sb_, res_, dh_[2];  // work buffers: a (fan_in, fan_out) matrix, a bias, the residual, dL/dh
   std::vector<Layer> layers_;
   int64_t act_;
   bool has_loc_;

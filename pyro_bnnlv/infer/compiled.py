@@ -61,7 +61,7 @@ def extension() -> ModuleType | None:
         # the torch version in the name: a build against another torch is never picked up
         name = "pyro_bnnlv_flat_nuts_" + re.sub(r"\W", "_", torch.__version__)
         module = load(name=name, sources=[str(_SOURCE)],
-                      extra_cflags=["-O3"], verbose=False)  # fmt: skip
+                      extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)  # fmt: skip
         _log.info("pyro_bnnlv: compiled NUTS core ready after %.1f s", time.perf_counter() - t0)
     except Exception as err:  # any build failure: fall back to Python
         lines = str(err).strip().splitlines()

@@ -20,7 +20,9 @@ likelihood and the latents' log-density ratio by ``N / B``, one Adam over all pa
 
 ``nuts``: NUTS per leapfrog step on the 1x50 tanh BNN (two-cluster toy): Pyro's traced
 ``NUTS(model, jit_compile=True)`` against the fast flat potential in Pyro's ``NUTS`` and in
-``FlatNUTS``, with its compiled core and in pure Python (:func:`nuts_benchmark`).
+``FlatNUTS``, with its compiled core and in pure Python (:func:`nuts_benchmark`); then one and
+four chains of ``run_nuts`` against NumPyro's NUTS on the same model and data, ESS of ``f`` per
+second (:func:`nuts_chains_benchmark`; ``nuts-boston`` runs that part on boston, 1x50).
 
 ``laplace``: GGN Laplace fit and linearised predictive (full, diagonal, last-layer) against a
 plain ``torch.func`` reference (:func:`laplace_bench`).
@@ -56,7 +58,8 @@ from .infer.svi import _check_positive_int, fit_svi
 from .models.bnn import BNN
 from .nets import MLP
 
-__all__ = ["svi_overhead", "lv_scaling", "nuts_benchmark", "laplace_bench", "ncai_bench", "BENCHMARKS"]
+__all__ = ["svi_overhead", "lv_scaling", "nuts_benchmark", "nuts_chains_benchmark", "nuts_uci_benchmark",
+           "laplace_bench", "ncai_bench", "BENCHMARKS"]
 
 _LOG2PI = math.log(2 * math.pi)
 
@@ -290,6 +293,8 @@ def nuts_benchmark(
     warmup_steps: int = 200,
     hidden: int = 50,
     seed: int = 0,
+    num_chains: int = 4,
+    numpyro: bool = True,
 ) -> Any:
     """``pyro-bnnlv bench nuts``: NUTS on the 1x``hidden`` tanh BNN, two-cluster toy, N(0,1), sigma 0.1.
 
@@ -309,6 +314,10 @@ def nuts_benchmark(
     3. *Breakdown*: the fast potential's value-and-gradient alone (microseconds per call,
        compiled and Python, in ``attrs``) and the per-step overhead of each NUTS kernel on top
        of it.
+    4. *Several chains and NumPyro* (:func:`nuts_chains_benchmark`, ``num_chains > 0``): rows
+       for ``run_nuts`` with one and ``num_chains`` chains and, when ``numpyro`` and NumPyro is
+       importable, NumPyro's NUTS on the same model and data, with ESS of ``f`` per second with
+       and without NumPyro's compilation; their ratios in ``attrs``.
 
     Returns a DataFrame indexed by contender. Columns: ``ms_per_leapfrog``, ``speedup_vs_traced``,
     ``leapfrog_per_draw``, ``seconds`` (one round of ``steps`` draws; for the full run its total
@@ -316,7 +325,6 @@ def nuts_benchmark(
     and ``ess_per_s_measured`` (False: estimated from the full run's ESS per leapfrog step,
     sampling phase only). ``attrs`` holds the headline numbers and the breakdown.
     """
-    import arviz as az
     import pandas as pd
 
     from .datasets import load_dataset
@@ -335,8 +343,7 @@ def nuts_benchmark(
     info = mcmc.run_info
     w = mcmc.get_samples(group_by_chain=True)["w"]
     f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
-    ess = az.ess(az.convert_to_dataset(f.detach().numpy()), method="bulk")
-    ess_min = float(ess.to_array().min())
+    ess_min = _bulk_ess_min(f.detach().numpy())
     rec = chain_records(mcmc)[0]
     steps_run = rec["num_steps"]
     per_sample = sum(steps_run) / len(steps_run)
@@ -438,6 +445,201 @@ def nuts_benchmark(
     table.attrs["speedup_stock_potential_fn_vs_traced"] = med["traced"] / med["stock"]
     table.attrs["full_run_seconds"] = info["total_seconds"]
     table.attrs["full_run_min_bulk_ess_f"] = ess_min
+    if num_chains > 0:
+        chains = nuts_chains_benchmark("clusters", num_chains, num_samples, warmup_steps, hidden, seed, numpyro)
+        attrs = {**table.attrs, **chains.attrs}
+        table = pd.concat([table, chains])
+        table.attrs = attrs
+    return table
+
+
+def nuts_uci_benchmark(steps: int | None = None, data: str = "boston", **kwargs: Any) -> pd.DataFrame:
+    """``pyro-bnnlv bench nuts-boston``: :func:`nuts_chains_benchmark` on a UCI set (all training
+    points, 1x50 tanh BNN); ``steps`` sets the draws and warm-up iterations per chain (default
+    200 each)."""
+    if steps is not None:
+        kwargs.setdefault("num_samples", steps)
+        kwargs.setdefault("warmup_steps", steps)
+    return nuts_chains_benchmark(data, **kwargs)
+
+
+def _bulk_ess_min(f: Any) -> float:
+    """Minimum over the evaluation inputs of the bulk ESS of ``f`` given as ``(chains, draws, E)``."""
+    import arviz as az
+    import numpy as np
+
+    return float(az.ess(az.convert_to_dataset(np.asarray(f)), method="bulk").to_array().min())
+
+
+def _ours_chains_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
+                     warmup_steps: int, seed: int) -> dict[str, float]:  # fmt: skip
+    """``run_nuts`` with ``num_chains`` chains: wall time (MAP init included), leapfrog steps,
+    kernel seconds and the minimum bulk ESS of ``f(x_eval)``."""
+    mcmc = run_nuts(model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, seed=seed,
+                    num_chains=num_chains, progress=False)  # fmt: skip
+    w = mcmc.get_samples(group_by_chain=True)["w"]
+    with torch.no_grad():
+        f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
+    recs = chain_records(mcmc)
+    steps = sum(sum(r["num_steps"]) + sum(r["warmup_num_steps"]) for r in recs)
+    info = mcmc.run_info
+    return {"seconds": info["total_seconds"], "sampling_seconds": info["sampling_seconds"],
+            "leapfrog": steps, "ess": _bulk_ess_min(f.numpy()), "method": info["chain_method"],
+            "saturated": info["max_tree_depth_share"]}  # fmt: skip
+
+
+def _numpyro_runs(x: Tensor, y: Tensor, x_eval: Tensor, hidden: int, num_samples: int, warmup_steps: int,
+                  seed: int, num_chains: int) -> dict[str, dict[str, float]] | None:  # fmt: skip
+    """NumPyro's NUTS on the same BNN (N(0, 1) on every weight and bias, tanh, sigma 0.1), the same
+    data and settings (diagonal mass matrix, target 0.8, max tree depth 10, its default
+    initialisation): one chain twice in a row (the first run compiles, the second reuses the
+    compiled sampler), and ``num_chains`` chains with ``chain_method="vectorized"`` and
+    ``"parallel"`` (one XLA host device per chain; set before JAX starts). ``None`` when NumPyro
+    is not importable (``pip install pyro-bnnlv[bench]``)."""
+    import contextlib
+    import io
+    import sys
+
+    if "jax" not in sys.modules:
+        try:
+            import numpyro
+        except ImportError:
+            return None
+        numpyro.set_host_device_count(num_chains)
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpyro
+        import numpyro.distributions as ndist
+        from numpyro.infer import MCMC as NMCMC
+        from numpyro.infer import NUTS as NNUTS
+    except ImportError:
+        return None
+
+    X, Y, XE = (jnp.asarray(t.numpy()) for t in (x, y, x_eval))
+    D = X.shape[1]
+
+    def model(X, Y):
+        normal = ndist.Normal(0.0, 1.0)
+        W1 = numpyro.sample("W1", normal.expand([D, hidden]).to_event(2))
+        b1 = numpyro.sample("b1", normal.expand([hidden]).to_event(1))
+        W2 = numpyro.sample("W2", normal.expand([hidden, 1]).to_event(2))
+        b2 = numpyro.sample("b2", normal.expand([1]).to_event(1))
+        f = (jnp.tanh(X @ W1 + b1) @ W2 + b2)[:, 0]
+        numpyro.sample("obs", ndist.Normal(f, 0.1), obs=Y)
+
+    def f_eval(s: dict) -> Any:
+        return jnp.tanh(XE @ s["W1"] + s["b1"][..., None, :]) @ s["W2"] + s["b2"][..., None, :]
+
+    def one(mcmc: Any, key: int) -> dict[str, float]:
+        t = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(key), X, Y, extra_fields=("num_steps",))
+        s = mcmc.get_samples(group_by_chain=True)
+        jax.block_until_ready(s)
+        sec = time.perf_counter() - t
+        f = f_eval(s)[..., 0]  # (chains, draws, E)
+        # num_steps of the kept draws; the warm-up's are not returned, so the per-step time
+        # counts them at the sampling phase's mean
+        steps = float(mcmc.get_extra_fields()["num_steps"].sum())
+        return {"seconds": sec, "leapfrog": steps * (warmup_steps + num_samples) / num_samples,
+                "ess": _bulk_ess_min(f)}  # fmt: skip
+
+    def kernel() -> Any:
+        return NNUTS(model, target_accept_prob=0.8, max_tree_depth=10, dense_mass=False)
+
+    # jit_model_args: the compiled sampler takes the data as arguments, so a second run on
+    # data of the same shapes reuses it (NumPyro's documented way to pay compilation once).
+    # progress_bar=True: NumPyro then compiles one NUTS iteration and loops over it in Python,
+    # and that compiled iteration is cached across runs; with progress_bar=False it compiles the
+    # whole loop again on every run (measured: ~5 s per run on the toy). The bars themselves
+    # (tqdm on stderr) are swallowed.
+    options = dict(num_warmup=warmup_steps, num_samples=num_samples, progress_bar=True, jit_model_args=True)
+    out: dict[str, dict[str, float]] = {}
+    with contextlib.redirect_stderr(io.StringIO()):
+        single = NMCMC(kernel(), num_chains=1, **options)
+        out["first"] = one(single, seed)
+        out["compiled"] = one(single, seed + 1)
+        for method in ("vectorized", "parallel"):
+            many = NMCMC(kernel(), num_chains=num_chains, chain_method=method, **options)
+            out[method + " first"] = one(many, seed + 2)
+            out[method] = one(many, seed + 3)
+    out["devices"] = {"seconds": float(jax.local_device_count())}
+    return out
+
+
+def nuts_chains_benchmark(
+    data: str = "clusters",
+    num_chains: int = 4,
+    num_samples: int = 200,
+    warmup_steps: int = 200,
+    hidden: int = 50,
+    seed: int = 0,
+    numpyro: bool = True,
+) -> pd.DataFrame:
+    """Several chains and NumPyro, ESS of ``f`` per second (part of ``pyro-bnnlv bench nuts``).
+
+    The 1x``hidden`` tanh BNN, N(0, 1) prior, sigma 0.1, on ``data`` (``"clusters"``: the
+    two-cluster toy, or a UCI set such as ``"boston"``, all training points), ``warmup_steps``
+    warm-up + ``num_samples`` draws per chain. Contenders: ``run_nuts`` with one chain and with
+    ``num_chains`` chains (in parallel threads; wall time includes the MAP initialisation of
+    every chain), and, when NumPyro is importable, NumPyro's NUTS on the same model and data:
+    one chain on its first run (which compiles) and on a second run (compiled), and
+    ``num_chains`` chains with ``chain_method="vectorized"`` and ``"parallel"`` (after a
+    compiling run). Columns: ``seconds`` (wall), ``ms_per_leapfrog`` (wall seconds of the run's
+    sampling over its leapfrog steps, warm-up included; for NumPyro, whose warm-up step counts
+    are not returned, the warm-up is counted at the sampling phase's mean), ``bulk_ess_f``
+    (minimum over ``x in {-1, -0.75, 0, 0.75, 1}`` per input dimension, i.e. the first inputs
+    of the data for UCI sets) and ``bulk_ess_f_per_s``. ``attrs`` holds the issue's ratios and
+    the machine's load average (``os.getloadavg``) before and after.
+    """
+    import os
+
+    from .datasets import load_dataset
+
+    loads = [os.getloadavg()]
+    ds = load_dataset(data)
+    x, y = ds.x_train, ds.y_train
+    D = x.shape[1]
+    if D == 1:
+        x_eval = torch.tensor([[-1.0], [-0.75], [0.0], [0.75], [1.0]])
+    else:
+        x_eval = x[:5].clone()
+    model = BNN(MLP(D, [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+    extension()
+    ours1 = _ours_chains_run(model, x, y, x_eval, 1, num_samples, warmup_steps, seed)
+    oursk = _ours_chains_run(model, x, y, x_eval, num_chains, num_samples, warmup_steps, seed)
+    rows = [(f"run_nuts, 1 chain ({data})", ours1, ours1["sampling_seconds"]),
+            (f"run_nuts, {num_chains} chains, {oursk['method']} ({data})", oursk, oursk["sampling_seconds"])]  # fmt: skip
+    npy = _numpyro_runs(x, y, x_eval, hidden, num_samples, warmup_steps, seed, num_chains) if numpyro else None
+    if npy is not None:
+        labels = {"first": "1 chain, first run with compile", "compiled": "1 chain, compiled",
+                  "vectorized first": f"{num_chains} chains, vectorized, first run with compile",
+                  "vectorized": f"{num_chains} chains, vectorized, compiled",
+                  "parallel first": f"{num_chains} chains, parallel, first run with compile",
+                  "parallel": f"{num_chains} chains, parallel, compiled"}  # fmt: skip
+        rows += [(f"NumPyro, {label} ({data})", npy[k], npy[k]["seconds"]) for k, label in labels.items()]
+    loads.append(os.getloadavg())
+    table = pd.DataFrame([
+        {"contender": name, "seconds": r["seconds"], "ms_per_leapfrog": 1e3 * run_s / r["leapfrog"],
+         "leapfrog": r["leapfrog"], "bulk_ess_f": r["ess"], "bulk_ess_f_per_s": r["ess"] / r["seconds"]}
+        for name, r, run_s in rows
+    ]).set_index("contender")  # fmt: skip
+    e1, ek = ours1["ess"] / ours1["seconds"], oursk["ess"] / oursk["seconds"]
+    table.attrs[f"ours {num_chains} chains / ours 1 chain, ESS/s (target >= 1.8)"] = ek / e1
+    table.attrs["ours share of saturated draws, 1 chain"] = ours1["saturated"]
+    if npy is not None:
+        best = max(npy["vectorized"]["ess"] / npy["vectorized"]["seconds"],
+                   npy["parallel"]["ess"] / npy["parallel"]["seconds"])  # fmt: skip
+        table.attrs[f"ours {num_chains} chains / NumPyro's best {num_chains}-chain, ESS/s (target >= 1)"] = ek / best
+        ms_npy = 1e3 * npy["compiled"]["seconds"] / npy["compiled"]["leapfrog"]
+        ms_ours = 1e3 * ours1["sampling_seconds"] / ours1["leapfrog"]
+        table.attrs["NumPyro compiled / ours ms per leapfrog, 1 chain (target >= 1)"] = ms_npy / ms_ours
+        table.attrs["ours 1 chain / NumPyro compiled, ESS/s"] = e1 / (npy["compiled"]["ess"] / npy["compiled"]["seconds"])
+        table.attrs["ours 1 chain / NumPyro first run with compile, ESS/s"] = e1 / (npy["first"]["ess"] / npy["first"]["seconds"])
+        table.attrs["XLA host devices"] = npy["devices"]["seconds"]
+    table.attrs["load average before (1, 5, 15 min)"] = " ".join(f"{v:.2f}" for v in loads[0])
+    table.attrs["load average after (1, 5, 15 min)"] = " ".join(f"{v:.2f}" for v in loads[1])
+    table.attrs["cores"] = float(os.cpu_count() or 1)
     return table
 
 
@@ -541,7 +743,9 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
 BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "svi-overhead": (svi_overhead, "SVI step cost of the default path vs hand-written PyTorch"),
     "lv-scaling": (lv_scaling, "BNN+LV minibatch SVI step cost against N, vs hand-written"),
-    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s"),
+    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s; "
+             "4 chains; NumPyro"),
+    "nuts-boston": (nuts_uci_benchmark, "NUTS on boston (1x50): 1 and 4 chains vs NumPyro, ESS/s of f"),
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
     "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step on heavy-tail"),
 }

@@ -344,7 +344,19 @@ def test_library_bnnlv_traced_and_fast_paths():
 def test_nuts_benchmark_smoke():
     from pyro_bnnlv.bench import nuts_benchmark
 
-    table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10)
+    table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10, num_chains=0)
     assert len(table) == 5 and (table["ms_per_leapfrog"] > 0).all()
     assert table.attrs["compiled_core"] and math.isfinite(table.attrs["speedup_python_flat_vs_traced"])
     assert math.isfinite(table.attrs["speedup_flat_vs_traced"])
+
+
+@pytest.mark.slow
+def test_nuts_chains_benchmark_smoke():
+    """The multi-chain rows (and NumPyro's when it is installed) with their ratios."""
+    from pyro_bnnlv.bench import nuts_chains_benchmark
+
+    table = nuts_chains_benchmark(num_chains=2, num_samples=10, warmup_steps=10, hidden=5)
+    assert table.index[1].startswith("run_nuts, 2 chains")
+    assert (table["bulk_ess_f_per_s"] > 0).all() and (table["ms_per_leapfrog"] > 0).all()
+    assert math.isfinite(table.attrs["ours 2 chains / ours 1 chain, ESS/s (target >= 1.8)"])
+    assert "load average before (1, 5, 15 min)" in table.attrs

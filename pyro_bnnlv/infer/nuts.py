@@ -33,10 +33,25 @@ Two NUTS kernels for the fast potential
   scalar bookkeeping in plain floats, and builds each tree in C++ (the compiled core of
   :mod:`pyro_bnnlv.infer.compiled`, built on first use; a Python twin of the same recursion is
   the fallback). With a float64 potential it reproduces Pyro's ``NUTS(potential_fn=...)`` draw
-  for draw up to rounding, with either tree (tested). Measured on the 1x50 tanh BNN
-  (``pyro-bnnlv bench nuts``): 0.016 ms per leapfrog step (12.6 us potential + 3.4 us tree),
-  about 21x fewer seconds per step than ``MCMC(NUTS(model, jit_compile=True))``; in pure Python
-  (no compiler) 0.044 ms, about 8x.
+  for draw up to rounding, with either tree (tested). The compiled potential is one pass of
+  plain loops over raw pointers (products above 65k multiply-adds go to the BLAS): per
+  value-and-gradient 0.65x the time of the earlier ATen-operation version on the 1x50 toy
+  (100 points) and 1.0x on boston (409 x 13 inputs), measured side by side. ``pyro-bnnlv
+  bench nuts`` reports the time per leapfrog step against Pyro's traced
+  ``MCMC(NUTS(model, jit_compile=True))`` and against NumPyro; see docs/results/bench-nuts.csv.
+
+Several chains in one process
+-----------------------------
+``run_nuts(num_chains=K)`` on the flat kernel runs all chains in the calling process, each with
+its own :class:`FlatNUTS` (so its own step-size and mass-matrix adaptation, Pyro's
+``WarmupAdapter``), its own ``torch.Generator`` and, for a compiled potential, its own
+``MLPPotential.clone()``. The compiled tree releases the GIL, so the chains run in parallel
+threads (``chain_method="auto"``); a Python potential holds the GIL, so its chains run one after
+another (with a warning). Nothing needs pickling or ``fork``. Chain ``c`` of seed ``s`` is the
+one-chain run of seed ``s + c``, draw for draw (tested), and the returned ``MCMC`` holds all
+chains (``get_samples(group_by_chain=True)``, ArviZ export). Compare NumPyro's
+``chain_method="parallel"`` (one XLA device per chain) and ``"vectorized"`` (all chains in one
+batched computation that advances in lock step, every chain waiting for the longest tree).
 
 The contract for other models (BNN+LV, ...)
 -------------------------------------------
@@ -840,8 +855,13 @@ class _ChainRunner:
     kernel, potential and generator, so the draws do not depend on the order of execution.
 
     After ``estimate_after`` iterations per running chain the total run time is estimated from
-    the rate so far and said (a ``tqdm`` line when the progress bar is on, and an INFO record of
-    the ``pyro_bnnlv`` logger); the bars' postfix keeps an updated estimate of the time left.
+    the rate so far and said (a ``tqdm`` line above the progress bars when they are on and the
+    estimate is 10 s or more, and an INFO record of the ``pyro_bnnlv`` logger either way); the
+    bars' postfix keeps an updated estimate of the time left.
+
+    While the chains run in threads, torch's intra-op thread count is ``cores // K`` (at least
+    1; restored afterwards): the chains themselves occupy the cores, and BLAS calls of BLAS-sized
+    layers would otherwise oversubscribe them.
     """
 
     def __init__(self, kernels: Sequence["FlatNUTS"], initial_params: Sequence[dict], warmup_steps: int,
@@ -918,6 +938,9 @@ class _ChainRunner:
 
         K, W, S = len(self.kernels), self.warmup_steps, self.num_samples
         total = K * (W + S)
+        intra = torch.get_num_threads()
+        if self.parallel:  # the chains occupy the cores: no intra-op threads on top (restored below)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // K))
         bar = ProgressBar(W, S, disable=not self.progress, num_bars=K)
         done = [0] * K
         t0 = time.perf_counter()
@@ -944,6 +967,7 @@ class _ChainRunner:
         finally:
             self.terminate()
             bar.close()
+            torch.set_num_threads(intra)
 
     def _say_estimate(self, bar: Any, n: int, elapsed: float, total: int) -> None:
         est = elapsed * total / n
@@ -955,7 +979,7 @@ class _ChainRunner:
                f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)")  # fmt: skip
         self.estimate = {"seconds": est, "from_iterations": n}
         _log.info(msg)
-        if self.progress and not bar.disable:
+        if self.progress and not bar.disable and est >= 10:  # worth a line above the bars
             from tqdm import tqdm
 
             tqdm.write(msg, file=sys.stderr)
@@ -1155,8 +1179,9 @@ def run_nuts(
             ``seed + c`` and its NUTS draws from a ``torch.Generator`` seeded with a 64-bit mix
             of ``seed + c``.
         progress: Pyro's progress bars, one per chain, with the estimated time left; after the
-            first 10 iterations per running chain the estimated total is printed above them
-            (and logged at INFO level on the ``pyro_bnnlv`` logger either way).
+            first 10 iterations per running chain the estimated total is printed above them when
+            it is 10 s or more (and logged at INFO level on the ``pyro_bnnlv`` logger either
+            way; ``mcmc.run_info["estimated_sampling_seconds"]``).
         potential: ``"auto"`` (fast when the model has a :class:`FlatPotential`, see
             :func:`flat_potential`; traced otherwise), ``"fast"`` (error if there is none),
             ``"traced"``, or a :class:`FlatPotential` to use.

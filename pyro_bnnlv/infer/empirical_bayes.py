@@ -21,6 +21,8 @@ closed-form updates with SVI steps (coordinate descent): pass :class:`EmpiricalB
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -49,6 +51,11 @@ class EmpiricalBayes:
     updates write into the model's buffers in place; use an ELBO without JIT (the JIT would
     freeze the buffer values it saw when compiling), e.g. ``loss=Trace_ELBO()`` or
     ``NCAIElbo(jit=False)``.
+
+    Reading the result: :attr:`prior_scale` and :attr:`latent_scale` are the current shared
+    scales ``sqrt(s_w)`` and ``sqrt(s_z)`` as floats (``history`` holds every update). The model's
+    ``prior_scale`` buffer keeps its per-weight shape ``(P,)`` (every tool reads it that way), with
+    all ``P`` entries equal to :attr:`prior_scale`.
     """
 
     def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5,
@@ -75,6 +82,28 @@ class EmpiricalBayes:
             out["s_z"] = s_z.item()
         self.history.append(out)
         return out
+
+    @property
+    def prior_scale(self) -> float:
+        """The shared prior standard deviation of the weights, ``sqrt(s_w)`` (eq. 30), as a float;
+        the model's value before the first update."""
+        if self.history:
+            return math.sqrt(self.history[-1]["s_w"])
+        return float(self.model.prior_scale.reshape(-1)[0])
+
+    @property
+    def latent_scale(self) -> float | None:
+        """``sqrt(s_z)`` (eq. 29) as a float; ``None`` for models without latent inputs or when the
+        latent scale is not updated."""
+        if self.history and "s_z" in self.history[-1]:
+            return math.sqrt(self.history[-1]["s_z"])
+        scale = getattr(self.model, "latent_scale", None)
+        return None if scale is None else float(torch.as_tensor(scale).reshape(-1)[0])
+
+    def __repr__(self) -> str:
+        latent = "" if self.latent_scale is None else f", latent_scale={self.latent_scale:.4g}"
+        return (f"EmpiricalBayes(prior_scale={self.prior_scale:.4g}{latent}, "
+                f"updates={len(self.history)}, every={self.every})")
 
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every == 0:

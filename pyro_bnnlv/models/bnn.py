@@ -34,15 +34,26 @@ from ..nets import FlatNet, MLP
 __all__ = ["BNN", "fan_in_prior_scale", "check_xy"]
 
 
-def fan_in_prior_scale(net: MLP, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:
+def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:
     """Per-weight prior scales ``omega / sqrt(H)`` for weights and ``bias_scale`` for biases.
 
-    ``in-between-uncertainty-linearised-laplace.txt`` App. D: independent ``N(0, 1)`` priors on
-    the biases and ``N(0, omega^2 / H)`` on the weights, ``H`` the fan-in of the weight matrix
-    (the scaling under which the GP limit exists), with ``omega = 4``.
+    ``in-between-uncertainty-linearised-laplace.txt`` (Foong, Li, Hernandez-Lobato and Turner, 2019,
+    "In-Between" Uncertainty in Bayesian Neural Networks, arXiv:1906.11537)
+    App. D: independent ``N(0, 1)`` priors on the biases and ``N(0, omega^2 / H)`` on the weights,
+    ``H`` the fan-in of the weight matrix (the scaling under which the GP limit exists), with
+    ``omega = 4``.
+
+    ``net``: an :class:`~pyro_bnnlv.nets.MLP`, or a :class:`~pyro_bnnlv.nets.ModuleNet` whose
+    parameters all belong to ``nn.Linear`` / ``nn.Conv*`` layers (their fan-ins are read from the
+    layers; a ``ValueError`` names any other parameter).
     """
     if omega <= 0 or bias_scale <= 0:
         raise ValueError(f"omega and bias_scale must be positive, got {omega}, {bias_scale}")
+    if not (hasattr(net, "layer_fan_in") and hasattr(net, "bias_mask")):
+        raise TypeError(
+            f"fan_in_prior_scale needs a network that knows its layers' fan-ins (pyro_bnnlv.MLP or "
+            f"ModuleNet); got {type(net).__name__}"
+        )
     fan_in = net.layer_fan_in()
     scale = torch.full((net.num_weights,), float(bias_scale))
     weights = ~net.bias_mask()
@@ -128,7 +139,36 @@ class BNN(PyroModule):
         if self.learn_noise:
             self.noise_scale = PyroParam(sigma, constraint=constraints.positive)
         else:
-            self.register_buffer("noise_scale", sigma)
+            # a buffer named like the property below (register_buffer would refuse the name)
+            self._buffers["noise_scale"] = sigma
+
+    @property
+    def noise_scale(self) -> Tensor:
+        """The observation noise ``sigma`` as a 0-d tensor without gradient history, to read
+        (``float(model.noise_scale)``) or pass on. With ``learn_noise=True`` it is the current value
+        of the learned :class:`~pyro.nn.PyroParam` (Pyro's parameter ``"noise_scale"``, in the
+        active param store); the model's own likelihood uses the live, differentiable parameter
+        (:meth:`noise_scale_param`). Assigning a ``PyroParam`` replaces the learned parameter."""
+        return self.noise_scale_param().detach()
+
+    def noise_scale_param(self) -> Tensor:
+        """``sigma`` as the model uses it: the differentiable learned parameter with
+        ``learn_noise=True`` (a ``pyro.param`` statement inside a trace), else the fixed buffer."""
+        if "noise_scale" in self.__dict__.get("_pyro_params", {}):
+            return PyroModule.__getattr__(self, "noise_scale")
+        buffers = self.__dict__.get("_buffers", {})
+        if "noise_scale" in buffers:
+            return buffers["noise_scale"]
+        raise AttributeError(f"{type(self).__name__} has no noise_scale yet")
+
+    def extra_repr(self) -> str:
+        scale = self.prior_scale
+        if bool((scale == scale.reshape(-1)[0]).all()):
+            prior = f"prior_scale={float(scale.reshape(-1)[0]):.4g} (shared by all {scale.numel()} weights)"
+        else:
+            prior = f"prior_scale=per-weight in [{float(scale.min()):.4g}, {float(scale.max()):.4g}]"
+        noise = "learned" if self.learn_noise else "fixed"
+        return f"{prior}, noise_scale={float(self.noise_scale):.4g} ({noise})"
 
     @property
     def num_weights(self) -> int:
@@ -182,7 +222,7 @@ class BNN(PyroModule):
         return y
 
     def _likelihood(self, f: Tensor) -> dist.Distribution:
-        sigma = self.noise_scale
+        sigma = self.noise_scale_param()
         if self.net.out_features == 1:
             return dist.Normal(f.squeeze(-1), sigma)
         return dist.Normal(f, sigma).to_event(1)

@@ -2,7 +2,9 @@
 
 ``load_dataset(name, seed=0, **options)`` is the single entry point; ``list_datasets()`` gives
 the names with a one-line summary. Names are lower case with hyphens (``heavy-tail``); an
-underscore spelling (``heavy_tail``) is accepted too.
+underscore spelling (``heavy_tail``) is accepted too. Your own data: :func:`from_arrays`
+(tensors or arrays) and :func:`from_frame` (a pandas ``DataFrame``) give the same
+:class:`Dataset` with a seeded random split.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import pandas as pd
 
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
-from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir
+from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
-from .files import load_table, load_uci
+from .files import UCI_FOLDERS, load_table, load_uci
 from .splits import extrapolation_split, gap_split, gap_splits, interpolation_split, pooled_data
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "DatasetUnavailableError",
     "dataset_status",
     "fetch_dataset",
+    "from_arrays",
+    "from_frame",
     "default_data_dir",
     "list_datasets",
     "load_dataset",
@@ -42,12 +46,35 @@ def _canonical(name: str) -> str:
 
 
 def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
-    """Load data set ``name``; ``options`` go to its loader (``standardize``, ``sizes``,
-    ``split``, ``data_dir``, ...). Raises ``ValueError`` for an unknown name."""
+    """Load data set ``name`` (see :func:`list_datasets`); ``ValueError`` for an unknown name.
+
+    Args:
+        seed: what it seeds depends on the set.
+
+            * UCI sets (boston, concrete, energy, kin8nm, naval, power, protein, wine, yacht):
+              the random ``valid_fraction`` (10%) of the training part held out for validation.
+              It also moves the standardisation statistics, computed on the remaining training
+              rows. It does **not** choose the train/test split: that is ``split=``.
+            * lidar, mcycle, airfoil, abalone: the random 70/20/10 train/valid/test split.
+            * synthetic sets: the generator (every point changes).
+        options: passed to the loader. ``split=k`` (UCI only): the ``k``-th of the standard
+            PBP / MC-dropout train/test splits (0-based; 20 per set, protein 5). Others:
+            ``standardize`` (default ``True`` for real sets, ``False`` for synthetic ones),
+            ``sizes`` (synthetic train/valid/test sizes), ``valid_fraction`` (UCI),
+            ``fractions`` (the random-split sets), ``data_dir``, ``download``.
+
+    The returned :class:`Dataset` records ``split`` and ``seed`` (shown by its ``repr``).
+    Example: ``load_dataset("yacht", split=3, seed=0)`` is the fourth standard split with the
+    validation subset drawn by seed 0.
+    """
     key = _canonical(name)
     if key not in REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[key].loader(seed=seed, **options)
+    data = REGISTRY[key].loader(seed=seed, **options)
+    data.seed = seed
+    if key in UCI_FOLDERS:
+        data.split = int(options.get("split", 0))
+    return data
 
 
 def list_datasets() -> pd.DataFrame:

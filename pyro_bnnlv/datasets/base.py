@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import numbers
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Dataset", "DATA_DIR_ENV", "default_data_dir", "register", "REGISTRY", "make_dataset"]
+__all__ = [
+    "Dataset",
+    "DATA_DIR_ENV",
+    "default_data_dir",
+    "register",
+    "REGISTRY",
+    "make_dataset",
+    "from_arrays",
+    "from_frame",
+    "standardized_source",
+]
 
 #: Environment variable naming the directory of the real data files (see ``../shared/data``).
 DATA_DIR_ENV = "PYRO_BNNLV_DATA"
@@ -45,6 +58,12 @@ class Dataset:
 
     ``extras`` holds anything else a generator knows: ground-truth latent inputs ``z_*``,
     out-of-distribution inputs ``x_ood``, the true noise standard deviation, and so on.
+
+    ``split`` and ``seed`` record how :func:`~pyro_bnnlv.datasets.load_dataset` made it: for the
+    UCI sets ``split`` is the standard train/test split and ``seed`` draws the validation subset
+    of its training part (and so moves the standardisation statistics); for the other sets
+    ``seed`` is the generator's or the random split's seed. Your own data:
+    :func:`from_arrays` / :func:`from_frame`.
     """
 
     name: str
@@ -61,6 +80,8 @@ class Dataset:
     standardized: bool
     description: str
     extras: dict[str, Tensor] = field(default_factory=dict)
+    split: int | None = None
+    seed: int | None = None
 
     @property
     def input_dim(self) -> int:
@@ -72,10 +93,35 @@ class Dataset:
 
     def __repr__(self) -> str:
         n_tr, n_va, n_te = self.sizes
+        how = "".join(f", {k}={v}" for k, v in (("split", self.split), ("seed", self.seed)) if v is not None)
         return (
             f"Dataset({self.name!r}, D={self.input_dim}, train={n_tr}, valid={n_va}, "
-            f"test={n_te}, standardized={self.standardized})"
+            f"test={n_te}{how}, standardized={self.standardized})"
         )
+
+
+# Targets of standardised data sets, so that pyro_bnnlv.evaluate can warn when it is given one
+# without y_mean / y_std: id -> tensor (weak; the check is ``registry.get(id(y)) is y``) and
+# id -> "data.y_test of 'yacht'".
+_STANDARDIZED: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+_STANDARDIZED_LABEL: dict[int, str] = {}
+
+
+def _mark_standardized(data: Dataset) -> None:
+    for split in ("train", "valid", "test"):
+        t = getattr(data, f"y_{split}")
+        key = id(t)
+        _STANDARDIZED[key] = t
+        _STANDARDIZED_LABEL[key] = f"y_{split} of the standardised data set {data.name!r}"
+        weakref.finalize(t, _STANDARDIZED_LABEL.pop, key, None)
+
+
+def standardized_source(y: Any) -> str | None:
+    """If ``y`` is the very target tensor of a standardised :class:`Dataset` (``data.y_test``
+    etc.), a description of it; else ``None``. Slices and copies are not recognised."""
+    if isinstance(y, Tensor) and _STANDARDIZED.get(id(y)) is y:
+        return _STANDARDIZED_LABEL.get(id(y))
+    return None
 
 
 def _to_tensor(a: np.ndarray) -> Tensor:
@@ -126,7 +172,7 @@ def make_dataset(
         elif key == "noise_std":
             value = value / y_std
         ext[key] = _to_tensor(value)
-    return Dataset(
+    data = Dataset(
         name=name,
         **out,
         x_mean=_to_tensor(x_mean),
@@ -137,6 +183,114 @@ def make_dataset(
         description=description,
         extras=ext,
     )
+    if standardize:
+        _mark_standardized(data)
+    return data
+
+
+def _as_float_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be numeric (a tensor, array or DataFrame of numbers); "
+                         f"encode categorical columns first, e.g. pandas.get_dummies ({err})") from None  # fmt: skip
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values; drop or impute them first")
+    return arr
+
+
+def _check_fraction(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)
+
+
+def from_arrays(
+    x: Any,
+    y: Any,
+    *,
+    name: str = "data",
+    test_fraction: float = 0.2,
+    valid_fraction: float = 0.1,
+    seed: int = 0,
+    standardize: bool = True,
+) -> Dataset:
+    """Your own regression data as a :class:`Dataset`: a seeded random train/valid/test split.
+
+    Args:
+        x: inputs ``(N, D)`` or ``(N,)``: a tensor, NumPy array, list or pandas object.
+        y: real-valued targets ``(N,)`` (this library does regression; one target column).
+        test_fraction, valid_fraction: shares of the ``N`` rows for the test and validation sets
+            (``round(fraction * N)`` rows each, drawn by ``numpy.random.default_rng(seed)``); the
+            rest is the training set.
+        standardize: standardise inputs and targets with the training statistics (the
+            default, as for the UCI sets); pass ``y_mean=data.y_mean, y_std=data.y_std`` to
+            :func:`~pyro_bnnlv.evaluate`, or the data set itself, to get metrics on the original
+            scale.
+
+    Example: ``data = pb.datasets.from_arrays(x, y, seed=0)``, then ``data.x_train`` etc.
+    """
+    xa, ya = _as_float_array(x, "x"), _as_float_array(y, "y")
+    if xa.ndim == 1:
+        xa = xa[:, None]
+    if ya.ndim == 2 and ya.shape[1] == 1:
+        ya = ya[:, 0]
+    if xa.ndim != 2:
+        raise ValueError(f"x must have shape (N, D) or (N,), got {xa.shape}")
+    if ya.ndim != 1:
+        raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}")
+    if len(xa) != len(ya):
+        raise ValueError(f"x and y have different numbers of rows: {len(xa)} vs {len(ya)}")
+    test_fraction = _check_fraction(test_fraction, "test_fraction")
+    valid_fraction = _check_fraction(valid_fraction, "valid_fraction")
+    N = len(xa)
+    n_test, n_valid = round(test_fraction * N), round(valid_fraction * N)
+    if N - n_test - n_valid < 2:
+        raise ValueError(f"{N} rows leave {N - n_test - n_valid} for training with test_fraction="
+                         f"{test_fraction} and valid_fraction={valid_fraction}; need at least 2")  # fmt: skip
+    perm = np.random.default_rng(seed).permutation(N)
+    test, valid, train = perm[:n_test], perm[n_test:n_test + n_valid], perm[n_test + n_valid:]
+    data = make_dataset(
+        name, {k: (xa[i], ya[i]) for k, i in (("train", train), ("valid", valid), ("test", test))},
+        standardize=standardize,
+        description=f"{name}: {N} rows, random {1 - test_fraction - valid_fraction:.2g}/"
+                    f"{valid_fraction:.2g}/{test_fraction:.2g} split, seed {seed}",
+    )  # fmt: skip
+    data.seed = seed
+    return data
+
+
+def from_frame(
+    frame: Any,
+    target: str,
+    features: Sequence[str] | None = None,
+    **options: Any,
+) -> Dataset:
+    """A pandas ``DataFrame`` as a :class:`Dataset`: column ``target`` is ``y``, ``features``
+    (default: every other column) are ``x``; ``options`` as for :func:`from_arrays`
+    (``name`` defaults to ``target``)."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
+    if target not in frame.columns:
+        raise ValueError(f"target column {target!r} not in the frame; columns: {list(frame.columns)}")
+    features = [c for c in frame.columns if c != target] if features is None else list(features)
+    missing = [c for c in features if c not in frame.columns]
+    if missing or not features:
+        raise ValueError(f"features {missing or features} not usable; columns: {list(frame.columns)}")
+    nonnumeric = [c for c in [*features, target] if not pd.api.types.is_numeric_dtype(frame[c])]
+    if nonnumeric:
+        raise ValueError(f"columns {nonnumeric} are not numeric; encode them first "
+                         f"(e.g. pandas.get_dummies) or leave them out of features=")  # fmt: skip
+    nan = [c for c in [*features, target] if frame[c].isna().any()]
+    if nan:
+        raise ValueError(f"columns {nan} contain missing values; drop or impute them first "
+                         f"(e.g. frame.dropna())")  # fmt: skip
+    options.setdefault("name", target)
+    return from_arrays(frame[features].to_numpy(), frame[target].to_numpy(), **options)
 
 
 @dataclass(frozen=True)

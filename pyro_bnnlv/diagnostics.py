@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from .infer.svi import set_seed
 __all__ = [
     "to_inference_data",
     "posterior_summary",
+    "plot_trace",
     "compare_posteriors",
     "weight_labels",
 ]
@@ -337,6 +339,80 @@ def _aggregate(rows: list[dict], name: str, kind: str) -> list[dict]:
     ]  # fmt: skip
 
 
+def _invariant_draws(
+    idata: Any, f_points: Sequence[int] | None, num_points: int
+) -> list[tuple[str, list[str], np.ndarray]]:
+    """The symmetry-invariant quantities of :func:`posterior_summary`: ``[(kind, labels, (C, S, K))]``
+    for ``f`` at chosen inputs, the total log-likelihood and (when recorded) the log joint."""
+    post = idata.posterior
+    C, S = post.sizes["chain"], post.sizes["draw"]
+    if "f_eval" in post:
+        f = post["f_eval"].values.reshape(C, S, post["f_eval"].shape[2], -1)[..., 0]
+        xs = idata.constant_data["x_eval"].values
+        idx = list(range(f.shape[2])) if f_points is None else list(f_points)
+    else:
+        f = post["f"].values.reshape(C, S, post["f"].shape[2], -1)[..., 0]
+        xs = idata.constant_data["x"].values
+        idx = (np.unique(np.linspace(0, f.shape[2] - 1, num_points).round().astype(int)).tolist()
+               if f_points is None else list(f_points))  # fmt: skip
+    labels = [
+        f"f(x={xs[i, 0]:.3g})" if xs.shape[1] == 1 else f"f(x[{i}])" for i in idx
+    ]
+    out = [("f", labels, f[:, :, idx])]
+    ll = idata.log_likelihood["obs"].values
+    out.append(("log_lik", ["log_lik (sum over obs)"], ll.reshape(C, S, -1).sum(-1, keepdims=True)))
+    if hasattr(idata, "sample_stats") and "lp" in idata.sample_stats:
+        out.append(("log_lik", ["lp (log joint)"], idata.sample_stats["lp"].values[..., None]))
+    return out
+
+
+def plot_trace(
+    idata: Any,
+    path: str | Path | None = None,
+    *,
+    f_points: Sequence[int] | None = None,
+    num_points: int = 3,
+    axes: Any = None,
+) -> Any:
+    """Trace plots of the quantities worth reading: ``f`` at a few inputs, the total
+    log-likelihood and the log joint ``lp`` (NUTS runs), per chain.
+
+    One row per quantity (the same ones, chosen the same way, as :func:`posterior_summary`:
+    the ``x_eval`` points, else ``num_points`` evenly spaced training inputs, or the indices
+    ``f_points``); left: a histogram per chain, right: the draws per chain. Weight traces are
+    left out on purpose: they are not interpretable (module docstring) and ``az.plot_trace``
+    over every weight of a BNN draws a panel per weight (32 s for 1,313 weights in issue 20).
+    ``axes``: a ``(rows, 2)`` array of matplotlib axes to draw into. Returns the figure; with
+    ``path`` it is also written there.
+    """
+    from .plotting import finish_figure
+
+    panels = [(lab, arr[..., j]) for _, labels, arr in _invariant_draws(idata, f_points, num_points)
+              for j, lab in enumerate(labels)]  # fmt: skip
+    owned = axes is None
+    if owned:
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(len(panels), 2, figsize=(9, 1.9 * len(panels)), squeeze=False,
+                                 gridspec_kw={"width_ratios": [1, 2.5]})  # fmt: skip
+    else:
+        axes = np.asarray(axes, dtype=object).reshape(-1, 2)
+        if axes.shape[0] != len(panels):
+            raise ValueError(f"axes must have shape ({len(panels)}, 2) for these quantities, "
+                             f"got {axes.shape[0]} rows")  # fmt: skip
+        fig = axes[0, 0].figure
+    for (label, arr), (ax_h, ax_t) in zip(panels, axes):
+        bins = np.linspace(arr.min(), arr.max(), 30) if arr.max() > arr.min() else 10
+        for c in range(arr.shape[0]):
+            ax_h.hist(arr[c], bins=bins, histtype="step", density=True, label=f"chain {c}")
+            ax_t.plot(arr[c], lw=0.6, alpha=0.8)
+        ax_h.set_title(label, fontsize=9, loc="left")
+        ax_h.set_yticks([])
+        ax_t.set_xlabel("draw")
+    axes[0][0].legend(fontsize=7)
+    return finish_figure(fig, path, owned, dpi=110)
+
+
 def posterior_summary(
     idata: Any,
     *,
@@ -364,24 +440,8 @@ def posterior_summary(
     post = idata.posterior
     C, S = post.sizes["chain"], post.sizes["draw"]
     rows: list[dict] = []
-    if "f_eval" in post:
-        f = post["f_eval"].values.reshape(C, S, post["f_eval"].shape[2], -1)[..., 0]
-        xs = idata.constant_data["x_eval"].values
-        idx = list(range(f.shape[2])) if f_points is None else list(f_points)
-    else:
-        f = post["f"].values.reshape(C, S, post["f"].shape[2], -1)[..., 0]
-        xs = idata.constant_data["x"].values
-        idx = (np.unique(np.linspace(0, f.shape[2] - 1, num_points).round().astype(int)).tolist()
-               if f_points is None else list(f_points))  # fmt: skip
-    labels = [
-        f"f(x={xs[i, 0]:.3g})" if xs.shape[1] == 1 else f"f(x[{i}])" for i in idx
-    ]
-    rows += _diag_rows(f[:, :, idx], labels, "f")
-    ll = idata.log_likelihood["obs"].values
-    total = ll.reshape(C, S, -1).sum(-1, keepdims=True)
-    rows += _diag_rows(total, ["log_lik (sum over obs)"], "log_lik")
-    if hasattr(idata, "sample_stats") and "lp" in idata.sample_stats:
-        rows += _diag_rows(idata.sample_stats["lp"].values[..., None], ["lp (log joint)"], "log_lik")
+    for kind, labels, arr in _invariant_draws(idata, f_points, num_points):
+        rows += _diag_rows(arr, labels, kind)
     for name in ("w", "z"):
         if name not in post:
             continue

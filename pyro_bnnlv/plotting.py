@@ -1,47 +1,89 @@
-"""Figures (matplotlib, Agg backend: works without a display)."""
+"""Figures of a fitted regression posterior (matplotlib).
+
+Every helper returns the ``matplotlib.figure.Figure``, draws into ``ax=`` when given (so it can
+be a panel of your own figure) and never changes matplotlib's backend: in a notebook or an
+interactive session the figure shows as usual; on a machine without a display matplotlib picks
+its non-interactive ``Agg`` backend by itself (set ``MPLBACKEND=Agg`` to force it). With ``path``
+the figure is also written there (and, when the helper created it, closed, so batch scripts do not
+accumulate open figures; the returned figure can still be saved again).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+from .stats.predictive import mixture_quantile, posterior_sample_dict
 
-from .infer.predict import as_sample_dict  # noqa: E402
-from .stats.predictive import mixture_quantile  # noqa: E402
+__all__ = ["plot_predictive_1d", "new_axes", "finish_figure"]
 
-__all__ = ["plot_predictive_1d"]
+
+def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 4)) -> tuple[Any, Any]:
+    """``(figure, ax)``: the figure of the given ``ax``, or a new pyplot figure with one axes."""
+    if ax is not None:
+        return ax.figure, ax
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)
+
+
+def finish_figure(fig: Any, path: str | Path | None, owned: bool, dpi: int = 120) -> Any:
+    """Save ``fig`` to ``path`` if given; close it when this library created it (``owned``)."""
+    if path is not None:
+        if owned:
+            fig.tight_layout()
+        fig.savefig(Path(path), dpi=dpi)
+        if owned:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+    return fig
 
 
 def plot_predictive_1d(
     model: Any,
-    posterior_samples: Any,
+    posterior: Any,
     data: Any,
-    path: str | Path,
+    path: str | Path | None = None,
     *,
+    ax: Any = None,
     title: str = "",
     num_grid: int = 300,
     level: float = 0.95,
-) -> Path:
+    num_samples: int = 500,
+    seed: int = 0,
+) -> Any:
     """Predictive mean and central ``level`` band of ``y`` over a grid, with the data points.
 
-    The grid spans the training, test and (if present) ``extras["x_ood"]`` inputs, with a
-    margin. Everything is drawn on the original scale of the data set.
+    Args:
+        model: the fitted model (exposes ``predictive_components``).
+        posterior: samples ``{"w": (S, P)}``, a ``(S, P)`` tensor, an ``MCMC`` run, or a fitted
+            guide (``num_samples`` draws, seeded by ``seed``).
+        data: a 1-D :class:`~pyro_bnnlv.datasets.Dataset` (e.g. from
+            :func:`~pyro_bnnlv.datasets.from_arrays`). The grid spans its training, test and (if
+            present) ``extras["x_ood"]`` inputs with a 10% margin; everything is drawn on the
+            original scale of the data (``x * x_std + x_mean``, ``y * y_std + y_mean``).
+        path: also write the figure there (PNG, PDF, ... by extension).
+        ax: draw into this matplotlib axes instead of a new figure.
+
+    Returns the figure. The band is the exact ``(1 -/+ level) / 2`` quantiles of the Gaussian
+    mixture ``(1/S) sum_s N(f(x; w_s), sigma^2)`` (latent inputs drawn from their prior for
+    BNN+LV), as in :func:`~pyro_bnnlv.evaluate`.
     """
     if data.input_dim != 1:
         raise ValueError(f"plot_predictive_1d needs 1-D inputs; the data set has {data.input_dim}")
-    samples = as_sample_dict(posterior_samples)
+    samples = posterior_sample_dict(model, posterior, data.x_train,
+                                    train_data=(data.x_train, data.y_train),
+                                    num_samples=num_samples, seed=seed)  # fmt: skip
     xs = [data.x_train, data.x_test] + ([data.extras["x_ood"]] if "x_ood" in data.extras else [])
     lo = min(float(x.min()) for x in xs)
     hi = max(float(x.max()) for x in xs)
     pad = 0.1 * (hi - lo)
-    grid = torch.linspace(lo - pad, hi + pad, num_grid).unsqueeze(-1)
+    grid = torch.linspace(lo - pad, hi + pad, num_grid, dtype=data.x_train.dtype).unsqueeze(-1)
     with torch.no_grad():
-        loc, scale = model.predictive_components(grid, samples, generator=torch.Generator().manual_seed(0))
+        loc, scale = model.predictive_components(grid, samples, generator=torch.Generator().manual_seed(seed))
     loc = loc[..., 0]
     alpha = (1 - level) / 2
     lower, upper = (mixture_quantile(loc, scale, q) for q in (alpha, 1 - alpha))
@@ -49,14 +91,15 @@ def plot_predictive_1d(
     sy, my = float(data.y_std), float(data.y_mean)
 
     def ox(t):
-        return (t * sx + mx).numpy().ravel()
+        return (t.double() * sx + mx).numpy().ravel()
 
     def oy(t):
-        return (t * sy + my).numpy().ravel()
+        return (t.double() * sy + my).numpy().ravel()
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.fill_between(ox(grid), oy(lower.float()), oy(upper.float()), alpha=0.3,
-                    label=f"{int(level * 100)}% predictive interval")  # fmt: skip
+    owned = ax is None
+    fig, ax = new_axes(ax)
+    ax.fill_between(ox(grid), oy(lower), oy(upper), alpha=0.3,
+                    label=f"{level * 100:g}% predictive interval")  # fmt: skip
     ax.plot(ox(grid), oy(loc.mean(0)), lw=2, label="predictive mean")
     ax.scatter(ox(data.x_train), oy(data.y_train), s=8, c="k", label="train")
     ax.scatter(ox(data.x_test), oy(data.y_test), s=8, c="tab:red", alpha=0.6, label="test")
@@ -64,8 +107,4 @@ def plot_predictive_1d(
     ax.set_ylabel("y")
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, owned)

@@ -49,10 +49,23 @@ def latent_means(guide: Any, x: Tensor, y: Tensor, site: str = "z") -> Tensor:
 
 
 def latent_diagnostics(
-    model: Any, guide: Any, x: Tensor, y: Tensor, *, k: int = 5, seed: int = 0
+    model: Any, guide: Any, x: Tensor, y: Tensor | None = None, *, k: int = 5, seed: int = 0
 ) -> pd.Series:
-    """``mi_x_z`` (KSG, k neighbours), ``hz_z`` (Henze-Zirkler of ``mu_z``) and, for K = 1,
-    ``ks_z`` (KS statistic of ``mu_z`` against as many prior samples), App. F.2."""
+    """How well a BNN+LV fit's latent means ``mu_z`` meet the model's assumptions (App. F.2).
+
+    Call as ``latent_diagnostics(model, guide, x_train, y_train)`` (the model first: it supplies
+    the prior scale of ``z``). Returns ``mi_x_z`` (KSG estimate of ``I(x; mu_z)``, ``k``
+    neighbours; 0 when the latents are independent of the inputs, as assumed), ``hz_z``
+    (Henze-Zirkler statistic of ``mu_z``; small when they look Gaussian) and, for K = 1, ``ks_z``
+    (two-sample KS statistic of ``mu_z`` against as many prior samples, seeded by ``seed``).
+    """
+    if isinstance(guide, Tensor) or not hasattr(model, "latent_dim"):
+        raise TypeError(
+            "latent_diagnostics(model, guide, x, y): pass the BNN+LV model first, then its guide "
+            f"and the training data; got a {type(model).__name__} and a {type(guide).__name__}"
+        )
+    if y is None:
+        raise TypeError("latent_diagnostics(model, guide, x, y) needs the training targets y")
     mu = latent_means(guide, x, y)
     out = {
         "mi_x_z": ksg_mutual_information(x.double().numpy(), mu.double().numpy(), k=k),
@@ -142,24 +155,54 @@ def uncertainty_decomposition(
     return frame
 
 
-def plot_uncertainty_decomposition(frames: dict[str, pd.DataFrame], path: str | Path) -> Path:
-    """Fig. 6: total / aleatoric / epistemic entropy against ``x``, one panel per method."""
-    import matplotlib
+def plot_uncertainty_decomposition(
+    frames: dict[str, pd.DataFrame],
+    path: str | Path | None = None,
+    *,
+    data: Any = None,
+    axes: Any = None,
+) -> Any:
+    """Fig. 6: total / aleatoric / epistemic entropy against ``x``, one panel per method
+    (shared axes), from :func:`uncertainty_decomposition` frames of 1-D inputs.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    With ``data`` (the :class:`~pyro_bnnlv.datasets.Dataset` the model was fitted to) ``x`` is
+    drawn on the original scale (``x * x_std + x_mean``), as
+    :func:`~pyro_bnnlv.plotting.plot_predictive_1d` draws it, and the entropies are those of
+    ``y`` on its original scale: ``H(a Y + b) = H(Y) + log a`` adds ``log y_std`` to the total and
+    aleatoric entropies; the epistemic part, their difference, is unchanged. Without ``data``
+    everything is on the scale the model saw. ``axes``: one matplotlib axes per method to draw
+    into. Returns the figure; with ``path`` it is also written there.
+    """
+    from ..plotting import finish_figure
 
-    fig, axes = plt.subplots(1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False)
-    for ax, (name, frame) in zip(axes[0], frames.items()):
+    if not frames:
+        raise ValueError("frames is empty: pass {method name: uncertainty_decomposition(...)}")
+    for name, frame in frames.items():
+        if "x" not in frame:
+            raise ValueError(f"frame {name!r} has no 'x' column: the plot needs 1-D inputs")
+    sx, mx, shift = 1.0, 0.0, 0.0
+    if data is not None:
+        sx, mx = float(data.x_std.reshape(-1)[0]), float(data.x_mean.reshape(-1)[0])
+        shift = math.log(float(data.y_std))
+    owned = axes is None
+    if owned:
+        import matplotlib.pyplot as plt
+
+        fig, grid = plt.subplots(1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False,
+                                 sharex=True, sharey=True)  # fmt: skip
+        axes = list(grid[0])
+    else:
+        axes = list(axes) if isinstance(axes, (list, tuple)) or hasattr(axes, "__len__") else [axes]
+        if len(axes) != len(frames):
+            raise ValueError(f"axes has {len(axes)} entries for {len(frames)} frames")
+        fig = axes[0].figure
+    for ax, (name, frame) in zip(axes, frames.items()):
         frame = frame.sort_values("x")
+        xo = frame["x"] * sx + mx
         for col in ("total", "aleatoric", "epistemic"):
-            ax.plot(frame["x"], frame[col], label=col)
+            ax.plot(xo, frame[col] + (shift if col != "epistemic" else 0.0), label=col)
         ax.set_title(name)
-        ax.set_xlabel("x")
-    axes[0][0].set_ylabel("entropy (nats)")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        ax.set_xlabel("x" if data is not None else "x (as the model saw it)")
+    axes[0].set_ylabel("entropy of y (nats)")
+    axes[0].legend(fontsize=8)
+    return finish_figure(fig, path, owned, dpi=110)

@@ -10,6 +10,7 @@ that entropy measures how well.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import Tensor
 from ..infer.predict import as_sample_dict
 from .latent import knn_entropy_1d
 
-__all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms"]
+__all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
 
 
 @torch.no_grad()
@@ -62,6 +63,11 @@ def auroc(negatives: Tensor, positives: Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
+def _is_method_mapping(samples: Any) -> bool:
+    """``{method name: samples}`` rather than one posterior's ``{"w": ...}``."""
+    return isinstance(samples, Mapping) and "w" not in samples and len(samples) > 0
+
+
 def ood_report(
     model: Any,
     samples: Any,
@@ -80,7 +86,21 @@ def ood_report(
     (on the ``ood`` row: separating OOD from test inputs by entropy; NaN elsewhere). The
     per-input entropies are in ``frame.attrs["entropy"]`` (``{split: numpy array}``). With
     ``figure``, writes histograms like the paper's Fig. 2-3 there.
+
+    Several methods at once: pass ``samples`` as ``{method name: samples}`` (same model); the
+    frame is then indexed by ``(method, split)`` and ``figure`` gets one panel per method on
+    shared axes and bins (:func:`plot_ood_comparison`), so the methods compare at a glance.
     """
+    if _is_method_mapping(samples):
+        reports = {name: ood_report(model, s, x_train, x_test, x_ood, k=k) for name, s in samples.items()}
+        bare = {name: r.copy() for name, r in reports.items()}
+        for r in bare.values():
+            r.attrs = {}  # pandas compares attrs when concatenating; the arrays are kept below
+        frame = pd.concat(bare, names=["method"])
+        frame.attrs["entropy"] = {name: r.attrs["entropy"] for name, r in reports.items()}
+        if figure is not None:
+            plot_ood_comparison(reports, figure, title=title)
+        return frame
     entropies = {
         name: epistemic_entropy(model, samples, x, k=k)
         for name, x in (("train", x_train), ("test", x_test), ("ood", x_ood))
@@ -98,20 +118,36 @@ def ood_report(
     return frame
 
 
-def plot_epistemic_histograms(entropies: dict[str, Any], path: str | Path, title: str = "",
-                              auroc_value: float | None = None) -> Path:  # fmt: skip
-    """Histograms of per-input epistemic entropy, one colour per split (Fig. 2-3); PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _bins(groups: list[dict[str, Any]], num: int = 40) -> Any:
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    values = [np.asarray(v, dtype=float) for g in groups for v in g.values()]
+    return np.linspace(min(v.min() for v in values), max(v.max() for v in values), num)
+
+
+def plot_epistemic_histograms(
+    entropies: dict[str, Any],
+    path: str | Path | None = None,
+    title: str = "",
+    auroc_value: float | None = None,
+    *,
+    ax: Any = None,
+    bins: Any = None,
+) -> Any:
+    """Histograms of per-input epistemic entropy, one colour per split (Fig. 2-3).
+
+    ``entropies``: ``{split: per-input entropies}`` (e.g. ``ood_report(...).attrs["entropy"]``).
+    Draws into ``ax`` when given; ``bins`` (edges) default to 40 over the range of all values.
+    Returns the figure; with ``path`` it is also written there.
+    """
+    import numpy as np
+
+    from ..plotting import finish_figure, new_axes
+
+    owned = ax is None
+    fig, ax = new_axes(ax, figsize=(6, 3.5))
     values = {k: np.asarray(v, dtype=float) for k, v in entropies.items()}
-    lo = min(v.min() for v in values.values())
-    hi = max(v.max() for v in values.values())
-    bins = np.linspace(lo, hi, 40)
+    bins = _bins([values]) if bins is None else bins
     for name, v in values.items():
         ax.hist(v, bins=bins, alpha=0.5, density=True, label=f"{name} (n={len(v)})")
     ax.set_xlabel("epistemic entropy of f(x) (nats)")
@@ -119,8 +155,42 @@ def plot_epistemic_histograms(entropies: dict[str, Any], path: str | Path, title
     extra = f"  AUROC(ood vs test) = {auroc_value:.3f}" if auroc_value is not None else ""
     ax.set_title((title + extra).strip(), fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, owned, dpi=110)
+
+
+def plot_ood_comparison(
+    reports: Mapping[str, pd.DataFrame],
+    path: str | Path | None = None,
+    *,
+    title: str = "",
+    axes: Any = None,
+) -> Any:
+    """One panel per method, shared x and y axes and the same bins: the epistemic-entropy
+    histograms of :func:`ood_report` frames ``{method name: frame}``, each titled with its AUROC.
+    ``axes``: one matplotlib axes per method to draw into. Returns the figure; with ``path`` it
+    is also written there."""
+    if not reports:
+        raise ValueError("reports is empty: pass {method name: ood_report(...)}")
+    from ..plotting import finish_figure
+
+    owned = axes is None
+    if owned:
+        import matplotlib.pyplot as plt
+
+        n = len(reports)
+        fig, grid = plt.subplots(1, n, figsize=(4.2 * n, 3.5), squeeze=False, sharex=True, sharey=True)
+        axes = list(grid[0])
+    else:
+        axes = list(axes)
+        if len(axes) != len(reports):
+            raise ValueError(f"axes has {len(axes)} entries for {len(reports)} methods")
+        fig = axes[0].figure
+    bins = _bins([r.attrs["entropy"] for r in reports.values()])
+    for ax, (name, frame) in zip(axes, reports.items()):
+        plot_epistemic_histograms(frame.attrs["entropy"], title=name, ax=ax, bins=bins,
+                                  auroc_value=float(frame.loc["ood", "auroc"]))  # fmt: skip
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return finish_figure(fig, path, owned, dpi=110)

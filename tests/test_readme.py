@@ -1,17 +1,34 @@
 """The README's quick start runs as written (with fewer SVI steps) and its commands exist."""
 
+import math
 import re
 from pathlib import Path
 
 import pytest
 
+import pyro_bnnlv as pb
+
 README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _section_blocks(heading: str) -> list[str]:
+    """Every python block under the README heading ``## heading``."""
+    section = re.search(rf"## {re.escape(heading)}\n(.*?)(?=\n## |\Z)", README.read_text(), re.S).group(1)
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
 def _section_code(heading: str) -> str:
     """The first python block under the README heading ``## heading``."""
-    section = re.search(rf"## {re.escape(heading)}\n(.*?)(?=\n## |\Z)", README.read_text(), re.S).group(1)
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return _section_blocks(heading)[0]
+
+
+def _small(code: str, replacements: dict[str, str]) -> str:
+    """``code`` with each ``old`` replaced by ``new``; every ``old`` must occur (so the test
+    notices when the README changes under it)."""
+    for old, new in replacements.items():
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
 
 
 def _run_quick_start(namespace: dict) -> None:
@@ -78,3 +95,75 @@ def test_readme_sweep_example_runs(tmp_path, monkeypatch):
     table = namespace["table"]
     assert len(table) == 2 and (table["status"] == "done").all() and table["test_ll"].notna().all()
     assert (tmp_path / "runs" / "yacht" / "sweep.sqlite").exists()
+
+
+def test_readme_own_data_section_runs_twice(tmp_path, monkeypatch):
+    """"Your own data in 20 lines": both blocks, with fewer steps, run twice in one process (Pyro's
+    global state must not leak between the runs) and give the same numbers both times."""
+    import matplotlib.figure
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    blocks = _section_blocks("Your own data in 20 lines")
+    assert len(blocks) == 2
+    results = []
+    for _ in range(2):
+        namespace: dict = {}
+        for i, block in enumerate(blocks):
+            code = _small(block, {"num_steps=3000": "num_steps=30"})
+            exec(compile(code, f"README own data {i}", "exec"), namespace)
+        assert isinstance(namespace["fig"], matplotlib.figure.Figure)
+        assert set(namespace["valid"]) == {0.1, 0.3, 1.0}
+        metrics = pb.evaluate(namespace["model"], namespace["guide"], namespace["data"], seed=0)
+        assert isinstance(metrics, pd.Series) and math.isfinite(metrics["test_ll"])
+        results.append((dict(namespace["valid"]), float(metrics["test_ll"])))
+    assert results[0] == results[1]
+
+
+def test_readme_bnnlv_section_runs(tmp_path, monkeypatch):
+    """The BNN+LV / NCAI block on heavy-tail (300 training points < the paper's batch of 500)."""
+    monkeypatch.chdir(tmp_path)
+    code = _small(_section_code("BNN+LV and NCAI in your own script"),
+                  {"num_steps=3000": "num_steps=20", "num_samples=500": "num_samples=50",
+                   "pb.ncai_guide(model, x, y)": "pb.ncai_guide(model, x, y, num_steps=20)",
+                   'load_dataset("heavy-tail")': 'load_dataset("heavy-tail", sizes=(120, 60, 60))'})  # fmt: skip
+    namespace: dict = {}
+    exec(compile(code, "README BNN+LV", "exec"), namespace)
+    eb = namespace["eb"]
+    assert len(eb.history) == 20 and eb.prior_scale > 0 and eb.latent_scale > 0
+    assert namespace["w"]["w"].shape == (50, namespace["model"].num_weights)
+
+
+def test_readme_hypernet_section_runs(tmp_path, monkeypatch):
+    """The NN-HyVI / FuNN-HyVI block with the fast preset's sizes and a few steps."""
+    monkeypatch.chdir(tmp_path)
+    code = _small(_section_code("Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)"),
+                  {"pb.KNNElbo()": "pb.KNNElbo.fast()",
+                   "pb.FunctionalKNNElbo(input_dist": "pb.FunctionalKNNElbo.fast(input_dist",
+                   "num_steps=3000": "num_steps=10", "num_samples=500": "num_samples=100"})  # fmt: skip
+    namespace: dict = {}
+    exec(compile(code, "README HyVI", "exec"), namespace)
+    report = namespace["report"]
+    assert set(report.index.get_level_values("method")) == {"NN-HyVI", "FuNN-HyVI"}
+    assert (tmp_path / "ood.png").stat().st_size > 5000
+
+
+def test_readme_laplace_section_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = _section_code("Linearised and sampled Laplace, in-between uncertainty")
+    code = code.replace("pb.train_map(model, x, y)", "pb.train_map(model, x, y, num_steps=200, progress=False)")
+    namespace: dict = {}
+    exec(compile(code, "README Laplace", "exec"), namespace)
+    assert namespace["pred"].mean.shape[0] == namespace["data"].x_test.shape[0]
+
+
+@pytest.mark.slow
+def test_readme_projected_section_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = _small(_section_code("Projected BNN: inference in a low-dimensional weight space"),
+                  {"x_valid=xv, y_valid=yv)": "x_valid=xv, y_valid=yv, num_steps=50, progress=False, "
+                   "fge_kwargs=dict(num_candidates=20, map_steps=100), projection_kwargs=dict(num_steps=50))",
+                   "num_samples=500": "num_samples=50"})  # fmt: skip
+    namespace: dict = {}
+    exec(compile(code, "README projected", "exec"), namespace)
+    assert namespace["w"]["w"].shape[0] == 50

@@ -162,7 +162,7 @@ def test_readme_projected_section_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = _small(_section_code("Projected BNN: inference in a low-dimensional weight space"),
                   {"x_valid=xv, y_valid=yv)": "x_valid=xv, y_valid=yv, num_steps=50, progress=False, "
-                   "fge_kwargs=dict(num_candidates=20, map_steps=100), projection_kwargs=dict(num_steps=50))",
+                   "fge_kwargs=dict(num_candidates=20, keep=10, map_steps=100), projection_kwargs=dict(num_steps=50))",
                    "num_samples=500": "num_samples=50"})  # fmt: skip
     namespace: dict = {}
     exec(compile(code, "README projected", "exec"), namespace)

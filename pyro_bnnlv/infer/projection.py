@@ -5,9 +5,13 @@ Three stages, each callable on its own, and :func:`fit_projected_bnn` running al
 1. :func:`~pyro_bnnlv.infer.fge.fge`: candidate weights ``{w_c^(r)}`` by Fast Geometric Ensembling
    on a BNN with the same network, ``N(0, 0.1)`` weight prior and noise (sec. 5.2).
 2. :func:`fit_projection`: the prediction-constrained autoencoder (eq. 6), giving the point
-   estimate ``phi*`` of the decoder.
+   estimate ``phi*`` of the decoder; or (``objective="vae"`` / ``"mmd"``) a generative decoder
+   of the candidates under ``p(z)`` with the prediction constraint on decoded prior draws
+   (:mod:`~pyro_bnnlv.infer.generative_decoder`, issue 17: eq. 6 does not make ``g_phi(z)``,
+   ``z ~ p(z)``, cover the candidates' modes, which Fig. 2 needs).
 3. Mean-field VI over ``z`` and ``phi`` (eq. 5) with Pyro's ``AutoNormal``: ``phi``'s variational
-   mean starts at ``phi*``, ``log sigma_phi ~ N(-9, 0.1)`` (footnote 4), ``q(z)`` at random.
+   mean starts at ``phi*``, ``log sigma_phi ~ N(-9, 0.1)`` (footnote 4), ``q(z)`` at random
+   (after eq. 6) or at ``p(z)`` (after a generative decoder; ``z_init``).
 
 **Our reading of eq. 6.** As printed, eq. 6 squares ``||w - h(w)||^2 + gamma`` and *adds* the
 training log-likelihood to a loss that is minimised -- which would reward reconstructions that
@@ -26,11 +30,14 @@ with ``u_r = (w_r - m) / s`` the candidates standardised by their mean ``m`` and
 deviation ``s``, ``\hat u_r = (\hat w_r - m) / s``, ``gamma_r ~ N(0, input_noise^2 I)`` drawn
 afresh each step, and both terms averaged (per weight, per data point) so ``beta`` is
 scale-free. The noise and the reconstruction live on the standardised scale, where "variance 1"
-means "as large as the candidates' spread". The decoder outputs raw weights (the model's prior
-on ``phi`` does not depend on the data); it starts with last-layer bias ``m`` and last-layer
-weight rows scaled by ``s``, so its first outputs already lie among the candidates.
+means "as large as the candidates' spread". The decoder is trained on that scale too,
+``\hat u = g_\psi(z)``, so that Adam's steps have the same size for every weight whatever its
+spread among the candidates (on the raw scale a weight that varies by 0.001 across the
+candidates moves by the learning rate, hundreds of its spreads, in one step); ``phi`` folds
+``(m, s)`` into the last layer, ``g_phi(z) = m + s * g_psi(z)``, so the model's decoder
+outputs raw weights (its prior on ``phi`` does not depend on the data).
 
-After training, the decoder's first (affine) layer is re-parametrised so that the candidates'
+After training (eq. 6 only), the decoder's first (affine) layer is re-parametrised so that the candidates'
 codes have mean 0 and standard deviation ``sigma_z`` per coordinate: the same function ``g``,
 but the codes of good weights now sit where the prior ``p(z)`` and a random ``q(z)`` put mass.
 """
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pyro
@@ -50,8 +58,9 @@ from tqdm.auto import tqdm
 
 from ..models.bnn import BNN
 from ..models.projected import PAPER_SCALE, ProjectedBNN
-from ..nets import MLP
+from ..nets import MLP, as_positive_int
 from .fge import FGEResult, fge
+from .generative_decoder import DEFAULT_BETA, GENERATIVE_OBJECTIVES, median_distance, mmd2, vae_terms
 from .svi import fit_svi, set_seed
 
 __all__ = ["ProjectionFit", "fit_projection", "ProjectedFit", "fit_projected_bnn", "init_projected_guide"]
@@ -59,7 +68,13 @@ __all__ = ["ProjectionFit", "fit_projection", "ProjectedFit", "fit_projected_bnn
 
 @dataclass
 class ProjectionFit:
-    """Output of :func:`fit_projection`: ``phi*``, the encoder and the training curves."""
+    """Output of :func:`fit_projection`: ``phi*``, the encoder and the training curves.
+
+    ``reconstruction`` holds the objective's first term per step (eq. 6's squared error, the
+    VAE's Gaussian reconstruction term, or the MMD), ``neg_log_lik`` the prediction term (on
+    reconstructions for eq. 6, on decoded prior draws for the generative objectives), ``kl``
+    the VAE's KL term; ``codes`` are the candidates' codes (``None`` for the MMD, which has no
+    encoder)."""
 
     phi: Tensor
     encoder: MLP
@@ -67,6 +82,8 @@ class ProjectionFit:
     reconstruction: list[float] = field(default_factory=list)
     neg_log_lik: list[float] = field(default_factory=list)
     codes: Tensor | None = None
+    objective: str = "autoencoder"
+    kl: list[float] = field(default_factory=list)
 
 
 def _recentre_first_layer(decoder: MLP, phi: Tensor, codes: Tensor, target_scale: float) -> tuple[Tensor, Tensor]:
@@ -87,41 +104,78 @@ def _recentre_first_layer(decoder: MLP, phi: Tensor, codes: Tensor, target_scale
     return phi, (codes - mu) / s * target_scale
 
 
+def _prediction_nll(model: ProjectedBNN, w_hat: Tensor, x: Tensor, y2: Tensor, sigma: Tensor,
+                    batch_size: int | None) -> Tensor:  # fmt: skip
+    """Mean over weight vectors and (a minibatch of) data points of ``-log p(y_n | x_n, w)``."""
+    N = x.shape[0]
+    if batch_size is None or batch_size >= N:
+        xb, yb = x, y2
+    else:
+        idx = torch.randint(N, (batch_size,))
+        xb, yb = x[idx], y2[idx]
+    f = model.net(xb, w_hat)                                                     # (R, B, L)
+    return -torch.distributions.Normal(f, sigma).log_prob(yb).sum(-1).mean()
+
+
 def fit_projection(
     model: ProjectedBNN,
     candidates: Tensor,
     x: Tensor,
     y: Tensor,
     *,
-    beta: float = 1.0,
+    objective: str = "autoencoder",
+    beta: float | None = None,
     input_noise: float = 1.0,
     encoder_hidden: tuple[int, ...] | None = None,
     num_steps: int = 3000,
     lr: float = 0.005,
     batch_size: int | None = 256,
+    num_prior_draws: int = 64,
+    mmd_space: str = "weight",
+    mmd_bandwidths: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0),
     seed: int | None = None,
     progress: bool = True,
 ) -> ProjectionFit:
-    """Stage 2: the prediction-constrained autoencoder (eq. 6, our reading in the module docstring).
+    """Stage 2: train the decoder ``g_phi`` on the candidates.
 
-    Returns ``phi*`` (re-centred, see the module docstring); ``model`` is not modified. ``encoder_hidden`` defaults to the
-    decoder's hidden widths reversed; the encoder uses the decoder's activation.
+    ``objective="autoencoder"`` (default): the prediction-constrained autoencoder (eq. 6, our
+    reading in the module docstring); ``phi*`` is re-centred (module docstring).
+    ``objective="vae"`` / ``"mmd"``: a generative decoder of the candidates under the model's
+    ``p(z)`` with the prediction constraint on decoded prior draws
+    (:mod:`~pyro_bnnlv.infer.generative_decoder` gives the maths); ``phi*`` is not re-centred,
+    the objective already puts the candidates' codes under ``p(z)``.
+    ``model`` is not modified. ``encoder_hidden`` defaults to the decoder's hidden widths
+    reversed; the encoder uses the decoder's activation.
 
     Args:
         model: the :class:`ProjectedBNN` whose decoder is trained.
         candidates: ``(R, P)`` candidate weights (e.g. ``fge(...).kept``).
         x, y: training data for the prediction term.
-        beta: weight of the prediction term.
-        input_noise: standard deviation of ``gamma`` on the standardised scale (paper: 1).
+        objective: ``"autoencoder"`` (eq. 6), ``"vae"`` or ``"mmd"``.
+        beta: weight of the prediction term; ``None``: :data:`~pyro_bnnlv.infer.generative_decoder.DEFAULT_BETA`
+            (1 for eq. 6; for the generative objectives the value measured on the four-mode
+            toy, where the MMD's posterior covered two modes at 0.01 but not at 0.03).
+        input_noise: standard deviation of ``gamma`` on the standardised scale (paper: 1;
+            autoencoder only).
         num_steps, lr: Adam on encoder and decoder jointly.
         batch_size: data points per step for the prediction term (``None``: all).
+        num_prior_draws: ``M``, draws of ``z ~ p(z)`` per step (generative objectives).
+        mmd_space: ``"weight"`` or ``"function"``, the MMD's features.
+        mmd_bandwidths: the MMD kernel's bandwidths, in units of the candidates' median
+            pairwise distance.
     """
+    if objective not in ("autoencoder", *GENERATIVE_OBJECTIVES):
+        raise ValueError(f"objective must be 'autoencoder' (eq. 6), 'vae' or 'mmd', got {objective!r}")
+    if mmd_space not in ("weight", "function"):
+        raise ValueError(f"mmd_space must be 'weight' or 'function', got {mmd_space!r}")
     if candidates.dim() != 2 or candidates.shape[1] != model.net.num_weights:
         raise ValueError(f"candidates must have shape (R, {model.net.num_weights}), got {tuple(candidates.shape)}")
     if candidates.shape[0] < 2:
         raise ValueError("fit_projection needs at least 2 candidates")
+    beta = DEFAULT_BETA[objective] if beta is None else beta
     if beta < 0 or input_noise < 0:
         raise ValueError("beta and input_noise must be non-negative")
+    num_prior_draws = as_positive_int(num_prior_draws, "num_prior_draws")
     model.check_data(x, y)
     set_seed(seed)
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
@@ -129,32 +183,55 @@ def fit_projection(
     scale = scale.clamp_min(1e-3 * float(scale.mean()) + 1e-12)
     u = (candidates - loc) / scale
     R, P = u.shape
+    K = model.latent_dim
+    sigma_z = float(model.latent_scale)
     hidden = list(reversed(model.decoder.hidden_sizes)) if encoder_hidden is None else list(encoder_hidden)
-    encoder = MLP(P, hidden, model.latent_dim, activation=model.decoder.activation)
+    encoder = MLP(P, hidden, 2 * K if objective == "vae" else K, activation=model.decoder.activation)
     theta = torch.nn.Parameter(encoder.init_weights(gen))
-    phi0 = model.decoder.init_weights(gen)
-    _, fan_out, w_sl, b_sl = model.decoder.layers[-1]
-    phi0[w_sl] = (phi0[w_sl].view(fan_out, -1) * scale[:, None]).reshape(-1)
-    phi0[b_sl] = loc
-    phi = torch.nn.Parameter(phi0)
-    opt = torch.optim.Adam([theta, phi], lr=lr)
+    # the decoder is trained on the standardised scale, u_hat = g_psi(z), so that Adam's steps are
+    # the same size for every weight whatever its spread among the candidates; phi folds (loc,
+    # scale) into the last layer afterwards: g_phi(z) = loc + scale * g_psi(z)
+    phi = torch.nn.Parameter(model.decoder.init_weights(gen))
+
+    def decode(z: Tensor, psi: Tensor) -> Tensor:
+        return loc + scale * model.project(z, psi)
+
+    log_tau = torch.nn.Parameter(torch.zeros(()))
+    params = [phi] if objective == "mmd" else [theta, phi]
+    opt = torch.optim.Adam(params + ([log_tau] if objective == "vae" else []), lr=lr)
     N = x.shape[0]
     y2 = y.reshape(N, -1).to(x.dtype)
     sigma = torch.as_tensor(model.noise_scale).detach()
-    out = ProjectionFit(phi=phi.detach(), encoder=encoder, encoder_weights=theta.detach())
-    for step in tqdm(range(num_steps), disable=not progress, desc="autoencoder", leave=False):
-        noisy = u + input_noise * torch.randn(R, P)
-        codes = encoder(noisy.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)     # (R, D_z)
-        w_hat = model.project(codes, phi)                                        # (R, P)
-        recon = ((w_hat - loc) / scale - u).pow(2).mean()
-        if batch_size is None or batch_size >= N:
-            xb, yb = x, y2
+    if objective == "mmd":
+        x_feat = x[torch.randperm(N, generator=gen)[:64]]
+        features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd_space == "function" else \
+            (lambda w: (w - loc) / scale)  # fmt: skip
+        with torch.no_grad():
+            target = features(candidates)
+        bandwidths = median_distance(target) * torch.as_tensor(mmd_bandwidths, dtype=target.dtype)
+    out = ProjectionFit(phi=phi.detach(), encoder=encoder, encoder_weights=theta.detach(), objective=objective)
+    for step in tqdm(range(num_steps), disable=not progress, desc=objective, leave=False):
+        if objective == "autoencoder":
+            noisy = u + input_noise * torch.randn(R, P)
+            codes = encoder(noisy.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)     # (R, D_z)
+            w_hat = decode(codes, phi)                                               # (R, P)
+            recon = ((w_hat - loc) / scale - u).pow(2).mean()
+            nll = _prediction_nll(model, w_hat, x, y2, sigma, batch_size)
+            loss = recon + beta * nll
         else:
-            idx = torch.randint(N, (batch_size,))
-            xb, yb = x[idx], y2[idx]
-        f = model.net(xb, w_hat)                                                 # (R, B, L)
-        nll = -torch.distributions.Normal(f, sigma).log_prob(yb).sum(-1).mean()
-        loss = recon + beta * nll
+            w_prior = decode(sigma_z * torch.randn(num_prior_draws, K), phi)         # (M, P)
+            nll = _prediction_nll(model, w_prior, x, y2, sigma, batch_size)
+            if objective == "vae":
+                stats = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)
+                mu, log_sd = stats[..., :K], stats[..., K:].clamp(-10.0, 5.0)
+                codes = mu + log_sd.exp() * torch.randn(R, K)
+                u_hat = model.project(codes, phi)
+                recon, kl = vae_terms(u, u_hat, mu, log_sd, log_tau, sigma_z)
+                out.kl.append(float(kl.detach()))
+                loss = recon + kl + beta * nll
+            else:
+                recon = mmd2(features(w_prior), target, bandwidths)
+                loss = recon + beta * nll
         if not torch.isfinite(loss):
             raise FloatingPointError(f"fit_projection: non-finite loss at step {step}")
         opt.zero_grad()
@@ -163,28 +240,43 @@ def fit_projection(
         out.reconstruction.append(float(recon.detach()))
         out.neg_log_lik.append(float(nll.detach()))
     with torch.no_grad():
-        codes = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)
-        phi_star, codes = _recentre_first_layer(model.decoder, phi.detach(), codes, float(model.latent_scale))
+        phi_star = phi.detach().clone()
+        _, fan_out, w_sl, b_sl = model.decoder.layers[-1]
+        phi_star[w_sl] = (phi_star[w_sl].view(fan_out, -1) * scale[:, None]).reshape(-1)
+        phi_star[b_sl] = loc + scale * phi_star[b_sl]
+        if objective == "autoencoder":
+            codes = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)
+            phi_star, codes = _recentre_first_layer(model.decoder, phi_star, codes, sigma_z)
+        elif objective == "vae":
+            codes = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)[..., :K]
+        else:
+            codes = None
     out.phi, out.encoder_weights, out.codes = phi_star, theta.detach(), codes
     return out
 
 
 def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed: int | None = None,
-                         z_scale: float | None = None) -> AutoNormal:  # fmt: skip
+                         z_scale: float | None = None, z_init: str = "random") -> AutoNormal:  # fmt: skip
     """Stage 3's mean-field guide: ``AutoNormal`` over ``z`` (and ``phi``).
 
     ``phi``'s mean starts at ``phi`` (a random decoder initialisation if ``None``: the one-stage
-    ablation) and its scales at ``exp(N(-9, 0.1))`` (footnote 4); ``z``'s means at a draw from
-    ``p(z)`` and its scales at ``z_scale`` (default half the prior's).
+    ablation) and its scales at ``exp(N(-9, 0.1))`` (footnote 4). ``z_init="random"`` (the
+    paper's "initialized randomly"): ``z``'s means at a draw from ``p(z)`` and its scales at
+    ``z_scale`` (default half the prior's); ``z_init="prior"``: ``q(z)`` starts at ``p(z)``
+    (means 0, scales ``z_scale``, default the prior's), the natural start for a generative
+    decoder, which is trained so that ``p(z)`` decodes to the candidates.
     """
+    if z_init not in ("random", "prior"):
+        raise ValueError(f"z_init must be 'random' or 'prior', got {z_init!r}")
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     z_shape = (model.latent_dim,) if model.num_tasks is None else (model.num_tasks, model.latent_dim)
-    values = {"z": torch.randn(z_shape, generator=gen) * model.latent_scale}
+    z0 = torch.randn(z_shape, generator=gen) * model.latent_scale
+    values = {"z": z0 if z_init == "random" else torch.zeros(z_shape)}
     if model.fixed_phi is None:
         values["phi"] = model.decoder.init_weights(gen) if phi is None else phi.detach().clone()
-    scale = 0.5 * float(model.latent_scale) if z_scale is None else float(z_scale)
-    guide = AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale)
-    return guide
+    default = 0.5 if z_init == "random" else 1.0
+    scale = default * float(model.latent_scale) if z_scale is None else float(z_scale)
+    return AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale)
 
 
 def _set_phi_scales(guide: AutoNormal, model: ProjectedBNN, x: Tensor, y: Tensor, seed: int | None,
@@ -217,6 +309,7 @@ def fit_projected_bnn(
     y_valid: Tensor | None = None,
     variant: str = "full",
     candidates: Tensor | None = None,
+    projection: ProjectionFit | None = None,
     weight_prior_scale: float = PAPER_SCALE,
     fge_kwargs: dict[str, Any] | None = None,
     projection_kwargs: dict[str, Any] | None = None,
@@ -224,6 +317,8 @@ def fit_projected_bnn(
     lr: float = 0.01,
     num_particles: int = 20,
     batch_size: int | None = None,
+    z_init: str | None = None,
+    callback: Callable[[int, float, AutoNormal], None] | None = None,
     seed: int | None = None,
     progress: bool = True,
 ) -> ProjectedFit:
@@ -239,10 +334,19 @@ def fit_projected_bnn(
             ``N(0, 0.1)``, read as variance 0.1).
         candidates: ``(R, P)`` weight vectors to use instead of FGE's (e.g. MAP fits from random
             restarts, as for the paper's Fig. 2); stage 1 is then skipped.
+        projection: a :func:`fit_projection` result for this model to reuse (stages 1 and 2 are
+            skipped; e.g. several stage-3 step sizes on one decoder). Its ``objective`` picks the
+            default ``z_init``.
         fge_kwargs, projection_kwargs: options of :func:`~pyro_bnnlv.infer.fge.fge` and
             :func:`fit_projection`.
         num_steps, lr, num_particles, batch_size: stage 3's SVI (paper: 20 reparameterisation
             samples).
+        z_init: ``q(z)``'s start (:func:`init_projected_guide`); ``None``: ``"prior"`` after a
+            generative decoder objective (``projection_kwargs={"objective": "vae"}`` or
+            ``"mmd"``), ``"random"`` otherwise.
+        callback: called as ``callback(step, loss, guide)`` after every step of stage 3 (the
+            guide being fitted, e.g. for early stopping on validation data: raise
+            ``StopIteration`` to stop).
 
     Returns a :class:`ProjectedFit`; sample it with ``pb.sample_posterior(fit.model, fit.guide, x)``.
     """
@@ -253,9 +357,12 @@ def fit_projected_bnn(
                          "num_tasks=M use init_projected_guide(model) and fit_svi(..., "
                          "model_kwargs={'task': task})")
     seconds: dict[str, float] = {}
-    fge_result = projection = None
-    phi_star = None
-    if variant != "one-stage":
+    fge_result = phi_star = None
+    if projection is not None:
+        if variant == "one-stage":
+            raise ValueError("projection= gives a trained decoder; variant='one-stage' starts from a random one")
+        model.decoder.check_weights(projection.phi, "projection.phi")
+    elif variant != "one-stage":
         if candidates is None:
             t0 = time.perf_counter()
             sigma = torch.as_tensor(model.noise_scale).detach()
@@ -268,15 +375,20 @@ def fit_projected_bnn(
         projection = fit_projection(model, candidates, x, y, seed=seed, progress=progress,
                                     **(projection_kwargs or {}))  # fmt: skip
         seconds["autoencoder"] = time.perf_counter() - t0
+    if projection is not None:
         phi_star = projection.phi
         if variant == "qz-only":
             model.fixed_phi = phi_star.clone()
     t0 = time.perf_counter()
     with pyro.get_param_store().scope():
-        guide = init_projected_guide(model, phi_star, seed=seed)
+        if z_init is None:
+            generative = projection is not None and projection.objective in GENERATIVE_OBJECTIVES
+            z_init = "prior" if generative else "random"
+        guide = init_projected_guide(model, phi_star, seed=seed, z_init=z_init)
         _set_phi_scales(guide, model, x, y, seed)
         loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True)
-        losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss,
-                         batch_size=batch_size, seed=seed, progress=progress)  # fmt: skip
+        losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
+                         seed=seed, progress=progress,
+                         callback=None if callback is None else lambda step, value: callback(step, value, guide))
     seconds["vi"] = time.perf_counter() - t0
     return ProjectedFit(model, guide, losses, fge_result, projection, seconds)

@@ -1,29 +1,48 @@
-r"""Proj-BNN vs Bayes-by-Backprop vs FGE on UCI (``projected-bnn-latent-weights.txt`` Fig. 3, 5, 6).
+"""Proj-BNN vs Bayes-by-Backprop vs FGE on UCI (``projected-bnn-latent-weights.txt`` Fig. 3, 5, 6).
 
-``pyro-bnnlv reproduce proj-uci`` (or ``python -m pyro_bnnlv.reproduce.projected``). Per data set
-and split scheme (``random``: the library's split ``seed`` -- the UCI standard split, 90% train
-of which 10% validation, 10% test -- instead of the paper's random 80/10/10; ``extrapolation`` /
-``interpolation``:
-App. B's splits by the L2 norm of the standardised inputs), all data standardised with training
-statistics, a 1x50 ReLU network, noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
+Pradier et al. (2018), arXiv:1811.07006. ``pyro-bnnlv reproduce proj-uci`` (or ``python -m
+pyro_bnnlv.reproduce.projected``). Per data set and split scheme (``random``: the library's split
+``seed`` -- the UCI standard split, 90% train of which 10% validation, 10% test -- instead of the
+paper's random 80/10/10; ``extrapolation`` / ``interpolation``: App. B's splits by the L2 norm of
+the standardised inputs), all data standardised with training statistics, a 1x50 ReLU network,
+noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
 
 * **BbB**: mean-field VI on the weights (``AutoNormal`` + ``Trace_ELBO``), minibatches of 128;
-* **FGE**: the kept FGE candidates as an equally weighted ensemble (App. A's baseline);
-* **Proj-BNN**: :func:`~pyro_bnnlv.infer.fit_projected_bnn` (FGE, prediction-constrained
-  autoencoder, mean-field VI over ``z`` and ``phi``), ``D_z = 10``, decoder one layer of 20 RBF units.
+* **FGE**: the kept FGE candidates as an equally weighted ensemble (App. A's baseline), reported
+  by the ``Proj-BNN`` task that computes them;
+* **Proj-BNN**: :func:`~pyro_bnnlv.infer.fit_projected_bnn` (FGE, eq. 6's prediction-constrained
+  autoencoder, mean-field VI over ``z`` and ``phi``), decoder one layer of 20 RBF units;
+* **Proj-BNN (MMD)**: the same with the generative MMD decoder
+  (:mod:`~pyro_bnnlv.infer.generative_decoder`, issue 17) and ``q(z)`` started at ``p(z)``.
+
+Every fit is a task of :func:`pyro_bnnlv.sweep.run_sweep` (``--out`` store, ``--workers``,
+resumable): per data set and scheme one BbB task and, per Proj-BNN method, one task per latent
+size ``D_z`` (the task's ``grid``). The step size is cross-validated inside a task, on one set of
+FGE candidates and one decoder (:func:`uci_task`); each task reports the validation and test
+log-likelihood, and the table keeps, per data set, scheme and method, the fit with the best
+validation log-likelihood (:func:`select_best`).
+
+Budgets. The default (stated in the output) is small: R = 100 FGE candidates keeping 50, cycles
+of 2 epochs, 3,000 SVI steps, one step size (0.005), ``D_z = 10``. ``--paper`` is App. A's: R =
+500 keeping the best 150 by validation RMSE, cycles of 10 epochs, MAP step size 0.001; up to
+50,000 SVI iterations with early stopping (validation log-likelihood of 20 guide draws every 100
+steps, stopping after 30 checks without improvement -- our reading of "early stopping once the
+marginal log likelihood in validation set stop increasing after 30 iterations"); step sizes
+cross-validated over {0.1, 0.01, 0.001, 0.0005, 0.0001} (BbB: App. A's {0.1, 0.01, 0.005, 0.001,
+0.0001}) and ``D_z`` over {2, 10, 50, 100}. Fixed, not cross-validated: the decoder's
+architecture (1x20 RBF; the paper also tries 2x10) and the decoder stage's step size and length.
 
 Reported: the average test log-likelihood (eq. 7) on the standardised scale, as the paper plots
-it, and RMSE. The App. A budget (R = 500 candidates, 50,000 iterations, cross-validated step sizes
-and latent sizes) does not fit two CPU cores; the defaults here (stated in the output) are
-R = 100 candidates keeping 50, cycles of 2 epochs, 3,000 SVI steps, one step size.
+it, and RMSE.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -31,23 +50,36 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
+from torch import Tensor
 
 from ..datasets import extrapolation_split, interpolation_split, load_dataset
 from ..guides import init_to_network
 from ..infer import fit_svi, sample_posterior
-from ..infer.projection import fit_projected_bnn
+from ..infer.fge import fge
+from ..infer.projection import fit_projected_bnn, fit_projection
+from ..infer.svi import set_seed
 from ..models import BNN, ProjectedBNN
 from ..models.projected import PAPER_SCALE
 from ..nets import MLP
-from ..infer.svi import set_seed
 from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 
-__all__ = ["uci_experiment", "uci_task", "main"]
+__all__ = ["uci_experiment", "uci_task", "uci_tasks", "select_best", "main", "METHODS", "PAPER_BUDGET"]
 
 DATASETS = ("boston", "concrete", "energy", "wine", "yacht")
 SCHEMES = ("random", "extrapolation", "interpolation")
+#: the task methods; the ``"FGE"`` rows come from the ``"Proj-BNN"`` tasks
+METHODS = ("BbB", "Proj-BNN", "Proj-BNN (MMD)")
+#: the decoder objective of each Proj-BNN method
+_OBJECTIVE = {"Proj-BNN": "autoencoder", "Proj-BNN (MMD)": "mmd"}
+#: App. A's budget (``--paper``)
+PAPER_BUDGET = dict(
+    num_candidates=500, keep=150, cycle_epochs=10, map_steps=3000, map_lr=0.001, ae_steps=3000,
+    vi_steps=50_000, eval_every=100, patience=30,
+    lrs=(0.1, 0.01, 0.001, 0.0005, 0.0001), bbb_lrs=(0.1, 0.01, 0.005, 0.001, 0.0001),
+    latent_dims=(2, 10, 50, 100),
+)  # fmt: skip
 
 
 def _split(name: str, scheme: str, seed: int):
@@ -58,65 +90,175 @@ def _split(name: str, scheme: str, seed: int):
     return fn(base, seed=seed, standardize=True)
 
 
+def _guide_draws(guide: AutoNormal, site: str, num: int) -> Tensor:
+    """``num`` draws of ``site`` from a mean-field ``AutoNormal`` (its locs and scales)."""
+    loc, scale = getattr(guide.locs, site), getattr(guide.scales, site)
+    return loc + scale * torch.randn(num, *loc.shape)
+
+
+class _EarlyStopping:
+    """Every ``every`` SVI steps the validation log-likelihood of 20 draws of ``w`` (``draw(guide)``);
+    ``StopIteration`` after ``patience`` checks without improvement (``None``: never stops).
+    ``steps`` counts the steps run."""
+
+    def __init__(self, draw: Callable[[AutoNormal], Tensor], bnn: BNN, x_valid: Tensor, y_valid: Tensor,
+                 every: int, patience: int | None) -> None:  # fmt: skip
+        self.draw, self.bnn, self.x_valid, self.y_valid = draw, bnn, x_valid, y_valid
+        self.every, self.patience = every, patience
+        self.best, self.bad, self.steps = -math.inf, 0, 0
+
+    def __call__(self, step: int, loss: float, guide: AutoNormal) -> None:
+        self.steps = step + 1
+        if self.patience is None or (step + 1) % self.every:
+            return
+        with torch.no_grad():
+            w = self.draw(guide)
+            ll = float(evaluate(self.bnn, {"w": w}, self.x_valid, self.y_valid, y_mean=0.0, y_std=1.0)["test_ll"])
+        if ll > self.best:
+            self.best, self.bad = ll, 0
+        else:
+            self.bad += 1
+            if self.bad >= self.patience:
+                raise StopIteration
+
+
 def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, keep: int,
              cycle_epochs: float, map_steps: int, ae_steps: int, vi_steps: int, lr: float,
-             num_samples: int) -> dict[str, float]:  # fmt: skip
-    """One task of :func:`uci_experiment`: ``task.method`` (``"BbB"`` or ``"Proj-BNN"``) on
-    ``task.dataset`` with split scheme ``task.split``, seeded by ``task.seed``.
+             num_samples: int, map_lr: float = 0.001, lrs: Sequence[float] = (),
+             bbb_lrs: Sequence[float] = (), eval_every: int = 100,
+             patience: int | None = None) -> dict[str, float]:  # fmt: skip
+    """One task of :func:`uci_experiment`: ``task.method`` (one of :data:`METHODS`) on
+    ``task.dataset`` with split scheme ``task.split``, seeded by ``task.seed``; ``task.grid`` may
+    set ``latent_dim`` (else the keyword default).
 
-    Returns ``test_ll``, ``rmse``, ``seconds``; the ``"Proj-BNN"`` task also returns the FGE
-    ensemble it starts from as ``fge_test_ll``, ``fge_rmse``, ``fge_seconds``."""
+    The step size is cross-validated inside the task: stage 3 (or BbB) is fitted once per value in
+    ``lrs`` (BbB: ``bbb_lrs``; empty: ``lr`` alone) on the same FGE candidates and decoder, and the
+    fit with the best
+    validation log-likelihood is reported. Returns its ``lr``, ``valid_ll``, ``test_ll``,
+    ``rmse``, ``seconds`` (the whole task), ``steps`` (SVI steps run, fewer than ``vi_steps``
+    after early stopping), ``valid_ll@lr=<v>`` per step size; a ``"Proj-BNN"`` task also returns
+    the FGE ensemble it starts from as ``fge_valid_ll``, ``fge_test_ll``, ``fge_rmse``,
+    ``fge_seconds``."""
     if task.split not in SCHEMES:
         raise ValueError(f"unknown scheme {task.split!r}; choose from {SCHEMES}")
+    if task.method not in METHODS:
+        raise ValueError(f"unknown method {task.method!r}; the tasks are {METHODS} (the Proj-BNN task gives FGE too)")
+    latent_dim = int(task.params.get("latent_dim", latent_dim))
+    step_sizes = [float(v) for v in (bbb_lrs if task.method == "BbB" else lrs)] or [float(lr)]
     seed = task.seed
     set_seed(seed)
     data = _split(task.dataset, str(task.split), seed)
     x, y = data.x_train, data.y_train
     net = MLP(data.input_dim, [hidden], 1, activation="relu")
     bnn = BNN(net, prior_scale=PAPER_SCALE, noise_scale=0.1)
+    batch = min(128, len(x))
 
-    def metrics(w, seconds, prefix=""):
-        m = evaluate(bnn, {"w": w}, data.x_test, data.y_test)
-        return {f"{prefix}test_ll": float(m["test_ll"]), f"{prefix}rmse": float(m["rmse"]), f"{prefix}seconds": seconds}
+    def metrics(w, prefix=""):
+        m = evaluate(bnn, {"w": w}, data.x_test, data.y_test, y_mean=0.0, y_std=1.0)   # standardised scale
+        v = evaluate(bnn, {"w": w}, data.x_valid, data.y_valid, y_mean=0.0, y_std=1.0)
+        return {f"{prefix}valid_ll": float(v["test_ll"]), f"{prefix}test_ll": float(m["test_ll"]),
+                f"{prefix}rmse": float(m["rmse"])}  # fmt: skip
 
     t0 = time.perf_counter()
-    if task.method == "BbB":
-        with pyro.get_param_store().scope():
-            guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
-            fit_svi(bnn, guide, x, y, num_steps=vi_steps, lr=lr, batch_size=min(128, len(x)),
-                    seed=seed, progress=False, loss=Trace_ELBO())  # fmt: skip
-            w_bbb = sample_posterior(bnn, guide, x, num_samples=num_samples, seed=seed)["w"]
-        return metrics(w_bbb, time.perf_counter() - t0)
-    if task.method != "Proj-BNN":
-        raise ValueError(f"unknown method {task.method!r}; the tasks are 'BbB' and 'Proj-BNN' (which gives FGE too)")
-    model = ProjectedBNN(net, latent_dim=latent_dim, decoder_hidden=[20])
-    fit = fit_projected_bnn(
-        model, x, y, x_valid=data.x_valid, y_valid=data.y_valid, seed=seed, progress=False,
-        fge_kwargs=dict(num_candidates=num_candidates, keep=keep, map_steps=map_steps,
-                        cycle_epochs=cycle_epochs),
-        projection_kwargs=dict(num_steps=ae_steps), num_steps=vi_steps, lr=lr,
-        batch_size=min(128, len(x)),
-    )  # fmt: skip
-    total = time.perf_counter() - t0
-    w_proj = sample_posterior(fit.model, fit.guide, x, num_samples=num_samples, seed=seed)["w"]
-    return {**metrics(w_proj, total), **metrics(fit.fge.kept, fit.seconds["fge"], prefix="fge_")}
+    out: dict[str, float] = {}
+    model = projection = None
+    if task.method != "BbB":
+        model = ProjectedBNN(net, latent_dim=latent_dim, decoder_hidden=[20])
+        t1 = time.perf_counter()
+        res = fge(bnn, x, y, x_valid=data.x_valid, y_valid=data.y_valid, num_candidates=num_candidates, keep=keep,
+                  map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
+        if task.method == "Proj-BNN":
+            out.update(metrics(res.kept, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
+        projection = fit_projection(model, res.kept, x, y, objective=_OBJECTIVE[task.method], num_steps=ae_steps,
+                                    seed=seed, progress=False)  # fmt: skip
+    best: dict[str, float] | None = None
+    for step_size in step_sizes:
+        if task.method == "BbB":
+            stop = _EarlyStopping(lambda g: _guide_draws(g, "w", 20), bnn, data.x_valid, data.y_valid, eval_every,
+                                  patience)  # fmt: skip
+            with pyro.get_param_store().scope():
+                guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
+                fit_svi(bnn, guide, x, y, num_steps=vi_steps, lr=step_size, batch_size=batch, seed=seed,
+                        progress=False, loss=Trace_ELBO(), callback=lambda step, value: stop(step, value, guide))  # fmt: skip
+                w = sample_posterior(bnn, guide, x, num_samples=num_samples, seed=seed)["w"]
+        else:
+            stop = _EarlyStopping(lambda g: model.project(_guide_draws(g, "z", 20), _guide_draws(g, "phi", 20)),
+                                  bnn, data.x_valid, data.y_valid, eval_every, patience)  # fmt: skip
+            fit = fit_projected_bnn(model, x, y, projection=projection, num_steps=vi_steps, lr=step_size,
+                                    batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
+            w = sample_posterior(fit.model, fit.guide, x, num_samples=num_samples, seed=seed)["w"]
+        result = {"lr": step_size, **metrics(w), "steps": stop.steps}
+        out[f"valid_ll@lr={step_size:g}"] = result["valid_ll"]
+        if best is None or result["valid_ll"] > best["valid_ll"]:
+            best = result
+    return {**out, **best, "seconds": time.perf_counter() - t0}
+
+
+def uci_tasks(datasets: Sequence[str] = DATASETS, schemes: Sequence[str] = SCHEMES, *,
+              methods: Sequence[str] = METHODS, latent_dims: Sequence[int] = (), seed: int = 0) -> list[Task]:  # fmt: skip
+    """The tasks: per data set, scheme and method one task, and for the Proj-BNN methods one per
+    ``D_z`` in ``latent_dims`` (grid ``{"latent_dim": D_z}``; empty: the default ``D_z``)."""
+    for scheme in schemes:
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}; choose from {SCHEMES}")
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {METHODS}")
+    proj_grid = [{"latent_dim": int(k)} for k in latent_dims] or [{}]
+    return [Task(name, method=m, split=scheme, grid=g, seed=seed)
+            for name in datasets for scheme in schemes for m in methods
+            for g in ([{}] if m == "BbB" else proj_grid)]  # fmt: skip
+
+
+def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Per (data set, scheme, method) the finished task with the best validation log-likelihood;
+    the ``"Proj-BNN"`` task's FGE ensemble becomes an ``"FGE"`` row (FGE has no grid: every task
+    of a cell computes the same candidates). A cell without a finished task keeps a row with the
+    status of its first task."""
+    rows = []
+    grid_cols = [c for c in ("latent_dim",) if c in sweep.columns]
+    for (dataset, scheme, method), g in sweep.groupby(["dataset", "split", "method"], sort=False):
+        done = g[g["status"] == "done"]
+        key = {"dataset": dataset, "scheme": scheme}
+        if done.empty:
+            rows.append({**key, "method": method, "status": g["status"].iloc[0]})
+            continue
+        r = done.loc[done["valid_ll"].idxmax()]
+        if method == "Proj-BNN":
+            rows.append({**key, "method": "FGE", "valid_ll": r["fge_valid_ll"], "test_ll": r["fge_test_ll"],
+                         "rmse": r["fge_rmse"], "seconds": r["fge_seconds"], "status": "done"})  # fmt: skip
+        rows.append({**key, "method": method, "lr": r["lr"], **{c: r[c] for c in grid_cols}, "valid_ll": r["valid_ll"],
+                     "test_ll": r["test_ll"], "rmse": r["rmse"], "seconds": r["seconds"], "steps": r["steps"],
+                     "grid_points": len(g), "status": "done"})  # fmt: skip
+    cols = ["dataset", "scheme", "method", "lr", "latent_dim", "valid_ll", "test_ll", "rmse", "seconds", "steps",
+            "grid_points", "status"]  # fmt: skip
+    return pd.DataFrame(rows).reindex(columns=cols)
 
 
 def uci_experiment(
     datasets: Sequence[str] = DATASETS,
     schemes: Sequence[str] = SCHEMES,
     *,
+    methods: Sequence[str] = METHODS,
     seed: int = 0,
+    paper: bool = False,
     hidden: int = 50,
     latent_dim: int = 10,
     num_candidates: int = 100,
     keep: int = 50,
     cycle_epochs: float = 2,
     map_steps: int = 3000,
+    map_lr: float = 0.001,
     ae_steps: int = 2000,
     vi_steps: int = 3000,
     lr: float = 0.005,
+    lrs: Sequence[float] = (),
+    bbb_lrs: Sequence[float] = (),
+    latent_dims: Sequence[int] = (),
+    eval_every: int = 100,
+    patience: int | None = None,
     num_samples: int = 200,
+    overrides: dict | None = None,
     progress: bool = True,
     out_dir: str | Path | None = None,
     executor: str = "local",
@@ -124,32 +266,35 @@ def uci_experiment(
     address: str | None = None,
     code_version: str | None = None,
 ) -> pd.DataFrame:
-    """One row per (data set, scheme, method): ``test_ll``, ``rmse``, ``seconds``, ``status``.
+    """One row per (data set, scheme, method) with the selected grid point (:func:`select_best`):
+    ``lr``, ``latent_dim``, ``valid_ll``, ``test_ll``, ``rmse``, ``seconds``, ``steps``, ``status``.
 
-    The fits are tasks of :func:`pyro_bnnlv.sweep.run_sweep` (``out_dir``, ``executor``,
-    ``workers``, ``address``, ``code_version`` go to it): per data set and scheme one ``BbB``
-    task and one ``Proj-BNN`` task, whose FGE stage gives the ``FGE`` row.
+    ``paper=True`` replaces every setting :data:`PAPER_BUDGET` names by App. A's value, and
+    ``overrides`` (those names) replace them again (e.g. a smoke run of the paper's grids). ``lrs`` x
+    ``latent_dims`` (Proj-BNN) and ``bbb_lrs`` (BbB) are the cross-validation grids (empty: ``lr``
+    and ``latent_dim``): a task per ``D_z``, the step sizes inside it (:func:`uci_task`);
+    ``patience`` turns on early stopping. The fits are tasks of :func:`pyro_bnnlv.sweep.run_sweep`
+    (``out_dir``, ``executor``, ``workers``, ``address``, ``code_version`` go to it); the table of
+    every task is ``table.attrs["sweep"]``.
     """
-    for scheme in schemes:
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown scheme {scheme!r}; choose from {SCHEMES}")
-    fn = functools.partial(uci_task, hidden=hidden, latent_dim=latent_dim, num_candidates=num_candidates,
-                           keep=keep, cycle_epochs=cycle_epochs, map_steps=map_steps, ae_steps=ae_steps,
-                           vi_steps=vi_steps, lr=lr, num_samples=num_samples)  # fmt: skip
-    tasks = [Task(name, method=m, split=scheme, seed=seed)
-             for name in datasets for scheme in schemes for m in ("BbB", "Proj-BNN")]  # fmt: skip
+    settings = dict(num_candidates=num_candidates, keep=keep, cycle_epochs=cycle_epochs, map_steps=map_steps,
+                    map_lr=map_lr, ae_steps=ae_steps, vi_steps=vi_steps, eval_every=eval_every, patience=patience,
+                    lrs=lrs, bbb_lrs=bbb_lrs, latent_dims=latent_dims)  # fmt: skip
+    if paper:
+        settings.update(PAPER_BUDGET)
+    unknown = set(overrides or {}) - set(settings)
+    if unknown:
+        raise ValueError(f"overrides {sorted(unknown)} are not settings; choose from {sorted(settings)}")
+    settings.update(overrides or {})
+    lrs, bbb_lrs, latent_dims = (tuple(settings.pop(k)) for k in ("lrs", "bbb_lrs", "latent_dims"))
+    fn = functools.partial(uci_task, hidden=hidden, latent_dim=latent_dim, lr=lr, num_samples=num_samples,
+                           lrs=lrs, bbb_lrs=bbb_lrs, **settings)  # fmt: skip
+    tasks = uci_tasks(datasets, schemes, methods=methods, latent_dims=latent_dims, seed=seed)
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
                       code_version=code_version, progress=progress, desc="proj-uci")  # fmt: skip
-    rows = []
-    for r in sweep.to_dict("records"):
-        key = {"dataset": r["dataset"], "scheme": r["split"]}
-        if r["method"] == "Proj-BNN":
-            rows.append({**key, "method": "FGE", "test_ll": r.get("fge_test_ll"), "rmse": r.get("fge_rmse"),
-                         "seconds": r.get("fge_seconds"), "status": r["status"]})  # fmt: skip
-        rows.append({**key, "method": r["method"], "test_ll": r.get("test_ll"), "rmse": r.get("rmse"),
-                     "seconds": r.get("seconds"), "status": r["status"]})  # fmt: skip
-    table = pd.DataFrame(rows, columns=["dataset", "scheme", "method", "test_ll", "rmse", "seconds", "status"])
+    table = select_best(sweep)
     table.attrs = dict(sweep.attrs)
+    table.attrs["sweep"] = sweep
     return table
 
 
@@ -157,19 +302,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pyro-bnnlv reproduce proj-uci", description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="*", default=list(DATASETS))
     p.add_argument("--schemes", nargs="*", default=list(SCHEMES))
+    p.add_argument("--methods", nargs="*", default=list(METHODS), help=f"of {METHODS}")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--paper", action="store_true",
+                   help="App. A's budget: R = 500 keeping 150, 50,000 steps with early stopping, step sizes "
+                        "and D_z cross-validated (5 x 4 Proj-BNN and 5 BbB tasks per cell; days on 2 cores)")
     p.add_argument("--small", action="store_true", help="a smoke-test size (meaningless numbers)")
+    p.add_argument("--steps", type=int, help="override the (maximum) SVI steps, e.g. a smoke run of --paper's grid")
+    p.add_argument("--decoder-steps", type=int, help="override the decoder stage's steps")
+    p.add_argument("--candidates", type=int, nargs=2, metavar=("R", "KEEP"), help="override FGE's R and kept count")
     p.add_argument("--output", help="CSV path")
     p.add_argument("--quiet", action="store_true")
     add_sweep_arguments(p)
     args = p.parse_args(argv)
+    if args.small and args.paper:
+        p.error("--small and --paper exclude each other")
     torch.set_num_threads(1)
     kw = {}
     if args.small:
         kw = dict(hidden=10, latent_dim=2, num_candidates=6, keep=4, cycle_epochs=1, map_steps=50,
                   ae_steps=30, vi_steps=30, num_samples=20)  # fmt: skip
-    table = uci_experiment(args.datasets, args.schemes, seed=args.seed, progress=not args.quiet, **kw,
-                           **sweep_options(args))  # fmt: skip
+    overrides = {}
+    if args.steps is not None:
+        overrides["vi_steps"] = args.steps
+    if args.decoder_steps is not None:
+        overrides["ae_steps"] = args.decoder_steps
+    if args.candidates is not None:
+        overrides.update(num_candidates=args.candidates[0], keep=args.candidates[1])
+    table = uci_experiment(args.datasets, args.schemes, methods=args.methods, seed=args.seed, paper=args.paper,
+                           overrides=overrides, progress=not args.quiet, **kw, **sweep_options(args))  # fmt: skip
     print(table.pivot_table(index=["dataset", "scheme"], columns="method", values="test_ll").to_string(
         float_format="%.3f"))  # fmt: skip
     if args.output:

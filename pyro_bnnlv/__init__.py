@@ -31,6 +31,7 @@ from .infer import (
 from .models import BNN, BNNLV, ProjectedBNN, fan_in_prior_scale
 from .models import OverparametrisedLinear
 from .nets import MLP, FlatNet, ModuleNet
+from .param_names import own_param_names
 from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
 from .guides import LaplaceGuide, MeanField
@@ -72,6 +73,7 @@ __all__ = [
     "OverparametrisedLinear",
     "LaplaceGuide",
     "MeanField",
+    "own_param_names",
     "LinearizedLaplace",
     "LocalReparamELBO",
     "extrapolation_split",

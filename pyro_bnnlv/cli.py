@@ -34,13 +34,14 @@ def _make_guide(name: str, model, seed: int):
     from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 
     from .guides import init_to_network
+    from .param_names import own_param_names
 
     init = init_to_network(model, seed=seed)
     if name == "meanfield":
-        return AutoNormal(model, init_scale=0.01, init_loc_fn=init)
+        return own_param_names(AutoNormal(model, init_scale=0.01, init_loc_fn=init))
     if name == "fullcov":
-        return AutoMultivariateNormal(model, init_scale=0.01, init_loc_fn=init)
-    return AutoDelta(model, init_loc_fn=init)
+        return own_param_names(AutoMultivariateNormal(model, init_scale=0.01, init_loc_fn=init))
+    return own_param_names(AutoDelta(model, init_loc_fn=init))
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_mean
 from torch import Tensor
 
 from .infer.svi import fit_svi
+from .param_names import own_param_names
 from .models.linear import (
     DTYPE,
     FIGURE_NOISE_SCALE,
@@ -132,7 +133,7 @@ def fit_mean_field_linear(
         raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
     if not (isinstance(init_scale, (int, float)) and init_scale > 0):
         raise ValueError(f"init_scale must be positive, got {init_scale!r}")
-    guide = AutoNormal(model, init_loc_fn=init_to_mean, init_scale=float(init_scale))
+    guide = own_param_names(AutoNormal(model, init_loc_fn=init_to_mean, init_scale=float(init_scale)))
     loss = TraceMeanField_ELBO(
         num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1
     )

@@ -46,6 +46,8 @@ from pyro.nn.module import to_pyro_module_
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
 
+from ..param_names import own_param_names
+
 __all__ = ["ImplicitSample", "HypernetGuide", "HypernetLVGuide", "hypernet_lv_guide"]
 
 IMPLICIT_MESSAGE = (
@@ -102,7 +104,10 @@ class HypernetGuide(AutoGuide):
         init_scale: the last-layer weights are rescaled so that the initial per-coordinate
             standard deviation of ``theta`` (over ``eps``) averages ``init_scale``.
 
-    The noise ``eps`` is recorded as an auxiliary site ``"_HypernetGuide_eps"`` (``infer``:
+    Each instance names its parameters with its own prefix (``"HypernetGuide_3.hypernet.0.weight"``,
+    see :func:`~pyro_bnnlv.param_names.own_param_names`), so fitted guides never share values
+    through Pyro's global param store. The noise ``eps`` is recorded as an auxiliary site
+    ``"_HypernetGuide_3_eps"`` (``infer``:
     ``is_auxiliary``, ``implicit_noise``), so it is broadcast by particle and ``Predictive`` plates
     like any other site, and the k-NN ELBOs know its density is not part of ``log q``.
     """
@@ -131,6 +136,7 @@ class HypernetGuide(AutoGuide):
         self.activation = activation
         self.init_loc_fn = init_loc_fn
         self.init_scale = float(init_scale)
+        own_param_names(self)
 
     def config(self) -> dict:
         """Constructor arguments besides the model and ``init_loc_fn``, as plain data (see
@@ -255,6 +261,7 @@ class HypernetLVGuide(AutoGuideList):
         super().__init__(model, create_plates=getattr(model, "create_plates", None))
         self.append(HypernetGuide(poutine.block(model, expose=["w"]), **hypernet_kwargs))
         self.append(AutoNormal(poutine.block(model, hide=["w"]), init_scale=0.1))
+        own_param_names(self)  # the parts are renamed with it: "HypernetLVGuide_3.0.hypernet..."
 
     def config(self) -> dict:
         """The hypernet's :meth:`HypernetGuide.config` (see :mod:`pyro_bnnlv.serialization`)."""

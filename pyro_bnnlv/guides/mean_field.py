@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pyro.infer.autoguide import AutoNormal, init_to_feasible
 
 from ..nets import FlatNet
+from ..param_names import own_param_names
 from .init import init_to_network
 
 __all__ = ["MeanField"]
@@ -54,7 +55,10 @@ class MeanField(AutoNormal):
         seed: seed of the random network start (restarts: 0, 1, 2, ...).
 
     ``MeanField(model)`` is ``AutoNormal(model, init_loc_fn=pb.init_to_network(model, seed),
-    init_scale=0.01)``: the same parameters and names, usable wherever an ``AutoNormal`` is.
+    init_scale=0.01)``: the same parameters, usable wherever an ``AutoNormal`` is. Each instance
+    names its parameters in Pyro's param store with its own prefix (``"MeanField_3.locs.w"``, see
+    :func:`~pyro_bnnlv.param_names.own_param_names`), so two fitted guides never hand each other
+    their values through the global store, in raw ``Predictive`` calls included.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class MeanField(AutoNormal):
         self.seed = seed
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale),
                          create_plates=create_plates)  # fmt: skip
+        own_param_names(self)
 
     def extra_repr(self) -> str:
         return f"init_scale={self._init_scale}, seed={self.seed}"

@@ -19,7 +19,7 @@ estimate absorbs that spike and the latents then move by less than 1e-5 per step
 steps (measured; ``tests/test_ncai.py``). A draw from the prior is what the constraint asks
 ``mu_z`` to look like, so the penalties start near their minimum and the ELBO leads.
 
-:func:`ncai_guide` builds the ``AutoNormal`` and randomises its initial scales, so that
+:func:`ncai_guide` builds the ``MeanField`` (``AutoNormal``) and randomises its initial scales, so that
 ``NCAI_{lambda=0}`` is ``fit_svi(model, ncai_guide(model, x, y), x, y, ...)`` and
 ``NCAI_lambda`` adds ``loss=NCAIElbo(...)``.
 """
@@ -30,13 +30,14 @@ import math
 from collections.abc import Callable
 
 import torch
-from pyro.infer.autoguide import AutoNormal, init_to_value
+from pyro.infer.autoguide import init_to_value
 from torch import Tensor
 
 from ..infer.svi import isolated_param_store, train_map
 from ..models.bnn import BNN
 from ..models.bnnlv import BNNLV
 from ..nets import MLP
+from .mean_field import MeanField
 
 __all__ = ["ncai_init_weights", "ncai_init_loc_fn", "ncai_guide"]
 
@@ -107,8 +108,9 @@ def ncai_guide(
     z_init: str = "prior",
     seed: int = 0,
     **kwargs,
-) -> AutoNormal:
-    """Mean-field ``AutoNormal`` over ``w`` and ``z`` initialised as NCAI step 1.
+) -> MeanField:
+    """Mean-field guide (a :class:`~pyro_bnnlv.guides.mean_field.MeanField`, an ``AutoNormal``)
+    over ``w`` and ``z`` initialised as NCAI step 1.
 
     Initial standard deviations are random, ``init_scale * U(1 - scale_jitter, 1 + scale_jitter)``
     elementwise ("we initialize all variational variances randomly"). ``z_init``: see
@@ -118,8 +120,7 @@ def ncai_guide(
     if not 0 <= scale_jitter < 1:
         raise ValueError(f"scale_jitter must lie in [0, 1), got {scale_jitter}")
     init = ncai_init_loc_fn(model, x, y, z_init=z_init, seed=seed, **kwargs)
-    guide = AutoNormal(model, init_loc_fn=init, init_scale=init_scale,
-                       create_plates=model.create_plates)  # fmt: skip
+    guide = MeanField(model, init_loc_fn=init, init_scale=init_scale)  # its own param names
     with isolated_param_store(model, guide), torch.no_grad():
         guide(x, y)  # create the parameters
     gen = torch.Generator().manual_seed(int(seed) + 2)

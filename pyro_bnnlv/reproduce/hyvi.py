@@ -43,6 +43,7 @@ from pyro.infer.autoguide import AutoNormal
 from ..datasets import load_dataset
 from ..diagnostics import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
+from ..param_names import own_param_names
 from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior
 from ..infer.svi import set_seed
 from ..infer.nuts import run_nuts
@@ -62,7 +63,7 @@ METHODS = ("MFVI", "NN-HyVI", "FuNN-HyVI", "FuNN-MFVI")
 def _guide(method: str, model: BNN, seed: int):
     init = init_to_network(model, seed=seed)
     if method.endswith("MFVI"):
-        return AutoNormal(model, init_scale=0.01, init_loc_fn=init)
+        return own_param_names(AutoNormal(model, init_scale=0.01, init_loc_fn=init))
     return HypernetGuide(model, init_loc_fn=init, init_scale=0.05)
 
 

@@ -53,6 +53,7 @@ from pyro.infer.autoguide import AutoNormal
 from ..datasets import Dataset, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
+from ..param_names import own_param_names
 from ..infer.elbo import CompiledTraceElbo
 from ..infer.laplace import LinearizedLaplace
 from ..infer.predict import sample_posterior
@@ -210,8 +211,8 @@ def run_split(
         n_train = len(data.x_train)
         bs = None if n_train <= batch_size else batch_size
         paper = mfvi == "paper"
-        guide = AutoNormal(vmodel, init_scale=math.sqrt(1e-5) if paper else 1e-2,
-                           init_loc_fn=init_to_network(vmodel, seed=seed))  # fmt: skip
+        guide = own_param_names(AutoNormal(vmodel, init_scale=math.sqrt(1e-5) if paper else 1e-2,
+                                           init_loc_fn=init_to_network(vmodel, seed=seed)))  # fmt: skip
         if paper:
             epochs = 1000 if n_train < 2000 else 100
             steps = epochs * math.ceil(n_train / batch_size)

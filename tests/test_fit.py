@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pyro
 import pytest
@@ -7,6 +8,7 @@ from pyro.infer import JitTrace_ELBO, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
+import pyro_bnnlv.infer.svi as svi_mod
 from pyro_bnnlv.datasets import load_dataset
 
 
@@ -162,3 +164,66 @@ def test_train_map_refuses_a_zero_learning_rate_and_models_with_other_latents():
         pb.train_map(lv, data.x_train, data.y_train, num_steps=5)
     with pytest.raises(TypeError, match="BNN\\+LV"):
         pb.ncai_guide(bnn, data.x_train, data.y_train)
+
+
+def _module_net_model():
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = pb.ModuleNet(nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1)), 2, 1)
+    return pb.BNN(net, noise_scale=0.1)
+
+
+def test_module_net_trains_eagerly_without_a_jit_warning():
+    """``ModuleNet``'s functional call cannot be traced: the default loss is eager from the start."""
+    model = _module_net_model()
+    x, y = torch.randn(30, 2), torch.randn(30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning (a JIT fallback included) fails the test
+        losses = pb.fit_svi(model, pb.MeanField(model), x, y, num_steps=30, lr=0.01, seed=0, progress=False)
+    assert losses[-1] < losses[0]
+
+
+def test_jit_fallback_warns_once_in_one_line_and_model_errors_come_first():
+    bnn = _module_net_model()
+
+    def model(x, y=None):  # a plain function around a ModuleNet: the compiled loss fails, eager works
+        return bnn(x, y)
+
+    guide = pb.MeanField(model)
+    x, y = torch.randn(30, 2), torch.randn(30)
+    svi_mod._fallbacks_warned.clear()
+    with pytest.warns(RuntimeWarning, match="could not compile function with MeanField") as record:
+        pb.fit_svi(model, guide, x, y, num_steps=5, seed=0, progress=False)
+    assert sum("could not compile" in str(w.message) for w in record) == 1
+    assert "\n" not in str(record[0].message)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*could not compile")
+        pb.fit_svi(model, pb.MeanField(model), x, y, num_steps=5, seed=0, progress=False)  # once per process
+    # the guide's own error, with no word about the JIT
+    from pyro_bnnlv.guides import HypernetGuide
+
+    mlp_model = pb.BNN(pb.MLP(2, [8], 1), noise_scale=0.1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*could not compile")
+        with pytest.raises(NotImplementedError, match="KNNElbo"):
+            pb.fit_svi(mlp_model, HypernetGuide(mlp_model), x, y, num_steps=5, seed=0, progress=False)
+
+
+def test_train_map_fits_a_learned_noise_scale_and_ignores_where_svi_left_it():
+    """``learn_noise=True``: sigma is fitted with w (from the model's current value) and written
+    back; the result no longer depends on the value an earlier fit left in the model."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, 200).unsqueeze(-1)
+    y = torch.sin(2 * x).squeeze(-1) + 0.2 * torch.randn(200, generator=g)
+    fits = []
+    for start in (0.05, 1.0):  # what an earlier SVI fit might have left in the model
+        model = pb.BNN(pb.MLP(1, [20], 1, activation="tanh"), noise_scale=start, learn_noise=True)
+        w = pb.train_map(model, x, y, num_steps=1500, lr=0.02, seed=0, progress=False)
+        fits.append((w, float(model.noise_scale)))
+    (w_a, s_a), (w_b, s_b) = fits
+    assert 0.15 < s_a < 0.26 and 0.15 < s_b < 0.26  # the generating 0.2, from either start
+    assert abs(s_a - s_b) < 0.02
+    fixed = pb.BNN(pb.MLP(1, [20], 1, activation="tanh"), noise_scale=1.0)
+    pb.train_map(fixed, x, y, num_steps=50, seed=0, progress=False)
+    assert float(fixed.noise_scale) == 1.0  # a fixed sigma stays fixed

@@ -23,6 +23,12 @@ requires anyway). Besides:
   models with guides of the same class can be trained in one script without their parameter
   names (``"AutoNormal.locs.w"``) clashing. Parameters declared with bare ``pyro.param`` calls
   (not owned by either module) are copied back to the global store afterwards.
+* the global store must not hand the fitted guide another guide's values afterwards (Pyro's
+  ``PyroModule`` adopts whatever tensor the store holds under its parameter names): the
+  library's guides name their parameters per instance
+  (:func:`~pyro_bnnlv.param_names.own_param_names`); for a guide that does not
+  (``AutoNormal(model)``), stale store entries under its names are replaced by the fitted
+  values, and ``fit_svi`` warns when another live guide it trained has the same names.
 * a non-finite loss stops training with :class:`NonFiniteLossError` naming the step.
 """
 
@@ -32,15 +38,22 @@ import inspect
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Iterator
 
 import pyro
 import torch
+from pyro.infer import Trace_ELBO
 from pyro.infer.elbo import ELBO
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from tqdm.auto import tqdm
+
+from ..nets import ModuleNet
+from ..param_names import param_fullnames
 
 from .elbo import CompiledTraceElbo
 from .jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
@@ -105,8 +118,47 @@ def isolated_param_store(*modules: object) -> Iterator[None]:
         store._constraints[name] = constraint
 
 
-def _default_loss() -> ELBO:
+_fitted_guides: weakref.WeakValueDictionary[str, PyroModule] = weakref.WeakValueDictionary()
+
+
+def _claim_param_names(guide: object) -> None:
+    """After a fit: the global param store must hand ``guide`` (or a model with learned
+    parameters, such as a learned noise scale) its own fitted values.
+
+    Stale entries under its names (an earlier run's guide, or a guide of the same class used in
+    raw Pyro calls) are dropped, so the next raw Pyro call registers the fitted tensors; when
+    another live guide that ``fit_svi`` trained has the same (prefixed) names, one of the two
+    would silently predict with the other's posterior, so this warns with the fix.
+    """
+    if not isinstance(guide, PyroModule):
+        return
+    prefix = guide._pyro_name
+    other = _fitted_guides.get(prefix) if prefix else None
+    if other is not None and other is not guide:
+        warnings.warn(
+            f"two fitted guides name their parameters {prefix!r}.* in Pyro's global param store; raw Pyro "
+            f"calls (Predictive, SVI) would hand one the other's values. Give each guide its own names with "
+            f"pyro_bnnlv.own_param_names(guide) right after building it, or use pyro_bnnlv.MeanField",
+            UserWarning,
+            stacklevel=3,
+        )
+    if prefix:
+        _fitted_guides[prefix] = guide
+    store = pyro.get_param_store()
+    for name, p in param_fullnames(guide).items():
+        if name in store._params and store._params[name] is not p:
+            del store[name]  # a raw Pyro call re-registers the guide's own tensor
+
+
+def _default_loss(model: object) -> ELBO:
+    """The compiled ``Trace_ELBO``; eager ``Trace_ELBO`` for a :class:`~pyro_bnnlv.nets.ModuleNet`,
+    whose ``torch.func.functional_call`` the tracer cannot compile (known in advance: no warning)."""
+    if isinstance(getattr(model, "net", None), ModuleNet):
+        return Trace_ELBO()
     return CompiledTraceElbo()
+
+
+_fallbacks_warned: set[tuple[str, str]] = set()
 
 
 def _loss_and_params(loss: ELBO, model, guide, x, y, kwargs) -> tuple[float, list[Tensor]]:
@@ -122,22 +174,31 @@ def _loss_and_params(loss: ELBO, model, guide, x, y, kwargs) -> tuple[float, lis
 
 def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
     """First step; with the compiled default loss, a model the JIT cannot trace (data-dependent
-    Python control flow, unsupported ops) falls back to ``Trace_ELBO`` with a warning."""
+    Python control flow, unsupported ops) falls back to ``Trace_ELBO``.
+
+    The eager step runs first: an error of the model or guide themselves (a guide with no
+    density, wrong shapes) is raised as it is, with no word about the JIT. Only when the eager
+    step works does the fallback warn, in one line, once per process for each model and guide
+    class."""
     try:
         with plate_shape_tracer_warnings_ignored():
             return loss, *_loss_and_params(loss, model, guide, x, y, kwargs)
     except (RuntimeError, TypeError) as err:
-        if not use_default:
+        fallback = eager_twin(loss) if use_default else None
+        if fallback is None:  # a loss the user chose, or one that is eager already
             raise
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        warnings.warn(
-            f"the JIT could not compile this model/guide ({type(err).__name__}: {first_line}); "
-            "training with the eager Trace_ELBO instead",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        fallback = eager_twin(loss)
-        return fallback, *_loss_and_params(fallback, model, guide, x, y, kwargs)
+        result = _loss_and_params(fallback, model, guide, x, y, kwargs)
+        key = (type(model).__qualname__, type(guide).__qualname__)
+        if key not in _fallbacks_warned:
+            _fallbacks_warned.add(key)
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(
+                f"the JIT could not compile {key[0]} with {key[1]} ({type(err).__name__}: {first_line[:200]}); "
+                "training with the eager Trace_ELBO instead (same estimator, slower per step)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return fallback, *result
 
 
 def fit_svi(
@@ -193,7 +254,7 @@ def fit_svi(
         raise ValueError(f"batch_size={batch_size} exceeds the number of data points {len(x)}")
     set_seed(seed)
     use_default = loss is None
-    loss = _default_loss() if use_default else loss
+    loss = _default_loss(model) if use_default else loss
     forget_compiled(loss)
     guard = JitGuard(steps=JitGuard.default_steps if check_jit else ())
     kwargs = dict(model_kwargs or {})
@@ -221,6 +282,8 @@ def fit_svi(
                     callback(step, value)
                 except StopIteration:
                     break
+    _claim_param_names(guide)
+    _claim_param_names(model)
     return history
 
 
@@ -244,6 +307,11 @@ def train_map(
     subclasses), in plain PyTorch on the flat weight vector. The objective is divided by ``N``
     so the learning rate does not depend on the data size. Returns the weights (``(P,)``,
     detached); ``init`` defaults to ``net.init_weights`` drawn with ``seed``.
+
+    Observation noise: a model built with ``learn_noise=True`` has ``sigma`` fitted jointly with
+    ``w`` (``log sigma`` by Adam, from the model's current value; the likelihood then includes
+    its ``-N log sigma`` term) and the fitted value written back to the model, as ``fit_svi``
+    does; otherwise ``sigma`` is the model's fixed ``noise_scale``.
     """
     _check_positive_int(num_steps, "num_steps")
     _check_positive_int(batch_size, "batch_size", allow_none=True)
@@ -264,32 +332,45 @@ def train_map(
         net.check_weights(init, "init")
         w0 = init.detach().clone()
     w = torch.nn.Parameter(w0.to(x.dtype))
-    opt = torch.optim.Adam([w], lr=lr)
+    learn_noise = bool(getattr(model, "learn_noise", False))
+    log_sigma = torch.nn.Parameter(torch.as_tensor(model.noise_scale, dtype=x.dtype).detach().log())
+    opt = torch.optim.Adam([w, log_sigma] if learn_noise else [w], lr=lr)
     N = x.shape[0]
     y2 = y.reshape(N, -1)
     for step in tqdm(range(num_steps), disable=not progress, desc="MAP", leave=False):
         idx = None if batch_size is None else torch.randint(N, (batch_size,))
         xb, yb = (x, y2) if idx is None else (x[idx], y2[idx])
-        obj = map_objective(model, w, xb, yb, N, use_prior=use_prior)
+        obj = map_objective(model, w, xb, yb, N, use_prior=use_prior,
+                            noise_scale=log_sigma.exp() if learn_noise else None)  # fmt: skip
         opt.zero_grad()
         obj.backward()
         opt.step()
         if not torch.isfinite(obj):
             raise NonFiniteLossError(step, float(obj * N))
+    if learn_noise:
+        like = model.noise_scale
+        model.noise_scale = PyroParam(log_sigma.detach().exp().to(like.dtype), constraint=constraints.positive)
     return w.detach()
 
 
 def map_objective(model: torch.nn.Module, w: Tensor, x: Tensor, y: Tensor, n_total: int,
-                  use_prior: bool = True) -> Tensor:  # fmt: skip
+                  use_prior: bool = True, noise_scale: Tensor | None = None) -> Tensor:  # fmt: skip
     """Minibatch estimate of ``-(log p(y | x, w) + log p(w)) / N`` up to constants.
 
     ``0.5 ||(y - f(x; w)) / sigma||^2 (N / B) + 0.5 ||(w - m) / s||^2``, divided by ``N``, for a
     model exposing ``net``, ``noise_scale``, ``prior_loc`` and ``prior_scale``; ``y`` is
-    ``(B, L)``. The objective of :func:`train_map` and of FGE's cycles.
+    ``(B, L)``. The objective of :func:`train_map` and of FGE's cycles. A differentiable
+    ``noise_scale`` (fitted jointly) adds the ``N L log sigma`` term that then depends on it;
+    default: the model's fixed ``noise_scale``, where that term is a constant left out.
     """
-    sigma = torch.as_tensor(model.noise_scale).detach()
     f = model.net(x, w).reshape(y.shape)
-    obj = 0.5 * ((y - f) / sigma).square().sum() * (n_total / x.shape[0])
+    if noise_scale is None:
+        sigma = torch.as_tensor(model.noise_scale).detach()
+        log_norm = 0.0
+    else:
+        sigma = noise_scale
+        log_norm = n_total * y.shape[-1] * torch.log(sigma)
+    obj = 0.5 * ((y - f) / sigma).square().sum() * (n_total / x.shape[0]) + log_norm
     if use_prior:
         obj = obj + 0.5 * ((w - model.prior_loc.detach()) / model.prior_scale.detach()).square().sum()
     return obj / n_total

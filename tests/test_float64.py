@@ -117,13 +117,15 @@ def test_hypernet_lv_guide_in_float64(toy64):
 @pytest.mark.parametrize("guide_dtype", [None, F64], ids=["default-dtype", "f64"])
 def test_sampled_laplace_on_a_float64_model(structure, guide_dtype, toy64):
     """``as_guide()`` of a float64 model's Laplace fit samples in the data's dtype (float64),
-    whatever dtype the guide stores (``as_guide()`` defaults to torch's default dtype); the draws
+    whatever dtype the guide stores (``as_guide()`` defaults to the model's dtype); the draws
     have the Laplace covariance."""
     x, y = toy64
     model = _model64()
     w_map = pb.train_map(model, x, y, num_steps=100, seed=0, progress=False)
     la = pb.LinearizedLaplace(model, w_map, structure=structure).fit(x, y)
     guide = la.as_guide(guide_dtype)
+    assert guide.loc.dtype == F64  # the model's dtype by default
+    assert la.to_model().prior_scale.dtype == F64 and la.to_model().noise_scale.dtype == F64
     samples = pb.sample_posterior(model, guide, x, num_samples=2000, seed=0)
     assert samples["w"].dtype == F64
     var = guide.distribution(F64).variance

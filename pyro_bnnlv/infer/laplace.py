@@ -254,6 +254,12 @@ class LaplacePredictive:
 # ----------------------------------------------------------------------------------------------
 # the Laplace approximation
 # ----------------------------------------------------------------------------------------------
+def _model_dtype(model: Any) -> torch.dtype:
+    """The model's floating dtype (that of its prior scale buffer; ``model.double()`` changes it)."""
+    scale = torch.as_tensor(model.prior_scale)
+    return scale.dtype if scale.is_floating_point() else torch.get_default_dtype()
+
+
 def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:
     t = torch.as_tensor(value, dtype=dtype).detach().clone()
     if t.dim() == 0:
@@ -682,10 +688,10 @@ class LinearizedLaplace:
     # -- sampled Laplace ---------------------------------------------------------------------------
     def as_guide(self, dtype: torch.dtype | None = None) -> LaplaceGuide:
         """Sampled Laplace: ``q(w) = N(w*, Sigma)`` as a Pyro guide on ``"w"``
-        (:class:`~pyro_bnnlv.guides.laplace.LaplaceGuide`), in ``dtype`` (default: torch's
-        default dtype, the model's)."""
+        (:class:`~pyro_bnnlv.guides.laplace.LaplaceGuide`), in ``dtype`` (default: the model's,
+        so the guide's draws fit a ``model.double()``)."""
         self._check_fitted()
-        dtype = torch.get_default_dtype() if dtype is None else dtype
+        dtype = _model_dtype(self.model) if dtype is None else dtype
         loc = self.w_map.to(dtype)
         if self.structure == "diag":
             return LaplaceGuide(loc, scale=self.posterior_precision.rsqrt().to(dtype))
@@ -702,12 +708,12 @@ class LinearizedLaplace:
     def to_model(self) -> Any:
         """A :class:`~pyro_bnnlv.models.BNN` on the same network with the current prior
         (``1/sqrt(p)``) and noise, e.g. to evaluate sampled-Laplace draws after
-        :meth:`optimize_hyperparameters` with :func:`pyro_bnnlv.evaluate`."""
+        :meth:`optimize_hyperparameters` with :func:`pyro_bnnlv.evaluate`; in the model's dtype."""
         from ..models.bnn import BNN
 
-        dtype = torch.get_default_dtype()
+        dtype = _model_dtype(self.model)
         return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype),
-                   noise_scale=self.noise_scale.to(dtype))  # fmt: skip
+                   noise_scale=self.noise_scale.to(dtype)).to(dtype)  # fmt: skip
 
     def __repr__(self) -> str:
         state = "fitted" if self._fitted else "not fitted"

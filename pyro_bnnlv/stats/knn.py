@@ -71,6 +71,21 @@ a true +8,070). The estimators warn, naming the ratio, when ``d`` exceeds ``10 n
 alone ~2.5 nats and growing); below that the estimate is a usable training signal (the
 papers use ``d`` = 151..751 weights with ``n`` = 500) but, in high ``d``, not an accurate KL
 value.
+
+Support
+-------
+``KL(p || q)`` weighs ``log p/q`` where ``p`` has its mass. Where a draw of ``p`` lies beyond
+every draw of ``q``, the k-NN estimate of ``q``'s density uses the distance ``nu_k`` to the
+nearest (far) ``q`` draw, which grows linearly with the gap while ``-log q`` grows much faster
+(quadratically for a Gaussian): the estimate is biased low, also in low dimension and with
+many samples. Measured, mean of 5 seeds, ``p = N(0, s^2 I)``, ``q = N(0, I)``, ``n = m = 500``:
+``s = 2``: ``d = 2``: 0.87 for a true 1.61; ``d = 10``: 0.23 for 8.07; ``d = 30``: -3.28 for
+24.2 (-2.59 with ``n = m = 2000``); ``s = 1.2, d = 100``: -7.1 for 3.8. A sample ``p`` narrower
+than ``q`` (a posterior against its prior, as in the hypernet ELBOs) is not affected. The KL
+estimators warn when more than 10% of the first sample lies outside the second's region
+(beyond its largest radius after standardising each coordinate by the second sample's mean and
+sd; the threshold is raised to ``5 / (m + 1)`` for small ``m``, since ``1 / (m + 1)`` lie
+outside when the two distributions are equal).
 """
 
 from __future__ import annotations
@@ -98,6 +113,8 @@ _DTYPES = (torch.float32, torch.float64)
 
 # d / n above which the estimators warn (module docstring, "High dimension")
 _MAX_DIM_PER_SAMPLE = 10
+# share of the first sample outside the second's region above which KL estimates warn ("Support")
+_MAX_SHARE_OUTSIDE = 0.1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,6 +237,35 @@ def _warn_if_high_dimensional(n: int, d: int, name: str) -> None:
         )
 
 
+def _warn_if_outside_support(x: Tensor, y: Tensor, names: Sequence[str]) -> None:
+    """Warn when many rows of ``x`` lie outside the region the sample ``y`` covers.
+
+    Radius of a row: its norm after standardising every coordinate by ``y``'s mean and sd.
+    A row of ``x`` beyond the largest radius of ``y``'s rows sits where ``y`` has no draws, so
+    the k-NN estimate of ``y``'s density there (``nu_k``) falls off linearly in distance where
+    the true log-density falls off much faster: the KL estimate is biased low (module
+    docstring, "Support"). Under ``x ~ y`` the expected share is ``1 / (m + 1)``.
+    """
+    with torch.no_grad():
+        mean = y.mean(-2, keepdim=True)
+        sd = y.std(-2, keepdim=True).clamp_min(torch.finfo(y.dtype).tiny)
+        r_x = ((x - mean) / sd).square().sum(-1)  # (..., n)
+        r_y = ((y - mean) / sd).square().sum(-1).amax(-1, keepdim=True)  # (..., 1)
+        share = float((r_x > r_y).to(x.dtype).mean(-1).max())
+    m = y.shape[-2]
+    if share > max(_MAX_SHARE_OUTSIDE, 5.0 / (m + 1)):
+        warnings.warn(
+            f"{share:.0%} of the rows of {names[0]} lie outside the region {names[1]} covers (farther "
+            f"from its centre, per standardised coordinate, than any of its {m} rows): the k-NN "
+            f"density of {names[1]} cannot be estimated there and the KL estimate is biased low, "
+            "possibly negative (measured: KL(N(0, 4I) || N(0, I)) in d = 30 from 500 draws each "
+            "gives -3.3 for a true +24.2; module docstring, 'Support'); draw the second sample from "
+            "a distribution that covers the first",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _entropy(x: Tensor, k: int, name: str) -> Tensor:
     """Kozachenko-Leonenko estimate for a batch ``x`` (..., n, d) -> (...), over distinct rows."""
     n, d = x.shape[-2:]
@@ -248,6 +294,7 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     _check_distinct(torch.where(keep, m_i, m), m, names[1], k, k,
                     "k neighbours of each p-sample are needed")  # fmt: skip
     _warn_if_high_dimensional(low, d, names[0])
+    _warn_if_outside_support(x, y, names)
     log_nu = _log_kth_distance(dist, keep_y, k)
     n_f = n_eff.to(x.dtype).unsqueeze(-1)
     log_counts = torch.log(m_i.to(x.dtype) / (n_f - 1))

@@ -169,6 +169,7 @@ REPRODUCTIONS = {
     "hyvi-uci": ("pyro_bnnlv.reproduce.hyvi", ["uci"]),
     "in-between": ("pyro_bnnlv.reproduce.in_between", []),
     "proj-uci": ("pyro_bnnlv.reproduce.projected", []),
+    "proj-four-modes": ("pyro_bnnlv.reproduce.projected_toy", []),
     "ncai": ("pyro_bnnlv.reproduce.ncai", []),
 }
 

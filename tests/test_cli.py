@@ -43,6 +43,6 @@ def test_reproduce_projected_smoke(tmp_path, capsys):
     import pandas as pd
 
     table = pd.read_csv(out_csv)
-    assert set(table["method"]) == {"BbB", "FGE", "Proj-BNN"}
+    assert set(table["method"]) == {"BbB", "FGE", "Proj-BNN", "Proj-BNN (MMD)"}
     assert set(table["scheme"]) == {"random", "extrapolation"}
     assert table[["test_ll", "rmse"]].notna().all().all()

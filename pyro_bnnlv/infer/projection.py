@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 from ..models.bnn import BNN
 from ..models.projected import PAPER_SCALE, ProjectedBNN
 from ..nets import MLP, as_positive_int
+from ..param_names import own_param_names
 from .fge import FGEResult, fge
 from .generative_decoder import DEFAULT_BETA, GENERATIVE_OBJECTIVES, median_distance, mmd2, vae_terms
 from .svi import fit_svi, set_seed
@@ -276,7 +277,7 @@ def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed
         values["phi"] = model.decoder.init_weights(gen) if phi is None else phi.detach().clone()
     default = 0.5 if z_init == "random" else 1.0
     scale = default * float(model.latent_scale) if z_scale is None else float(z_scale)
-    return AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale)
+    return own_param_names(AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale))
 
 
 def _set_phi_scales(guide: AutoNormal, model: ProjectedBNN, x: Tensor, y: Tensor, seed: int | None,

@@ -144,6 +144,10 @@ def test_nn_hyvi_recovers_the_exact_posterior_of_a_conjugate_model():
                         progress=False)  # fmt: skip
     first, last = sum(losses[:50]) / 50, sum(losses[-50:]) / 50
     assert last < first - 100                    # SVI descends the objective
+    # At a fixed step size the iterate wanders around the optimum by up to ~0.6 posterior sd in
+    # the mean (seeds 0, 1, 2: 0.63, 0.27, 0.46); a last phase at a 5x smaller step settles it
+    # (seed 0: 0.31), as a decaying learning rate would.
+    pb.fit_svi(model, guide, x, y, num_steps=500, lr=0.001, loss=KNNElbo(), seed=100, progress=False)
     w = pb.sample_posterior(model, guide, x, num_samples=5000, seed=1)["w"].double()
     assert ((w.mean(0) - mu).abs() / sd).max() < 0.5, (w.mean(0), mu)
     ratio = w.std(0) / sd

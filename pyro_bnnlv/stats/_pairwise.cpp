@@ -1,0 +1,409 @@
+// Fused pairwise Gaussian-kernel statistics of NCAI's penalties, with analytic gradients.
+//
+// Built on first use by pyro_bnnlv/stats/_pairwise.py (torch.utils.cpp_extension.load); the
+// pure-torch functions there are the reference and the fallback when no compiler is available.
+// Both compute the same quantities (the tests compare them at random points); the C++ uses the
+// symmetry of the kernels (each pair i < j once, packed row by row), computes in double whatever
+// the input dtype (results are cast back), takes squared distances as sums of squared
+// differences (the torch path expands |y_i|^2 + |y_j|^2 - 2 y_i.y_j and clamps at 0), and
+// exponentiates with ATen's vectorised exp on the packed triangle. Inner loops run over j with
+// contiguous operands (coordinates stored transposed) so that they vectorise; `omp simd
+// reduction` lets the compiler reorder those sums (build flag -fopenmp-simd), nothing else.
+//
+// Hot loops are compiled for AVX2 and the baseline (GCC target_clones, chosen at load time).
+//
+//  * henze_zirkler(x, beta2, ridge, want_grad) -> (HZ, dHZ/dx): the whole statistic (centring,
+//    ML covariance + ridge, Cholesky whitening, both kernel sums) and its gradient through the
+//    whitening (formulas above the function);
+//  * offdiag_cov_norm(x, want_grad) -> (|offdiag C|_F, gradient);
+//  * centred_alignment(a, b, eps, grad_a, grad_b) -> (V, dV/da, dV/db), the normalised HSIC:
+//        gamma = 1 / (2 (sum_c Var(p_c) + eps)) per sample (no gradient through it),
+//        K = exp(-gamma_a D^a), L = exp(-gamma_b D^b), Kc = HKH, Lc = HLH,
+//        V = <Kc, Lc> / sqrt((|Kc|^2 + eps)(|Lc|^2 + eps)),
+//        dV/dL = Kc / sqrt(P) - V Lc / (|Lc|^2 + eps)  (symmetric; likewise dV/dK), and
+//        dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j);
+//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call.
+// Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
+#include <torch/extension.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+using at::Tensor;
+
+namespace {
+
+// hot loops compiled twice, for AVX2 and the baseline, chosen at load time (GCC function
+// multiversioning): the extension stays portable across CPUs of one shared build cache
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define PAIRWISE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PAIRWISE_CLONES
+#endif
+
+// packed strict upper triangle: row i (pairs (i, j), j = i+1 .. n-1) starts at row_start(n, i)
+inline int64_t row_start(int64_t n, int64_t i) { return i * n - i * (i + 1) / 2; }
+
+// coordinates in double, transposed: pt[c * n + i] = p[i, c]
+Tensor transposed(const Tensor& p) { return p.to(at::kDouble).t().contiguous(); }
+
+// exponents -|p_i - p_j|^2 of the pairs i < j into out (packed); scale p by sqrt(gamma) first
+PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, double* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    double* o = out + row_start(n, i);
+    const int64_t m = n - 1 - i;
+    for (int64_t c = 0; c < d; ++c) {
+      const double pic = pt[c * n + i];
+      const double* pj = pt + c * n + i + 1;
+      if (c == 0) {
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) o[j] = -(pic - pj[j]) * (pic - pj[j]);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) o[j] -= (pic - pj[j]) * (pic - pj[j]);
+      }
+    }
+  }
+}
+
+// grad[i, c] = scale * sum_j w_ij (p_ic - p_jc) for a symmetric w (packed), as a (n, d) tensor
+PAIRWISE_CLONES Tensor pair_gradient(const double* pt, int64_t n, int64_t d, const double* w, double scale,
+                     const Tensor& like) {
+  std::vector<double> acc(n * d, 0.0);  // transposed
+  for (int64_t i = 0; i < n; ++i) {
+    const double* wi = w + row_start(n, i);
+    const int64_t m = n - 1 - i;
+    for (int64_t c = 0; c < d; ++c) {
+      const double pic = pt[c * n + i];
+      const double* pj = pt + c * n + i + 1;
+      double* aj = acc.data() + c * n + i + 1;
+      double s = 0.0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < m; ++j) {
+        const double g = wi[j] * (pic - pj[j]);
+        s += g;
+        aj[j] -= g;
+      }
+      acc[c * n + i] += s;
+    }
+  }
+  Tensor grad = at::empty({d, n}, like.options().dtype(at::kDouble));
+  double* pg = grad.data_ptr<double>();
+  for (int64_t r = 0; r < n * d; ++r) pg[r] = scale * acc[r];
+  return grad.t().to(like.scalar_type()).contiguous();
+}
+
+PAIRWISE_CLONES double packed_sum(const double* x, int64_t len) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t q = 0; q < len; ++q) s += x[q];
+  return s;
+}
+
+// 1 / (2 h^2), h^2 = sum_c Var(p_c) + eps (divisor n), of transposed coordinates pt (d, n)
+double bandwidth_gamma(const double* pt, int64_t n, int64_t d, double eps) {
+  double h2 = eps;
+  for (int64_t c = 0; c < d; ++c) {
+    double m = 0.0, v = 0.0;
+    for (int64_t i = 0; i < n; ++i) m += pt[c * n + i];
+    m /= double(n);
+    for (int64_t i = 0; i < n; ++i) v += (pt[c * n + i] - m) * (pt[c * n + i] - m);
+    h2 += v / double(n);
+  }
+  return 0.5 / h2;
+}
+
+// for the row i and j = i+1 .. n-1: acc1[c * n + i] += sum_j w1_j (p_ic - p_jc) and
+// acc1[c * n + j] -= w1_j (p_ic - p_jc) (pair sums of a symmetric weight), likewise w2 into acc2
+// (pt: transposed coordinates)
+inline void accumulate_row(const double* w1, const double* w2, const double* pt, int64_t n,
+                           int64_t d, int64_t i, double* acc1, double* acc2) {
+  const int64_t m = n - 1 - i;
+  for (int64_t c = 0; c < d; ++c) {
+    const double pic = pt[c * n + i];
+    const double* pj = pt + c * n + i + 1;
+    double *a1 = acc1 + c * n + i + 1, *a2 = acc2 + c * n + i + 1;
+    double s1 = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int64_t j = 0; j < m; ++j) {
+      const double diff = pic - pj[j], g1 = w1[j] * diff, g2 = w2[j] * diff;
+      s1 += g1;
+      s2 += g2;
+      a1[j] -= g1;
+      a2[j] -= g2;
+    }
+    acc1[c * n + i] += s1;
+    acc2[c * n + i] += s2;
+  }
+}
+
+// (n, d) tensor of like's dtype from a transposed (d, n) accumulator: alpha * p + beta * q
+Tensor from_transposed(const std::vector<double>& p, const std::vector<double>& q, double alpha,
+                       double beta, int64_t n, int64_t d, const Tensor& like) {
+  Tensor grad = at::empty({n, d}, like.options().dtype(at::kDouble));
+  double* pg = grad.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) pg[i * d + c] = alpha * p[c * n + i] + beta * q[c * n + i];
+  return grad.to(like.scalar_type());
+}
+
+PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
+    const Tensor& a, const Tensor& b, double eps, bool grad_a, bool grad_b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0),
+              "centred_alignment: a and b must be (n, da), (n, db)");
+  const int64_t n = a.size(0), da = a.size(1), db = b.size(1), npairs = n * (n - 1) / 2;
+  const Tensor at_ = transposed(a), bt = transposed(b);
+  const double* pa = at_.data_ptr<double>();
+  const double* pb = bt.data_ptr<double>();
+  const double gamma_a = bandwidth_gamma(pa, n, da, eps), gamma_b = bandwidth_gamma(pb, n, db, eps);
+  Tensor kl = at::empty({2, npairs}, at_.options());
+  double* pk = kl.data_ptr<double>();
+  double* pl = pk + npairs;
+  pair_exponents((at_ * std::sqrt(gamma_a)).contiguous().data_ptr<double>(), n, da, pk);
+  pair_exponents((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db, pl);
+  kl.exp_();
+  // sweep 1: row sums R (unit diagonal included) and totals T of K and L
+  std::vector<double> rk(n, 1.0), rl(n, 1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t q = row_start(n, i), m = n - 1 - i;
+    const double *ki = pk + q, *li = pl + q;
+    double *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
+    double sk = 0.0, sl = 0.0;
+#pragma omp simd reduction(+ : sk, sl)
+    for (int64_t j = 0; j < m; ++j) {
+      sk += ki[j];
+      sl += li[j];
+      rkj[j] += ki[j];
+      rlj[j] += li[j];
+    }
+    rk[i] += sk;
+    rl[i] += sl;
+  }
+  double tk = 0.0, tl = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    tk += rk[i];
+    tl += rl[i];
+  }
+  // sweep 2: <Kc, Lc>, |Kc|^2, |Lc|^2 with Kc_ij = K_ij - R_i/n - R_j/n + T/n^2 formed explicitly
+  // (as the torch path does: no cancellation between large sums), diagonal once, pairs twice;
+  // and, since the gradient weights (dV/dL)_ij L_ij = Kc_ij L_ij / root - (V / |Lc|^2) Lc_ij L_ij
+  // are linear in the scalars still being summed, the two pair sums of each gradient:
+  //   gb1_i = sum_j Kc_ij L_ij (b_i - b_j), gb2_i = sum_j Lc_ij L_ij (b_i - b_j) (likewise for a)
+  const double inv_n = 1.0 / double(n);
+  double num = 0.0, ckk = 0.0, cll = 0.0, pnum = 0.0, pkk = 0.0, pll = 0.0;
+  std::vector<double> ga1(grad_a ? n * da : 0, 0.0), ga2(grad_a ? n * da : 0, 0.0);
+  std::vector<double> gb1(grad_b ? n * db : 0, 0.0), gb2(grad_b ? n * db : 0, 0.0);
+  std::vector<double> w1(n), w2(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double ok = (tk * inv_n - rk[i]) * inv_n, ol = (tl * inv_n - rl[i]) * inv_n;
+    const double kd = 1.0 + ok - rk[i] * inv_n, ld = 1.0 + ol - rl[i] * inv_n;
+    num += kd * ld;
+    ckk += kd * kd;
+    cll += ld * ld;
+    const int64_t q = row_start(n, i), m = n - 1 - i;
+    const double *ki = pk + q, *li = pl + q, *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
+    double s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#pragma omp simd reduction(+ : s1, s2, s3)
+    for (int64_t j = 0; j < m; ++j) {
+      const double kc = ki[j] + ok - rkj[j] * inv_n, lc = li[j] + ol - rlj[j] * inv_n;
+      s1 += kc * lc;
+      s2 += kc * kc;
+      s3 += lc * lc;
+    }
+    pnum += s1;
+    pkk += s2;
+    pll += s3;
+    if (grad_b) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) {
+        w1[j] = (ki[j] + ok - rkj[j] * inv_n) * li[j];
+        w2[j] = (li[j] + ol - rlj[j] * inv_n) * li[j];
+      }
+      accumulate_row(w1.data(), w2.data(), pb, n, db, i, gb1.data(), gb2.data());
+    }
+    if (grad_a) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) {
+        w1[j] = (li[j] + ol - rlj[j] * inv_n) * ki[j];
+        w2[j] = (ki[j] + ok - rkj[j] * inv_n) * ki[j];
+      }
+      accumulate_row(w1.data(), w2.data(), pa, n, da, i, ga1.data(), ga2.data());
+    }
+  }
+  num += 2.0 * pnum;
+  ckk += 2.0 * pkk + eps;
+  cll += 2.0 * pll + eps;
+  const double root = std::sqrt(ckk * cll), v = num / root;
+  Tensor value = at::full({}, v, a.options());
+  // dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j) = -4 gamma_b (gb1_i / root - V gb2_i / |Lc|^2)
+  Tensor ga = grad_a ? from_transposed(ga1, ga2, -4.0 * gamma_a / root, 4.0 * gamma_a * v / ckk, n, da, a)
+                     : at::empty({0}, a.options());
+  Tensor gb = grad_b ? from_transposed(gb1, gb2, -4.0 * gamma_b / root, 4.0 * gamma_b * v / cll, n, db, b)
+                     : at::empty({0}, b.options());
+  return {value, ga, gb};
+}
+
+// Henze-Zirkler statistic of x (n, k) and its gradient (see henze_zirkler in dependence.py):
+//   u_i = x_i - xbar, C = U'U / n, S = C + (ridge tr(C) / k + 1e-30) I = L L', y_i = L^{-1} u_i,
+//   HZ = (1/n) sum_ij exp(-g1 |y_i - y_j|^2) - c2 sum_i exp(-g2 |y_i|^2) + c3,
+// with g1 = beta^2 / 2, g2 = beta^2 / (2 (1 + beta^2)), c2 = 2 (1 + beta^2)^{-k/2}. Gradient, with
+// P = S^{-1}, E the pair kernel, e_i = exp(-g2 |y_i|^2), q_i = sum_j E_ij (y_i - y_j):
+//   h_i = -(4 g1 / n) L q_i + 2 c2 g2 e_i u_i           (dHZ/du_i at fixed P is P h_i)
+//   G_P = (1/2) sum_i u_i h_i'  (symmetrised)            (dHZ/dP at fixed U)
+//   G_S = -P G_P P,  G_C = G_S + (ridge / k) tr(G_S) I   (through S^{-1} and the ridge)
+//   dHZ/du_i = P h_i + (2 / n) G_C u_i,  dHZ/dx_i = dHZ/du_i - mean_l dHZ/du_l.
+PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const Tensor& beta2_t, double ridge, bool want_grad) {
+  TORCH_CHECK(x.dim() == 2, "henze_zirkler: x must be (n, k)");
+  const double beta2 = beta2_t.item<double>();
+  const int64_t n = x.size(0), k = x.size(1), npairs = n * (n - 1) / 2;
+  const Tensor xt = transposed(x);  // (k, n) double
+  const double* px = xt.data_ptr<double>();
+  std::vector<double> u(k * n), cov(k * k, 0.0), chol(k * k, 0.0), yt(k * n);
+  for (int64_t c = 0; c < k; ++c) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i) m += px[c * n + i];
+    m /= double(n);
+    for (int64_t i = 0; i < n; ++i) u[c * n + i] = px[c * n + i] - m;
+  }
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = 0; b <= a; ++b) {
+      double s = 0.0;
+      for (int64_t i = 0; i < n; ++i) s += u[a * n + i] * u[b * n + i];
+      cov[a * k + b] = cov[b * k + a] = s / double(n);
+    }
+  double trace = 0.0;
+  for (int64_t a = 0; a < k; ++a) trace += cov[a * k + a];
+  std::vector<double> s_mat(cov);
+  for (int64_t a = 0; a < k; ++a) s_mat[a * k + a] += ridge * trace / double(k) + 1e-30;
+  // Cholesky S = L L' (lower, row-major)
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = 0; b <= a; ++b) {
+      double s = s_mat[a * k + b];
+      for (int64_t c = 0; c < b; ++c) s -= chol[a * k + c] * chol[b * k + c];
+      chol[a * k + b] = a == b ? std::sqrt(s) : s / chol[b * k + b];
+    }
+  // y = L^{-1} u by forward substitution, column by column of the transposed layout
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t i = 0; i < n; ++i) {
+      double s = u[a * n + i];
+      for (int64_t c = 0; c < a; ++c) s -= chol[a * k + c] * yt[c * n + i];
+      yt[a * n + i] = s / chol[a * k + a];
+    }
+  const double g1 = 0.5 * beta2, g2 = beta2 / (2.0 * (1.0 + beta2));
+  const double c2 = 2.0 * std::pow(1.0 + beta2, -0.5 * double(k));
+  const double c3 = double(n) * std::pow(1.0 + 2.0 * beta2, -0.5 * double(k));
+  Tensor e = at::empty({npairs}, xt.options());
+  double* pe = e.data_ptr<double>();
+  std::vector<double> ys(yt);
+  for (double& v : ys) v *= std::sqrt(g1);
+  pair_exponents(ys.data(), n, k, pe);
+  e.exp_();
+  std::vector<double> ei(n);
+  double term2 = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = 0.0;
+    for (int64_t c = 0; c < k; ++c) d += yt[c * n + i] * yt[c * n + i];
+    ei[i] = std::exp(-g2 * d);
+    term2 += ei[i];
+  }
+  const double hz = (double(n) + 2.0 * packed_sum(pe, npairs)) / double(n) - c2 * term2 + c3;
+  Tensor value = at::full({}, hz, x.options());
+  if (!want_grad) return {value, at::empty({0}, x.options())};
+  // q (n, k) = sum_j E_ij (y_i - y_j), as the (n, k) output of pair_gradient with scale 1
+  const Tensor qt = pair_gradient(yt.data(), n, k, pe, 1.0, xt.t()).t().contiguous();  // (k, n)
+  const double* q = qt.data_ptr<double>();
+  std::vector<double> h(k * n);
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t i = 0; i < n; ++i) {
+      double lq = 0.0;
+      for (int64_t c = 0; c <= a; ++c) lq += chol[a * k + c] * q[c * n + i];
+      h[a * n + i] = -(4.0 * g1 / double(n)) * lq + 2.0 * c2 * g2 * ei[i] * u[a * n + i];
+    }
+  // P = S^{-1} = L^{-T} L^{-1}
+  std::vector<double> linv(k * k, 0.0), p(k * k, 0.0), gp(k * k, 0.0), tmp(k * k, 0.0), gc(k * k, 0.0);
+  for (int64_t b = 0; b < k; ++b)
+    for (int64_t a = b; a < k; ++a) {
+      double s = a == b ? 1.0 : 0.0;
+      for (int64_t c = b; c < a; ++c) s -= chol[a * k + c] * linv[c * k + b];
+      linv[a * k + b] = s / chol[a * k + a];
+    }
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = 0; b < k; ++b) {
+      double s = 0.0;
+      for (int64_t c = 0; c < k; ++c) s += linv[c * k + a] * linv[c * k + b];
+      p[a * k + b] = s;
+    }
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = 0; b < k; ++b) {
+      double s = 0.0;
+      for (int64_t i = 0; i < n; ++i) s += u[a * n + i] * h[b * n + i] + u[b * n + i] * h[a * n + i];
+      gp[a * k + b] = 0.25 * s;
+    }
+  for (int64_t a = 0; a < k; ++a)  // tmp = P G_P
+    for (int64_t b = 0; b < k; ++b) {
+      double s = 0.0;
+      for (int64_t c = 0; c < k; ++c) s += p[a * k + c] * gp[c * k + b];
+      tmp[a * k + b] = s;
+    }
+  double tr_gs = 0.0;
+  for (int64_t a = 0; a < k; ++a)  // G_S = -P G_P P
+    for (int64_t b = 0; b < k; ++b) {
+      double s = 0.0;
+      for (int64_t c = 0; c < k; ++c) s += tmp[a * k + c] * p[c * k + b];
+      gc[a * k + b] = -s;
+      if (a == b) tr_gs -= s;
+    }
+  for (int64_t a = 0; a < k; ++a) gc[a * k + a] += ridge / double(k) * tr_gs;
+  Tensor grad = at::empty({n, k}, xt.options());
+  double* pg = grad.data_ptr<double>();
+  std::vector<double> mean_g(k, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t a = 0; a < k; ++a) {
+      double s = 0.0;
+      for (int64_t c = 0; c < k; ++c) s += p[a * k + c] * h[c * n + i] + 2.0 / double(n) * gc[a * k + c] * u[c * n + i];
+      pg[i * k + a] = s;
+      mean_g[a] += s;
+    }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t a = 0; a < k; ++a) pg[i * k + a] -= mean_g[a] / double(n);
+  return {value, grad.to(x.scalar_type())};
+}
+
+// |offdiag C|_F of the ML covariance C = U'U / n (u_i = x_i - xbar; offdiag_cov_norm in
+// dependence.py with correction=0) and its gradient: with G = offdiag(C) / |offdiag C|_F (0 when
+// the norm is 0, torch's subgradient), dF/du_i = (2/n) G u_i, dF/dx_i = dF/du_i - mean_l dF/du_l
+// (= dF/du_i, since sum_i u_i = 0).
+std::tuple<Tensor, Tensor> offdiag_cov_norm(const Tensor& x, bool want_grad) {
+  TORCH_CHECK(x.dim() == 2, "offdiag_cov_norm: x must be (n, k)");
+  const int64_t n = x.size(0), k = x.size(1);
+  const Tensor u = x.to(at::kDouble) - x.to(at::kDouble).mean(0, true);
+  const Tensor cov = u.t().mm(u) / double(n);
+  const Tensor off = cov - at::diag_embed(cov.diagonal());
+  const double norm = std::sqrt(off.square().sum().item<double>());
+  Tensor value = at::full({}, norm, x.options());
+  if (!want_grad) return {value, at::empty({0}, x.options())};
+  if (norm == 0.0 || k == 1) return {value, at::zeros_like(x)};
+  return {value, (u.mm(off / norm) * (2.0 / double(n))).to(x.scalar_type())};
+}
+
+// The three NCAI statistics of one batch in one call: Henze-Zirkler of mu, the off-diagonal
+// covariance norm of mu and the normalised HSIC of (x, mu), with their gradients (empty tensors
+// where not requested): (hz, offdiag, hsic, d hz/d mu, d offdiag/d mu, d hsic/d mu, d hsic/d x).
+std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Tensor& beta2,
+                                    double ridge, double eps, bool grad_x, bool grad_mu) {
+  auto [hz, ghz] = henze_zirkler(mu, beta2, ridge, grad_mu);
+  auto [off, goff] = offdiag_cov_norm(mu, grad_mu);
+  auto [hsic, gx, gmu] = centred_alignment(x, mu, eps, grad_x, grad_mu);
+  return {hz, off, hsic, ghz, goff, gmu, gx};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("henze_zirkler", &henze_zirkler, "Henze-Zirkler statistic and its gradient");
+  m.def("offdiag_cov_norm", &offdiag_cov_norm, "off-diagonal covariance norm and its gradient");
+  m.def("ncai_statistics", &ncai_statistics, "HZ, off-diagonal norm and nHSIC with gradients");
+  m.def("centred_alignment", &centred_alignment,
+        "normalised HSIC of Gaussian Grams and its gradients");
+}

@@ -1,0 +1,306 @@
+r"""Fused pairwise Gaussian-kernel sums with analytic gradients (the O(n^2) part of NCAI's penalties).
+
+The Henze-Zirkler statistic (:func:`~pyro_bnnlv.stats.dependence.henze_zirkler`) and the
+normalised HSIC (:func:`~pyro_bnnlv.stats.hsic.normalized_hsic`) are sums over all pairs of a
+minibatch of Gaussian kernels
+
+.. math::  E_{ij} = \exp(-\gamma \lVert y_i - y_j \rVert^2).
+
+Written with autograd they cost about twenty ``n x n`` element-wise passes forward and as many
+backward, each a separate kernel launch, and keep several ``n x n`` tensors alive for backward:
+that made one NCAI training step 5x a mean-field step (issue 13). Here each statistic is one
+:class:`torch.autograd.Function` that
+
+* builds ``E`` with **one** matrix product, using
+  :math:`-\gamma\lVert y_i - y_j\rVert^2 = 2\gamma\, y_i^\top y_j + a_i + a_j` with
+  :math:`a_i = -\gamma\lVert y_i\rVert^2`, i.e. ``[y, a, 1] @ [2 gamma y, 1, a]^T``, then clamps
+  the exponent at 0 (round-off can make a squared distance slightly negative) and exponentiates
+  in place;
+* computes the gradient with respect to the points **in the forward pass** (only when one is
+  needed) from the analytic formula
+
+  .. math::
+
+      \frac{\partial}{\partial y_i} \sum_{a,b} G_{ab} E_{ab}
+          = -4\gamma \sum_j G_{ij} E_{ij} (y_i - y_j)
+          = -4\gamma\big( (M\mathbf 1)_i\, y_i - (M y)_i \big),\qquad M = G \circ E,
+
+  for a symmetric weight matrix ``G`` (``dL/dE``), i.e. one more matrix product
+  ``M @ [1, y]``. Only the ``(n, k)`` gradient is kept for backward, no ``n x n`` tensor.
+
+**Compiled kernels.** ``_pairwise.cpp`` computes the Henze-Zirkler statistic (whitening
+included), the off-diagonal covariance norm and the normalised HSIC with their gradients, each
+in one C++ call (pairs ``i < j`` once, in double, ATen's vectorised ``exp`` on the packed
+triangle), and all three NCAI statistics of a batch in one call (:func:`ncai_statistics`):
+at minibatch sizes of a few hundred the per-operation dispatch, not the arithmetic, dominated.
+It is built on first use with ``torch.utils.cpp_extension.load`` (cached by torch, once per
+machine and torch version) and used when available; the torch functions here are the reference
+and the fallback (``PYRO_BNNLV_COMPILED=0`` disables the build, as for the NUTS core;
+``tests/test_stats_pairwise.py`` compares the two, and both with the previous autograd form).
+
+The gradients are first-order only (``once_differentiable``): enough for SVI, not for
+Hessian-vector products through the penalties. The functions run as ``prim::PythonOp`` nodes in
+a ``torch.jit.trace`` graph, executed by Python at every call (their bodies are not frozen
+into the graph); scalars derived from data (bandwidths) are computed inside each call.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "gauss_gram", "gauss_kernel_sum", "centred_alignment", "compiled_henze_zirkler", "ncai_statistics",
+    "pairwise_extension",
+]
+
+_SOURCE = Path(__file__).with_name("_pairwise.cpp")
+_state: dict[str, ModuleType | None | bool] = {"tried": False, "module": None}
+_log = logging.getLogger("pyro_bnnlv")
+
+
+def pairwise_extension() -> ModuleType | None:
+    """The compiled kernels of ``_pairwise.cpp`` (built on the first call, a few seconds), or
+    ``None`` when disabled (``PYRO_BNNLV_COMPILED=0``) or unbuildable (warns once, not retried)."""
+    from ..infer.compiled import compiled_enabled
+
+    if not compiled_enabled():
+        return None
+    if not _state["tried"]:
+        _state["tried"] = True
+        try:
+            from torch.utils.cpp_extension import load
+
+            _log.info("pyro_bnnlv: building the compiled pairwise kernels (once per machine)")
+            name = "pyro_bnnlv_pairwise_" + re.sub(r"\W", "_", torch.__version__)
+            _state["module"] = load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)
+        except Exception as err:  # any build failure: fall back to torch
+            warnings.warn(f"pyro_bnnlv could not build its compiled pairwise kernels, so the NCAI "
+                          f"statistics use the pure-torch path (slower): {type(err).__name__}: "
+                          f"{str(err).strip().splitlines()[-1:]}", RuntimeWarning, stacklevel=3)  # fmt: skip
+    return _state["module"]  # type: ignore[return-value]
+
+
+def _use_compiled(compiled: bool | None) -> ModuleType | None:
+    module = None if compiled is False else pairwise_extension()
+    if compiled and module is None:
+        raise RuntimeError("compiled=True but the compiled pairwise kernels are unavailable (see the "
+                           "warning above, or PYRO_BNNLV_COMPILED=0 is set)")  # fmt: skip
+    return module
+
+
+def gauss_gram(y: Tensor, gamma: Tensor | float) -> Tensor:
+    r"""``exp(-gamma ||y_i - y_j||^2)`` for a sample ``y`` of shape ``(n, k)``: one matmul, one exp.
+
+    The exponent is ``[y, a, 1] @ [2 gamma y, 1, a]^T`` with ``a_i = -gamma ||y_i||^2`` (the
+    expansion ``||y_i||^2 + ||y_j||^2 - 2 y_i.y_j``, as the autograd version computed it),
+    clamped at 0 from above. Not differentiable by itself (used inside the Functions below).
+    """
+    a = y.square().sum(1, keepdim=True) * (-gamma)
+    ones = torch.ones_like(a)
+    left = torch.cat([y, a, ones], dim=1)
+    right = torch.cat([y * (2.0 * gamma), ones, a], dim=1)
+    return (left @ right.T).clamp_(max=0.0).exp_()
+
+
+def _grad_points(m: Tensor, y: Tensor, gamma: Tensor | float) -> tuple[Tensor, Tensor]:
+    """``(-4 gamma (M1 * y - M y), M1)``: the gradient of ``sum(G * E)`` w.r.t. ``y`` for
+    ``M = G * E``, and the row sums of ``M``."""
+    mv = m @ torch.cat([torch.ones_like(y[:, :1]), y], dim=1)
+    return (mv[:, :1] * y - mv[:, 1:]) * (-4.0 * gamma), mv[:, 0]
+
+
+class _GaussKernelSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: Tensor, gamma: float) -> Tensor:
+        e = gauss_gram(y, gamma)
+        if not ctx.needs_input_grad[0]:
+            return e.sum()
+        grad, rows = _grad_points(e, y, gamma)
+        ctx.save_for_backward(grad)
+        return rows.sum()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
+        (grad,) = ctx.saved_tensors
+        return grad_out * grad, None
+
+
+def gauss_kernel_sum(y: Tensor, gamma: float) -> Tensor:
+    r""":math:`\sum_{i,j=1}^n \exp(-\gamma \lVert y_i - y_j\rVert^2)` of ``y`` ``(n, k)``, differentiable in ``y``.
+
+    Two ``n x n`` matrix products and one ``exp``; memory kept for backward is ``O(n k)``.
+    ``gamma`` is fixed by the sample's shape (as the Henze-Zirkler ``beta``).
+    """
+    return _GaussKernelSum.apply(y, gamma)
+
+
+class _HenzeZirkler(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, beta2: Tensor | float, ridge: float) -> Tensor:
+        ext = _use_compiled(True)
+        beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
+        value, grad = ext.henze_zirkler(x, beta2, ridge, ctx.needs_input_grad[0])
+        ctx.save_for_backward(grad)
+        return value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        (grad,) = ctx.saved_tensors
+        return grad_out * grad, None, None
+
+
+def compiled_henze_zirkler(x: Tensor, beta2: Tensor | float, ridge: float, compiled: bool | None = None) -> Tensor | None:
+    r"""The whole Henze-Zirkler statistic of ``x`` ``(n, k)`` in one C++ call, or ``None`` when
+    the kernels are unavailable or ``compiled=False`` (the caller then runs its torch
+    expression; ``compiled=True`` raises when they are unavailable).
+
+    Same quantity as :func:`~pyro_bnnlv.stats.dependence.henze_zirkler` (centring, ML
+    covariance with the ridge, Cholesky whitening, both kernel sums, in double), and its
+    gradient by the chain rule through the whitening: with ``u_i = x_i - xbar``,
+    ``P = S_delta^{-1}``, ``w_i = sum_j E_ij (u_i - u_j)``, ``e_i = exp(-g_2 D_i)``,
+
+    .. math::
+
+        h_i = -\tfrac{4 g_1}{n} w_i + 2 c_2 g_2 e_i u_i,\quad
+        G_P = \tfrac12 \sum_i u_i h_i^\top,\quad
+        G_C = -P G_P P + \tfrac{\delta}{k}\operatorname{tr}(-P G_P P)\, I,
+
+        \partial \mathrm{HZ}/\partial u_i = P h_i + \tfrac2n G_C u_i,\qquad
+        \partial \mathrm{HZ}/\partial x_i = \partial \mathrm{HZ}/\partial u_i
+            - \tfrac1n \sum_l \partial \mathrm{HZ}/\partial u_l,
+
+    (``g_1 = beta^2/2``, ``g_2 = beta^2 / (2(1+beta^2))``, ``c_2 = 2(1+beta^2)^{-k/2}``).
+    Replaces some forty small autograd operations (forward and backward) by one call.
+    """
+    if _use_compiled(compiled) is None:
+        return None
+    return _HenzeZirkler.apply(x, beta2, ridge)
+
+
+def _centre(k: Tensor) -> Tensor:
+    """``H K H`` of a symmetric ``K`` (``H = I - 11^T/n``): two passes over ``K``."""
+    r = k.mean(1)
+    return (k - r[:, None]) - (r[None, :] - r.mean())
+
+
+def _bandwidth_gamma(a: Tensor, eps: float) -> Tensor:
+    """``1 / (2 h^2)`` with ``h^2 = sum_d Var(a_d) + eps`` (divisor ``n``), without gradient."""
+    return 0.5 / (a.detach().var(0, unbiased=False).sum() + eps)
+
+
+def _centred_alignment_torch(a: Tensor, b: Tensor, eps: float,
+                             want: tuple[bool, bool]) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    gamma_a, gamma_b = _bandwidth_gamma(a, eps), _bandwidth_gamma(b, eps)
+    k, l_ = gauss_gram(a, gamma_a), gauss_gram(b, gamma_b)
+    kc, lc = _centre(k), _centre(l_)
+    kc_flat, lc_flat = kc.reshape(-1), lc.reshape(-1)
+    num = kc_flat @ lc_flat
+    skk, sll = kc_flat @ kc_flat + eps, lc_flat @ lc_flat + eps
+    root = torch.sqrt(skk * sll)
+    grads: list[Tensor | None] = []
+    # dV/dL = Kc / sqrt(P) - V Lc / (sLL + eps), P = (sKK + eps)(sLL + eps); same for K
+    for needed, own_c, other_c, own_s, gram, pts, gamma in (
+        (want[0], kc, lc, skk, k, a, gamma_a),
+        (want[1], lc, kc, sll, l_, b, gamma_b),
+    ):
+        if needed:
+            g = torch.addcmul(other_c, own_c, num / own_s, value=-1.0)
+            grads.append(_grad_points(g.mul_(gram), pts, gamma)[0] / root)
+        else:
+            grads.append(None)
+    return num / root, grads[0], grads[1]
+
+
+class _CentredAlignment(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, eps: float, compiled: bool | None) -> Tensor:
+        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        ext = _use_compiled(compiled)
+        if ext is not None:
+            value, ga, gb = ext.centred_alignment(a, b, eps, *want)
+        else:
+            value, ga, gb = _centred_alignment_torch(a, b, eps, want)
+        ctx.save_for_backward(ga if want[0] else None, gb if want[1] else None)
+        return value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        ga, gb = ctx.saved_tensors
+        return None if ga is None else grad_out * ga, None if gb is None else grad_out * gb, None, None
+
+
+def centred_alignment(a: Tensor, b: Tensor, eps: float, *, compiled: bool | None = None) -> Tensor:
+    r"""Centred kernel alignment of Gaussian Grams ``K = exp(-gamma_a D^a)``, ``L = exp(-gamma_b D^b)``:
+
+    .. math::  \frac{\operatorname{tr}(\tilde K \tilde L)}
+                    {\sqrt{(\lVert\tilde K\rVert_F^2 + \epsilon)(\lVert\tilde L\rVert_F^2 + \epsilon)}},
+               \qquad \tilde K = HKH,
+
+    with ``gamma = 1 / (2 (sum_d Var(a_d) + eps))`` (treated as a constant: the bandwidths carry
+    no gradient), differentiable in ``a`` and ``b`` (same dtype). With ``V`` the value and ``P``
+    the denominator squared,
+    :math:`\partial V/\partial L = \tilde K/\sqrt P - V \tilde L/(\lVert\tilde L\rVert_F^2 + \epsilon)`
+    (symmetric), fed to the pairwise-gradient formula of the module doc. ``compiled``: ``None``
+    uses the compiled kernel when available, ``True`` requires it, ``False`` uses torch.
+    """
+    return _CentredAlignment.apply(a, b, eps, compiled)
+
+
+class _NcaiStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, mu: Tensor, beta2: Tensor | float, ridge: float, eps: float):
+        ext = _use_compiled(True)
+        beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
+        want_x, want_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        hz, off, hsic, *grads = ext.ncai_statistics(x, mu, beta2, ridge, eps, want_x, want_mu)
+        ctx.save_for_backward(*grads)
+        return hz, off, hsic
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_hz: Tensor, g_off: Tensor, g_hsic: Tensor):
+        ghz, goff, gmu, gx = ctx.saved_tensors
+        d_mu = g_hz * ghz + g_off * goff + g_hsic * gmu if ctx.needs_input_grad[1] else None
+        d_x = g_hsic * gx if ctx.needs_input_grad[0] else None
+        return d_x, d_mu, None, None, None
+
+
+def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
+                    compiled: bool | None = None) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
+    """``(henze_zirkler(mu_z), offdiag_cov_norm(mu_z), normalized_hsic(x, mu_z))`` in one call of
+    the compiled kernel, or ``None`` when it is unavailable or ``compiled=False``.
+
+    The three statistics NCAI's default objective reads from a batch (``ncai_penalties`` with
+    ``independence="hsic"``), computed by the same code as
+    :func:`~pyro_bnnlv.stats.dependence.henze_zirkler`, the compiled twin of
+    :func:`~pyro_bnnlv.stats.dependence.offdiag_cov_norm` and
+    :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (same values and gradients to round-off;
+    tested), with one entry into Python per step instead of three: inside a ``torch.jit.trace``
+    graph each opaque Python function costs a dispatch and splits the differentiable graph.
+    Same input checks and errors as the separate functions.
+    """
+    if _use_compiled(compiled) is None:
+        return None
+    from .dependence import _as_tensor_2d, _check_same_n, henze_zirkler_beta
+
+    if torch.jit.is_tracing():
+        mu = mu_z.reshape(mu_z.shape[0], -1)
+    else:
+        mu = _as_tensor_2d("mu_z", mu_z)
+        _check_same_n("x", x, "mu_z", mu)
+        if mu.shape[0] < 3:
+            raise ValueError(f"`mu_z` must have at least 3 rows (datapoints), got {mu.shape[0]}")
+    n, k = mu.shape
+    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
+    return _NcaiStatistics.apply(x2, mu, henze_zirkler_beta(n, k) ** 2, ridge, eps)

@@ -1,0 +1,156 @@
+"""The fused NCAI statistics (pyro_bnnlv/stats/_pairwise.py and _pairwise.cpp, issue 13): the
+compiled kernels and the torch path agree with each other, with the previous autograd form
+(transcribed below), with pingouin's Henze-Zirkler statistic and with finite differences; the
+fused call equals the separate functions; traced graphs follow their inputs without tracer
+warnings."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_bnnlv.stats._pairwise import ncai_statistics, pairwise_extension
+from pyro_bnnlv.stats.dependence import henze_zirkler, henze_zirkler_beta, offdiag_cov_norm
+from pyro_bnnlv.stats.hsic import normalized_hsic
+
+pingouin = pytest.importorskip("pingouin")
+
+COMPILED = pairwise_extension() is not None
+PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not COMPILED, reason="no C++ compiler"))]
+
+
+def _autograd_hz(x: torch.Tensor, ridge: float = 1e-12) -> torch.Tensor:
+    """The previous henze_zirkler body (plain autograd over n x n tensors), as the reference."""
+    n, k = x.shape
+    beta2 = henze_zirkler_beta(n, k) ** 2
+    xc = x - x.mean(0, keepdim=True)
+    cov = xc.T @ xc / n
+    cov = cov + (ridge * cov.diagonal().sum() / k + 1e-30) * torch.eye(k, dtype=x.dtype)
+    y = torch.linalg.solve_triangular(torch.linalg.cholesky(cov), xc.T, upper=False).T
+    d_i = y.square().sum(1)
+    d_ij = (d_i[:, None] + d_i[None, :] - 2.0 * (y @ y.T)).clamp(min=0.0)
+    term1 = torch.exp(-0.5 * beta2 * d_ij).sum() / n
+    term2 = 2.0 * (1.0 + beta2) ** (-k / 2) * torch.exp(-beta2 / (2.0 * (1.0 + beta2)) * d_i).sum()
+    return term1 - term2 + n * (1.0 + 2.0 * beta2) ** (-k / 2)
+
+
+def _autograd_hsic(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """The previous normalized_hsic body (explicit centring, autograd), as the reference."""
+
+    def centred_gram(v):
+        h2 = v.detach().var(0, unbiased=False).sum() + eps
+        sq = v.square().sum(-1)
+        g = torch.exp(-(sq[:, None] + sq[None, :] - 2.0 * (v @ v.T)).clamp(min=0.0) / (2 * h2))
+        return g - g.mean(0, keepdim=True) - g.mean(1, keepdim=True) + g.mean()
+
+    kc, lc = centred_gram(a), centred_gram(b)
+    return (kc * lc).sum() / torch.sqrt((kc.square().sum() + eps) * (lc.square().sum() + eps))
+
+
+def _points(n: int, k: int, seed: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (n, 2) and a skewed mu (n, k) that depends on x: a non-Gaussian, dependent pair."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=gen, dtype=dtype)
+    mu = torch.randn(n, k, generator=gen, dtype=dtype) ** 3 + 0.5 * x[:, :1] ** 2
+    return x.requires_grad_(), mu.requires_grad_()
+
+
+def _assert_same(got, ref, rel):
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=0.0, atol=rel * r.abs().max().item() + 1e-300)
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+@pytest.mark.parametrize("n,k,seed", [(300, 1, 0), (57, 2, 1), (40, 3, 2), (5, 1, 3)])
+def test_values_and_gradients_equal_the_autograd_form(compiled, n, k, seed):
+    x, mu = _points(n, k, seed)
+    w = torch.tensor([0.7, -1.3], dtype=torch.float64)
+    new = [henze_zirkler(mu, compiled=compiled), normalized_hsic(x, mu, compiled=compiled)]
+    old = [_autograd_hz(mu), _autograd_hsic(x, mu)]
+    new_grads = torch.autograd.grad(w @ torch.stack(new), (x, mu))
+    old_grads = torch.autograd.grad(w @ torch.stack(old), (x, mu))
+    _assert_same(new, old, 1e-12)
+    _assert_same(new_grads, old_grads, 1e-11)
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_compiled_and_torch_paths_agree_in_float32(seed):
+    x, mu = _points(200, 1, seed, dtype=torch.float32)
+    hz = [henze_zirkler(mu, compiled=c) for c in (True, False)]
+    hsic = [normalized_hsic(x, mu, compiled=c) for c in (True, False)]
+    assert hz[0].dtype == hsic[0].dtype == torch.float32
+    g = [torch.autograd.grad(hz[i] + 3 * hsic[i], (x, mu)) for i in (0, 1)]
+    # HZ runs in float64 on both paths; the HSIC of float32 inputs agrees to float32 round-off
+    assert hz[0].item() == pytest.approx(hz[1].item(), rel=1e-6)
+    assert hsic[0].item() == pytest.approx(hsic[1].item(), rel=1e-5)
+    _assert_same(g[0], g[1], 1e-4)
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+@pytest.mark.parametrize("kind", ["skewed", "bimodal"])
+def test_hz_matches_pingouin_on_both_paths(compiled, kind):
+    rng = np.random.default_rng(3)
+    x = rng.exponential(size=(150, 3)) ** 2 if kind == "skewed" else (
+        rng.normal(size=(150, 3)) + 3.0 * np.where(rng.random((150, 1)) < 0.5, -1.0, 1.0))  # fmt: skip
+    ref = pingouin.multivariate_normality(x).hz
+    assert henze_zirkler(torch.from_numpy(x), compiled=compiled).item() == pytest.approx(ref, rel=1e-10)
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_gradients_match_finite_differences(compiled):
+    """HZ and the off-diagonal norm are differentiated in full (whitening and ridge included).
+    The HSIC's bandwidths carry no gradient by design, so finite differences do not apply to it;
+    its gradient is checked against the autograd form above."""
+    x, mu = _points(12, 2, 4)
+    assert torch.autograd.gradcheck(lambda m: henze_zirkler(m, compiled=compiled), (mu,))
+    if compiled:
+        assert torch.autograd.gradcheck(lambda m: torch.stack(ncai_statistics(x.detach(), m)[:2]), (mu,))
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("k", [1, 3])
+def test_fused_call_equals_the_separate_functions(dtype, k):
+    x, mu = _points(80, k, 5, dtype=dtype)
+    fused = ncai_statistics(x, mu)
+    separate = (henze_zirkler(mu), offdiag_cov_norm(mu), normalized_hsic(x, mu))
+    w = torch.tensor([0.3, 2.0, -1.5], dtype=dtype)
+    g_fused = torch.autograd.grad(w @ torch.stack(fused), (x, mu))
+    g_separate = torch.autograd.grad(w @ torch.stack(separate), (x, mu))
+    rel = 1e-12 if dtype == torch.float64 else 1e-5
+    for f, s in zip(fused, separate):
+        assert f.dtype == dtype
+        assert f.item() == pytest.approx(s.item(), rel=rel, abs=rel)
+    _assert_same(g_fused, g_separate, rel)
+    with torch.no_grad():  # the forward without gradients gives the same values
+        assert [v.item() for v in ncai_statistics(x, mu)] == [v.item() for v in fused]
+    assert ncai_statistics(x, mu, compiled=False) is None
+    with pytest.raises(ValueError, match="same number of rows"):
+        ncai_statistics(x[:10], mu)
+    with pytest.raises(ValueError, match="`mu_z` contains NaN"):
+        ncai_statistics(x, mu.detach() * math.nan)
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+def test_traced_statistics_follow_the_input_without_tracer_warnings(compiled):
+    """Traced at all-equal means (the degenerate point that froze the old HZ), evaluated at a
+    skewed sample: values and gradients equal the eager ones."""
+
+    def stats(a, b):
+        if compiled:
+            return torch.stack(ncai_statistics(a, b))
+        return torch.stack([henze_zirkler(b, compiled=False), normalized_hsic(a, b, compiled=False)])
+
+    x, mu = _points(60, 1, 6, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(stats, (x, torch.zeros_like(mu, requires_grad=True)), check_trace=False)
+    got, ref = traced(x, mu), stats(x, mu)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
+    w = torch.arange(1.0, len(ref) + 1)
+    _assert_same(torch.autograd.grad(w @ got, mu), torch.autograd.grad(w @ ref, mu), 1e-5)

@@ -154,3 +154,23 @@ def test_traced_statistics_follow_the_input_without_tracer_warnings(compiled):
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
     w = torch.arange(1.0, len(ref) + 1)
     _assert_same(torch.autograd.grad(w @ got, mu), torch.autograd.grad(w @ ref, mu), 1e-5)
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+def test_reused_input_gram_is_never_stale():
+    """The compiled HSIC keeps the Gram of its first sample while that sample is unchanged (x at
+    every full-batch step); a sample changed in place, or another one, is recomputed."""
+    x, mu = _points(50, 1, 7)
+    x, mu = x.detach(), mu.detach()
+    first = normalized_hsic(x, mu, compiled=True)
+    assert normalized_hsic(x, mu, compiled=True).item() == first.item()  # reused: identical
+    swap = lambda: x.copy_(x[torch.tensor([1, 0] + list(range(2, 50)))])  # noqa: E731  same bandwidth
+    for change in (swap, lambda: x.mul_(1.5).add_(0.2), lambda: x[7].add_(1.0)):  # in place
+        change()
+        assert normalized_hsic(x, mu, compiled=True).item() == pytest.approx(
+            _autograd_hsic(x, mu).item(), rel=1e-12)  # fmt: skip
+    other = x.clone()
+    other[0, 0] = other[0, 0] + 1e-9  # one entry, by a hair
+    assert normalized_hsic(other, mu, compiled=True).item() == pytest.approx(
+        _autograd_hsic(other, mu).item(), rel=1e-12)  # fmt: skip
+    assert normalized_hsic(other, mu, compiled=True).item() != normalized_hsic(x, mu, compiled=True).item()

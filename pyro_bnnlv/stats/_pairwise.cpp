@@ -26,6 +26,7 @@
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -148,6 +149,55 @@ Tensor from_transposed(const std::vector<double>& p, const std::vector<double>& 
   return grad.to(like.scalar_type());
 }
 
+// row sums R (unit diagonal included) of a packed symmetric kernel into r; returns the total
+PAIRWISE_CLONES double row_sums(const double* k, int64_t n, std::vector<double>& r) {
+  r.assign(n, 1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t q = row_start(n, i), m = n - 1 - i;
+    const double* ki = k + q;
+    double* rj = r.data() + i + 1;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < m; ++j) {
+      s += ki[j];
+      rj[j] += ki[j];
+    }
+    r[i] += s;
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += r[i];
+  return total;
+}
+
+// The Gram matrix of the first sample (the inputs x in NCAI, the same batch at every full-batch
+// step), its row sums and total, kept per thread with a copy of the coordinates and bandwidth it
+// was computed from: a call whose sample is identical value for value (compared in full, so a
+// tensor changed in place or a new tensor at the same address is never mistaken for it) reuses
+// it; anything else recomputes. The cached numbers are those a recomputation would give.
+struct GramCache {
+  std::vector<double> coords, gram, rows;
+  double gamma = 0.0, total = 0.0;
+  int64_t n = -1, d = -1;
+};
+
+const GramCache& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma) {
+  thread_local GramCache cache;
+  const double* p = pt.data_ptr<double>();
+  const bool same = cache.n == n && cache.d == d && cache.gamma == gamma &&
+                    std::equal(p, p + n * d, cache.coords.begin());
+  if (same) return cache;
+  const int64_t npairs = n * (n - 1) / 2;
+  cache.n = n;
+  cache.d = d;
+  cache.gamma = gamma;
+  cache.coords.assign(p, p + n * d);
+  cache.gram.resize(npairs);
+  pair_exponents((pt * std::sqrt(gamma)).contiguous().data_ptr<double>(), n, d, cache.gram.data());
+  at::from_blob(cache.gram.data(), {npairs}, pt.options()).exp_();
+  cache.total = row_sums(cache.gram.data(), n, cache.rows);
+  return cache;
+}
+
 PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
     const Tensor& a, const Tensor& b, double eps, bool grad_a, bool grad_b) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0),
@@ -157,34 +207,16 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
   const double* pa = at_.data_ptr<double>();
   const double* pb = bt.data_ptr<double>();
   const double gamma_a = bandwidth_gamma(pa, n, da, eps), gamma_b = bandwidth_gamma(pb, n, db, eps);
-  Tensor kl = at::empty({2, npairs}, at_.options());
-  double* pk = kl.data_ptr<double>();
-  double* pl = pk + npairs;
-  pair_exponents((at_ * std::sqrt(gamma_a)).contiguous().data_ptr<double>(), n, da, pk);
+  const GramCache& cache = gram_of(at_, n, da, gamma_a);  // K: reused while a is unchanged
+  const double* pk = cache.gram.data();
+  const std::vector<double>& rk = cache.rows;
+  const double tk = cache.total;
+  Tensor lt = at::empty({npairs}, bt.options());
+  double* pl = lt.data_ptr<double>();
   pair_exponents((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db, pl);
-  kl.exp_();
-  // sweep 1: row sums R (unit diagonal included) and totals T of K and L
-  std::vector<double> rk(n, 1.0), rl(n, 1.0);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t q = row_start(n, i), m = n - 1 - i;
-    const double *ki = pk + q, *li = pl + q;
-    double *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
-    double sk = 0.0, sl = 0.0;
-#pragma omp simd reduction(+ : sk, sl)
-    for (int64_t j = 0; j < m; ++j) {
-      sk += ki[j];
-      sl += li[j];
-      rkj[j] += ki[j];
-      rlj[j] += li[j];
-    }
-    rk[i] += sk;
-    rl[i] += sl;
-  }
-  double tk = 0.0, tl = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    tk += rk[i];
-    tl += rl[i];
-  }
+  lt.exp_();
+  std::vector<double> rl;
+  const double tl = row_sums(pl, n, rl);
   // sweep 2: <Kc, Lc>, |Kc|^2, |Lc|^2 with Kc_ij = K_ij - R_i/n - R_j/n + T/n^2 formed explicitly
   // (as the torch path does: no cancellation between large sums), diagonal once, pairs twice;
   // and, since the gradient weights (dV/dL)_ij L_ij = Kc_ij L_ij / root - (V / |Lc|^2) Lc_ij L_ij
@@ -377,13 +409,15 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
 std::tuple<Tensor, Tensor> offdiag_cov_norm(const Tensor& x, bool want_grad) {
   TORCH_CHECK(x.dim() == 2, "offdiag_cov_norm: x must be (n, k)");
   const int64_t n = x.size(0), k = x.size(1);
+  if (k == 1)  // no off-diagonal entries: 0, with zero gradient
+    return {at::zeros({}, x.options()), want_grad ? at::zeros_like(x) : at::empty({0}, x.options())};
   const Tensor u = x.to(at::kDouble) - x.to(at::kDouble).mean(0, true);
   const Tensor cov = u.t().mm(u) / double(n);
   const Tensor off = cov - at::diag_embed(cov.diagonal());
   const double norm = std::sqrt(off.square().sum().item<double>());
   Tensor value = at::full({}, norm, x.options());
   if (!want_grad) return {value, at::empty({0}, x.options())};
-  if (norm == 0.0 || k == 1) return {value, at::zeros_like(x)};
+  if (norm == 0.0) return {value, at::zeros_like(x)};
   return {value, (u.mm(off / norm) * (2.0 / double(n))).to(x.scalar_type())};
 }
 

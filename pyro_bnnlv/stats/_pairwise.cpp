@@ -432,7 +432,53 @@ std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Ten
   return {hz, off, hsic, ghz, goff, gmu, gx};
 }
 
+// The fused statistics as a registered operator with a C++ autograd node, so that a traced
+// graph calls it natively (no Python per step): torch.ops.pyro_bnnlv_pairwise.ncai_statistics.
+class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const Tensor& x, const Tensor& mu,
+                                                const Tensor& beta2, double ridge, double eps) {
+    const bool gx = x.requires_grad(), gmu = mu.requires_grad();
+    std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu);
+    ctx->save_for_backward({out[3], out[4], out[5], out[6]});
+    ctx->saved_data["gx"] = gx;
+    ctx->saved_data["gmu"] = gmu;
+    return {out[0], out[1], out[2]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto s = ctx->get_saved_variables();
+    Tensor dmu, dx;
+    if (ctx->saved_data["gmu"].toBool()) dmu = g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
+    if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
+    return {dx, dmu, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
+                                                            const Tensor& beta2, double ridge,
+                                                            double eps) {
+  auto r = NcaiStatisticsFn::apply(x, mu, beta2, ridge, eps);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Tensor& mu,
+                                                       const Tensor& beta2, double ridge, double eps) {
+  std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false);
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
+
+TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
+  m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps) -> (Tensor, Tensor, Tensor)");
+}
+TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) { m.impl("ncai_statistics", ncai_statistics_cpu); }
+TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, Autograd, m) {
+  m.impl("ncai_statistics", ncai_statistics_autograd);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("henze_zirkler", &henze_zirkler, "Henze-Zirkler statistic and its gradient");

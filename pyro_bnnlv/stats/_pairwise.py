@@ -257,25 +257,6 @@ def centred_alignment(a: Tensor, b: Tensor, eps: float, *, compiled: bool | None
     return _CentredAlignment.apply(a, b, eps, compiled)
 
 
-class _NcaiStatistics(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, mu: Tensor, beta2: Tensor | float, ridge: float, eps: float):
-        ext = _use_compiled(True)
-        beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
-        want_x, want_mu = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        hz, off, hsic, *grads = ext.ncai_statistics(x, mu, beta2, ridge, eps, want_x, want_mu)
-        ctx.save_for_backward(*grads)
-        return hz, off, hsic
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g_hz: Tensor, g_off: Tensor, g_hsic: Tensor):
-        ghz, goff, gmu, gx = ctx.saved_tensors
-        d_mu = g_hz * ghz + g_off * goff + g_hsic * gmu if ctx.needs_input_grad[1] else None
-        d_x = g_hsic * gx if ctx.needs_input_grad[0] else None
-        return d_x, d_mu, None, None, None
-
-
 def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
                     compiled: bool | None = None) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
     """``(henze_zirkler(mu_z), offdiag_cov_norm(mu_z), normalized_hsic(x, mu_z))`` in one call of
@@ -286,9 +267,10 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     :func:`~pyro_bnnlv.stats.dependence.henze_zirkler`, the compiled twin of
     :func:`~pyro_bnnlv.stats.dependence.offdiag_cov_norm` and
     :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (same values and gradients to round-off;
-    tested), with one entry into Python per step instead of three: inside a ``torch.jit.trace``
-    graph each opaque Python function costs a dispatch and splits the differentiable graph.
-    Same input checks and errors as the separate functions.
+    tested), in one registered operator (``torch.ops.pyro_bnnlv_pairwise.ncai_statistics``) with
+    a C++ autograd node: a ``torch.jit.trace`` graph calls it without entering Python, where three
+    Python functions cost a Python dispatch each per step. Same input checks and errors as the
+    separate functions.
     """
     if _use_compiled(compiled) is None:
         return None
@@ -303,4 +285,6 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
             raise ValueError(f"`mu_z` must have at least 3 rows (datapoints), got {mu.shape[0]}")
     n, k = mu.shape
     x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
-    return _NcaiStatistics.apply(x2, mu, henze_zirkler_beta(n, k) ** 2, ridge, eps)
+    beta2 = henze_zirkler_beta(n, k) ** 2
+    beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
+    return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps)

@@ -68,38 +68,38 @@ PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, doub
   }
 }
 
-// grad[i, c] = scale * sum_j w_ij (p_ic - p_jc) for a symmetric w (packed), as a (n, d) tensor
-PAIRWISE_CLONES Tensor pair_gradient(const double* pt, int64_t n, int64_t d, const double* w, double scale,
-                     const Tensor& like) {
-  std::vector<double> acc(n * d, 0.0);  // transposed
+// sum of a packed symmetric kernel w over the pairs i < j and, if q is given, the pair sums
+// q[c * n + i] = sum_j w_ij (p_ic - p_jc) (transposed (d, n), all j != i), in one sweep
+PAIRWISE_CLONES double kernel_pair_sums(const double* pt, int64_t n, int64_t d, const double* w,
+                                        double* q) {
+  double total = 0.0;
+  if (q != nullptr) std::fill(q, q + n * d, 0.0);
   for (int64_t i = 0; i < n; ++i) {
     const double* wi = w + row_start(n, i);
     const int64_t m = n - 1 - i;
-    for (int64_t c = 0; c < d; ++c) {
+    double t = 0.0;
+    if (q == nullptr) {
+#pragma omp simd reduction(+ : t)
+      for (int64_t j = 0; j < m; ++j) t += wi[j];
+    }
+    for (int64_t c = 0; q != nullptr && c < d; ++c) {
       const double pic = pt[c * n + i];
       const double* pj = pt + c * n + i + 1;
-      double* aj = acc.data() + c * n + i + 1;
-      double s = 0.0;
-#pragma omp simd reduction(+ : s)
+      double* aj = q + c * n + i + 1;
+      double s = 0.0, t0 = 0.0;
+#pragma omp simd reduction(+ : s, t0)
       for (int64_t j = 0; j < m; ++j) {
         const double g = wi[j] * (pic - pj[j]);
+        t0 += wi[j];
         s += g;
         aj[j] -= g;
       }
-      acc[c * n + i] += s;
+      q[c * n + i] += s;
+      if (c == 0) t = t0;
     }
+    total += t;
   }
-  Tensor grad = at::empty({d, n}, like.options().dtype(at::kDouble));
-  double* pg = grad.data_ptr<double>();
-  for (int64_t r = 0; r < n * d; ++r) pg[r] = scale * acc[r];
-  return grad.t().to(like.scalar_type()).contiguous();
-}
-
-PAIRWISE_CLONES double packed_sum(const double* x, int64_t len) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t q = 0; q < len; ++q) s += x[q];
-  return s;
+  return total;
 }
 
 // 1 / (2 h^2), h^2 = sum_c Var(p_c) + eps (divisor n), of transposed coordinates pt (d, n)
@@ -236,17 +236,37 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
     const int64_t q = row_start(n, i), m = n - 1 - i;
     const double *ki = pk + q, *li = pl + q, *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
     double s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    if (grad_b && db == 1) {  // one-dimensional b (NCAI's K = 1): sums and gradient in one loop
+      const double bi = pb[i], *bj = pb + i + 1;
+      double *a1 = gb1.data() + i + 1, *a2 = gb2.data() + i + 1;
+      double t1 = 0.0, t2 = 0.0;
+#pragma omp simd reduction(+ : s1, s2, s3, t1, t2)
+      for (int64_t j = 0; j < m; ++j) {
+        const double kc = ki[j] + ok - rkj[j] * inv_n, lc = li[j] + ol - rlj[j] * inv_n;
+        s1 += kc * lc;
+        s2 += kc * kc;
+        s3 += lc * lc;
+        const double ld = li[j] * (bi - bj[j]), g1 = kc * ld, g2 = lc * ld;
+        t1 += g1;
+        t2 += g2;
+        a1[j] -= g1;
+        a2[j] -= g2;
+      }
+      gb1[i] += t1;
+      gb2[i] += t2;
+    } else {
 #pragma omp simd reduction(+ : s1, s2, s3)
-    for (int64_t j = 0; j < m; ++j) {
-      const double kc = ki[j] + ok - rkj[j] * inv_n, lc = li[j] + ol - rlj[j] * inv_n;
-      s1 += kc * lc;
-      s2 += kc * kc;
-      s3 += lc * lc;
+      for (int64_t j = 0; j < m; ++j) {
+        const double kc = ki[j] + ok - rkj[j] * inv_n, lc = li[j] + ol - rlj[j] * inv_n;
+        s1 += kc * lc;
+        s2 += kc * kc;
+        s3 += lc * lc;
+      }
     }
     pnum += s1;
     pkk += s2;
     pll += s3;
-    if (grad_b) {
+    if (grad_b && db != 1) {
 #pragma omp simd
       for (int64_t j = 0; j < m; ++j) {
         w1[j] = (ki[j] + ok - rkj[j] * inv_n) * li[j];
@@ -339,12 +359,13 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
     ei[i] = std::exp(-g2 * d);
     term2 += ei[i];
   }
-  const double hz = (double(n) + 2.0 * packed_sum(pe, npairs)) / double(n) - c2 * term2 + c3;
+  // q_i = sum_j E_ij (y_i - y_j) (transposed (k, n)) with the sum of E, in one sweep
+  std::vector<double> qv(want_grad ? k * n : 0);
+  const double pairs = kernel_pair_sums(yt.data(), n, k, pe, want_grad ? qv.data() : nullptr);
+  const double hz = (double(n) + 2.0 * pairs) / double(n) - c2 * term2 + c3;
   Tensor value = at::full({}, hz, x.options());
   if (!want_grad) return {value, at::empty({0}, x.options())};
-  // q (n, k) = sum_j E_ij (y_i - y_j), as the (n, k) output of pair_gradient with scale 1
-  const Tensor qt = pair_gradient(yt.data(), n, k, pe, 1.0, xt.t()).t().contiguous();  // (k, n)
-  const double* q = qt.data_ptr<double>();
+  const double* q = qv.data();
   std::vector<double> h(k * n);
   for (int64_t a = 0; a < k; ++a)
     for (int64_t i = 0; i < n; ++i) {

@@ -1,6 +1,7 @@
 """The compiled NUTS core (C++) against its Python twin: same potential, same draws, same errors."""
 
 import warnings
+from pathlib import Path
 
 import pyro
 import pytest
@@ -8,6 +9,7 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_bnnlv as pb
+from pyro_bnnlv import _compiled
 from pyro_bnnlv.infer import compiled
 from pyro_bnnlv.infer.nuts import (
     FlatNUTS,
@@ -219,7 +221,7 @@ def test_compiled_tree_rejects_a_bad_python_gradient():
         _draws(kernel, w0, 2, 0)
 
 
-def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch):
+def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path):
     x, y = _linreg_data()
     model = _linreg_model()
     monkeypatch.setenv("PYRO_BNNLV_COMPILED", "0")
@@ -236,8 +238,8 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch):
 
     # a build that fails warns once, names the cause, and is not retried
     monkeypatch.delenv("PYRO_BNNLV_COMPILED")
-    monkeypatch.setitem(compiled._state, "tried", False)
-    monkeypatch.setitem(compiled._state, "module", None)
+    monkeypatch.setattr(_compiled, "_built", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
 
     def broken(*args, **kwargs):
         raise RuntimeError("Error building extension\nfoo.cpp:1: error: no compiler here")
@@ -248,6 +250,28 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert compiled.extension() is None
+
+
+def test_a_build_killed_mid_way_does_not_hang_the_next(monkeypatch, tmp_path):
+    """torch's build baton (an O_EXCL ``lock`` file) outlives a killed build and every later
+    ``load`` would wait on it forever; ours holds an OS lock and clears the stale baton."""
+    monkeypatch.setattr(_compiled, "_built", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = _compiled.build_directory("pyro_bnnlv_flat_nuts")
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # what a build killed with SIGKILL leaves behind
+    seen = {}
+
+    def fake_load(name, sources, build_directory, **kwargs):  # torch.utils.cpp_extension.load
+        seen["baton"] = (Path(build_directory) / "lock").exists()  # torch would wait here forever
+        seen["name"], seen["directory"] = name, build_directory
+        return "module"
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
+    assert compiled.extension() == "module"
+    assert seen["baton"] is False and Path(seen["directory"]) == directory
+    assert torch.__version__.replace(".", "_").replace("+", "_") in seen["name"]  # never another torch's build
+    assert compiled.extension() == "module"  # remembered, not rebuilt
 
 
 def test_run_nuts_reports_the_compiled_path():

@@ -19,63 +19,25 @@ The module provides
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import time
-import warnings
 from pathlib import Path
 from types import ModuleType
 
-import torch
+from .._compiled import ENV, build_extension, compiled_enabled
 
 __all__ = ["extension", "compiled_enabled", "resolve_extension"]
 
 _SOURCE = Path(__file__).with_name("_flat_nuts.cpp")
-_ENV = "PYRO_BNNLV_COMPILED"
-_state: dict[str, ModuleType | None | bool] = {"tried": False, "module": None}
-_log = logging.getLogger("pyro_bnnlv")
-
-
-def compiled_enabled() -> bool:
-    """False when ``PYRO_BNNLV_COMPILED`` is set to ``0``/``false``/``no``/``off``."""
-    return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def extension() -> ModuleType | None:
     """The compiled module (built on the first call), or ``None`` if disabled or unbuildable.
 
     A failed build warns once (with the compiler's first error line) and is not retried in this
-    process.
+    process; see :func:`pyro_bnnlv._compiled.build_extension` (interrupted builds never hang a
+    later one).
     """
-    if not compiled_enabled():
-        return None
-    if _state["tried"]:
-        return _state["module"]  # type: ignore[return-value]
-    _state["tried"] = True
-    try:
-        from torch.utils.cpp_extension import load
-
-        t0 = time.perf_counter()
-        _log.info("pyro_bnnlv: building the compiled NUTS core (once per machine, ~20 s)")
-        # the torch version in the name: a build against another torch is never picked up
-        name = "pyro_bnnlv_flat_nuts_" + re.sub(r"\W", "_", torch.__version__)
-        module = load(name=name, sources=[str(_SOURCE)],
-                      extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)  # fmt: skip
-        _log.info("pyro_bnnlv: compiled NUTS core ready after %.1f s", time.perf_counter() - t0)
-    except Exception as err:  # any build failure: fall back to Python
-        lines = str(err).strip().splitlines()
-        first = [ln for ln in lines if "error" in ln.lower() and "Error building" not in ln][:1] or lines[:1]
-        warnings.warn(
-            "pyro_bnnlv could not build its compiled NUTS core, so NUTS uses the pure-Python fast "
-            f"path (about 2.7x slower): {first[0] if first else type(err).__name__}. "
-            f"Set {_ENV}=0 to silence this.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        module = None
-    _state["module"] = module
-    return module
+    return build_extension("pyro_bnnlv_flat_nuts", _SOURCE, "compiled NUTS core",
+                           "NUTS uses the pure-Python fast path (about 2.7x slower)")  # fmt: skip
 
 
 def resolve_extension(compiled: bool | None) -> ModuleType | None:
@@ -85,6 +47,6 @@ def resolve_extension(compiled: bool | None) -> ModuleType | None:
     if compiled and module is None:
         raise RuntimeError(
             "compiled=True but the compiled NUTS core is unavailable (see the warning above, or "
-            f"{_ENV}=0 is set)"
+            f"{ENV}=0 is set)"
         )
     return module

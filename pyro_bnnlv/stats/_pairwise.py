@@ -46,9 +46,6 @@ into the graph); scalars derived from data (bandwidths) are computed inside each
 
 from __future__ import annotations
 
-import logging
-import re
-import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -56,36 +53,21 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .._compiled import build_extension
+
 __all__ = [
     "gauss_gram", "gauss_kernel_sum", "centred_alignment", "compiled_henze_zirkler", "ncai_statistics",
     "pairwise_extension",
 ]
 
 _SOURCE = Path(__file__).with_name("_pairwise.cpp")
-_state: dict[str, ModuleType | None | bool] = {"tried": False, "module": None}
-_log = logging.getLogger("pyro_bnnlv")
 
 
 def pairwise_extension() -> ModuleType | None:
     """The compiled kernels of ``_pairwise.cpp`` (built on the first call, a few seconds), or
     ``None`` when disabled (``PYRO_BNNLV_COMPILED=0``) or unbuildable (warns once, not retried)."""
-    from ..infer.compiled import compiled_enabled
-
-    if not compiled_enabled():
-        return None
-    if not _state["tried"]:
-        _state["tried"] = True
-        try:
-            from torch.utils.cpp_extension import load
-
-            _log.info("pyro_bnnlv: building the compiled pairwise kernels (once per machine)")
-            name = "pyro_bnnlv_pairwise_" + re.sub(r"\W", "_", torch.__version__)
-            _state["module"] = load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)
-        except Exception as err:  # any build failure: fall back to torch
-            warnings.warn(f"pyro_bnnlv could not build its compiled pairwise kernels, so the NCAI "
-                          f"statistics use the pure-torch path (slower): {type(err).__name__}: "
-                          f"{str(err).strip().splitlines()[-1:]}", RuntimeWarning, stacklevel=3)  # fmt: skip
-    return _state["module"]  # type: ignore[return-value]
+    return build_extension("pyro_bnnlv_pairwise", _SOURCE, "compiled pairwise kernels",
+                           "the NCAI statistics use the pure-torch path (slower)")  # fmt: skip
 
 
 def _use_compiled(compiled: bool | None) -> ModuleType | None:

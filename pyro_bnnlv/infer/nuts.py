@@ -1115,6 +1115,16 @@ def _check_flat_potential(pot: FlatPotential, traced_potential: Callable, params
 # ----------------------------------------------------------------------------------------------
 # run_nuts
 # ----------------------------------------------------------------------------------------------
+def _stuck_chains(mcmc: MCMC) -> list[int]:
+    """Chains whose draws are all one point (no proposal accepted after the warm-up)."""
+    samples = mcmc.get_samples(group_by_chain=True)
+    if not samples:
+        return []
+    num_chains = next(iter(samples.values())).shape[0]
+    return [c for c in range(num_chains)
+            if all(bool((v[c] == v[c, :1]).all()) for v in samples.values())]  # fmt: skip
+
+
 def chain_records(mcmc: MCMC) -> list[dict]:
     """Per-chain kernel diagnostics of a run MCMC (Pyro's ``divergences`` and ``acceptance
     rate``, plus the per-draw records of this module's kernels), without the R-hat/ESS that
@@ -1380,6 +1390,15 @@ def run_nuts(
             "so each draw costs the maximum and explores less than NUTS would. Raise "
             "max_tree_depth (each +1 doubles the cost of a saturated draw), try full_mass=True, "
             "or reparameterise the model (narrower priors, standardised data)",
+            UserWarning, stacklevel=2,
+        )  # fmt: skip
+    stuck = _stuck_chains(mcmc) if num_samples > 1 else []
+    if stuck:
+        warnings.warn(
+            f"run_nuts: chain(s) {stuck} never moved: all {num_samples} draws are the same point "
+            f"(every proposal was rejected), so they are not posterior samples. The warm-up "
+            f"(warmup_steps={warmup_steps}) was too short to adapt the step size: raise "
+            "warmup_steps (a few hundred is usual) or pass a smaller step_size",
             UserWarning, stacklevel=2,
         )  # fmt: skip
     mcmc.run_info = {  # type: ignore[attr-defined]

@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.small:
         kw = dict(steps=args.steps or 30, hidden=10, particles=5)
         if args.experiment == "cosine":
-            kw.update(nuts_chains=1, nuts_samples=20, nuts_warmup=20, kl_samples=50, kl_draws=2)
+            kw.update(nuts_chains=1, nuts_samples=20, nuts_warmup=50, kl_samples=50, kl_draws=2)
         else:
             kw.update(kl_samples=20, num_inputs=20, num_samples=50)
     if args.kl_samples is not None and args.experiment == "uci":

@@ -182,6 +182,27 @@ def _returns_array(task):
     return {"ok": np.float64(1.0), "one_element": torch.tensor([2.0]), "bad": np.zeros(3)}
 
 
+def _child_pids(pid: int) -> list[int]:
+    """Linux: the processes whose parent is ``pid`` (from /proc)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited
+
+
 def test_kill_9_mid_sweep_then_rerun_completes_the_table_without_running_a_task_twice(tmp_path, monkeypatch):
     tasks = _tasks(n_splits=4, sleep=1.0)  # 8 tasks of about a second each
     ref = run_sweep(_tasks(n_splits=4), toy_fit, out_dir=tmp_path / "ref", executor="inline", progress=False)
@@ -206,8 +227,15 @@ def test_kill_9_mid_sweep_then_rerun_completes_the_table_without_running_a_task_
             if (out / STORE_NAME).exists() and (load_results(out)["status"] == "done").sum() >= 2:
                 break
             time.sleep(0.1)
+        workers = _child_pids(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        if sys.platform.startswith("linux"):  # the orphaned pool workers end too, not wait forever
+            assert len(workers) >= 2  # the pool workers (and spawn's resource tracker)
+            deadline = time.monotonic() + 20
+            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not any(_alive(pid) for pid in workers), "pool workers outlived their killed driver"
     finally:
         if proc.poll() is None:  # pragma: no cover - only if an assertion fired above
             proc.kill()

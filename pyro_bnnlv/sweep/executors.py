@@ -131,6 +131,24 @@ class InlineExecutor:
         pass
 
 
+def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
+    """Pool-worker initializer: end this worker when the driver process is gone.
+
+    A driver killed with SIGKILL (or by a time-out) runs no clean-up, and its
+    ``ProcessPoolExecutor`` workers would wait on the task queue forever: each holds the queue's
+    write end, so none ever reads end-of-file (measured: two orphans still waiting 7 minutes after
+    the kill -9 test). A daemon thread notices the new parent and exits the worker.
+    """
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == driver_pid:
+            time.sleep(every)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="pyro_bnnlv-driver-watch", daemon=True).start()
+
+
 class LocalExecutor:
     """``workers`` processes of a ``spawn`` :class:`~concurrent.futures.ProcessPoolExecutor`."""
 
@@ -140,7 +158,8 @@ class LocalExecutor:
         self.threads, self.slots = threads, workers
 
     def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
-        pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_exit_with_driver, initargs=(os.getpid(),))  # fmt: skip
         try:
             futures = {pool.submit(execute, fn, task, self.threads): task for task in tasks}
             for future in as_completed(futures):

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from .infer.predict import sample_posterior
 from .infer.svi import set_seed
+from ._figures import finish_figure
 
 __all__ = [
     "to_inference_data",
@@ -385,8 +386,6 @@ def plot_trace(
     ``axes``: a ``(rows, 2)`` array of matplotlib axes to draw into. Returns the figure; with
     ``path`` it is also written there.
     """
-    from .plotting import finish_figure
-
     panels = [(lab, arr[..., j]) for _, labels, arr in _invariant_draws(idata, f_points, num_points)
               for j, lab in enumerate(labels)]  # fmt: skip
     owned = axes is None

@@ -241,8 +241,9 @@ class ModuleNet(FlatNet):
     * :func:`~pyro_bnnlv.models.bnn.fan_in_prior_scale` reads the fan-ins from the module's
       ``nn.Linear`` and ``nn.Conv*`` layers (:meth:`layer_fan_in`); other parameters (norm
       layers, embeddings) have no fan-in and need a ``prior_scale`` of your own.
-    * ``fit_svi``'s compiled default loss may be unable to trace ``vmap(functional_call)``; it then
-      falls back to the eager ``Trace_ELBO`` (same estimator, about twice the cost per step).
+    * ``fit_svi`` trains a model on a ``ModuleNet`` with the eager ``Trace_ELBO`` by default (its
+      ``vmap(functional_call)`` cannot be traced by the JIT), quietly: the same estimator, about
+      twice the cost per step of the compiled loss an ``MLP`` gets.
     * NUTS has no compiled fast path for it: ``run_nuts`` builds the potential from
       ``log p(y | x, w) + log p(w)`` with autograd gradients (Python, ``FlatPotential.from_log_density``)
       under the compiled tree. Each leapfrog step costs a forward and backward pass through

@@ -15,31 +15,10 @@ from typing import Any
 
 import torch
 
+from ._figures import finish_figure, new_axes
 from .stats.predictive import mixture_quantile, posterior_sample_dict
 
 __all__ = ["plot_predictive_1d", "new_axes", "finish_figure"]
-
-
-def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 4)) -> tuple[Any, Any]:
-    """``(figure, ax)``: the figure of the given ``ax``, or a new pyplot figure with one axes."""
-    if ax is not None:
-        return ax.figure, ax
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=figsize)
-
-
-def finish_figure(fig: Any, path: str | Path | None, owned: bool, dpi: int = 120) -> Any:
-    """Save ``fig`` to ``path`` if given; close it when this library created it (``owned``)."""
-    if path is not None:
-        if owned:
-            fig.tight_layout()
-        fig.savefig(Path(path), dpi=dpi)
-        if owned:
-            import matplotlib.pyplot as plt
-
-            plt.close(fig)
-    return fig
 
 
 def plot_predictive_1d(

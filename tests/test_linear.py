@@ -469,9 +469,18 @@ def test_table_and_plot(tmp_path):
     assert set(df.theta) == {"theta_0*", "theta_mix*"} and set(df.approx) == {"q0", "qmix"}
     assert df.K.min() == 2 and df.K.max() == 128
     out = tmp_path / "fig.png"
-    plot_invariance_gap(df, out)
+    fig = plot_invariance_gap(df, out)
     assert out.stat().st_size > 10_000
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(fig.axes) == 5 and fig.axes[0].lines  # returned, still drawable
+    import matplotlib.pyplot as plt
+
+    outer, axes = plt.subplots(2, 5)
+    assert plot_invariance_gap(df, axes=axes[1]) is outer  # a row of the caller's figure, no file
+    assert all(ax.lines for ax in axes[1]) and not any(ax.lines for ax in axes[0])
+    with pytest.raises(ValueError, match="axes must hold 5"):
+        plot_invariance_gap(df, axes=axes[0, :2])
+    plt.close("all")
 
 
 def test_closed_form_input_validation():

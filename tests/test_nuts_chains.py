@@ -130,6 +130,20 @@ def test_a_chain_that_never_moves_is_reported():
     assert torch.unique(m.get_samples()["w"], dim=0).shape[0] > 1
 
 
+def test_threaded_chains_beyond_the_cores_say_what_they_cost(monkeypatch):
+    if compiled.extension() is None:
+        pytest.skip("threaded chains need the compiled core")
+    model, x, y = _toy_bnn()
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    with pytest.warns(UserWarning, match=r"2 chains share 1 core\(s\).*about 2.0x the wall time"):
+        m = run_nuts(model, x, y, num_chains=2, seed=0, **KW)
+    assert m.run_info["chain_method"] == "threads"
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*chains share")
+        run_nuts(model, x, y, num_chains=2, seed=0, **KW)
+
+
 def test_run_time_is_estimated_from_the_first_iterations(caplog):
     model, x, y = _toy_bnn()
     with caplog.at_level(logging.INFO, logger="pyro_bnnlv"):

@@ -256,8 +256,14 @@ def test_validation_and_plot(tmp_path, toy_data):
         invariance_gap_at_inputs(torch.ones(2), torch.zeros(2), torch.ones(2), torch.zeros(2),
                                  torch.ones(2), m=torch.zeros(2))  # fmt: skip
     df = first_layer_invariance_gap(model, params, x, num_samples=100)
-    plot_first_layer_invariance_gap(df, tmp_path / "gap.png")
-    assert (tmp_path / "gap.png").stat().st_size > 0
+    fig = plot_first_layer_invariance_gap(df, tmp_path / "gap.png")
+    assert (tmp_path / "gap.png").stat().st_size > 0 and fig.axes[0].patches
+    import matplotlib.pyplot as plt
+
+    outer, (a, b) = plt.subplots(1, 2)
+    assert plot_first_layer_invariance_gap(df, ax=b) is outer
+    assert b.patches and not a.patches
+    plt.close("all")
     assert df.attrs["num_inputs"] == len(x)
 
 

@@ -83,6 +83,21 @@ def test_load_dataset_records_split_and_seed():
     assert pb.load_dataset("cosine", seed=5).split is None
 
 
+def test_load_dataset_seed_moves_the_validation_subset_not_the_test_split():
+    """The docstring's rule: on a UCI set ``seed=`` draws the validation subset (and so moves the
+    standardisation statistics) while the test rows stay; ``split=`` picks other test rows."""
+    a, b, other = (pb.load_dataset("yacht", seed=0), pb.load_dataset("yacht", seed=1),
+                   pb.load_dataset("yacht", split=1))  # fmt: skip
+
+    def original(d, part):
+        return getattr(d, f"y_{part}").double() * float(d.y_std) + float(d.y_mean)
+
+    torch.testing.assert_close(original(a, "test"), original(b, "test"), rtol=1e-5, atol=1e-5)
+    assert float(a.y_mean) != float(b.y_mean)
+    assert not torch.equal(torch.sort(original(a, "valid")).values, torch.sort(original(b, "valid")).values)
+    assert a.x_test.shape != other.x_test.shape or not torch.allclose(original(a, "test"), original(other, "test"))
+
+
 # ---------------------------------------------------------------------------------------------
 # evaluate
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +207,55 @@ def test_ood_report_compares_methods_on_shared_axes(tmp_path, no_backend_switch)
     assert a.get_shared_x_axes().joined(a, b) and a.get_xlim() == b.get_xlim()
 
 
+def test_other_plot_helpers_draw_into_given_axes(no_backend_switch):
+    """ax= / axes= for the helpers besides plot_predictive_1d: each returns the caller's figure,
+    draws into the given axes only, and writes no file without a path."""
+    import matplotlib.pyplot as plt
+
+    from pyro_bnnlv.stats.ood import plot_epistemic_histograms, plot_ood_comparison
+
+    outer, axes = plt.subplots(3, 3)
+    rng = np.random.default_rng(0)
+    ent = {"test": rng.normal(size=50), "ood": rng.normal(1, 1, size=50)}
+    assert plot_epistemic_histograms(ent, ax=axes[0, 0]) is outer
+    assert axes[0, 0].patches and not axes[0, 1].patches
+    model = pb.BNN(pb.MLP(1, [], 1, activation="identity"))
+    g = torch.Generator().manual_seed(0)
+    w = torch.stack([1 + 0.3 * torch.randn(100, generator=g), 0.2 * torch.randn(100, generator=g)], 1)
+    near, far = torch.linspace(-0.5, 0.5, 20)[:, None], torch.linspace(3, 4, 20)[:, None]
+    rep = ood_report(model, w, near, near, far)
+    assert plot_ood_comparison({"a": rep, "b": rep}, axes=[axes[1, 0], axes[1, 1]]) is outer
+    assert axes[1, 0].patches and axes[1, 1].patches and not axes[1, 2].patches
+    with pytest.raises(ValueError, match="axes has 1 entries for 2"):
+        plot_ood_comparison({"a": rep, "b": rep}, axes=[axes[1, 2]])
+    lv = pb.BNNLV(pb.MLP(2, [5], 1), latent_dim=1, noise_scale=0.3)
+    frame = uncertainty_decomposition(lv, torch.randn(5, lv.num_weights, generator=g), near, num_inner=10)
+    assert plot_uncertainty_decomposition({"a": frame}, axes=[axes[2, 0]]) is outer
+    assert len(axes[2, 0].lines) == 3 and not axes[2, 1].lines
+    data = pb.load_dataset("cosine", sizes=(30, 10, 10))
+    bnn = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.1)
+    idata = pb.to_inference_data(bnn, {"w": 0.1 * torch.randn(2, 15, bnn.num_weights, generator=g)},
+                                 data.x_train, data.y_train, seed=0)  # fmt: skip
+    trace_fig, trace_axes = plt.subplots(2, 2)
+    assert pb.diagnostics.plot_trace(idata, f_points=[0], axes=trace_axes) is trace_fig
+    assert all(ax.lines or ax.patches for ax in trace_axes.ravel())
+    plt.close("all")
+
+
+def test_no_library_code_switches_the_matplotlib_backend():
+    """An interactive session's backend is the user's: no module of the package may call
+    ``matplotlib.use`` or ``pyplot.switch_backend`` (a plot helper of issue 17 did, after the
+    issue-20 clean-up had removed the others)."""
+    import re
+    from pathlib import Path
+
+    root = Path(pb.__file__).parent
+    offenders = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if re.search(r"matplotlib\.use\(|switch_backend\(", line) and not line.lstrip().startswith("#")]  # fmt: skip
+    assert not offenders, offenders
+
+
 def test_plot_trace_shows_function_values_and_log_likelihood(no_backend_switch):
     import matplotlib.pyplot as plt
 
@@ -256,9 +320,15 @@ def test_empirical_bayes_exposes_scalar_scales():
 
 
 def test_latent_diagnostics_names_the_argument_order():
+    """The issue's mistake exactly: a fitted guide first, as ``latent_diagnostics(guide, x, y)``."""
     x, y = torch.randn(10, 1), torch.randn(10)
-    with pytest.raises(TypeError, match=r"latent_diagnostics\(model, guide, x, y\)"):
-        pb.stats.latent_diagnostics(lambda *a: None, x, y)
+    model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1, noise_scale=0.3)
+    guide = pb.MeanField(model)
+    pb.fit_svi(model, guide, x, y, num_steps=5, seed=0, progress=False)
+    for wrong in [(guide, x, y), (lambda *a: None, x, y)]:
+        with pytest.raises(TypeError, match=r"latent_diagnostics\(model, guide, x, y\)"):
+            pb.stats.latent_diagnostics(*wrong)
+    assert "mi_x_z" in str(pb.stats.latent_diagnostics(model, guide, x, y))  # the right order works
 
 
 # ---------------------------------------------------------------------------------------------

@@ -972,8 +972,9 @@ class _ChainRunner:
     def _say_estimate(self, bar: Any, n: int, elapsed: float, total: int) -> None:
         est = elapsed * total / n
         K = len(self.kernels)
-        how = (f"{K} chains in parallel threads" if self.parallel and K > 1
-               else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
+        cores = os.cpu_count() or 1
+        how = (f"{K} chains in parallel threads" + (f" on {cores} cores" if K > cores else "")
+               if self.parallel and K > 1 else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
         msg = (f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
                f"{self.warmup_steps + self.num_samples} iterations, from the first {n} iterations "
                f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)")  # fmt: skip
@@ -1330,6 +1331,14 @@ def run_nuts(
                 + ("the compiled NUTS core is unavailable" if ext is None else
                    "the potential is Python code (not an MLP regression potential), which holds the GIL")
                 + ". Chains run in parallel threads for MLP potentials with the compiled core",
+                UserWarning, stacklevel=2,
+            )  # fmt: skip
+        cores = os.cpu_count() or 1
+        if parallel and num_chains > cores:
+            warnings.warn(
+                f"run_nuts: {num_chains} chains share {cores} core(s): they run in parallel threads, "
+                f"but take about {num_chains / cores:.1f}x the wall time of one chain (the draws are "
+                f"the same as with {cores} chains at a time)",
                 UserWarning, stacklevel=2,
             )  # fmt: skip
         kernels = [

@@ -176,10 +176,10 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
     """First step; with the compiled default loss, a model the JIT cannot trace (data-dependent
     Python control flow, unsupported ops) falls back to ``Trace_ELBO``.
 
-    The eager step runs first: an error of the model or guide themselves (a guide with no
-    density, wrong shapes) is raised as it is, with no word about the JIT. Only when the eager
-    step works does the fallback warn, in one line, once per process for each model and guide
-    class."""
+    When the compiled step fails, the same step runs eagerly: an error of the model or guide
+    themselves (a guide with no density, wrong shapes) is then raised as it is, with no word about
+    the JIT. Only when the eager step works does the fallback warn, in one line, once per process
+    for each model and guide class."""
     try:
         with plate_shape_tracer_warnings_ignored():
             return loss, *_loss_and_params(loss, model, guide, x, y, kwargs)

@@ -86,6 +86,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor
+from .._figures import finish_figure
 
 __all__ = [
     "OverparametrisedLinear",
@@ -715,9 +716,10 @@ def invariance_gap_table(
     return pd.DataFrame(rows)
 
 
-def plot_invariance_gap(df, path, svi=None) -> None:
-    """Write Fig. 1 (gap vs ``K`` with the bound) and Fig. 2 (KL, ELL, ELBO, predictive variance)
-    panels from :func:`invariance_gap_table` output to the PNG ``path`` (Agg backend).
+def plot_invariance_gap(df, path=None, svi=None, *, axes=None):
+    """Fig. 1 (gap vs ``K`` with the bound) and Fig. 2 (KL, ELL, ELBO, predictive variance)
+    panels from :func:`invariance_gap_table` output. Returns the figure; writes the PNG ``path``
+    when given; ``axes``: five matplotlib axes to draw into (default: a new figure).
 
     ``svi``: optionally a :func:`pyro_bnnlv.invariance.svi_invariance_experiment` table (columns
     ``K``, ``elbo_fit``, ``pred_var_y_fit``), overlaid as black crosses on the ELBO and
@@ -725,7 +727,14 @@ def plot_invariance_gap(df, path, svi=None) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"theta_0*": "tab:blue", "theta_mix*": "tab:red"}
-    fig, axes = plt.subplots(1, 5, figsize=(22, 4))
+    owned = axes is None
+    if owned:
+        fig, axes = plt.subplots(1, 5, figsize=(22, 4))
+    else:
+        axes = list(getattr(axes, "flat", axes))
+        if len(axes) != 5:
+            raise ValueError(f"axes must hold 5 matplotlib axes (gap, KL, ELL, ELBO, predictive variance), got {len(axes)}")
+        fig = axes[0].figure
     g = df[df.approx == "q0"]
     for tname, sub in g.groupby("theta"):
         axes[0].plot(sub.K, sub.gap, color=colors[tname], label=f"KL[q0||qmix] at {tname}")
@@ -745,6 +754,4 @@ def plot_invariance_gap(df, path, svi=None) -> None:
     for ax in axes:
         ax.set_xlabel("K")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return finish_figure(fig, path, owned, dpi=100)

@@ -30,7 +30,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyro
 import torch
@@ -192,13 +194,14 @@ def _mode_colours(net, w: Tensor) -> list:
     return [palette[int((~r).nonzero()[0])] if int(r.sum()) == 3 else "0.7" for r in ok]
 
 
-def plot_four_modes(result: FourModesResult, path: str | Path, fits: Sequence[str] | None = None) -> None:
+def plot_four_modes(result: FourModesResult, path: str | Path | None = None, fits: Sequence[str] | None = None,
+                    *, axes: Any = None) -> Any:
     """Fig. 2 of the paper: per fit (default :data:`FIGURE_FITS`, those present), the weight samples
     (units in canonical order) on the candidates' first two principal components, coloured by the
-    bump they miss (grey: fit fewer than three), and the posterior predictive with the data."""
-    import matplotlib
+    bump they miss (grey: fit fewer than three), and the posterior predictive with the data.
 
-    matplotlib.use("Agg")
+    Returns the figure; writes the PNG ``path`` when given. ``axes``: a ``(2, len(fits))`` array of
+    matplotlib axes to draw into (default: a new figure)."""
     import matplotlib.pyplot as plt
 
     net = four_modes_net()
@@ -208,7 +211,14 @@ def plot_four_modes(result: FourModesResult, path: str | Path, fits: Sequence[st
     grid = torch.linspace(-5, 5, 300)[:, None]
     x, y = result.data.x_train, result.data.y_train
     pc_c = (result.candidates - mean) @ V[:2].T
-    fig, axes = plt.subplots(2, len(names), figsize=(3.4 * len(names), 6.2), squeeze=False)
+    owned = axes is None
+    if owned:
+        fig, axes = plt.subplots(2, len(names), figsize=(3.4 * len(names), 6.2), squeeze=False)
+    else:
+        axes = np.asarray(axes, dtype=object).reshape(2, -1)
+        if axes.shape[1] != len(names):
+            raise ValueError(f"axes must be 2 x {len(names)} (one column per fit {names}), got 2 x {axes.shape[1]}")
+        fig = axes[0, 0].figure
     for j, name in enumerate(names):
         w = canonical_rbf_units(net, result.samples[name])
         pc = (w - mean) @ V[:2].T
@@ -230,9 +240,13 @@ def plot_four_modes(result: FourModesResult, path: str | Path, fits: Sequence[st
                for c, m in zip(["tab:blue", "tab:orange", "tab:green", "tab:red"], FOUR_MODE_CENTRES)]
     handles.append(plt.Line2D([], [], ls="", marker="o", c="0.7", label="fits < 3 bumps"))
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    if owned:
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+    if path is not None:
+        fig.savefig(path, dpi=80)
+        if owned:
+            plt.close(fig)
+    return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -126,6 +126,7 @@ import torch
 from torch import Tensor
 
 from ..infer.svi import _check_positive_int, isolated_param_store
+from .._figures import finish_figure, new_axes
 
 __all__ = [
     "likelihood_factor_from_posterior",
@@ -634,14 +635,14 @@ def first_layer_invariance_gap(
     )
 
 
-def plot_first_layer_invariance_gap(df, path: str | Path, sort: bool = True) -> None:
+def plot_first_layer_invariance_gap(df, path: str | Path | None = None, sort: bool = True, *, ax: Any = None) -> Any:
     """Bar chart per first-layer unit of ``kl_to_prior`` and ``gap_mean`` (and ``gap_mixture``
-    when present) from :func:`first_layer_invariance_gap`, written to the PNG ``path``."""
-    import matplotlib.pyplot as plt
-
+    when present) from :func:`first_layer_invariance_gap`. Returns the figure; writes the PNG
+    ``path`` when given; draws into ``ax`` when given."""
     d = df.sort_values("kl_to_prior", ascending=False) if sort else df
     pos = range(len(d))
-    fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(d) + 2), 3.5))
+    owned = ax is None
+    fig, ax = new_axes(ax, figsize=(max(6, 0.25 * len(d) + 2), 3.5))
     ax.bar(pos, d.kl_to_prior, color="lightgray", label="KL[q0 || p] of the unit")
     ax.bar(pos, d.gap_mean, color="tab:red", width=0.5, label="invariance gap (mean over inputs)")
     if d.gap_mixture.notna().any():
@@ -651,6 +652,4 @@ def plot_first_layer_invariance_gap(df, path: str | Path, sort: bool = True) -> 
     ax.set_xlabel("first-layer unit" + (" (sorted by KL)" if sort else ""))
     ax.set_ylabel("nats")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return finish_figure(fig, path, owned, dpi=100)

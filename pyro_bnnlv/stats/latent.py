@@ -25,6 +25,7 @@ from torch import Tensor
 from ..infer.predict import as_sample_dict, guide_site_mean
 from ..infer.svi import isolated_param_store
 from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
+from .._figures import finish_figure
 
 __all__ = [
     "latent_means",
@@ -173,8 +174,6 @@ def plot_uncertainty_decomposition(
     everything is on the scale the model saw. ``axes``: one matplotlib axes per method to draw
     into. Returns the figure; with ``path`` it is also written there.
     """
-    from ..plotting import finish_figure
-
     if not frames:
         raise ValueError("frames is empty: pass {method name: uncertainty_decomposition(...)}")
     for name, frame in frames.items():

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..infer.predict import as_sample_dict
 from .latent import knn_entropy_1d
+from .._figures import finish_figure, new_axes
 
 __all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
 
@@ -142,8 +143,6 @@ def plot_epistemic_histograms(
     """
     import numpy as np
 
-    from ..plotting import finish_figure, new_axes
-
     owned = ax is None
     fig, ax = new_axes(ax, figsize=(6, 3.5))
     values = {k: np.asarray(v, dtype=float) for k, v in entropies.items()}
@@ -171,8 +170,6 @@ def plot_ood_comparison(
     is also written there."""
     if not reports:
         raise ValueError("reports is empty: pass {method name: ood_report(...)}")
-    from ..plotting import finish_figure
-
     owned = axes is None
     if owned:
         import matplotlib.pyplot as plt

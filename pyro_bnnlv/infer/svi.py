@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 import warnings
 import weakref
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .._checks import check_int, check_seed
 from ..nets import ModuleNet
 from ..param_names import param_fullnames
 
@@ -72,21 +72,18 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.value = step, value
 
 
-def set_seed(seed: int | None) -> None:
-    """Seed Python, NumPy and torch through ``pyro.set_rng_seed`` (no-op for ``None``)."""
+def set_seed(seed: int | None, name: str = "seed") -> None:
+    """Seed Python, NumPy and torch through ``pyro.set_rng_seed`` (no-op for ``None``); a seed
+    that is not an integer in ``[0, 2**32)`` is a ``ValueError`` naming ``name``."""
+    seed = check_seed(seed, name)
     if seed is not None:
-        pyro.set_rng_seed(int(seed))
+        pyro.set_rng_seed(seed)
 
 
 def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> int | None:
-    """``value`` as an ``int``; ``ValueError`` naming ``name`` unless it is an integer (Python or
-    NumPy, not a bool) ``>= minimum``."""
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    return int(value)
+    """``value`` as an ``int >= minimum`` (Python or NumPy integers, not bools):
+    :func:`pyro_bnnlv._checks.check_int`, kept under this name for its many callers."""
+    return check_int(value, name, minimum=minimum, allow_none=allow_none)
 
 
 @contextmanager

@@ -1,0 +1,87 @@
+"""Ground layer: argument checks shared by every module, with errors that name the argument.
+
+One acceptance rule for each kind of number, so a value that works in one function works in all:
+
+* counts (:func:`check_int`): Python or NumPy integers, and one-element integer tensors; not
+  bools, not floats (``4.7`` is never truncated; ``4.0`` is refused as a count: say ``4``);
+* reals (:func:`check_real`): Python or NumPy integers and floats and one-element tensors; not
+  bools, strings or NaN; infinities only with ``allow_inf=True``;
+* seeds (:func:`check_seed`): ``None`` or an integer in ``[0, 2**32)``, the range NumPy's and
+  Python's generators all accept.
+
+Each returns the plain Python value (``int`` or ``float``), so callers store and compare plain
+numbers whatever the user passed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["check_int", "check_real", "check_seed", "ArgumentTypeError"]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a string for a number, ...): a ``TypeError``, and a
+    ``ValueError`` too, so code that catches either (as earlier versions raised) still does."""
+
+
+def _unwrap(value: object) -> object:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() <= 1:
+        return value.item()
+    return value
+
+
+def check_int(value: object, name: str, *, minimum: int | None = 1, allow_none: bool = False) -> int | None:
+    """``value`` as an ``int >= minimum`` (``minimum=None``: any integer); ``ValueError`` naming
+    ``name`` otherwise (:class:`ArgumentTypeError` for a non-number)."""
+    if value is None and allow_none:
+        return None
+    value = _unwrap(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        kind = "a positive integer" if minimum == 1 else "an integer" if minimum is None else f"an integer >= {minimum}"
+        error = ValueError if isinstance(value, numbers.Real) else ArgumentTypeError
+        raise error(f"{name} must be {kind}, got {value!r}" + (" (None is not allowed)" if value is None else ""))
+    if minimum is not None and value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def check_real(
+    value: object,
+    name: str,
+    *,
+    positive: bool = False,
+    nonnegative: bool = False,
+    allow_inf: bool = False,
+    allow_none: bool = False,
+) -> float | None:
+    """``value`` as a ``float``; ``ValueError`` naming ``name`` for NaN, an infinity (unless
+    ``allow_inf``), a non-positive value (``positive``) or a negative one (``nonnegative``);
+    :class:`ArgumentTypeError` for anything that is not a real number (strings, bools, ``None``)."""
+    if value is None and allow_none:
+        return None
+    value = _unwrap(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    if nonnegative and not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def check_seed(value: object, name: str = "seed") -> int | None:
+    """``None`` or an integer seed in ``[0, 2**32)`` as an ``int``."""
+    if value is None:
+        return None
+    value = _unwrap(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2**32:
+        raise ValueError(f"{name} must be None or an integer in [0, 2**32), got {value!r}")
+    return int(value)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from pyro_bnnlv.stats import _pairwise
 from pyro_bnnlv.stats._pairwise import ncai_statistics, pairwise_extension
 from pyro_bnnlv.stats.dependence import henze_zirkler, henze_zirkler_beta, offdiag_cov_norm
 from pyro_bnnlv.stats.hsic import normalized_hsic
@@ -165,7 +166,9 @@ def test_reused_input_gram_is_never_stale():
     first = normalized_hsic(x, mu, compiled=True)
     assert normalized_hsic(x, mu, compiled=True).item() == first.item()  # reused: identical
     swap = lambda: x.copy_(x[torch.tensor([1, 0] + list(range(2, 50)))])  # noqa: E731  same bandwidth
-    for change in (swap, lambda: x.mul_(1.5).add_(0.2), lambda: x[7].add_(1.0)):  # in place
+    # in place: rows swapped, a non-affine map (an affine one leaves the normalised Gram as it
+    # was, so it could not show a stale cache), one entry moved
+    for change in (swap, lambda: x.pow_(3), lambda: x[7].add_(1.0)):
         change()
         assert normalized_hsic(x, mu, compiled=True).item() == pytest.approx(
             _autograd_hsic(x, mu).item(), rel=1e-12)  # fmt: skip
@@ -174,3 +177,31 @@ def test_reused_input_gram_is_never_stale():
     assert normalized_hsic(other, mu, compiled=True).item() == pytest.approx(
         _autograd_hsic(other, mu).item(), rel=1e-12)  # fmt: skip
     assert normalized_hsic(other, mu, compiled=True).item() != normalized_hsic(x, mu, compiled=True).item()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_second_derivatives_are_refused_not_silently_dropped(compiled):
+    """The hand-written gradients are first order: a Hessian through them used to come back with
+    the statistics' curvature missing (max |H| = 0 for HZ on the compiled path)."""
+    from pyro_bnnlv.stats.dependence import henze_zirkler
+
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(8, 2, dtype=torch.float64, generator=g) ** 3
+    x = torch.randn(8, 1, dtype=torch.float64, generator=g)
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        torch.autograd.functional.hessian(lambda m: henze_zirkler(m, compiled=compiled), mu)
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        torch.autograd.functional.hessian(lambda m: normalized_hsic(x, m, compiled=compiled), mu)
+    if compiled:  # the registered operator (what a traced NCAIElbo calls)
+        m = mu.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(ncai_statistics(x, m)[0] + (m**2).sum(), m, create_graph=False)
+        assert torch.isfinite(grad).all()  # first order still works
+        with pytest.raises(RuntimeError, match="first-order gradients only"):
+            torch.autograd.grad(ncai_statistics(x, m)[0], m, create_graph=True)
+
+
+def test_tensors_off_the_cpu_take_the_torch_path():
+    meta = torch.empty(5, 1, device="meta")
+    with pytest.raises(RuntimeError, match="not on the CPU"):
+        _pairwise._use_compiled(True, meta)
+    assert _pairwise._use_compiled(None, meta) is None

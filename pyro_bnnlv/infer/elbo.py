@@ -149,11 +149,14 @@ class PenalizedElbo(Trace_ELBO):
         total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
         if surrogate.requires_grad:
             surrogate.backward(retain_graph=self.retain_graph)
-        record = {"elbo_loss": elbo_loss.item(), **{k: v.item() for k, v in terms.items()}}
-        record["penalty"] = torch.as_tensor(pen).item()
+        # one stack and one conversion for the whole record (was an .item() per term)
+        names = ("elbo_loss", *terms, "penalty", "_total")
+        values = [elbo_loss, *terms.values(), torch.as_tensor(pen), total]  # float64: no term rounded
+        record = dict(zip(names, torch.stack([v.detach().to(torch.float64) for v in values]).tolist()))
+        total_value = record.pop("_total")
         self.history.append(record)
         self.steps_taken += 1
-        return total.item()
+        return total_value
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         with torch.no_grad():

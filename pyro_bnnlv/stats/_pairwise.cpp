@@ -470,6 +470,12 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
+    // first-order only: with create_graph=True (Hessians, Hessian-vector products) the
+    // statistics' curvature would be silently missing, so refuse instead
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "pyro_bnnlv's Henze-Zirkler / HSIC kernels have first-order gradients only: second "
+                "derivatives (create_graph=True, torch.autograd.functional.hessian, Hessian-vector "
+                "products) through them are not supported");
     const auto s = ctx->get_saved_variables();
     Tensor dmu, dx;
     if (ctx->saved_data["gmu"].toBool()) dmu = g[0] * s[0] + g[1] * s[1] + g[2] * s[2];

@@ -38,8 +38,9 @@ machine and torch version) and used when available; the torch functions here are
 and the fallback (``PYRO_BNNLV_COMPILED=0`` disables the build, as for the NUTS core;
 ``tests/test_stats_pairwise.py`` compares the two, and both with the previous autograd form).
 
-The gradients are first-order only (``once_differentiable``): enough for SVI, not for
-Hessian-vector products through the penalties. The functions run as ``prim::PythonOp`` nodes in
+The gradients are first-order only: enough for SVI, not for Hessians or Hessian-vector
+products through the penalties, which raise an error (``create_graph=True`` in a backward pass)
+rather than return a curvature with the statistics' part missing. The functions run as ``prim::PythonOp`` nodes in
 a ``torch.jit.trace`` graph, executed by Python at every call (their bodies are not frozen
 into the graph); scalars derived from data (bandwidths) are computed inside each call.
 """
@@ -51,7 +52,6 @@ from types import ModuleType
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .._compiled import build_extension
 
@@ -70,12 +70,28 @@ def pairwise_extension() -> ModuleType | None:
                            "the NCAI statistics use the pure-torch path (slower)")  # fmt: skip
 
 
-def _use_compiled(compiled: bool | None) -> ModuleType | None:
-    module = None if compiled is False else pairwise_extension()
+def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
+    """The kernels for a ``compiled=`` option; they read CPU memory only, so tensors on another
+    device take the torch path (``compiled=True`` then raises)."""
+    on_cpu = all(t.device.type == "cpu" for t in tensors if isinstance(t, Tensor))
+    module = None if compiled is False or not on_cpu else pairwise_extension()
     if compiled and module is None:
-        raise RuntimeError("compiled=True but the compiled pairwise kernels are unavailable (see the "
-                           "warning above, or PYRO_BNNLV_COMPILED=0 is set)")  # fmt: skip
+        why = "the tensors are not on the CPU" if not on_cpu else (
+            "see the warning above, or PYRO_BNNLV_COMPILED=0 is set")
+        raise RuntimeError(f"compiled=True but the compiled pairwise kernels are unavailable ({why})")
     return module
+
+
+def _first_order_only(ctx: object) -> None:
+    """Backward with ``create_graph=True`` (a Hessian, a Hessian-vector product) would need the
+    derivative of these hand-written gradients, which is not implemented: refuse it rather than
+    return a curvature with the statistic's part silently missing."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "pyro_bnnlv's Henze-Zirkler / HSIC kernels have first-order gradients only: second "
+            "derivatives (create_graph=True, torch.autograd.functional.hessian, Hessian-vector "
+            "products) through them are not supported"
+        )
 
 
 def gauss_gram(y: Tensor, gamma: Tensor | float) -> Tensor:
@@ -110,8 +126,8 @@ class _GaussKernelSum(torch.autograd.Function):
         return rows.sum()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
+        _first_order_only(ctx)
         (grad,) = ctx.saved_tensors
         return grad_out * grad, None
 
@@ -135,8 +151,8 @@ class _HenzeZirkler(torch.autograd.Function):
         return value
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        _first_order_only(ctx)
         (grad,) = ctx.saved_tensors
         return grad_out * grad, None, None
 
@@ -164,7 +180,7 @@ def compiled_henze_zirkler(x: Tensor, beta2: Tensor | float, ridge: float, compi
     (``g_1 = beta^2/2``, ``g_2 = beta^2 / (2(1+beta^2))``, ``c_2 = 2(1+beta^2)^{-k/2}``).
     Replaces some forty small autograd operations (forward and backward) by one call.
     """
-    if _use_compiled(compiled) is None:
+    if _use_compiled(compiled, x) is None:
         return None
     return _HenzeZirkler.apply(x, beta2, ridge)
 
@@ -207,7 +223,7 @@ class _CentredAlignment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, eps: float, compiled: bool | None) -> Tensor:
         want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        ext = _use_compiled(compiled)
+        ext = _use_compiled(compiled, a, b)
         if ext is not None:
             value, ga, gb = ext.centred_alignment(a, b, eps, *want)
         else:
@@ -216,8 +232,8 @@ class _CentredAlignment(torch.autograd.Function):
         return value
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: Tensor):
+        _first_order_only(ctx)
         ga, gb = ctx.saved_tensors
         return None if ga is None else grad_out * ga, None if gb is None else grad_out * gb, None, None
 
@@ -254,7 +270,7 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     Python functions cost a Python dispatch each per step. Same input checks and errors as the
     separate functions.
     """
-    if _use_compiled(compiled) is None:
+    if _use_compiled(compiled, x, mu_z) is None:
         return None
     from .dependence import _as_tensor_2d, _check_same_n, henze_zirkler_beta
 

@@ -11,7 +11,9 @@ Sub-commands:
   ``nuts``, ...);
 * ``pyro-bnnlv reproduce NAME [ARGS]``: a paper's experiment at a size for a small machine
   (``hyvi-cosine``, ``hyvi-uci``, ``in-between``, ``proj-uci``); ``ARGS`` go to the experiment
-  (``pyro-bnnlv reproduce hyvi-cosine --help``).
+  (``pyro-bnnlv reproduce hyvi-cosine --help``);
+* ``pyro-bnnlv results [--check]``: regenerate ``docs/results.md`` from ``docs/results.in.md``
+  and the CSVs under ``docs/results/`` (``--check``: exit 1 if the committed page is stale).
 """
 
 from __future__ import annotations
@@ -181,6 +183,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return int(importlib.import_module(module).main(prefix + list(args.args)) or 0)
 
 
+def _cmd_results(args: argparse.Namespace) -> int:
+    from .reproduce.report import main as results_main
+
+    return results_main(check_only=args.check, root=args.root)
+
+
 def _parser() -> argparse.ArgumentParser:
     from .bench import BENCHMARKS
 
@@ -244,6 +252,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", choices=sorted(REPRODUCTIONS))
     r.add_argument("args", nargs=argparse.REMAINDER, help="options of the experiment (--help)")
     r.set_defaults(func=_cmd_reproduce)
+
+    res = sub.add_parser("results", help="regenerate docs/results.md from the CSVs under docs/results/")
+    res.add_argument("--check", action="store_true",
+                     help="write nothing; exit 1, naming the stale file, if docs/results.md is out of date")
+    res.add_argument("--root", help="repository root (default: the checkout pyro_bnnlv is installed from)")
+    res.set_defaults(func=_cmd_results)
     return p
 
 

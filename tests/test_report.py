@@ -1,0 +1,85 @@
+"""``pyro-bnnlv results``: docs/results.md is what docs/results.in.md and the CSVs give."""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pyro_bnnlv.cli import main
+from pyro_bnnlv.reproduce import report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A copy of the template, the page and the CSVs it reads (not the sweep stores)."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    for name in (report.TEMPLATE, report.OUTPUT):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for csv in (ROOT / "docs" / "results").glob("*.csv"):
+        shutil.copy(csv, tmp_path / "docs" / "results" / csv.name)
+    return tmp_path
+
+
+def test_committed_results_page_is_current(capsys):
+    assert main(["results", "--check", "--root", str(ROOT)]) == 0, capsys.readouterr().err
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_changed_csv_value_fails_check_naming_the_files(checkout, capsys):
+    csv = checkout / "docs" / "results" / "hyvi-cosine.csv"
+    table = pd.read_csv(csv)
+    table.loc[table["method"] == "MFVI", "test_ll"] = -9.0
+    table.to_csv(csv, index=False)
+    assert main(["results", "--check", "--root", str(checkout)]) == 1
+    err = capsys.readouterr().err
+    assert "docs/results.md is stale" in err
+    assert "docs/results/hyvi-cosine.csv" in err
+    assert "-9.00" in err  # the diff shows the new value
+    # regenerating makes it current again, and only that table changed
+    before = (checkout / report.OUTPUT).read_text()
+    assert main(["results", "--root", str(checkout)]) == 0
+    after = (checkout / report.OUTPUT).read_text()
+    changed = [a for a, b in zip(after.splitlines(), before.splitlines()) if a != b]
+    assert changed == ["| MFVI | 0.093 | 0.12 | 0.12 | -9.00 | 244 / 83 | 469 / 445 |"]
+    assert main(["results", "--check", "--root", str(checkout)]) == 0
+
+
+def test_edited_prose_fails_check(checkout, capsys):
+    template = checkout / report.TEMPLATE
+    template.write_text(template.read_text().replace("# Results", "# Results, edited", 1))
+    assert main(["results", "--check", "--root", str(checkout)]) == 1
+    assert "differs from docs/results.in.md" in capsys.readouterr().err
+
+
+def test_marker_naming_a_missing_csv_is_a_clear_error(checkout, capsys):
+    template = checkout / report.TEMPLATE
+    template.write_text(template.read_text() + "\n<!-- table: proj-uci docs/results/no-such.csv -->\n")
+    assert main(["results", "--check", "--root", str(checkout)]) == 2
+    err = capsys.readouterr().err
+    assert "docs/results.in.md:" in err and "docs/results/no-such.csv" in err and "does not exist" in err
+
+
+def test_unknown_table_and_bad_column_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown table 'nope'.*known"):
+        report.render("<!-- table: nope docs/results/x.csv -->\n", tmp_path)
+    with pytest.raises(ValueError, match="names no CSV"):
+        report.render("<!-- table: bench -->\n", tmp_path)
+    pd.DataFrame({"contender": ["a"], "ms": [1.0]}).to_csv(tmp_path / "b.csv", index=False)
+    with pytest.raises(ValueError, match="b.csv has no column"):
+        report.render("<!-- table: bench-runs b.csv column=speed -->\n", tmp_path)
+
+
+def test_rendering_rounds_like_the_old_readme(tmp_path):
+    """Two decimals, no ``-0.00``; the paper's printed decimals rounded half-up."""
+    assert report._num(-0.004) == "0.00" and report._num(2.345678) == "2.35"
+    assert report._paper(-1.055) == "-1.06" and report._printed(0.243) == "0.243"
+    assert report._printed(4.7) == "4.70"
+    rows = pd.DataFrame({"dataset": ["d"] * 3, "scheme": ["random"] * 3, "method": ["A", "B", "C"],
+                         "test_ll": [-1.0, -0.5, -2.0]})  # fmt: skip
+    rows.to_csv(tmp_path / "p.csv", index=False)
+    text = report.render("<!-- table: proj-uci p.csv -->\n", tmp_path)
+    assert "| d | random | -1.00 | **-0.50** | -2.00 |" in text
+    assert text.startswith("<!-- GENERATED")

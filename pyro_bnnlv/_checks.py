@@ -7,7 +7,9 @@ One acceptance rule for each kind of number, so a value that works in one functi
 * reals (:func:`check_real`): Python or NumPy integers and floats and one-element tensors; not
   bools, strings or NaN; infinities only with ``allow_inf=True``;
 * seeds (:func:`check_seed`): ``None`` or an integer in ``[0, 2**32)``, the range NumPy's and
-  Python's generators all accept.
+  Python's generators all accept;
+* widths of network layers are counts too, but :func:`pyro_bnnlv.nets.as_positive_int` also
+  takes an integral float (``4.0``), as ``MLP`` always has; every layer width goes through it.
 
 Each returns the plain Python value (``int`` or ``float``), so callers store and compare plain
 numbers whatever the user passed.
@@ -82,6 +84,8 @@ def check_seed(value: object, name: str = "seed") -> int | None:
     if value is None:
         return None
     value = _unwrap(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2**32:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"{name} must be None or an integer in [0, 2**32), got {value!r}")
+    if not 0 <= value < 2**32:
         raise ValueError(f"{name} must be None or an integer in [0, 2**32), got {value!r}")
     return int(value)

@@ -48,7 +48,6 @@ from typing import Any
 import pandas as pd
 import torch
 from pyro.infer import Trace_ELBO
-from tqdm.auto import tqdm
 
 from .datasets import Dataset, load_dataset
 from .datasets.base import REGISTRY

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from ._checks import ArgumentTypeError
 
 __all__ = ["FlatNet", "MLP", "ModuleNet", "ACTIVATIONS"]
 
@@ -51,14 +53,33 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 def as_positive_int(value: object, name: str, role: str = "") -> int:
     """``value`` as an ``int >= 1``: Python or numpy integers, integral floats (``4.0``) and
     one-element tensors are accepted; a fraction (``4.7``, never truncated), a bool or anything
-    else raises a ``ValueError`` naming ``name`` (``role`` adds what the number is for)."""
+    else raises a ``ValueError`` naming ``name`` (``role`` adds what the number is for;
+    :class:`~pyro_bnnlv._checks.ArgumentTypeError`, also a ``TypeError``, for a non-number)."""
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if isinstance(value, numbers.Integral) or float(value).is_integer():
             if value >= 1:
                 return int(value)
-    raise ValueError(f"{name} must be a positive integer{role}, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer{role}, got {value!r}")
+    kind = ValueError if isinstance(value, bool) else ArgumentTypeError
+    raise kind(f"{name} must be a positive integer{role}, got {value!r}")
+
+
+def _hidden_sizes(value: object, name: str = "hidden_sizes") -> tuple:
+    """``hidden_sizes`` as a tuple: one width (an integer) or a sequence of widths; ``None``, a
+    set or a dict is refused naming ``name`` (a string's characters are refused one by
+    one as widths, so ``'44'`` is never read as ``[4, 4]``)."""
+    if isinstance(value, (numbers.Number, Tensor)) and not isinstance(value, bool):
+        if isinstance(value, Tensor) and value.dim() > 0:
+            return tuple(value.tolist())
+        return (value,)
+    if isinstance(value, (set, frozenset, Mapping)) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(
+            f"{name} must be a sequence of layer widths (e.g. [50], or [] for a linear "
+            f"model), got {value!r}"
+        )
+    return tuple(value)
 
 
 class FlatNet(nn.Module):
@@ -95,6 +116,24 @@ class FlatNet(nn.Module):
         if not torch.isfinite(x).all():
             raise ValueError(f"{name} contains NaN or infinite values")
 
+    def check_call(self, x: Tensor, w: Tensor) -> None:
+        """What ``f(x; w)`` needs besides ``w``'s length (:meth:`check_weights`): ``x``'s last
+        dimension ``in_features`` and one floating dtype for ``x`` and ``w``; a ``ValueError``
+        naming both otherwise (skipped under the JIT, where the checks would be frozen)."""
+        if torch.jit.is_tracing() or not isinstance(x, Tensor) or not isinstance(w, Tensor):
+            return
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x has {x.shape[-1] if x.dim() else 0} columns (shape {tuple(x.shape)}) but the "
+                f"network expects in_features={self.in_features}: pass x of shape (N, {self.in_features})"
+            )
+        if x.dtype != w.dtype:
+            fix = {torch.float32: "float()", torch.float64: "double()"}
+            hint = (f"convert one of them, e.g. x.{fix[w.dtype]} or w.{fix[x.dtype]}"
+                    if x.dtype in fix and w.dtype in fix else
+                    f"both must be floating point of one dtype, e.g. x.to({w.dtype})")  # fmt: skip
+            raise ValueError(f"x has dtype {x.dtype} but w has dtype {w.dtype}: {hint}")
+
     def check_weights(self, w: Tensor, name: str = "w") -> None:
         if not torch.jit.is_tracing() and w.shape[-1:] != (self.num_weights,):
             raise ValueError(
@@ -126,8 +165,7 @@ class MLP(FlatNet):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        if isinstance(hidden_sizes, numbers.Number):
-            hidden_sizes = (hidden_sizes,)
+        hidden_sizes = _hidden_sizes(hidden_sizes)
         sizes = [
             as_positive_int(in_features, "in_features", " (a layer width)"),
             *(as_positive_int(h, f"hidden_sizes[{i}]", " (a layer width)")
@@ -202,6 +240,7 @@ class MLP(FlatNet):
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         """``f(x; w)``: ``x (N, D)`` or ``(*B, N, D)``, ``w (P,)`` or ``(*B, P)`` -> ``(*B, N, L)``."""
+        self.check_call(x, w)
         params = self.unflatten(w)
         W, b = params[-1]
         return torch.matmul(self._hidden(x, params[:-1]), W.transpose(-1, -2)) + b.unsqueeze(-2)
@@ -213,6 +252,7 @@ class MLP(FlatNet):
             raise ValueError(
                 f"num_layers must lie in [0, {len(self.layers) - 1}] (the hidden layers), got {num_layers!r}"
             )
+        self.check_call(x, w)
         return self._hidden(x, self.unflatten(w)[:num_layers])
 
     def _hidden(self, h: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
@@ -340,6 +380,7 @@ class ModuleNet(FlatNet):
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         self.check_weights(w)
+        self.check_call(x, w)
         batch = w.shape[:-1]
         if not batch:
             return self._single(x, w)

@@ -118,6 +118,8 @@ def _guide_kwargs(guide: torch.nn.Module, guide_kwargs: dict[str, Any] | None) -
         kwargs = {"site": guide.site}  # its tensors are in its state dict
     else:
         kwargs = dict(guide.config()) if hasattr(guide, "config") else {}
+    if isinstance(guide, AutoLowRankMultivariateNormal) and guide.rank is not None:
+        kwargs["rank"] = int(guide.rank)  # the shape of cov_factor; the default depends on P
     kwargs.update(guide_kwargs or {})
     _check_plain(kwargs, "guide_kwargs")
     return kwargs
@@ -139,14 +141,18 @@ def save_fit(
     :class:`~pyro_bnnlv.HypernetGuide`, :func:`~pyro_bnnlv.guides.hypernet_lv_guide` and
     :class:`~pyro_bnnlv.LaplaceGuide` (``LinearizedLaplace.as_guide()``). ``y`` may be omitted:
     its shape is then read from the model. ``guide_kwargs``: constructor arguments of the guide
-    besides the model that change its parameters' shapes (e.g. ``{"rank": 5}`` for
-    ``AutoLowRankMultivariateNormal``; a hypernet's sizes are recorded automatically);
+    besides the model that change its parameters' shapes (a hypernet's sizes and an
+    ``AutoLowRankMultivariateNormal``'s ``rank`` are recorded automatically);
     initialisation functions need not be saved, the state dict overrides what they produce.
     ``model_kwargs``: keyword arguments the model needs besides ``x, y`` (e.g. ``{"task": task}``
     for a multi-task :class:`~pyro_bnnlv.ProjectedBNN`); they are saved and passed to the model
     when :func:`load_fit` re-creates the guide's parameters. Anything that could not be read back
-    raises here, before the file is written.
+    raises here, before the file is written: the model and guide are rebuilt in memory from what
+    would be written (as :func:`load_fit` does) and the guide is run against the model once, so a
+    guide that never ran, a guide of another model or data in another dtype than the model's are
+    refused with a ``ValueError`` naming the problem.
     """
+    path = _check_save_path(path)
     model_name, guide_name = _qualname(type(model)), _qualname(type(guide))
     if model_name not in _MODELS:
         raise TypeError(f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
@@ -158,6 +164,8 @@ def save_fit(
     _check_plain(model_kwargs, "model_kwargs")
     if hasattr(model, "check_data"):
         model.check_data(x, y, **model_kwargs)  # catches a missing task= before writing the file
+    if callable(getattr(model, "_check_dtype", None)):
+        model._check_dtype(x)  # load_fit sets the guide up with data of x's dtype
     config = model.config()
     _check_plain(config, "model.config()")
     payload = {
@@ -173,7 +181,89 @@ def save_fit(
         "x_dtype": str(x.dtype),
         "model_kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in model_kwargs.items()},
     }
-    torch.save(payload, Path(path))
+    _check_readable(payload, model, guide)
+    torch.save(payload, path)
+
+
+def _check_save_path(path: Any) -> Path:
+    """``path`` as a ``Path`` to a file that can be written: not a directory, in one that exists."""
+    if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
+        raise TypeError(f"path must be a file path (str or pathlib.Path), got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"path {str(path)!r} is a directory: pass a file path such as "
+                                f"{str(path / 'fit.pt')!r}")  # fmt: skip
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"path {str(path)!r}: the directory {str(path.parent)!r} does not exist; "
+                                "create it first (e.g. Path(path).parent.mkdir(parents=True))")  # fmt: skip
+    return path
+
+
+class _StateMismatch(Exception):
+    """A saved state dict that does not fit the module rebuilt from the saved configuration."""
+
+    def __init__(self, what: str, target: str, err: RuntimeError) -> None:
+        lines = [ln.strip() for ln in str(err).splitlines()[1:] if ln.strip()] or [str(err)]
+        detail = "; ".join(lines)
+        self.what, self.target = what, target
+        self.detail = detail if len(detail) <= 400 else detail[:400] + " ..."
+        self.missing_only = "Missing key(s)" in str(err) and "size mismatch" not in str(err) and "Unexpected" not in str(err)
+        super().__init__(f"{what}: {self.detail}")
+
+
+def _load_state(module: torch.nn.Module, state: Any, what: str) -> None:
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as err:
+        raise _StateMismatch(what, type(module).__name__, err) from None
+
+
+def _check_readable(payload: dict[str, Any], model: torch.nn.Module, guide: torch.nn.Module) -> None:
+    """Rebuild the model and guide from ``payload`` in memory, as :func:`load_fit` will, and run
+    the rebuilt guide against the rebuilt model once; a ``ValueError`` that names the problem
+    instead of a file ``load_fit`` cannot read."""
+    model_cls, guide_cls = _MODELS[payload["model_class"]], _GUIDES[payload["guide_class"]]
+    model_name, guide_name = type(model).__name__, type(guide).__name__
+    has_state = bool(guide.state_dict())
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model2 = _build_model(model_cls, payload["model_config"], payload["model_state"])
+            guide2 = _build_guide(guide_cls, model2, payload)
+        except _StateMismatch as err:
+            if err.what == "guide_state" and (not has_state or err.missing_only):
+                raise ValueError(
+                    f"save_fit: the {guide_name} has no parameters yet (it never ran), so there is no fit "
+                    f"to save: fit it first (pb.fit_svi(model, guide, x, y, ...)), or call it once, "
+                    f"guide(x, y), to save its initial state ({err.detail})"
+                ) from None
+            if err.what == "guide_state":
+                raise ValueError(
+                    f"save_fit: the {guide_name}'s parameters do not match a {guide_name} built for this "
+                    f"{model_name} and data of x's shape {tuple(payload['x_shape'])}: was the guide built "
+                    f"for another model (or with constructor arguments save_fit does not record: pass "
+                    f"them as guide_kwargs)? {err.detail}"
+                ) from None
+            raise ValueError(f"save_fit: the {model_name}'s state does not match the model its config() "
+                             f"rebuilds: {err.detail}") from None  # fmt: skip
+        except (ValueError, TypeError, RuntimeError, KeyError) as err:
+            raise ValueError(f"save_fit: the fit could not be read back (load_fit would fail rebuilding the "
+                             f"{guide_name} for this {model_name}): {type(err).__name__}: {err}") from None  # fmt: skip
+        _check_guide_fits_model(guide2, model2, payload, guide_name, model_name)
+
+
+def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payload: dict[str, Any],
+                            guide_name: str, model_name: str) -> None:  # fmt: skip
+    """Run the rebuilt guide and replay the rebuilt model against it on data of the saved shapes
+    (a guide whose draws the model cannot take, e.g. a LaplaceGuide of another network, fails here)."""
+    x, y = _dummy_data(model, payload)
+    kwargs = payload.get("model_kwargs", {})
+    try:
+        with isolated_param_store(model, guide), torch.no_grad():
+            guide_trace = poutine.trace(guide).get_trace(x, y, **kwargs)
+            poutine.replay(model, trace=guide_trace)(x, y, **kwargs)
+    except (ValueError, RuntimeError) as err:
+        raise ValueError(f"save_fit: the {guide_name} does not fit this {model_name} (was it built for "
+                         f"another model?): {type(err).__name__}: {err}") from None  # fmt: skip
 
 
 def _describe(obj: Any) -> str:
@@ -221,7 +311,21 @@ def _read(path: Path) -> dict[str, Any]:
     if payload["format"] not in _READABLE_FORMATS:
         raise ValueError(f"{path}: unsupported fit file format {payload['format']!r} "
                          f"(this version reads {_READABLE_FORMATS})")  # fmt: skip
+    required = ("model_config", "model_state", "guide_class", "guide_state", "x_shape", "x_dtype")
+    if payload["format"] >= 2:
+        required += ("guide_kwargs", "y_shape")
+    missing = [k for k in required if k not in payload]
+    if missing:
+        raise ValueError(f"{path} is damaged or incomplete: it lacks {missing}, which every fit "
+                         f"written by save_fit holds; write it again with save_fit")  # fmt: skip
     return payload
+
+
+def _check_fields(payload: dict[str, Any], path: Path) -> None:
+    """The fields rebuilt from are dicts (checked after the class names: those refusals come first)."""
+    for key in ("model_config", "model_state", "guide_state", "guide_kwargs"):
+        if key in payload and not isinstance(payload[key], dict) and not (key == "guide_kwargs" and payload[key] is None):
+            raise ValueError(f"{path} is damaged: its {key!r} is a {type(payload[key]).__name__}, not a dict")
 
 
 def _build_model(cls: type, config: dict[str, Any], state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -229,35 +333,42 @@ def _build_model(cls: type, config: dict[str, Any], state: dict[str, torch.Tenso
     dtypes = {v.dtype for v in state.values() if torch.is_tensor(v) and v.is_floating_point()}
     if len(dtypes) == 1:  # load_state_dict copies into the existing tensors: keep a float64 model float64
         model.to(dtypes.pop())
-    model.load_state_dict(state)
+    _load_state(model, state, "model_state")
     return model
 
 
 def _build_guide(cls: type, model: torch.nn.Module, payload: dict[str, Any]) -> torch.nn.Module:
-    kwargs = dict(payload["guide_kwargs"])
+    kwargs = dict(payload.get("guide_kwargs") or {})
     state = payload["guide_state"]
     if cls is LaplaceGuide:  # its tensors are its constructor's arguments
+        if not torch.is_tensor(state.get("loc")):
+            raise _StateMismatch("guide_state", "LaplaceGuide", RuntimeError("\nit has no tensor 'loc'"))
         tensors = {k: state.get(k) for k in ("scale_tril", "scale", "indices")}
         guide = LaplaceGuide(state["loc"], **tensors, **kwargs)
-        guide.load_state_dict(state)
+        _load_state(guide, state, "guide_state")
         return guide
     if hasattr(model, "create_plates") and "create_plates" in inspect.signature(cls).parameters:
         kwargs.setdefault("create_plates", model.create_plates)  # local latents subsample
     guide = cls(model, **kwargs)
-    dtype = getattr(torch, str(payload["x_dtype"]).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"the file's x_dtype {payload['x_dtype']!r} is not a floating-point torch dtype")
-    x_dummy = torch.zeros(payload["x_shape"], dtype=dtype)
-    y_shape = payload["y_shape"]
-    if y_shape is None:  # format 1, saved without y
-        y_shape = _y_shape(model, x_dummy, payload.get("model_kwargs", {}))
-    y_dummy = torch.zeros(y_shape, dtype=dtype)
+    x_dummy, y_dummy = _dummy_data(model, payload)
     # creates the guide's parameters with their saved shapes; the set-up's random draws do not
     # move the caller's random stream
     with isolated_param_store(model, guide), torch.no_grad(), torch.random.fork_rng(devices=[]):
         guide(x_dummy, y_dummy, **payload.get("model_kwargs", {}))
-    guide.load_state_dict(state)
+    _load_state(guide, state, "guide_state")
     return guide
+
+
+def _dummy_data(model: torch.nn.Module, payload: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeros shaped and typed like the data the fit was saved with."""
+    dtype = getattr(torch, str(payload["x_dtype"]).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"the file's x_dtype {payload['x_dtype']!r} is not a floating-point torch dtype")
+    x_dummy = torch.zeros(payload["x_shape"], dtype=dtype)
+    y_shape = payload.get("y_shape")
+    if y_shape is None:  # format 1, saved without y
+        y_shape = _y_shape(model, x_dummy, payload.get("model_kwargs", {}))
+    return x_dummy, torch.zeros(y_shape, dtype=dtype)
 
 
 def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -270,6 +381,19 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     payload = _read(path)
     model_cls = _lookup(_MODELS, payload["model_class"], "model", path)
     guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path)
-    model = _build_model(model_cls, payload["model_config"], payload["model_state"])
-    return model, _build_guide(guide_cls, model, payload)
+    _check_fields(payload, path)
+    try:
+        model = _build_model(model_cls, payload["model_config"], payload["model_state"])
+    except _StateMismatch as err:
+        raise ValueError(f"{path} is inconsistent (damaged or edited): its model_state does not match the "
+                         f"{err.target} its model_config rebuilds: {err.detail}") from None  # fmt: skip
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{path} is inconsistent (damaged or edited): its model_config does not rebuild a "
+                         f"{model_cls.__name__}: {type(err).__name__}: {err}") from None  # fmt: skip
+    try:
+        guide = _build_guide(guide_cls, model, payload)
+    except _StateMismatch as err:
+        raise ValueError(f"{path} is inconsistent (damaged or edited): its guide_state does not match the "
+                         f"{err.target} rebuilt from its guide_class, guide_kwargs and x_shape: {err.detail}") from None  # fmt: skip
+    return model, guide
 

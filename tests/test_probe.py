@@ -1250,234 +1250,173 @@ _NUMPY = "numpy scalar refused as if it were not a number"
 
 
 @case("numpy: fit_svi(lr=np.float32(0.05)) fits as lr=0.05",
-      Value(lambda v: v[0] == v[1], "the same loss curve"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'lr must be a positive number, got np.float32(0.05)'",
-          "pyro_bnnlv/infer/svi.py:fit_svi (lr check: numbers.Real, not (int, float))", ValueError))
+      Value(lambda v: v[0] == v[1], "the same loss curve"))
 def _():
     return [_fit(lr=lr, num_steps=3, seed=0) for lr in (np.float32(0.05), float(np.float32(0.05)))]
 
 
 @case("numpy: train_map(lr=np.float32(0.05)) fits as lr=0.05",
-      Value(lambda v: torch.equal(v[0], v[1]), "the same weights"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'lr must be a positive number'",
-          "pyro_bnnlv/infer/svi.py:train_map (lr check)", ValueError))
+      Value(lambda v: torch.equal(v[0], v[1]), "the same weights"))
 def _():
     return [pb.train_map(_bnn(), _X1, _Y1, num_steps=3, lr=lr, seed=0, progress=False)
             for lr in (np.float32(0.05), float(np.float32(0.05)))]  # fmt: skip
 
 
-@case("numpy: MeanField(seed=np.int64(1)) accepted", Value(lambda v: v == 1, "seed 1"),
-      Gap("cryptic", f"{_NUMPY}: TypeError 'seed must be an integer, got np.int64(1)'",
-          "pyro_bnnlv/guides/mean_field.py:MeanField.__init__ (seed: numbers.Integral)", TypeError))
+@case("numpy: MeanField(seed=np.int64(1)) accepted", Value(lambda v: v == 1, "seed 1"))
 def _():
     return pb.MeanField(_bnn(), seed=np.int64(1)).seed
 
 
-@case("numpy: MeanField(init_scale=np.float32(0.05)) accepted", Value(lambda v: abs(v - 0.05) < 1e-7, "0.05"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'init_scale must be a positive number, got np.float32(0.05)'",
-          "pyro_bnnlv/guides/mean_field.py:MeanField.__init__ (init_scale: numbers.Real)", ValueError))
+@case("numpy: MeanField(init_scale=np.float32(0.05)) accepted", Value(lambda v: abs(v - 0.05) < 1e-7, "0.05"))
 def _():
     return pb.MeanField(_bnn(), init_scale=np.float32(0.05))._init_scale
 
 
-@case("numpy: HypernetGuide(noise_dim=np.int64(3)) accepted", Value(lambda v: v == 3, "noise_dim 3"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'noise_dim must be a positive integer, got np.int64(3)'",
-          "pyro_bnnlv/guides/hypernet.py:HypernetGuide.__init__ (use nets.as_positive_int)", ValueError))
+@case("numpy: HypernetGuide(noise_dim=np.int64(3)) accepted", Value(lambda v: v == 3, "noise_dim 3"))
 def _():
     return pb.HypernetGuide(_bnn(), noise_dim=np.int64(3)).noise_dim
 
 
-@case("numpy: HypernetGuide(init_scale=np.float32(0.1)) accepted", Value(lambda v: abs(v - 0.1) < 1e-7, "0.1"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'init_scale must be a positive number, got np.float32(0.1)'",
-          "pyro_bnnlv/guides/hypernet.py:HypernetGuide.__init__ (init_scale: numbers.Real)", ValueError))
+@case("numpy: HypernetGuide(init_scale=np.float32(0.1)) accepted", Value(lambda v: abs(v - 0.1) < 1e-7, "0.1"))
 def _():
     return pb.HypernetGuide(_bnn(), init_scale=np.float32(0.1)).init_scale
 
 
-@case("numpy: NCAIElbo(warmup_steps=np.int64(5)) accepted", Value(lambda v: v == 5, "5"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'warmup_steps must be a non-negative integer, got np.int64(5)'",
-          "pyro_bnnlv/infer/ncai.py:NCAIElbo.__init__ (warmup_steps: numbers.Integral)", ValueError))
+@case("numpy: NCAIElbo(warmup_steps=np.int64(5)) accepted", Value(lambda v: v == 5, "5"))
 def _():
     return pb.NCAIElbo(warmup_steps=np.int64(5)).warmup_steps
 
 
 @case("numpy: LinearizedLaplace(chunk_size=np.int64(4)) accepted",
-      Value(lambda v: v[0] == v[1], "the same evidence as chunk_size=4"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'chunk_size must be a positive integer, got np.int64(4)'",
-          "pyro_bnnlv/infer/laplace.py:LinearizedLaplace.__init__ (chunk_size: numbers.Integral)", ValueError))
+      Value(lambda v: v[0] == v[1], "the same evidence as chunk_size=4"))
 def _():
     return [_la(chunk_size=c).fit(_X1, _Y1).log_marginal_likelihood().item() for c in (np.int64(4), 4)]
 
 
-@case("numpy: knn_kl(k=np.int64(2)) equals k=2", Value(lambda v: v[0] == v[1], "the same estimate"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'k must be a positive int, got np.int64(2)'",
-          "pyro_bnnlv/stats/knn.py:_check_k (numbers.Integral, not bool)", ValueError))
+@case("numpy: knn_kl(k=np.int64(2)) equals k=2", Value(lambda v: v[0] == v[1], "the same estimate"))
 def _():
     p, q = torch.randn(50, 2, generator=_gen(1)), torch.randn(60, 2, generator=_gen(2))
     return [knn_kl(p, q, k=k).item() for k in (np.int64(2), 2)]
 
 
-@case("numpy: OverparametrisedLinear(np.int64(3)) accepted", Value(lambda v: v == 3, "K 3"),
-      Gap("cryptic", f"{_NUMPY}: ValueError 'K must be a positive integer, got np.int64(3)'",
-          "pyro_bnnlv/models/linear.py:OverparametrisedLinear.__init__ and design_matrix (nets.as_positive_int)",
-          ValueError))
+@case("numpy: OverparametrisedLinear(np.int64(3)) accepted", Value(lambda v: v == 3, "K 3"))
 def _():
     return pb.OverparametrisedLinear(np.int64(3)).K
 
 
 # cryptic errors: torch / Pyro / Python internals, or a message that misnames the argument or the fix
-@case("gap: fit_svi(guide=None) names guide", Raises(TypeError, r"guide must be"),
-      Gap("cryptic", "TypeError 'TraceMessenger.get_trace() takes 1 positional argument but 3 were given'",
-          "pyro_bnnlv/infer/svi.py:fit_svi (check callable(guide) up front)"))
+@case("gap: fit_svi(guide=None) names guide", Raises(TypeError, r"guide must be"))
 def _():
     return pb.fit_svi(_bnn(), None, _X1, _Y1, num_steps=2, progress=False)
 
 
-@case("gap: fit_svi(seed='a') names seed", Raises(TypeError, r"seed must be an integer"),
-      Gap("cryptic", "ValueError \"invalid literal for int() with base 10: 'a'\"",
-          "pyro_bnnlv/infer/svi.py:set_seed (check numbers.Integral, name seed)", ValueError))
+@case("gap: fit_svi(seed='a') names seed", Raises(ValueError, r"seed must be (None or )?an integer"))
 def _():
     return _fit(seed="a")
 
 
-@case("gap: fit_svi(callback=3) names callback before training", Raises(TypeError, r"callback must be callable"),
-      Gap("cryptic", "TypeError \"'int' object is not callable\" after the first step",
-          "pyro_bnnlv/infer/svi.py:fit_svi (check callable(callback) up front)"))
+@case("gap: fit_svi(callback=3) names callback before training", Raises(TypeError, r"callback must be callable"))
 def _():
     return _fit(callback=3)
 
 
-@case("gap: fit_svi(lr=True) refused, not read as lr=1", Raises((TypeError, ValueError), r"lr must be"),
-      Gap("silent", "a bool is accepted as an int: trains with lr=1.0",
-          "pyro_bnnlv/infer/svi.py:fit_svi and train_map (refuse bool in the lr check)", DID_NOT_RAISE))
+@case("gap: fit_svi(lr=True) refused, not read as lr=1", Raises((TypeError, ValueError), r"lr must be"))
 def _():
     return _fit(lr=True)
 
 
-@case("gap: train_map(y=None) names y", Raises((TypeError, ValueError), r"y must be"),
-      Gap("cryptic", "AttributeError \"'NoneType' object has no attribute 'reshape'\"",
-          "pyro_bnnlv/infer/svi.py:train_map (y is required: check before model.check_data)", AttributeError))
+@case("gap: train_map(y=None) names y", Raises((TypeError, ValueError), r"y must be"))
 def _():
     return pb.train_map(_bnn(), _X1, None, num_steps=2, progress=False)
 
 
-@case("gap: train_map(init with NaN) names init", Raises(ValueError, r"init contains NaN"),
-      Gap("cryptic", "NonFiniteLossError 'loss became non-finite at step 0; try a smaller learning rate' "
-          "(blames lr) plus a torch 'requires_grad=True to a scalar' warning",
-          "pyro_bnnlv/infer/svi.py:train_map (torch.isfinite(init) check; float(obj.detach()))", pb.NonFiniteLossError))
+@case("gap: train_map(init with NaN) names init", Raises(ValueError, r"init contains NaN"))
 def _():
     return pb.train_map(_bnn(), _X1, _Y1, num_steps=2, init=torch.full((10,), math.nan), progress=False)
 
 
-@case("gap: MeanField(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"),
-      Gap("cryptic", "accepted; the first fit step fails with torch's 'Expected parameter loc ... found invalid "
-          "values' dump", "pyro_bnnlv/guides/mean_field.py:MeanField.__init__ (math.isfinite)"))
+@case("gap: MeanField(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"))
 def _():
     model = _bnn()
     return _fit(model, pb.MeanField(model, init_scale=math.inf))
 
 
-@case("gap: HypernetGuide(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"),
-      Gap("cryptic", "accepted; the first fit step fails with torch's 'Expected parameter loc ... found invalid "
-          "values' dump", "pyro_bnnlv/guides/hypernet.py:HypernetGuide.__init__ (math.isfinite)"))
+@case("gap: HypernetGuide(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"))
 def _():
     model = _bnn()
     return _fit(model, pb.HypernetGuide(model, init_scale=math.inf), loss=_knn())
 
 
-@case("gap: HypernetGuide(hidden_sizes=5) names hidden_sizes", Raises((TypeError, ValueError), r"hidden_sizes must be"),
-      Gap("cryptic", "TypeError \"'int' object is not iterable\"",
-          "pyro_bnnlv/guides/hypernet.py:HypernetGuide.__init__ (accept an int as MLP does, or name the argument)"))
+@case("gap: HypernetGuide(hidden_sizes=5) is one hidden layer of width 5 (as MLP reads it)",
+      Value(lambda v: v == ((5,), (3,)), "hidden_sizes (5,), and (3,) for np.int64(3)"))
 def _():
-    return pb.HypernetGuide(_bnn(), hidden_sizes=5)
+    return pb.HypernetGuide(_bnn(), hidden_sizes=5).hidden_sizes, pb.HypernetGuide(_bnn(), hidden_sizes=np.int64(3)).hidden_sizes
 
 
-@case("gap: ncai_guide(y=None) names y", Raises((TypeError, ValueError), r"y must be"),
-      Gap("cryptic", "AttributeError \"'NoneType' object has no attribute 'reshape'\" (inside train_map)",
-          "pyro_bnnlv/guides/ncai.py:ncai_init_weights (check y is not None)", AttributeError))
+
+@case("gap: ncai_guide(y=None) names y", Raises((TypeError, ValueError), r"y must be"))
 def _():
     return pb.ncai_guide(_LV(), _X1, None, num_steps=2)
 
 
-@case("gap: init_to_network(seed='a') names seed", Raises(TypeError, r"seed must be an integer"),
-      Gap("cryptic", "ValueError \"invalid literal for int() with base 10: 'a'\"",
-          "pyro_bnnlv/guides/init.py:init_to_network (check the seed)", ValueError))
+@case("gap: init_to_network(seed='a') names seed", Raises(ValueError, r"seed must be (None or )?an integer"))
 def _():
     return pb.init_to_network(_bnn(), seed="a")
 
 
 @case("gap: FunctionalKNNElbo(input_dist with 3 columns) on 1-D inputs names input_dist",
-      Raises(ValueError, r"input_dist"),
-      Gap("cryptic", "RuntimeError 'Expected size for first two dimensions of batch2 tensor to be: [4, 3] but got: [4, 1]'",
-          "pyro_bnnlv/infer/knn_elbo.py:FunctionalKNNElbo._draw_inputs (check the width against x_train)", RuntimeError))
+      Raises(ValueError, r"input_dist"))
 def _():
     loss = pb.FunctionalKNNElbo(num_particles=2, num_kl_samples=4, num_prior_samples=4, num_inputs=5,
                                 input_dist=torch.randn(10, 3))  # fmt: skip
     return _fit(loss=loss)
 
 
-@case("gap: NCAIElbo(lambda1=None) names lambda1", Raises(ValueError, r"lambda1 must be a finite non-negative number"),
-      Gap("cryptic", "TypeError \"'>=' not supported between instances of 'NoneType' and 'int'\"",
-          "pyro_bnnlv/infer/ncai.py:NCAIElbo.__init__ (check numbers.Real first)", TypeError))
+@case("gap: NCAIElbo(lambda1=None) names lambda1", Raises(ValueError, r"lambda1 must be a finite non-negative number"))
 def _():
     return pb.NCAIElbo(lambda1=None)
 
 
-@case("gap: run_nuts(seed='a') names seed", Raises(TypeError, r"seed must be an integer"),
-      Gap("cryptic", "ValueError \"invalid literal for int() with base 10: 'a'\"",
-          "pyro_bnnlv/infer/nuts.py:run_nuts (check the seed)", ValueError))
+@case("gap: run_nuts(seed='a') names seed", Raises(ValueError, r"seed must be (None or )?an integer"))
 def _():
     return _nuts(seed="a")
 
 
-@case("gap: evaluate(y_std='2') names y_std", Raises((TypeError, ValueError), r"y_std must be"),
-      Gap("cryptic", "TypeError \"new(): invalid data type 'str'\"",
-          "pyro_bnnlv/stats/predictive.py:predictive_metrics (convert y_mean/y_std with a named check)"))
+@case("gap: evaluate(y_std='2') names y_std", Raises((TypeError, ValueError), r"y_std must be a number"))
 def _():
     return _evaluate(y_mean=0.0, y_std="2")
 
 
-@case("gap: evaluate(seed='a') names seed", Raises(TypeError, r"seed must be an integer"),
-      Gap("cryptic", "ValueError \"invalid literal for int() with base 10: 'a'\"",
-          "pyro_bnnlv/stats/predictive.py:evaluate (check the seed)", ValueError))
+@case("gap: evaluate(seed='a') names seed", Raises(ValueError, r"seed must be (None or )?an integer"))
 def _():
     return _evaluate(seed="a")
 
 
-@case("gap: evaluate with 0 posterior samples names the samples", Raises(ValueError, r"posterior_samples.*(0|no) samples"),
-      Gap("cryptic", "ValueError 'math domain error'",
-          "pyro_bnnlv/infer/predict.py:as_sample_dict (refuse S = 0)"))
+@case("gap: evaluate with 0 posterior samples names the samples", Raises(ValueError, r"posterior_samples.*(0|no) samples"))
 def _():
     return pb.evaluate(_m(), _W[:0], _X, _Y)
 
 
-@case("gap: evaluate(float32 model, float64 samples) names the dtypes", Raises(ValueError, r"dtype"),
-      Gap("cryptic", "RuntimeError 'expected scalar type Float but found Double'",
-          "pyro_bnnlv/stats/predictive.py:evaluate (compare the samples' dtype with the model's, as for x)", RuntimeError))
+@case("gap: evaluate(float32 model, float64 samples) names the dtypes",
+      Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float64 but the model and x are torch.float32"))
 def _():
     return pb.evaluate(_m(), _W.double(), _X, _Y)
 
 
-@case("gap: evaluate(float64 model, float32 samples) names the dtypes", Raises(ValueError, r"dtype"),
-      Gap("cryptic", "RuntimeError 'expected scalar type Double but found Float'",
-          "pyro_bnnlv/stats/predictive.py:evaluate (compare the samples' dtype with the model's)", RuntimeError))
+@case("gap: evaluate(float64 model, float32 samples) names the dtypes",
+      Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float32 but the model and x are torch.float64"))
 def _():
     return pb.evaluate(_m().double(), _W, _X.double(), _Y.double())
 
 
-@case("gap: evaluate with integer weight samples names the dtype", Raises(ValueError, r"float"),
-      Gap("cryptic", "RuntimeError 'expected scalar type Float but found Long'",
-          "pyro_bnnlv/infer/predict.py:as_sample_dict (refuse non-floating samples)", RuntimeError))
+@case("gap: evaluate with integer weight samples names the dtype",
+      Raises(ValueError, r"posterior_samples\['w'\] must be a floating-point tensor .*torch.int64"))
 def _():
     return pb.evaluate(_m(), torch.ones(5, 17, dtype=torch.long), _X, _Y)
 
 
 @case("gap: evaluate on the over-parametrised linear model: test LL of one sample",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "mean log N(y; X w, sigma_y^2)"),
-      Gap("cryptic", "AttributeError \"'OverparametrisedLinear' object has no attribute 'check_data'\" (it has "
-          "predictive_components, so evaluate's docstring covers it)",
-          "pyro_bnnlv/models/linear.py:OverparametrisedLinear (add check_data; x NaN and N = 0 checks with it)",
-          AttributeError))
+      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "mean log N(y; X w, sigma_y^2)"))
 def _():
     model = pb.OverparametrisedLinear(3, noise_scale=0.5)
     w = torch.tensor([[0.3, -0.6, 1.2]])
@@ -1487,121 +1426,90 @@ def _():
 
 
 @case("gap: sample_posterior(sites='obs') reads one site name, or refuses a string",
-      Raises((TypeError, ValueError), r"sites must be a (list|tuple|sequence)"),
-      Gap("cryptic", "ValueError \"sites ['o', 'b', 's'] not found in the model; available: []\" (the string "
-          "is split into letters and 'available' lists nothing)",
-          "pyro_bnnlv/infer/predict.py:sample_posterior (wrap a str in a tuple; list the model's sites)"))
+      Value(lambda v: list(v) == ["obs"] and v["obs"].shape == (2, 24), "{'obs': (2, 24)}: 'obs' read as one name"))
 def _():
     model = _bnn()
     return pb.sample_posterior(model, pb.MeanField(model), _X1, num_samples=2, sites="obs")
 
 
 @case("gap: sample_posterior(float64 model, float32 x): the hint names model.float()",
-      Raises(ValueError, r"model.to\(torch.float32\), e.g. model.float\(\)"),
-      Gap("cryptic", "the hint reads 'convert ... the model (model.to(torch.float32), e.g. model.double())': "
-          "model.double() for a model that is already float64",
-          "pyro_bnnlv/models/bnn.py:BNN._check_dtype (name model.float() or model.double() by target dtype)"))
+      Raises(ValueError, r"model.to\(torch.float32\), e.g. model.float\(\)"))
 def _():
     model = _bnn().double()
     return pb.sample_posterior(model, pb.MeanField(model), _X1, num_samples=2)
 
 
-@case("gap: LinearizedLaplace.as_guide(torch.int64) names dtype", Raises((TypeError, ValueError), r"dtype must be"),
-      Gap("cryptic", "ValueError 'scale_tril must have a positive diagonal' (from the integer cast)",
-          "pyro_bnnlv/infer/laplace.py:LinearizedLaplace.as_guide (check dtype.is_floating_point)"))
+@case("gap: LinearizedLaplace.as_guide(torch.int64) names dtype",
+      Raises(ValueError, r"dtype must be torch.float32 or torch.float64 .*got torch.int64"))
 def _():
     return _la().fit(_X1, _Y1).as_guide(torch.int64)
 
 
-@case("gap: LinearizedLaplace(BNNLV) refused at construction", Raises(TypeError, r"(BNN\+LV|BNNLV|latent)"),
-      Gap("cryptic", "accepted; fit(x (N, D)) says 'x has 1 columns but the network expects in_features=2' and "
-          "fit(x (N, D + K)) says 'x must have shape (N, 1)': no x is accepted, neither message says why",
-          "pyro_bnnlv/infer/laplace.py:LinearizedLaplace.__init__ (refuse models with latent_dim, as train_map does)",
-          ValueError))
+@case("gap: LinearizedLaplace(BNNLV) refused at construction", Raises(TypeError, r"BNNLV has other latent sites"))
 def _():
     return pb.infer.LinearizedLaplace(_LV(), torch.zeros(13)).fit(_X1, _Y1)
 
 
-@case("gap: fit_svi(linear model, NaN x) names x", Raises(ValueError, r"x contains NaN"),
-      Gap("cryptic", "torch's 'Expected parameter loc (Tensor of shape (6,)) of distribution Normal ... found "
-          "invalid values' dump", "pyro_bnnlv/models/linear.py:OverparametrisedLinear.forward / design_matrix"))
+@case("gap: fit_svi(linear model, NaN x) names x", Raises(ValueError, r"x contains NaN"))
 def _():
     return _fit(_LIN(), x=torch.full((6,), math.nan), y=torch.zeros(6))
 
 
-@case("gap: fit_svi(linear model, N = 0) names x/y", Raises(ValueError, r"0 rows"),
-      Gap("cryptic", "ZeroDivisionError 'size cannot be zero' (from Pyro's plate)",
-          "pyro_bnnlv/models/linear.py:OverparametrisedLinear (check_data, used by fit_svi)", ZeroDivisionError))
+@case("gap: fit_svi(linear model, N = 0) names x/y", Raises(ValueError, r"x has 0 rows"))
 def _():
     return _fit(_LIN(), x=torch.ones(0), y=torch.zeros(0))
 
 
-@case("gap: BNN(noise_scale='0.1') names noise_scale", Raises((TypeError, ValueError), r"noise_scale must be"),
-      Gap("cryptic", "TypeError \"new(): invalid data type 'str'\"",
-          "pyro_bnnlv/models/bnn.py:_positive_tensor (convert inside a named try)"))
+@case("gap: BNN(noise_scale='0.1') names noise_scale", Raises((TypeError, ValueError), r"noise_scale must be a positive number"))
 def _():
     return pb.BNN(pb.MLP(1, [3], 1), noise_scale="0.1")
 
 
-@case("gap: MLP(1, None, 1) names hidden_sizes", Raises((TypeError, ValueError), r"hidden_sizes"),
-      Gap("cryptic", "TypeError \"'NoneType' object is not iterable\"", "pyro_bnnlv/nets.py:MLP.__init__"))
+@case("gap: MLP(1, None, 1) names hidden_sizes", Raises((TypeError, ValueError), r"hidden_sizes must be a sequence of layer widths"))
 def _():
     return pb.MLP(1, None, 1)
 
 
-@case("gap: model.f(x of the wrong width, w) names x and in_features", Raises(ValueError, r"x .*in_features=1"),
-      Gap("cryptic", "RuntimeError 'mat1 and mat2 shapes cannot be multiplied (4x2 and 1x3)'",
-          "pyro_bnnlv/nets.py:MLP.forward (check x's last dimension, as for w)", RuntimeError))
+@case("gap: model.f(x of the wrong width, w) names x and in_features", Raises(ValueError, r"x has 2 columns .*in_features=1"))
 def _():
     model = _bnn()
     return model.f(torch.zeros(4, 2), torch.zeros(10))
 
 
-@case("gap: model.f(float32 x, float64 w) names the dtypes", Raises(ValueError, r"dtype"),
-      Gap("cryptic", "RuntimeError 'expected m1 and m2 to have the same dtype, but got: float != double'",
-          "pyro_bnnlv/nets.py:MLP.forward (compare x.dtype and w.dtype)", RuntimeError))
+@case("gap: model.f(float32 x, float64 w) names the dtypes",
+      Raises(ValueError, r"x has dtype torch.float32 but w has dtype torch.float64"))
 def _():
     return _bnn().f(_X1, torch.zeros(10, dtype=F64))
 
 
-@case("gap: ksg_mutual_information('abc', 'abc') names x", Raises((TypeError, ValueError), r"`x` must be"),
-      Gap("cryptic", "TypeError \"new(): invalid data type 'str'\"",
-          "pyro_bnnlv/stats/dependence.py:_as_tensor_2d (convert inside a named try)"))
+@case("gap: ksg_mutual_information('abc', 'abc') names x", Raises((TypeError, ValueError), r"`x` must be"))
 def _():
     return ksg_mutual_information("abc", "abc")
 
 
-@case("gap: from_arrays(seed='a') names seed", Raises((TypeError, ValueError), r"seed must be"),
-      Gap("cryptic", "TypeError 'SeedSequence expects int or sequence of ints for entropy not a'",
-          "pyro_bnnlv/datasets/base.py:from_arrays (check the seed)"))
+@case("gap: from_arrays(seed='a') names seed", Raises((TypeError, ValueError), r"seed must be"))
 def _():
     return pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), seed="a")
 
 
-@case("gap: from_arrays(seed=-1) names seed", Raises(ValueError, r"seed must be"),
-      Gap("cryptic", "ValueError 'expected non-negative integer' (NumPy's)",
-          "pyro_bnnlv/datasets/base.py:from_arrays (check the seed)"))
+@case("gap: from_arrays(seed=-1) names seed", Raises(ValueError, r"seed must be None or an integer in \[0, 2\*\*32\), got -1"))
 def _():
     return pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), seed=-1)
 
 
-@case("gap: load_dataset('cosine', sizes=(-1, 5, 5)) names sizes", Raises(ValueError, r"sizes"),
-      Gap("cryptic", "ValueError 'negative dimensions are not allowed' (NumPy's)",
-          "pyro_bnnlv/datasets/synthetic.py (one sizes check for every synthetic loader)"))
+@case("gap: load_dataset('cosine', sizes=(-1, 5, 5)) names sizes",
+      Raises(ValueError, r"sizes\[0\] \(training\) must be a positive integer, got -1"))
 def _():
     return pb.datasets.load_dataset("cosine", sizes=(-1, 5, 5))
 
 
-@case("gap: load_dataset('cosine', sizes=(10, 5)) names sizes", Raises(ValueError, r"sizes"),
-      Gap("cryptic", "IndexError 'list index out of range'",
-          "pyro_bnnlv/datasets/synthetic.py:_splits (check three sizes)", IndexError))
+@case("gap: load_dataset('cosine', sizes=(10, 5)) names sizes",
+      Raises(ValueError, r"sizes must be three positive integers \(n_train, n_valid, n_test\), got 2"))
 def _():
     return pb.datasets.load_dataset("cosine", sizes=(10, 5))
 
 
-@case("gap: save_fit into a directory path names path", Raises((IsADirectoryError, ValueError), r"(directory|path)"),
-      Gap("cryptic", "RuntimeError '[enforce fail at inline_container.cc:747] . open file failed with strerror: "
-          "Is a directory'", "pyro_bnnlv/serialization.py:save_fit (check the path first)", RuntimeError))
+@case("gap: save_fit into a directory path names path", Raises((IsADirectoryError, ValueError), r"path .* is a directory"))
 def _():
     model = _bnn()
     with tempfile.TemporaryDirectory() as d:
@@ -1619,23 +1527,18 @@ def _tampered(edit):
 
 
 @case("gap: load_fit on a file without 'guide_state' says what is missing",
-      Raises(ValueError, r"guide_state"),
-      Gap("cryptic", "KeyError 'guide_state'", "pyro_bnnlv/serialization.py:_read (check the payload's keys)", KeyError))
+      Raises(ValueError, r"is damaged or incomplete: it lacks \['guide_state'\]"))
 def _():
     return _tampered(lambda p: p.pop("guide_state"))
 
 
 @case("gap: load_fit on a file whose config and state disagree says the file is inconsistent",
-      Raises(ValueError, r"(inconsistent|does not match|config)"),
-      Gap("cryptic", "RuntimeError 'Error(s) in loading state_dict for BNN: size mismatch ...'",
-          "pyro_bnnlv/serialization.py:_build_model (wrap load_state_dict)", RuntimeError))
+      Raises(ValueError, r"is inconsistent .*its model_state does not match the BNN its model_config rebuilds"))
 def _():
     return _tampered(lambda p: p["model_config"]["net"].update(hidden_sizes=[5]))
 
 
-@case("gap: EmpiricalBayes before the guide has run names the fix", Raises(RuntimeError, r"(fit|call) the guide"),
-      Gap("cryptic", "AttributeError \"'MeanField' object has no attribute 'locs'\"",
-          "pyro_bnnlv/infer/empirical_bayes.py:EmpiricalBayes.__call__", AttributeError))
+@case("gap: EmpiricalBayes before the guide has run names the fix", Raises(RuntimeError, r"(fit|call) the guide"))
 def _():
     model = _LV()
     return pb.EmpiricalBayes(model, pb.MeanField(model))(0, 1.0)
@@ -1643,17 +1546,12 @@ def _():
 
 # silent wrong results
 @case("gap: LinearizedLaplace(ProjectedBNN) refused: N(0, 1) on w is not that model's prior",
-      Raises(TypeError, r"ProjectedBNN"),
-      Gap("silent", "accepted: fit and log_marginal_likelihood return a number for a BNN with an N(0, 1) weight "
-          "prior, not for w = g_phi(z) (train_map refuses the same model for this reason, issue 16.8)",
-          "pyro_bnnlv/infer/laplace.py:LinearizedLaplace.__init__ (refuse models with latent_dim)", DID_NOT_RAISE))
+      Raises(TypeError, r"ProjectedBNN has other latent sites"))
 def _():
     return _la(_PROJ()).fit(_X1, _Y1).log_marginal_likelihood()
 
 
-@case("gap: knn_kl(p, q a point mass) refused (KL is +inf)", Raises(ValueError, r"q_samples has 1 distinct rows"),
-      Gap("silent", "knn_kl(200 N(0, I) draws, torch.zeros(2, 2)) returns -1.08, no warning (p's point masses "
-          "are refused, q's are not)", "pyro_bnnlv/stats/knn.py:_kl (count q's distinct rows like p's)", DID_NOT_RAISE))
+@case("gap: knn_kl(p, q a point mass) refused (KL is +inf)", Raises(ValueError, r"q_samples has 1 distinct rows"))
 def _():
     return knn_kl(torch.randn(200, 2, generator=_gen(), dtype=F64), torch.zeros(2, 2, dtype=F64))
 
@@ -1672,27 +1570,22 @@ def _save_then_load(model, guide, x=_X1, y=_Y1, **kwargs):
 _READABLE = Value(lambda v: v[0] in ("refused", "loaded"), "refused at save time or loadable")
 
 
-@case("gap: save_fit(float32 model, float64 x) refuses or writes a loadable file", _READABLE,
-      Gap("silent", "save_fit writes the file; load_fit fails 'x has dtype torch.float64 but BNN's buffers are "
-          "torch.float32'", "pyro_bnnlv/serialization.py:save_fit (check x's dtype against the model's)", ValueError))
+@case("gap: save_fit(float32 model, float64 x) refuses or writes a loadable file",
+      Value(lambda v: v[0] == "refused" and "x has dtype torch.float64" in v[1], "refused at save time, naming x's dtype"))
 def _():
     model = _bnn()
     return _save_then_load(model, pb.MeanField(model), _X1.double(), _Y1.double())
 
 
-@case("gap: save_fit(a guide that never ran) refuses or writes a loadable file", _READABLE,
-      Gap("silent", "save_fit writes an empty guide state; load_fit fails 'Missing key(s) in state_dict: "
-          "\"locs.w_unconstrained\"'", "pyro_bnnlv/serialization.py:save_fit (refuse a guide without "
-          "parameters, or load_fit keeps the fresh set-up)", RuntimeError))
+@case("gap: save_fit(a guide that never ran) refuses or writes a loadable file",
+      Value(lambda v: v[0] == "refused" and "never ran" in v[1], "refused at save time: the guide never ran"))
 def _():
     model = _bnn()
     return _save_then_load(model, pb.MeanField(model))
 
 
-@case("gap: save_fit(model, guide of another model) refuses or writes a loadable file", _READABLE,
-      Gap("silent", "save_fit writes it; load_fit fails with a state_dict size mismatch",
-          "pyro_bnnlv/serialization.py:save_fit (rebuild the guide in memory and load its state before writing)",
-          RuntimeError))
+@case("gap: save_fit(model, guide of another model) refuses or writes a loadable file",
+      Value(lambda v: v[0] == "refused" and "another model" in v[1], "refused at save time: a guide of another model"))
 def _():
     a = _bnn()
     guide = pb.MeanField(a)
@@ -1700,10 +1593,8 @@ def _():
     return _save_then_load(pb.BNN(pb.MLP(1, [5], 1)), guide)
 
 
-@case("gap: save_fit(AutoLowRankMultivariateNormal(rank=2)) without guide_kwargs refuses or loads", _READABLE,
-      Gap("silent", "save_fit writes it; load_fit rebuilds the default rank and fails with a state_dict size "
-          "mismatch (guide_kwargs={'rank': 2} is documented but not enforced)",
-          "pyro_bnnlv/serialization.py:_guide_kwargs (record guide.rank, as for the hypernet sizes)", RuntimeError))
+@case("gap: save_fit(AutoLowRankMultivariateNormal(rank=2)) without guide_kwargs refuses or loads",
+      Value(lambda v: v[0] == "loaded" and v[1][1].rank == 2, "loaded with rank 2 (recorded by save_fit)"))
 def _():
     from pyro.infer import Trace_ELBO
     from pyro.infer.autoguide import AutoLowRankMultivariateNormal

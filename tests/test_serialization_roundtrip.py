@@ -4,7 +4,13 @@ same posterior samples, bit for bit, from the same seed."""
 
 import pytest
 import torch
-from pyro.infer.autoguide import AutoDelta, AutoDiagonalNormal, AutoMultivariateNormal, AutoNormal
+from pyro.infer.autoguide import (
+    AutoDelta,
+    AutoDiagonalNormal,
+    AutoLowRankMultivariateNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+)
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.guides import hypernet_lv_guide
@@ -46,6 +52,9 @@ CASES = {
     "BNN-MeanField": (BNN, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y), ("w",)),
     "BNN-AutoMultivariateNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoMultivariateNormal(m), x, y), ("w",)),
     "BNN-AutoDiagonalNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoDiagonalNormal(m), x, y), ("w",)),
+    # rank 2 is not the default (round(sqrt(P)) = 4 for P = 19): save_fit records it, no guide_kwargs
+    "BNN-AutoLowRankMultivariateNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=2), x, y), ("w",)),
+    "BNN-AutoLowRankMultivariateNormal-default-rank": (BNN, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m), x, y), ("w",)),
     "BNN-AutoDelta": (BNN, 1, lambda m, x, y: _fit(m, AutoDelta(m), x, y), ("w",)),
     "BNN-HypernetGuide": (BNN, 1, lambda m, x, y: _knn(m, pb.HypernetGuide(m, hidden_sizes=(7,), noise_dim=3), x, y), ("w",)),
     "BNN-Laplace-full": (BNN, 1, _laplace("full"), ("w",)),
@@ -59,8 +68,10 @@ CASES = {
     "ProjectedBNN-MeanField": (PROJ, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y), ("w", "z")),
     "Linear-AutoNormal": (LIN, 1, lambda m, x, y: _fit(m, AutoNormal(m), x, y), ("w",)),
     "Linear-MeanField": (LIN, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y), ("w",)),
+    "BNNLV-AutoLowRankMultivariateNormal": (BNNLV, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=3), x, y), ("w", "z")),
 }  # fmt: skip
-FLOAT64 = ["BNN-MeanField", "BNN-HypernetGuide", "BNN-Laplace-full", "BNNLV-MeanField", "BNNLV-hypernet_lv_guide"]
+FLOAT64 = ["BNN-MeanField", "BNN-HypernetGuide", "BNN-Laplace-full", "BNNLV-MeanField", "BNNLV-hypernet_lv_guide",
+           "BNN-AutoLowRankMultivariateNormal"]
 
 
 def _sample(model, guide, x, y, sites, needs_y):

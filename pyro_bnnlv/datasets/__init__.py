@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .._checks import check_seed
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
@@ -68,6 +69,7 @@ def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
     validation subset drawn by seed 0.
     """
     key = _canonical(name)
+    seed = check_seed(seed)
     if key not in REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(REGISTRY))}")
     data = REGISTRY[key].loader(seed=seed, **options)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_seed
+
 __all__ = [
     "Dataset",
     "DATA_DIR_ENV",
@@ -232,6 +234,7 @@ def from_arrays(
 
     Example: ``data = pb.datasets.from_arrays(x, y, seed=0)``, then ``data.x_train`` etc.
     """
+    seed = check_seed(seed)
     xa, ya = _as_float_array(x, "x"), _as_float_array(y, "y")
     if xa.ndim == 1:
         xa = xa[:, None]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import check_seed
 from .base import Dataset, make_dataset, register
 from .fetch import fetch_dataset
 
@@ -65,7 +66,7 @@ def _read_uci_matrix(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 def _train_valid(idx: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if not 0.0 <= valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must lie in [0, 1), got {valid_fraction}")
-    perm = np.random.default_rng(seed).permutation(idx)
+    perm = np.random.default_rng(check_seed(seed)).permutation(idx)
     n_valid = int(round(valid_fraction * len(idx)))
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
 
@@ -131,7 +132,7 @@ def load_table(
         x, y = _read_uci_matrix(path)
     if len(fractions) != 3 or abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) <= 0:
         raise ValueError(f"fractions must be three positive numbers summing to 1, got {fractions}")
-    perm = np.random.default_rng(seed).permutation(len(x))
+    perm = np.random.default_rng(check_seed(seed)).permutation(len(x))
     n_tr = int(round(fractions[0] * len(x)))
     n_va = int(round(fractions[1] * len(x)))
     parts = perm[:n_tr], perm[n_tr : n_tr + n_va], perm[n_tr + n_va :]

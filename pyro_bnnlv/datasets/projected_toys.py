@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_int, check_seed
 from ..nets import MLP
 from .base import Dataset, make_dataset, register
 
@@ -47,7 +48,7 @@ FOUR_MODE_CENTRES = (-3.0, -1.0, 1.0, 3.0)
 def four_modes(seed: int = 0, standardize: bool = False, noise: float = 0.05, symmetric: bool = True) -> Dataset:
     """Four-mode toy (see the module docstring): 400 training points (``symmetric=False``: 320),
     validation and test drawn alike."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
 
     def draw_symmetric():
         xs, ys = [], []
@@ -133,7 +134,8 @@ def canonical_rbf_units(net: MLP, w: Tensor) -> Tensor:
 def sine_tasks(seed: int = 0, standardize: bool = False, num_tasks: int = 12, points: int = 20,
                noise: float = 0.1) -> Dataset:  # fmt: skip
     """Sine family (see the module docstring): ``points`` per task per split."""
-    rng = np.random.default_rng(seed)
+    num_tasks, points = check_int(num_tasks, "num_tasks"), check_int(points, "points")
+    rng = np.random.default_rng(check_seed(seed))
     a = rng.uniform(-3.0, 3.0, num_tasks)
     b = np.linspace(0.0, 2 * np.pi, num_tasks, endpoint=False)
     splits, tasks = {}, {}

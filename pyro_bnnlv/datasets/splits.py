@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_seed
 from .base import Dataset, make_dataset
 
 __all__ = ["gap_split", "gap_splits", "extrapolation_split", "interpolation_split", "pooled_data"]
@@ -64,7 +65,7 @@ def _build(
 
 
 def _train_valid(rest: np.ndarray, n_valid: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    perm = np.random.default_rng(seed).permutation(rest)
+    perm = np.random.default_rng(check_seed(seed)).permutation(rest)
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
 
 

@@ -23,8 +23,11 @@ Synthetic sets are not standardised by default, so the true noise levels keep th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
+from .._checks import ArgumentTypeError, check_int, check_seed
 from .base import Dataset, make_dataset, register
 
 __all__ = [
@@ -39,6 +42,23 @@ __all__ = [
 ]
 
 
+def _check_sizes(sizes) -> tuple[int, int, int]:
+    """``sizes`` as three positive integers ``(n_train, n_valid, n_test)``; a ``ValueError`` naming
+    ``sizes`` otherwise (the one check of every synthetic loader)."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+        raise ArgumentTypeError(f"sizes must be three positive integers (n_train, n_valid, n_test), got {sizes!r}")
+    sizes = tuple(sizes)
+    if len(sizes) != 3:
+        raise ValueError(f"sizes must be three positive integers (n_train, n_valid, n_test), got "
+                         f"{len(sizes)} value(s): {sizes!r}")  # fmt: skip
+    try:
+        return tuple(check_int(n, f"sizes[{i}] ({part})") for i, (n, part) in
+                     enumerate(zip(sizes, ("training", "validation", "test"))))  # fmt: skip
+    except ValueError as err:
+        raise type(err)(f"{err}: sizes must be three positive integers (n_train, n_valid, n_test), "
+                        f"got {sizes!r}") from None  # fmt: skip
+
+
 def _splits(xs, ys):
     return {"train": (xs[0], ys[0]), "valid": (xs[1], ys[1]), "test": (xs[2], ys[2])}
 
@@ -47,7 +67,7 @@ def _latent_gt(
     name, rng, sizes, sample_x, f_gt, noise_var, z_var, standardize, description
 ) -> Dataset:
     xs, ys, zs = [], [], []
-    for n in sizes:
+    for n in _check_sizes(sizes):
         x = sample_x(rng, n)
         z = rng.normal(0.0, np.sqrt(z_var), n)
         y = f_gt(x, z) + rng.normal(0.0, np.sqrt(noise_var), n)
@@ -70,7 +90,7 @@ def heavy_tail(seed: int = 0, standardize: bool = False, sizes=(300, 300, 300)) 
     "300 training, validation and test x's": 300 in each split.
     """
     return _latent_gt(
-        "heavy-tail", np.random.default_rng(seed), sizes,
+        "heavy-tail", np.random.default_rng(check_seed(seed)), sizes,
         lambda rng, n: rng.uniform(-4.0, 4.0, n), _f_heavy_tail, 0.1, 0.01, standardize,
         "y = 6 tanh(0.1 x^3 (z+1)^6 - 10 x z^2 + z) + eps, z ~ N(0, 0.01), eps ~ N(0, 0.1)",
     )  # fmt: skip
@@ -88,7 +108,7 @@ def depeweg(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     """Depeweg (App. G.2): ``x`` from an equal mixture of ``N(-4, 0.16), N(0, 0.81), N(4, 0.16)``,
     ``z ~ N(0, 1)``, ``sigma_eps^2 = 0.1``."""
     return _latent_gt(
-        "depeweg", np.random.default_rng(seed), sizes, _depeweg_x,
+        "depeweg", np.random.default_rng(check_seed(seed)), sizes, _depeweg_x,
         lambda x, z: 7.0 * np.sin(x) + 3.0 * np.abs(np.cos(x / 2.0)) * z, 0.1, 1.0, standardize,
         "y = 7 sin(x) + 3 |cos(x/2)| z + eps, z ~ N(0, 1), eps ~ N(0, 0.1)",
     )  # fmt: skip
@@ -99,7 +119,7 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     """Bimodal (App. G.3): ``x ~ Exp(rate 2) - 0.5`` clipped to ``[-0.5, 2]``, ``z ~ N(0, 0.1)``,
     ``sigma_eps^2 = 1``."""
     return _latent_gt(
-        "bimodal", np.random.default_rng(seed), sizes,
+        "bimodal", np.random.default_rng(check_seed(seed)), sizes,
         lambda rng, n: np.clip(rng.exponential(1.0 / 2.0, n) - 0.5, -0.5, 2.0),
         lambda x, z: np.where(z > 0, 10.0 * np.sin(x), 10.0 * np.cos(x)), 1.0, 0.1, standardize,
         "y = 10 sin(x) if z > 0 else 10 cos(x), plus eps; z ~ N(0, 0.1), eps ~ N(0, 1)",
@@ -107,9 +127,9 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
 
 
 def _heteroscedastic(name, seed, sizes, mean_fn, var_fn, standardize, description) -> Dataset:
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     xs, ys = [], []
-    for n in sizes:
+    for n in _check_sizes(sizes):
         x = rng.uniform(0.0, 1.0, n)
         xs.append(x)
         ys.append(mean_fn(x) + rng.normal(0.0, 1.0, n) * np.sqrt(var_fn(x)))
@@ -175,10 +195,11 @@ def cosine(
     ``y = cos(4 (x + 0.2)) + eps``, ``eps ~ N(0, 0.1^2)``. Validation (60) and test (120) points
     come from the same distribution; ``extras["x_ood"]`` holds ``num_ood`` inputs uniform on the
     OOD box ``[-4, 2]`` (the input distribution ``nu`` of the paper)."""
-    rng = np.random.default_rng(seed)
+    sizes = _check_sizes(sizes)
+    rng = np.random.default_rng(check_seed(seed))
     xs = [_two_intervals(rng, n, (-1.0, -0.5), (0.5, 1.0)) for n in sizes]
     ys = [np.cos(4 * (x + 0.2)) + 0.1 * rng.normal(size=len(x)) for x in xs]
-    extras = {"x_ood": rng.uniform(-4.0, 2.0, num_ood), "noise_std": np.array(0.1)}
+    extras = {"x_ood": rng.uniform(-4.0, 2.0, check_int(num_ood, "num_ood", minimum=0)), "noise_std": np.array(0.1)}
     return make_dataset(
         "cosine", _splits(xs, ys), standardize=standardize, extras=extras,
         description="y = cos(4 (x + 0.2)) + N(0, 0.1^2), x in [-1,-0.5] U [0.5,1]; OOD x in [-4, 2]",
@@ -191,7 +212,8 @@ def clusters(seed: int = 0, standardize: bool = False, sizes=(100, 50, 100)) -> 
     ``[-1, -0.5]`` and ``[0.5, 1]``, ``y = sin(4 x) + eps`` with ``eps ~ N(0, 0.1^2)``. Validation
     (50) and test (100) points come from the clusters; ``extras["x_gap"]`` are 100 inputs
     uniform on the gap ``[-0.5, 0.5]`` and ``extras["y_gap"]`` their noisy targets."""
-    rng = np.random.default_rng(seed)
+    sizes = _check_sizes(sizes)
+    rng = np.random.default_rng(check_seed(seed))
     xs = [_two_intervals(rng, n, (-1.0, -0.5), (0.5, 1.0)) for n in sizes]
     ys = [np.sin(4 * x) + 0.1 * rng.normal(size=len(x)) for x in xs]
     x_gap = rng.uniform(-0.5, 0.5, 100)

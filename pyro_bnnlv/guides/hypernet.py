@@ -34,7 +34,8 @@ mean-field guide, combined with Pyro's ``AutoGuideList``::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyro
 import pyro.distributions as dist
@@ -46,7 +47,10 @@ from pyro.nn.module import to_pyro_module_
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
 
+from .._checks import ArgumentTypeError, check_int
+from ..nets import as_positive_int
 from ..param_names import own_param_names
+from .init import check_init_scale
 
 __all__ = ["ImplicitSample", "HypernetGuide", "HypernetLVGuide", "hypernet_lv_guide"]
 
@@ -73,6 +77,22 @@ class ImplicitSample(dist.Delta):
         return super().expand(batch_shape, _instance=new)
 
 
+def _check_hidden_sizes(value: object) -> tuple[int, ...]:
+    """``hidden_sizes`` as a tuple of positive ``int`` widths: one width (an integer, as
+    :class:`~pyro_bnnlv.nets.MLP` takes it) or a sequence of widths, each checked by
+    :func:`~pyro_bnnlv.nets.as_positive_int` (MLP's rule for widths) and named (``hidden_sizes[1]``)."""
+    if isinstance(value, Tensor):
+        value = value.tolist() if value.dim() > 0 else value.item()
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        return (as_positive_int(value, "hidden_sizes"),)
+    if isinstance(value, (str, bytes, set, frozenset, Mapping, bool)) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(
+            f"hidden_sizes must be positive integers: a sequence of layer widths (e.g. (20, 40), or () "
+            f"for no hidden layer) or one width, got {value!r}"
+        )
+    return tuple(as_positive_int(h, f"hidden_sizes[{i}]") for i, h in enumerate(value))
+
+
 def _hypernet(noise_dim: int, hidden_sizes: Sequence[int], out_dim: int,
               activation: Callable[[], nn.Module]) -> nn.Sequential:  # fmt: skip
     layers: list[nn.Module] = []
@@ -94,15 +114,17 @@ class HypernetGuide(AutoGuide):
 
     Args:
         model: the Pyro model (or ``poutine.block(model, expose=[...])`` of it).
-        noise_dim: ``l``, the dimension of the noise (paper: 5).
-        hidden_sizes: hidden layer widths of the hypernet (paper: 20, 40).
+        noise_dim: ``l``, the dimension of the noise (paper: 5), a positive integer.
+        hidden_sizes: hidden layer widths of the hypernet (paper: 20, 40); one integer is one
+            layer of that width, ``()`` none.
         activation: hidden activation module class (paper: ReLU), or the name of one in
             ``torch.nn`` (``"ReLU"``, ``"Tanh"``, ...).
         init_loc_fn: where the hypernet's output starts: its last-layer bias is set to
             ``init_loc_fn(site)`` (default ``init_to_sample``, a prior draw; for networks,
             ``pyro_bnnlv.init_to_network(model)`` is a good choice).
         init_scale: the last-layer weights are rescaled so that the initial per-coordinate
-            standard deviation of ``theta`` (over ``eps``) averages ``init_scale``.
+            standard deviation of ``theta`` (over ``eps``) averages ``init_scale`` (a positive
+            finite number).
 
     Each instance names its parameters with its own prefix (``"HypernetGuide_3.hypernet.0.weight"``,
     see :func:`~pyro_bnnlv.param_names.own_param_names`), so fitted guides never share values
@@ -121,21 +143,25 @@ class HypernetGuide(AutoGuide):
         init_loc_fn: Callable = init_to_sample,
         init_scale: float = 0.1,
     ) -> None:
-        if not isinstance(noise_dim, int) or noise_dim < 1:
-            raise ValueError(f"noise_dim must be a positive integer, got {noise_dim!r}")
-        hidden_sizes = tuple(hidden_sizes)
-        if not all(isinstance(h, int) and h >= 1 for h in hidden_sizes):
-            raise ValueError(f"hidden_sizes must be positive integers, got {hidden_sizes!r}")
-        if not (isinstance(init_scale, (int, float)) and init_scale > 0):
-            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+        noise_dim = check_int(noise_dim, "noise_dim", minimum=1)
+        hidden_sizes = _check_hidden_sizes(hidden_sizes)
+        init_scale = check_init_scale(init_scale)
+        if not callable(model):
+            raise TypeError(f"model must be a Pyro model (callable), got {type(model).__name__}")
+        if not callable(init_loc_fn):
+            raise TypeError(f"init_loc_fn must be a Pyro init function site -> value, "
+                            f"got {type(init_loc_fn).__name__}")  # fmt: skip
         if isinstance(activation, str):
             activation = _torch_activation(activation)
+        elif not callable(activation):
+            raise TypeError(f"activation must be a torch.nn module class (e.g. nn.ReLU) or its name ('ReLU'), "
+                            f"got {activation!r}")  # fmt: skip
         super().__init__(InitMessenger(init_loc_fn)(model))  # as Pyro's AutoNormal does
         self.noise_dim = noise_dim
         self.hidden_sizes = hidden_sizes
         self.activation = activation
         self.init_loc_fn = init_loc_fn
-        self.init_scale = float(init_scale)
+        self.init_scale = init_scale
         own_param_names(self)
 
     def config(self) -> dict:

@@ -14,13 +14,31 @@ called) gets float64 starting weights.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import torch
 from pyro.infer.autoguide import init_to_feasible
 from torch import Tensor
 
+from .._checks import ArgumentTypeError, check_real, check_seed
+
 __all__ = ["init_to_network"]
+
+
+def check_init_scale(value: object, name: str = "init_scale") -> float:
+    """A guide's initial scale as a positive finite ``float`` (Python or NumPy reals; not bools,
+    strings, NaN or infinities: an infinite scale gives NaN parameters at the first step)."""
+    try:
+        scale = check_real(value, name, allow_inf=True)
+    except ArgumentTypeError:
+        raise
+    except ValueError:  # NaN
+        scale = math.nan
+    if not 0 < scale < math.inf:
+        kind = "a positive finite number" if scale == math.inf else "a positive number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return scale
 
 
 def init_to_network(
@@ -30,17 +48,22 @@ def init_to_network(
     fallback: Callable | None = init_to_feasible,
 ) -> Callable:
     """An ``init_loc_fn`` for autoguides: site ``"w"`` starts at ``weights`` or at
-    ``model.net.init_weights`` drawn with ``seed``; other sites (e.g. latent inputs ``"z"``)
-    use ``fallback`` (default ``init_to_feasible``, i.e. 0 for real-valued sites)."""
+    ``model.net.init_weights`` drawn with ``seed`` (an integer in ``[0, 2**32)``; ``None``: from
+    torch's global generator); other sites (e.g. latent inputs ``"z"``) use ``fallback``
+    (default ``init_to_feasible``, i.e. 0 for real-valued sites)."""
     net = getattr(model, "net", None)
     if net is None or not hasattr(net, "init_weights"):
         raise TypeError(
             f"init_to_network needs a model with a network in model.net (BNN, BNNLV, ProjectedBNN); "
             f"{type(model).__name__} has none: use one of Pyro's init functions (e.g. init_to_feasible)"
         )
+    seed = check_seed(seed)
     if weights is None:
-        weights = net.init_weights(torch.Generator().manual_seed(int(seed)))
+        weights = net.init_weights(None if seed is None else torch.Generator().manual_seed(seed))
     else:
+        if not isinstance(weights, Tensor):
+            raise TypeError(f"weights must be a tensor of {net.num_weights} weights (or None), "
+                            f"got {type(weights).__name__}")  # fmt: skip
         net.check_weights(weights, "weights")
         if not torch.isfinite(weights).all():
             raise ValueError("weights contains NaN or infinite values")

@@ -31,6 +31,8 @@ from pyro.nn import PyroModule
 from torch import Tensor
 from torch.distributions import constraints
 
+from .._checks import check_int, check_seed
+
 __all__ = ["LaplaceGuide", "SubsetNormal"]
 
 
@@ -156,10 +158,10 @@ class LaplaceGuide(PyroModule):
 
     def sample_weights(self, num_samples: int, seed: int | None = None) -> Tensor:
         """``(num_samples, P)`` draws of ``w`` outside Pyro (seeded by ``seed`` if given)."""
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        num_samples = check_int(num_samples, "num_samples")
+        seed = check_seed(seed)
         if seed is not None:
-            pyro.set_rng_seed(int(seed))
+            pyro.set_rng_seed(seed)
         with torch.no_grad():
             return self.distribution().sample((num_samples,))
 

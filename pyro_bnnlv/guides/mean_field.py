@@ -32,9 +32,10 @@ from collections.abc import Callable
 
 from pyro.infer.autoguide import AutoNormal, init_to_feasible
 
+from .._checks import check_seed
 from ..nets import FlatNet
 from ..param_names import own_param_names
-from .init import init_to_network
+from .init import check_init_scale, init_to_network
 
 __all__ = ["MeanField"]
 
@@ -49,10 +50,12 @@ class MeanField(AutoNormal):
         init_loc_fn: overrides that start (any Pyro ``init_loc_fn``, e.g.
             ``pb.init_to_network(model, weights=w_map)``). Default: ``init_to_network(model,
             seed)`` for the library's models, Pyro's ``init_to_feasible`` otherwise.
-        init_scale: initial standard deviation of every factor (default 0.01; Pyro's is 0.1).
+        init_scale: initial standard deviation of every factor, a positive finite number
+            (default 0.01; Pyro's is 0.1).
         create_plates: as in ``AutoNormal``; default ``model.create_plates`` when the model has
             one (BNN+LV), so its latents ``z`` are subsampled with minibatches.
-        seed: seed of the random network start (restarts: 0, 1, 2, ...).
+        seed: seed of the random network start (restarts: 0, 1, 2, ...; an integer in
+            ``[0, 2**32)``, NumPy integers included; ``None``: torch's global generator).
 
     ``MeanField(model)`` is ``AutoNormal(model, init_loc_fn=pb.init_to_network(model, seed),
     init_scale=0.01)``: the same parameters, usable wherever an ``AutoNormal`` is. Each instance
@@ -68,19 +71,22 @@ class MeanField(AutoNormal):
         init_loc_fn: Callable | None = None,
         init_scale: float = 0.01,
         create_plates: Callable | None = None,
-        seed: int = 0,
+        seed: int | None = 0,
     ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
-        if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not init_scale > 0:
-            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
+        seed = check_seed(seed)  # a non-integer seed is an ArgumentTypeError (TypeError and ValueError)
+        init_scale = check_init_scale(init_scale)
+        if not callable(model):
+            raise TypeError(f"model must be a Pyro model (callable), got {type(model).__name__}")
+        if init_loc_fn is not None and not callable(init_loc_fn):
+            raise TypeError(f"init_loc_fn must be a Pyro init function site -> value (or None), "
+                            f"got {type(init_loc_fn).__name__}")  # fmt: skip
         if init_loc_fn is None:
             has_net = isinstance(getattr(model, "net", None), FlatNet)
             init_loc_fn = init_to_network(model, seed=seed) if has_net else init_to_feasible
         if create_plates is None:
             create_plates = getattr(model, "create_plates", None)
         self.seed = seed
-        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale),
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale,
                          create_plates=create_plates)  # fmt: skip
         own_param_names(self)
 

@@ -33,6 +33,7 @@ import torch
 from pyro.infer.autoguide import init_to_value
 from torch import Tensor
 
+from .._checks import check_real, check_seed
 from ..infer.svi import isolated_param_store, train_map
 from ..models.bnn import BNN
 from ..models.bnnlv import BNNLV
@@ -40,6 +41,19 @@ from ..nets import MLP
 from .mean_field import MeanField
 
 __all__ = ["ncai_init_weights", "ncai_init_loc_fn", "ncai_guide"]
+
+
+def _ncai_seed(seed: object) -> int:
+    """The NCAI seed as an ``int`` (:func:`~pyro_bnnlv._checks.check_seed`); ``None``: one drawn
+    from torch's global generator (so ``torch.manual_seed`` still fixes the run)."""
+    seed = check_seed(seed)
+    return int(torch.randint(0, 2**31, ()).item()) if seed is None else seed
+
+
+def _check_targets(y: object) -> None:
+    if y is None:
+        raise TypeError("y must be a tensor of targets: the NCAI initialisation trains a deterministic "
+                        "network on (x, y), got None")  # fmt: skip
 
 
 def _deterministic_twin(model: BNNLV) -> tuple[BNN, Tensor]:
@@ -70,6 +84,9 @@ def ncai_init_weights(
     layer, App. F.1)."""
     if not isinstance(model, BNNLV):
         raise TypeError(f"the NCAI initialisation needs a BNN+LV model (pb.BNNLV), got {type(model).__name__}")
+    _check_targets(y)
+    seed = _ncai_seed(seed)
+    latent_weight_scale = check_real(latent_weight_scale, "latent_weight_scale", nonnegative=True, allow_none=True)
     model.check_data(x, y)
     twin, keep = _deterministic_twin(model)
     w_twin = train_map(twin, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,
@@ -77,7 +94,7 @@ def ncai_init_weights(
     if latent_weight_scale is None:
         fan_in, fan_out = model.net.layers[0][:2]
         latent_weight_scale = math.sqrt(2.0 / (fan_in + fan_out))
-    gen = torch.Generator().manual_seed(int(seed) + 1)
+    gen = torch.Generator().manual_seed(seed + 1)
     w = torch.randn(model.num_weights, generator=gen) * latent_weight_scale
     w[keep] = w_twin
     return w
@@ -89,10 +106,11 @@ def ncai_init_loc_fn(model: BNNLV, x: Tensor, y: Tensor, *, z_init: str = "prior
     the prior ``N(0, latent_scale^2)`` (``z_init="prior"``, seeded) or 0 (``"zero"``)."""
     if z_init not in ("prior", "zero"):
         raise ValueError(f"z_init must be 'prior' or 'zero', got {z_init!r}")
+    seed = _ncai_seed(seed)
     w = ncai_init_weights(model, x, y, seed=seed, **kwargs)
     z = torch.zeros(x.shape[0], model.latent_dim, dtype=w.dtype)
     if z_init == "prior":
-        gen = torch.Generator().manual_seed(int(seed) + 3)
+        gen = torch.Generator().manual_seed(seed + 3)
         scale = model.latent_scale.detach().to(w.dtype)
         z = torch.randn(z.shape, generator=gen, dtype=w.dtype) * scale
     return init_to_value(values={"w": w, "z": z})
@@ -115,15 +133,20 @@ def ncai_guide(
     Initial standard deviations are random, ``init_scale * U(1 - scale_jitter, 1 + scale_jitter)``
     elementwise ("we initialize all variational variances randomly"). ``z_init``: see
     :func:`ncai_init_loc_fn`. ``kwargs`` go to :func:`ncai_init_weights` (``num_steps``, ``lr``,
-    ``latent_weight_scale``, ...).
+    ``latent_weight_scale``, ...). ``seed``: an integer in ``[0, 2**32)`` seeding the twin's
+    training and every random start (``None``: one drawn from torch's global generator).
     """
-    if not 0 <= scale_jitter < 1:
-        raise ValueError(f"scale_jitter must lie in [0, 1), got {scale_jitter}")
+    if not 0 <= check_real(scale_jitter, "scale_jitter") < 1:
+        raise ValueError(f"scale_jitter must lie in [0, 1), got {scale_jitter!r}")
+    if not isinstance(model, BNNLV):
+        raise TypeError(f"the NCAI initialisation needs a BNN+LV model (pb.BNNLV), got {type(model).__name__}")
+    _check_targets(y)
+    seed = _ncai_seed(seed)
     init = ncai_init_loc_fn(model, x, y, z_init=z_init, seed=seed, **kwargs)
     guide = MeanField(model, init_loc_fn=init, init_scale=init_scale)  # its own param names
     with isolated_param_store(model, guide), torch.no_grad():
         guide(x, y)  # create the parameters
-    gen = torch.Generator().manual_seed(int(seed) + 2)
+    gen = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for name in ("w", "z"):
             scale = getattr(guide.scales, name)

@@ -26,6 +26,8 @@ import math
 import torch
 from torch import Tensor
 
+from .._checks import check_int, check_real
+
 __all__ = ["EmpiricalBayes", "eb_weight_variance", "eb_latent_variance"]
 
 
@@ -60,19 +62,22 @@ class EmpiricalBayes:
 
     def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5,
                  update_latent: bool = True):  # fmt: skip
-        if every < 1:
-            raise ValueError(f"every must be a positive integer, got {every}")
+        every = check_int(every, "every")
+        alpha, beta = check_real(alpha, "alpha"), check_real(beta, "beta")
         if alpha <= 1 or beta <= 0:
             raise ValueError(f"need alpha > 1 and beta > 0, got alpha={alpha}, beta={beta}")
-        self.model, self.guide, self.every = model, guide, int(every)
-        self.alpha, self.beta = float(alpha), float(beta)
+        if not hasattr(model, "prior_scale"):
+            raise TypeError(f"model must have a prior_scale to update (pb.BNN, pb.BNNLV), "
+                            f"got {type(model).__name__}")  # fmt: skip
+        self.model, self.guide, self.every = model, guide, every
+        self.alpha, self.beta = alpha, beta
         self.update_latent = bool(update_latent)
         self.history: list[dict[str, float]] = []
 
     @torch.no_grad()
     def update(self) -> dict[str, float]:
         """Apply eq. 29-30 once; returns the new variances."""
-        locs, scales = self.guide.locs, self.guide.scales
+        locs, scales = self._guide_parameters()
         s_w = eb_weight_variance(locs.w, scales.w, self.alpha, self.beta)
         self.model.prior_scale.fill_(s_w.sqrt().item())
         out = {"s_w": s_w.item()}
@@ -82,6 +87,24 @@ class EmpiricalBayes:
             out["s_z"] = s_z.item()
         self.history.append(out)
         return out
+
+    def _guide_parameters(self) -> tuple:
+        """The guide's ``locs`` and ``scales`` (an ``AutoNormal``'s), with the fix named when the
+        guide has not created them yet or is not a mean-field guide over ``"w"``."""
+        guide = self.guide
+        if getattr(guide, "prototype_trace", False) is None:  # an AutoGuide that has not run yet
+            raise RuntimeError(
+                f"EmpiricalBayes reads the {type(guide).__name__}'s variational parameters, which exist only "
+                "once the guide has run: fit the guide first (fit_svi(model, guide, x, y, callback=eb) runs it "
+                "before the first update) or call the guide once, guide(x, y)"
+            )
+        locs, scales = getattr(guide, "locs", None), getattr(guide, "scales", None)
+        if locs is None or scales is None or not hasattr(locs, "w"):
+            raise TypeError(
+                f"EmpiricalBayes needs a mean-field guide with locs.w and scales.w (pb.MeanField or "
+                f"AutoNormal over the model's \"w\"), got {type(guide).__name__}"
+            )
+        return locs, scales
 
     @property
     def prior_scale(self) -> float:

@@ -67,6 +67,7 @@ from pyro.infer.elbo import ELBO
 from pyro.poutine.util import prune_subsample_sites
 from torch import Tensor
 
+from .._checks import check_real
 from ..stats.knn import functional_knn_kl, input_sampler, knn_kl
 from .svi import _check_positive_int
 
@@ -105,7 +106,7 @@ class KNNElbo(ELBO):
         num_particles: guide samples for the expected log-likelihood (paper: 100).
         num_kl_samples: guide samples for the KL estimate (paper: 500); when equal to
             ``num_particles`` the same samples serve both terms.
-        num_prior_samples: prior samples for the KL estimate (paper: 500).
+        num_prior_samples: prior samples for the KL estimate (paper: 500; at least ``k + 1``).
         k: neighbour order of the estimator (paper: 1).
         site: the latent site whose KL is estimated by k-NN (``"w"``); it must be global.
         prior_sampler: optional ``n -> (n, *site shape)`` prior samples (e.g. an implicit prior);
@@ -128,7 +129,7 @@ class KNNElbo(ELBO):
         _check_positive_int(num_particles, "num_particles")
         _check_positive_int(k, "k")
         _check_positive_int(num_kl_samples, "num_kl_samples", minimum=k + 1)
-        _check_positive_int(num_prior_samples, "num_prior_samples", minimum=k)
+        _check_positive_int(num_prior_samples, "num_prior_samples", minimum=k + 1)
         if prior_sampler is not None and not callable(prior_sampler):
             raise ValueError("prior_sampler must be a callable n -> (n, ...) samples")
         super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
@@ -336,7 +337,7 @@ class FunctionalKNNElbo(KNNElbo):
         _check_positive_int(num_input_draws, "num_input_draws")
         self.num_inputs = num_inputs
         self.num_input_draws = num_input_draws
-        if not (isinstance(train_fraction, (int, float)) and 0.0 <= train_fraction <= 1.0):
+        if not 0.0 <= check_real(train_fraction, "train_fraction") <= 1.0:
             raise ValueError(f"train_fraction must lie in [0, 1], got {train_fraction!r}")
         if input_dist is not None and not (
             callable(input_dist) or isinstance(input_dist, (Tensor, torch.distributions.Distribution))
@@ -362,7 +363,17 @@ class FunctionalKNNElbo(KNNElbo):
                     raise ValueError("the default input distribution needs the training inputs "
                                      "as the model's first argument; or pass input_dist=")  # fmt: skip
                 nu = input_box(x_train)
-            parts.append(input_sampler(nu)(n_nu))
+            drawn = input_sampler(nu)(n_nu)
+            if x_train is not None and x_train.dim() >= 1:
+                width = x_train.reshape(x_train.shape[0], -1).shape[1]
+                if drawn.shape[-1] != width:
+                    raise ValueError(
+                        f"input_dist draws inputs with {drawn.shape[-1]} columns (a draw of {n_nu} has shape "
+                        f"{tuple(drawn.shape)}) but the training inputs x have {width} (shape "
+                        f"{tuple(x_train.shape)}): pass an input_dist over the same {width} features, e.g. "
+                        "pyro_bnnlv.infer.input_box(x, margin=1.0)"
+                    )
+            parts.append(drawn)
         return torch.cat(parts).to(torch.get_default_dtype() if x_train is None else x_train.dtype)
 
     def kl_estimate(self, q_samples: Tensor, prior_samples: Tensor, model, args, kwargs) -> Tensor:

@@ -77,6 +77,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .._checks import ArgumentTypeError, check_int
 from ..guides.laplace import LaplaceGuide
 from ..nets import MLP, FlatNet, ModuleNet
 
@@ -260,8 +261,20 @@ def _model_dtype(model: Any) -> torch.dtype:
     return scale.dtype if scale.is_floating_point() else torch.get_default_dtype()
 
 
+def _as_tensor(value: Any, name: str, dtype: torch.dtype) -> Tensor:
+    """``value`` as a detached ``dtype`` tensor; strings, bools and other non-numbers are refused
+    naming ``name``."""
+    if isinstance(value, (bool, str, bytes)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
+    try:
+        return torch.as_tensor(value, dtype=dtype).detach().clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r} "
+                                f"of type {type(value).__name__} ({err})") from None  # fmt: skip
+
+
 def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:
-    t = torch.as_tensor(value, dtype=dtype).detach().clone()
+    t = _as_tensor(value, name, dtype)
     if t.dim() == 0:
         t = t.expand(P).clone()
     if t.shape != (P,):
@@ -272,7 +285,7 @@ def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:
 
 
 def _as_positive_scalar(value: Any, name: str, dtype: torch.dtype) -> Tensor:
-    t = torch.as_tensor(value, dtype=dtype).detach().clone()
+    t = _as_tensor(value, name, dtype)
     if t.dim() != 0 or not torch.isfinite(t) or t <= 0:
         raise ValueError(f"{name} must be a positive finite scalar, got {value!r}")
     return t
@@ -320,10 +333,20 @@ class LinearizedLaplace:
         for attr in ("net", "prior_scale", "noise_scale"):
             if not hasattr(model, attr):
                 raise TypeError(f"model must expose {attr!r} (a pyro_bnnlv BNN); got {type(model).__name__}")
+        if hasattr(model, "latent_dim"):
+            # BNN+LV (per-point z as extra inputs) and ProjectedBNN (w = g_phi(z)): the Laplace
+            # approximation here is of p(w | D) under w ~ N(0, prior_scale^2), which is neither
+            # model's posterior (train_map refuses them for the same reason)
+            raise TypeError(
+                f"LinearizedLaplace approximates the weight posterior of a BNN with an "
+                f"N(0, prior_scale^2) prior on w; {type(model).__name__} has other latent sites "
+                f"(per-point latent inputs z of a BNN+LV, or w = g_phi(z) of a ProjectedBNN), so "
+                f"its posterior is not that Gaussian: use pb.fit_svi(model, guide, x, y) (e.g. "
+                f"pb.MeanField(model), or AutoDelta for a MAP) or pb.run_nuts for this model"
+            )
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        chunk_size = check_int(chunk_size, "chunk_size", allow_none=True)
         self.model, self.net = model, model.net
         P = self.net.num_weights
         if not isinstance(w_map, Tensor):
@@ -691,6 +714,9 @@ class LinearizedLaplace:
         (:class:`~pyro_bnnlv.guides.laplace.LaplaceGuide`), in ``dtype`` (default: the model's,
         so the guide's draws fit a ``model.double()``)."""
         self._check_fitted()
+        if dtype is not None and dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64 (the guide's Gaussian needs a "
+                             f"floating dtype), got {dtype!r}")  # fmt: skip
         dtype = _model_dtype(self.model) if dtype is None else dtype
         loc = self.w_map.to(dtype)
         if self.structure == "diag":

@@ -65,6 +65,7 @@ from pyro.poutine import Trace
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
 
+from .._checks import ArgumentTypeError, check_int, check_real
 from ..stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
 from ..stats._pairwise import ncai_statistics
 from ..stats.hsic import normalized_hsic
@@ -112,6 +113,19 @@ def ncai_penalties(
     else:
         out["hsic_x"] = normalized_hsic(x, mu_z)
     return out
+
+
+def _check_weight(value: object, name: str, *, positive: bool) -> float:
+    """A penalty weight (``positive=False``) or growth rate (``positive=True``) as a finite
+    ``float`` (:func:`~pyro_bnnlv._checks.check_real`: NumPy reals too; no bools, strings,
+    ``None``, NaN or infinities), the error naming ``name``."""
+    kind = "positive and finite" if positive else "a finite non-negative number"
+    try:
+        return check_real(value, name, positive=positive, nonnegative=not positive)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{name} must be {kind}, got {value!r} of type {type(value).__name__}") from None
+    except ValueError:
+        raise ValueError(f"{name} must be {kind}, got {value!r}") from None
 
 
 class _PlateIndexRecorder(Messenger):
@@ -168,18 +182,15 @@ class NCAIElbo(PenalizedElbo):
         **kwargs,
     ) -> None:
         kwargs.setdefault("max_plate_nesting", 1)
-        super().__init__(**kwargs)
-        for name, value in dict(lambda1=lambda1, lambda2=lambda2, lambda3=lambda3).items():
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
-        for name, value in dict(eps_T=eps_T, eps_x=eps_x, eps_y=eps_y).items():
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be positive, got {value!r}")
+        lambdas = tuple(_check_weight(v, f"lambda{i}", positive=False)
+                        for i, v in enumerate((lambda1, lambda2, lambda3), start=1))  # fmt: skip
+        eps = tuple(_check_weight(v, name, positive=True)
+                    for name, v in (("eps_T", eps_T), ("eps_x", eps_x), ("eps_y", eps_y)))  # fmt: skip
         _check_options(hz_normalization, independence)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        self.lambdas = (float(lambda1), float(lambda2), float(lambda3))
-        self.eps_T, self.eps_x, self.eps_y = float(eps_T), float(eps_x), float(eps_y)
+        warmup_steps = check_int(warmup_steps, "warmup_steps", minimum=0)
+        super().__init__(**kwargs)
+        self.lambdas = lambdas
+        self.eps_T, self.eps_x, self.eps_y = eps
         self.independence, self.warmup_steps = independence, warmup_steps
         self.latent_site, self.plate_name = latent_site, plate_name
         self.hz_normalization = hz_normalization

@@ -114,6 +114,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from .compiled import resolve_extension
+from .._checks import ArgumentTypeError, check_real, check_seed
 from .svi import _check_positive_int, set_seed
 
 __all__ = [
@@ -1231,9 +1232,19 @@ def run_nuts(
     _check_positive_int(num_chains, "num_chains")
     _check_positive_int(max_tree_depth, "max_tree_depth")
     _check_positive_int(map_steps, "map_steps")
+    seed = check_seed(seed)
+    if seed is not None and seed + num_chains + 7 >= 2**32:  # chain c is seeded seed + c (+ 1, + 7)
+        raise ValueError(f"seed must be below 2**32 - {num_chains + 7} with num_chains={num_chains} "
+                         f"(chain c uses seeds from seed + c), got {seed}")  # fmt: skip
     if kernel not in ("flat", "pyro"):
         raise ValueError(f"kernel must be 'flat' or 'pyro', got {kernel!r}")
-    if not 0.0 < target_accept_prob < 1.0:
+    try:
+        in_range = 0.0 < check_real(target_accept_prob, "target_accept_prob") < 1.0
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}") from None
+    except ValueError:  # NaN or infinite
+        in_range = False
+    if not in_range:
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
     if not isinstance(full_mass, bool):
         raise ValueError("full_mass must be True or False (block lists: use pyro's NUTS directly)")
@@ -1294,7 +1305,7 @@ def run_nuts(
                 )
 
     t_init = time.perf_counter()
-    base = int(torch.randint(0, 2**30, ()).item()) if seed is None else int(seed)
+    base = int(torch.randint(0, 2**30, ()).item()) if seed is None else seed
     values = _initial_values(model, x, y, init, latent, shapes, pot, num_chains, base, map_steps,
                              map_lr)  # fmt: skip
     init_seconds = time.perf_counter() - t_init

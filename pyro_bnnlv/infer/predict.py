@@ -7,8 +7,9 @@ latents such as ``"z"`` as ``(S, N, K)``.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,24 +36,55 @@ def sample_posterior(
     ``args``/``kwargs`` are the model's arguments; for models with per-datapoint latents (BNN+LV)
     pass the training data, since the guide's local sites are indexed by training points.
     Returns ``{"w": (S, P), ...}`` with the data-plate dimension of global sites removed.
+
+    ``sites`` is a sequence of site names, or one name (``sites="obs"`` is ``sites=("obs",)``).
+    ``guide=None`` samples the prior.
     """
     _check_positive_int(num_samples, "num_samples")
+    sites = _check_sites(sites)
+    _check_model_data(model, args, kwargs)
     set_seed(seed)
     with isolated_param_store(model, guide), torch.no_grad():
         pred = Predictive(
             model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites)
         )
         out = pred(*args, **kwargs)
+        with poutine.block():
+            model_trace = poutine.trace(model).get_trace(*args, **kwargs)
         missing = [s for s in sites if s not in out]
         if missing:
-            raise ValueError(f"sites {missing} not found in the model; available: {sorted(out)}")
-        with poutine.block():
-            shapes = {
-                name: site["value"].shape
-                for name, site in poutine.trace(model).get_trace(*args, **kwargs).nodes.items()
-                if name in out
-            }
+            available = [name for name, site in model_trace.nodes.items() if site["type"] == "sample"]
+            raise ValueError(f"sites {missing} not found in the model; available: {available}")
+        shapes = {name: model_trace.nodes[name]["value"].shape for name in out}
     return {k: _drop_plate_dims(v, num_samples, shapes[k], k) for k, v in out.items()}
+
+
+def _check_sites(sites: Any) -> tuple[str, ...]:
+    """``sites`` as a tuple of names: one name (a ``str``) or a non-empty sequence of names."""
+    if isinstance(sites, str):
+        return (sites,)
+    if isinstance(sites, (Mapping, set, frozenset, bytes)) or not isinstance(sites, Iterable):
+        raise TypeError(f"sites must be a site name or a sequence of site names, e.g. ('w',), "
+                        f"got {sites!r}")  # fmt: skip
+    sites = tuple(sites)
+    bad = [s for s in sites if not isinstance(s, str)]
+    if bad or not sites:
+        raise TypeError(f"sites must be a site name or a non-empty sequence of site names (strings), "
+                        f"got {sites!r}")  # fmt: skip
+    return sites
+
+
+def _check_model_data(model: Any, args: tuple, kwargs: dict) -> None:
+    """A library model's own data checks (``check_data``, and the dtype of ``x`` against its
+    buffers) before Pyro's trace appends its shape tables to the message."""
+    check = getattr(model, "check_data", None)
+    if not callable(check) or not args:
+        return
+    accepted = inspect.signature(check).parameters
+    check(*args[:2], **{k: v for k, v in kwargs.items() if k in accepted})
+    dtype_check = getattr(model, "_check_dtype", None)
+    if callable(dtype_check) and isinstance(args[0], Tensor):
+        dtype_check(args[0])
 
 
 def _drop_plate_dims(v: Tensor, num_samples: int, shape: torch.Size, name: str) -> Tensor:
@@ -87,12 +119,20 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
         raise ValueError(f"posterior_samples has no 'w' site; got sites {sorted(posterior)}")
     out = dict(posterior)
     w = out["w"]
+    if not isinstance(w, Tensor):
+        raise TypeError(f"posterior_samples['w'] must be a torch.Tensor of shape (S, P), got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise ValueError(f"posterior_samples['w'] must be a floating-point tensor (float32 or float64), "
+                         f"got dtype {w.dtype}: convert it, e.g. w.float()")  # fmt: skip
     if w.dim() == 3 and w.shape[1] == 1:
         out["w"] = w.squeeze(1)
     elif w.dim() == 1:
         out["w"] = w.unsqueeze(0)
     if out["w"].dim() != 2:
         raise ValueError(f"posterior_samples['w'] must have shape (S, P); got {tuple(w.shape)}")
+    if out["w"].shape[0] == 0:
+        raise ValueError(f"posterior_samples['w'] has 0 samples (shape {tuple(w.shape)}): the "
+                         "predictive averages over the samples, so pass at least one")  # fmt: skip
     if not torch.isfinite(out["w"]).all():
         raise ValueError("posterior_samples['w'] contains NaN or infinite values")
     return out

@@ -51,7 +51,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .._checks import check_int, check_seed
+from .._checks import check_int, check_real, check_seed
 from ..nets import ModuleNet
 from ..param_names import param_fullnames
 
@@ -84,6 +84,12 @@ def _check_positive_int(value: int | None, name: str, allow_none: bool = False, 
     """``value`` as an ``int >= minimum`` (Python or NumPy integers, not bools):
     :func:`pyro_bnnlv._checks.check_int`, kept under this name for its many callers."""
     return check_int(value, name, minimum=minimum, allow_none=allow_none)
+
+
+def _check_lr(lr: object, name: str = "lr") -> float:
+    """``lr`` as a positive finite ``float`` (Python or NumPy reals; not bools, strings, NaN or
+    infinities), with errors naming ``name`` (:func:`pyro_bnnlv._checks.check_real`)."""
+    return check_real(lr, name, positive=True)
 
 
 @contextmanager
@@ -223,13 +229,14 @@ def fit_svi(
             guide (``AutoNormal`` is mean-field VI, ``AutoMultivariateNormal`` full-covariance).
         x, y: training data (``y=None`` is passed through for models that allow it).
         num_steps: number of SVI steps.
-        lr: Adam learning rate.
+        lr: Adam learning rate, a positive finite number (NumPy scalars accepted, bools not).
         loss: a Pyro ELBO; default: a compiled ``Trace_ELBO`` (see the module doc).
         batch_size: minibatch size for the model's ``"data"`` plate (``None``: full batch).
-        seed: seeds torch / NumPy / Python before the first step (same seed, same numbers).
+        seed: seeds torch / NumPy / Python before the first step (same seed, same numbers); an
+            integer in ``[0, 2**32)`` or ``None``.
         progress: show a tqdm progress bar with the running loss.
         callback: called as ``callback(step, loss)`` after every step (e.g. empirical Bayes
-            updates or early stopping by raising ``StopIteration``).
+            updates or early stopping by raising ``StopIteration``); checked callable up front.
         model_kwargs: further keyword arguments of ``model`` and ``guide`` (e.g. ``task=`` of a
             multi-task :class:`~pyro_bnnlv.models.projected.ProjectedBNN`).
         check_jit: cross-check a compiled loss against its eager twin at steps 1, 10, 100 and
@@ -241,8 +248,15 @@ def fit_svi(
     """
     _check_positive_int(num_steps, "num_steps")
     _check_positive_int(batch_size, "batch_size", allow_none=True)
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    lr = _check_lr(lr)
+    seed = check_seed(seed)
+    for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"),
+                              ("guide", guide, "pb.MeanField(model)")):  # fmt: skip
+        if not callable(fn):
+            raise TypeError(f"{name} must be a Pyro callable {name}(x, y, ...), e.g. {example}; "
+                            f"got {type(fn).__name__}")  # fmt: skip
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable as callback(step, loss) (or None), got {type(callback).__name__}")
     check = getattr(model, "check_data", None)
     if callable(check):  # clean errors before Pyro's trace appends its shape tables
         accepted = inspect.signature(check).parameters
@@ -303,7 +317,8 @@ def train_map(
     ``net``, ``noise_scale`` and ``prior_scale`` (:class:`~pyro_bnnlv.models.bnn.BNN` and
     subclasses), in plain PyTorch on the flat weight vector. The objective is divided by ``N``
     so the learning rate does not depend on the data size. Returns the weights (``(P,)``,
-    detached); ``init`` defaults to ``net.init_weights`` drawn with ``seed``.
+    detached); ``init`` (finite, ``(P,)``) defaults to ``net.init_weights`` drawn with ``seed``.
+    ``y`` is required; ``lr`` and ``seed`` follow :func:`fit_svi`'s rules.
 
     Observation noise: a model built with ``learn_noise=True`` has ``sigma`` fitted jointly with
     ``w`` (``log sigma`` by Adam, from the model's current value; the likelihood then includes
@@ -312,8 +327,8 @@ def train_map(
     """
     _check_positive_int(num_steps, "num_steps")
     _check_positive_int(batch_size, "batch_size", allow_none=True)
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    lr = _check_lr(lr)
+    seed = check_seed(seed)
     if hasattr(model, "latent_dim") or not hasattr(model, "net"):
         raise TypeError(
             f"train_map fits the weights of a BNN with an N(prior_loc, prior_scale^2) prior; "
@@ -321,12 +336,20 @@ def train_map(
             "pb.fit_svi(model, AutoDelta(model), x, y, ...) for its MAP"
         )
     net = model.net
+    if y is None:
+        raise TypeError("y must be a tensor of targets: train_map fits the weights to (x, y), got None")
     model.check_data(x, y)
     set_seed(seed)
     if init is None:
-        w0 = net.init_weights(torch.Generator().manual_seed(0 if seed is None else int(seed)))
+        w0 = net.init_weights(torch.Generator().manual_seed(0 if seed is None else seed))
     else:
+        if not isinstance(init, Tensor):
+            raise TypeError(f"init must be a tensor of {net.num_weights} starting weights (or None), "
+                            f"got {type(init).__name__}")  # fmt: skip
         net.check_weights(init, "init")
+        if not bool(torch.isfinite(init.detach()).all()):
+            raise ValueError("init contains NaN or infinite values: pass finite starting weights "
+                             "(or init=None for the network's default initialisation)")  # fmt: skip
         w0 = init.detach().clone()
     w = torch.nn.Parameter(w0.to(x.dtype))
     learn_noise = bool(getattr(model, "learn_noise", False))
@@ -343,7 +366,7 @@ def train_map(
         obj.backward()
         opt.step()
         if not torch.isfinite(obj):
-            raise NonFiniteLossError(step, float(obj * N))
+            raise NonFiniteLossError(step, float(obj.detach()) * N)
     if learn_noise:
         like = model.noise_scale
         model.noise_scale = PyroParam(log_sigma.detach().exp().to(like.dtype), constraint=constraints.positive)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
@@ -29,6 +30,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from torch.distributions import constraints
 
+from .._checks import ArgumentTypeError, check_real
 from ..nets import FlatNet, MLP
 
 __all__ = ["BNN", "fan_in_prior_scale", "check_xy"]
@@ -47,8 +49,8 @@ def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0
     parameters all belong to ``nn.Linear`` / ``nn.Conv*`` layers (their fan-ins are read from the
     layers; a ``ValueError`` names any other parameter).
     """
-    if omega <= 0 or bias_scale <= 0:
-        raise ValueError(f"omega and bias_scale must be positive, got {omega}, {bias_scale}")
+    omega = check_real(omega, "omega", positive=True)
+    bias_scale = check_real(bias_scale, "bias_scale", positive=True)
     if not (hasattr(net, "layer_fan_in") and hasattr(net, "bias_mask")):
         raise TypeError(
             f"fan_in_prior_scale needs a network that knows its layers' fan-ins (pyro_bnnlv.MLP or "
@@ -62,7 +64,18 @@ def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0
 
 
 def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None) -> Tensor:
-    t = torch.as_tensor(value, dtype=torch.get_default_dtype()).clone()
+    """``value`` (a number, NumPy scalar or array, or tensor) as a tensor of the default dtype;
+    strings, bools and other non-numbers are refused naming ``name``, as are NaN, infinite and
+    non-positive entries."""
+    is_bool = isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_))
+    if is_bool or isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
+    try:
+        t = torch.as_tensor(value, dtype=torch.get_default_dtype()).clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r} "
+                                f"of type {type(value).__name__} ({err})") from None  # fmt: skip
     if not torch.isfinite(t).all() or (t <= 0).any():
         raise ValueError(f"{name} must be positive and finite, got {value!r}")
     if shape is not None and t.dim() > 0 and t.shape != shape:
@@ -186,10 +199,14 @@ class BNN(PyroModule):
         """The model's forward needs ``x`` in the dtype of its buffers (tools such as
         :class:`~pyro_bnnlv.infer.LinearizedLaplace` that convert the data themselves do not)."""
         if x.dtype != self.prior_loc.dtype:
+            to_model = f"x.to({self.prior_loc.dtype})"
+            method = {torch.float32: "model.float()", torch.float64: "model.double()"}.get(x.dtype)
+            if method is None:  # integer or half x: only converting the data makes sense
+                fix = f"convert the data ({to_model})"
+            else:
+                fix = f"convert the data ({to_model}) or the model (model.to({x.dtype}), e.g. {method})"
             raise ValueError(
-                f"x has dtype {x.dtype} but {type(self).__name__}'s buffers are {self.prior_loc.dtype}: "
-                f"convert the data (x.to({self.prior_loc.dtype})) or the model "
-                f"(model.to({x.dtype}), e.g. model.double())"
+                f"x has dtype {x.dtype} but {type(self).__name__}'s buffers are {self.prior_loc.dtype}: {fix}"
             )
 
     def predictive_components(

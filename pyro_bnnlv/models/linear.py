@@ -86,7 +86,9 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor
+
 from .._figures import finish_figure
+from ..nets import as_positive_int
 
 __all__ = [
     "OverparametrisedLinear",
@@ -210,8 +212,7 @@ def design_matrix(K: int, x: Tensor | None = None, N: int | None = None) -> Tens
 
     The dtype follows ``x`` (float64 when ``x`` is None).
     """
-    if not isinstance(K, int) or K < 1:
-        raise ValueError(f"K must be a positive integer, got {K!r}")
+    K = as_positive_int(K, "K")
     if x is None:
         if N is None or N < 1:
             raise ValueError("pass x (shape (N,), (N, 1) or (N, K)) or the number of rows N")
@@ -264,8 +265,7 @@ class OverparametrisedLinear(PyroModule):
         noise_scale: float | Tensor = 1.0,
     ) -> None:
         super().__init__()
-        if not isinstance(K, int) or K < 1:
-            raise ValueError(f"K must be a positive integer, got {K!r}")
+        K = as_positive_int(K, "K")
         self.K = K
         # float64 buffers (exact closed forms via :meth:`prior`); cast to the data dtype per call
         self.register_buffer("prior_loc", _vector(prior_loc, K, "prior_loc"))
@@ -300,8 +300,37 @@ class OverparametrisedLinear(PyroModule):
             self.prior_loc.to(DTYPE), torch.diag(self.weight_prior_scale.to(DTYPE) ** 2)
         )
 
-    def predictive_components(self, x: Tensor, samples: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """Predictive mixture components at ``x``: ``loc (S, N, 1)`` and the noise scale."""
+    def check_data(self, x: Tensor | None, y: Tensor | None = None) -> None:
+        """Raise ``ValueError`` naming the argument for data the model cannot take: ``x`` of
+        shape ``(N,)``, ``(N, 1)`` or ``(N, K)`` (or ``None`` with ``y`` given), finite, with
+        ``N >= 1`` rows; ``y`` a finite ``(N,)`` tensor with as many rows. Used by
+        :func:`~pyro_bnnlv.fit_svi`, :func:`~pyro_bnnlv.evaluate`, ``run_nuts`` and ``save_fit``."""
+        if x is None and y is None:
+            raise ValueError("pass x (shape (N,), (N, 1) or (N, K)) or y to fix the number of rows")
+        if x is not None:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"x must be a torch.Tensor or None, got {type(x).__name__}")
+            X = self.design_matrix(x, N=1)  # checks the shape
+            if X.shape[0] == 0:
+                raise ValueError("x has 0 rows: the data must have at least one point")
+            if not torch.isfinite(x).all():
+                raise ValueError("x contains NaN or infinite values")
+        if y is None:
+            return
+        if not isinstance(y, Tensor) or y.dim() != 1:
+            raise ValueError(f"y must be a tensor of shape (N,), got {getattr(y, 'shape', y)!r}")
+        if y.shape[0] == 0:
+            raise ValueError("y has 0 rows: the data must have at least one point")
+        if x is not None and X.shape[0] != y.shape[0]:
+            raise ValueError(f"x and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
+        if not torch.isfinite(y).all():
+            raise ValueError("y contains NaN or infinite values")
+
+    def predictive_components(
+        self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Predictive mixture components at ``x``: ``loc (S, N, 1)`` and the noise scale
+        (``generator`` is accepted for :func:`~pyro_bnnlv.evaluate` and unused: no latent inputs)."""
         return self.f(x, samples["w"]).unsqueeze(-1), self.noise_scale.detach()
 
     def nuts_potential(self, x: Tensor | None, y: Tensor):
@@ -344,13 +373,8 @@ class OverparametrisedLinear(PyroModule):
     def forward(
         self, x: Tensor | None = None, y: Tensor | None = None, batch_size: int | None = None
     ) -> Tensor:
-        if x is None and y is None:
-            raise ValueError("pass x (shape (N,), (N, 1) or (N, K)) or y to fix the number of rows")
-        if y is not None:
-            if not isinstance(y, Tensor) or y.dim() != 1:
-                raise ValueError(f"y must be a tensor of shape (N,), got {getattr(y, 'shape', y)!r}")
-            if not torch.jit.is_tracing() and not torch.isfinite(y).all():
-                raise ValueError("y contains NaN or infinite values")
+        if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
+            self.check_data(x, y)
         X = self.design_matrix(x, N=None if y is None else y.shape[0])
         if x is None and y is not None:
             X = X.to(y.dtype)

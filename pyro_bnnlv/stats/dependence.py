@@ -35,6 +35,7 @@ from scipy.spatial import cKDTree
 from scipy.special import digamma
 from torch import Tensor
 
+from .._checks import ArgumentTypeError, check_int, check_real
 from ._pairwise import compiled_henze_zirkler, gauss_kernel_sum
 
 __all__ = [
@@ -62,7 +63,18 @@ def _as_tensor_2d(name: str, value: Any) -> Tensor:
     """
     if torch.jit.is_tracing() and isinstance(value, Tensor):
         return value.unsqueeze(-1) if value.dim() == 1 else value
-    x = torch.as_tensor(value)
+    if isinstance(value, (str, bytes)) or value is None:
+        x = None
+    else:
+        try:
+            x = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            x = None
+    if x is None:
+        raise ArgumentTypeError(
+            f"`{name}` must be a tensor or array of real numbers (one row per datapoint), got "
+            f"{value!r:.80} of type {type(value).__name__}"
+        )
     if not (x.is_floating_point() or x.is_complex()):
         x = x.to(torch.get_default_dtype())
     if x.is_complex():
@@ -174,8 +186,11 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
         x = _as_tensor_2d("x", x)
         if x.shape[0] < 3:
             raise ValueError(f"`x` must have at least 3 rows (datapoints), got {x.shape[0]}")
-        if not (ridge >= 0 and math.isfinite(ridge)):
-            raise ValueError(f"`ridge` must be a finite number >= 0, got {ridge!r}")
+        try:
+            ridge = check_real(ridge, "`ridge`", nonnegative=True)
+        except ValueError as err:  # a non-number stays an ArgumentTypeError (also a TypeError)
+            kind = type(err) if isinstance(err, ArgumentTypeError) else ValueError
+            raise kind(f"`ridge` must be a finite number >= 0, got {ridge!r}") from None
     n, k = x.shape
     beta2 = henze_zirkler_beta(n, k) ** 2
     fused = compiled_henze_zirkler(x, beta2, ridge, compiled)  # the same in one C++ call
@@ -266,8 +281,7 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
     a = _as_tensor_2d("a", a)
     b = _as_tensor_2d("b", b)
     _check_same_n("a", a, "b", b)
-    if eps < 0:
-        raise ValueError(f"`eps` must be >= 0, got {eps}")
+    eps = check_real(eps, "`eps`", nonnegative=True)
     dtype = torch.promote_types(a.dtype, b.dtype)
     a, b = a.to(dtype), b.to(dtype)
     n = a.shape[0]
@@ -418,8 +432,15 @@ def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True)
     za = _as_numpy_2d("z", z)
     _check_same_n("x", xa, "z", za)
     n = xa.shape[0]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k < n:
+    try:
+        k_int = check_int(k, "`k`")
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"`k` must be an integer with 1 <= k < N = {n}, got {k!r}") from None
+    except ValueError:
+        k_int = None
+    if k_int is None or not k_int < n:
         raise ValueError(f"`k` must be an integer with 1 <= k < N = {n}, got {k!r}")
+    k = k_int
     if standardize:
         xa, za = _unit_std(xa), _unit_std(za)
 

@@ -57,6 +57,9 @@ def normalized_hsic(a: Tensor, b: Tensor, eps: float = 1e-12, *, compiled: bool 
     can be built, ``False`` torch only, ``True`` requires the kernel; both agree to round-off.
     """
     if not torch.jit.is_tracing():
+        for name, value in (("a", a), ("b", b)):
+            if not isinstance(value, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor of shape (n, D), got {type(value).__name__}")
         if a.shape[0] != b.shape[0]:
             raise ValueError(f"a and b need the same number of rows, got {a.shape[0]} and {b.shape[0]}")
         if a.shape[0] < 2:

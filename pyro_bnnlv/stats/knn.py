@@ -54,10 +54,11 @@ exact on such inputs instead:
 
 Zero distances are therefore never neighbours, no log of zero is taken, and gradients are
 finite. A sample with fewer than ``k + 1`` distinct rows (a point mass) raises a
-``ValueError`` naming the argument. This is the same principle as Gao, Kannan, Oh & Viswanath
-(2017, arXiv:1709.06212), who handle discrete atoms in k-NN mutual information by counting
-tied points instead of taking logs of zero distances (used in
-:func:`~pyro_bnnlv.stats.dependence.ksg_mutual_information`).
+``ValueError`` naming the argument, the second sample of a KL included (``KL(p || q)`` is
+``+inf`` for a point-mass ``q``, which no k-NN density estimate can say). This is the same
+principle as Gao, Kannan, Oh & Viswanath (2017, arXiv:1709.06212), who handle discrete atoms
+in k-NN mutual information by counting tied points instead of taking logs of zero distances
+(used in :func:`~pyro_bnnlv.stats.dependence.ksg_mutual_information`).
 
 High dimension
 --------------
@@ -98,6 +99,8 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor
 
+from .._checks import check_int
+
 __all__ = [
     "log_unit_ball_volume",
     "knn_entropy",
@@ -127,8 +130,7 @@ def log_unit_ball_volume(d: int) -> float:
     Computed in log space so that it stays finite for any ``d`` (``Gamma(d/2 + 1)`` overflows
     float64 for ``d > 340``).
     """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d must be a positive int, got {d!r}")
+    d = check_int(d, "d")
     return 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d + 1.0)
 
 
@@ -136,9 +138,9 @@ def _digamma(x: int) -> float:
     return float(torch.special.digamma(torch.tensor(float(x), dtype=torch.float64)))
 
 
-def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+def _check_k(k: int) -> int:
+    """``k`` as a positive ``int`` (Python or NumPy integers; :func:`~pyro_bnnlv._checks.check_int`)."""
+    return check_int(k, "k")
 
 
 def _check_tensor(x: Tensor, name: str, ndims: tuple[int, ...]) -> None:
@@ -300,6 +302,10 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     m_i = (keep_y & (dist != 0)).sum(-1)  # (..., n): y's distinct rows, x_i itself excluded
     _check_distinct(torch.where(keep, m_i, m), m, names[1], k, k,
                     "k neighbours of each p-sample are needed")  # fmt: skip
+    # counted as p's rows are: a q with k or fewer distinct rows (a point mass, KL = +inf) has no
+    # k-NN density estimate, however many copies it holds
+    _check_distinct(keep_y.sum(-1), m, names[1], k + 1, k,
+                    "q's k-NN density needs k + 1 distinct rows; KL(p || a point mass) is +inf")  # fmt: skip
     _warn_if_high_dimensional(low, d, names[0])
     _warn_if_outside_support(x, y, names)
     log_nu = _log_kth_distance(dist, keep_y, k)
@@ -341,7 +347,7 @@ def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
         0-dim tensor (same dtype as ``samples``), differentiable w.r.t. ``samples``.
         Exact duplicates are handled as described in the module docstring.
     """
-    _check_k(k)
+    k = _check_k(k)
     _check_tensor(samples, "samples", (2,))
     _check_rows(samples.shape[0], "samples", k + 1, k, "each point needs k other points")
     return _entropy(samples, k, "samples")
@@ -373,21 +379,22 @@ def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
 
     Args:
         p_samples: ``(n, d)`` samples of ``p`` (the guide / variational distribution), ``n > k``.
-        q_samples: ``(m, d)`` samples of ``q`` (the prior), ``m >= k``.
+        q_samples: ``(m, d)`` samples of ``q`` (the prior), with more than ``k`` distinct rows
+            (a point mass ``q`` is refused: ``KL(p || q)`` is ``+inf``).
         k: neighbour order, the same for both distances.
 
     Returns:
         0-dim tensor, differentiable w.r.t. both sample tensors (dtypes are promoted to the
         common one).
     """
-    _check_k(k)
+    k = _check_k(k)
     _check_tensor(p_samples, "p_samples", (2,))
     _check_tensor(q_samples, "q_samples", (2,))
     if p_samples.shape[1] != q_samples.shape[1]:
         raise ValueError(f"p_samples and q_samples must have the same dimension d, got "
                          f"{p_samples.shape[1]} and {q_samples.shape[1]}")
     _check_rows(p_samples.shape[0], "p_samples", k + 1, k, "each point needs k other points")
-    _check_rows(q_samples.shape[0], "q_samples", k, k, "k neighbours are needed")
+    _check_rows(q_samples.shape[0], "q_samples", k + 1, k, "q's k-NN density needs k + 1 distinct rows")
     dtype = torch.promote_types(p_samples.dtype, q_samples.dtype)
     return _kl(p_samples.to(dtype), q_samples.to(dtype), k, ("p_samples", "q_samples"))
 
@@ -442,7 +449,7 @@ def functional_knn_entropy(
     Returns:
         0-dim tensor, differentiable w.r.t. ``f_samples``.
     """
-    _check_k(k)
+    k = _check_k(k)
     if correction not in ("paper", "rescaled", "none"):
         raise ValueError(f"correction must be 'paper', 'rescaled' or 'none', got {correction!r}")
     flat, num_inputs = _flatten_function_values(f_samples, "f_samples")
@@ -474,14 +481,14 @@ def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
     Args:
         f_p: ``(R, S, T[, O])`` values of samples of ``p`` -- the variational distribution in
             FuNN-HyVI (eq. 9), ``S > k``.
-        f_q: ``(R, S', T[, O])`` values of samples of ``q`` -- the prior, ``S' >= k``.
+        f_q: ``(R, S', T[, O])`` values of samples of ``q`` -- the prior, ``S' > k`` distinct.
         k: neighbour order.
 
     Returns:
         0-dim tensor, the estimate of ``KL(p || q)`` in predictor space, differentiable w.r.t.
         both inputs.
     """
-    _check_k(k)
+    k = _check_k(k)
     x, _ = _flatten_function_values(f_p, "f_p")
     y, _ = _flatten_function_values(f_q, "f_q")
     if f_p.dim() != f_q.dim() or f_p.shape[0] != f_q.shape[0] or f_p.shape[2:] != f_q.shape[2:]:
@@ -489,7 +496,7 @@ def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
                          f"inputs/outputs (dims 2:), got shapes {tuple(f_p.shape)} and "
                          f"{tuple(f_q.shape)}")
     _check_rows(x.shape[1], "f_p (dim 1)", k + 1, k, "each point needs k other points")
-    _check_rows(y.shape[1], "f_q (dim 1)", k, k, "k neighbours are needed")
+    _check_rows(y.shape[1], "f_q (dim 1)", k + 1, k, "q's k-NN density needs k + 1 distinct rows")
     dtype = torch.promote_types(x.dtype, y.dtype)
     return _kl(x.to(dtype), y.to(dtype), k, ("f_p", "f_q")).mean()
 
@@ -549,9 +556,7 @@ def predictor_space_samples(
         ``(R, S, T[, O])`` tensor, or a tuple of them if ``weight_samples`` was a sequence.
         Differentiable w.r.t. the weight samples.
     """
-    for name, value in (("num_draws", num_draws), ("num_inputs", num_inputs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    num_draws, num_inputs = check_int(num_draws, "num_draws"), check_int(num_inputs, "num_inputs")
     single = isinstance(weight_samples, Tensor)
     weights = (weight_samples,) if single else tuple(weight_samples)
     if not weights or not all(isinstance(w, Tensor) and w.dim() >= 1 for w in weights):

@@ -29,10 +29,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
+from .._checks import ArgumentTypeError, check_seed
 from ..datasets.base import standardized_source
 from ..infer.predict import as_sample_dict
 
@@ -105,7 +107,16 @@ def _target_statistic(value: Any, name: str, num_outputs: int, dtype: torch.dtyp
     A scalar, or one value per output (shape ``(L,)`` or ``(1, L)``); anything else (e.g. the
     inputs' ``x_std`` passed by mistake, which would broadcast ``y`` to ``(N, D)``) is refused.
     """
-    t = torch.as_tensor(value, dtype=dtype)
+    is_bool = isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_))
+    if is_bool or isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(f"{name} must be a number or one number per output (a tensor or array), "
+                                f"got {value!r}")  # fmt: skip
+    try:
+        t = torch.as_tensor(value, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ArgumentTypeError(f"{name} must be a number or one number per output (a tensor or array), "
+                                f"got {value!r} of type {type(value).__name__} ({err})") from None  # fmt: skip
     if t.numel() not in (1, num_outputs) or t.dim() > 2 or (t.dim() == 2 and t.shape[0] != 1):
         raise ValueError(
             f"{name} must be a scalar or have one value per output (shape ({num_outputs},)); "
@@ -206,6 +217,19 @@ def posterior_sample_dict(
     return as_sample_dict(posterior)
 
 
+def _check_sample_dtype(w: Tensor, x: Any) -> None:
+    """The weight samples must come in the dtype of the data (and so of the model, whose buffers
+    ``x`` was checked against): a ``ValueError`` naming both dtypes and the conversion."""
+    if not isinstance(x, Tensor) or w.dtype == x.dtype:
+        return
+    method = {torch.float32: "float()", torch.float64: "double()"}
+    to_samples = f"the model and data to {w.dtype} (model.{method[w.dtype]}, x.{method[w.dtype]})" if w.dtype in method else ""
+    raise ValueError(
+        f"posterior_samples['w'] has dtype {w.dtype} but the model and x are {x.dtype}: convert the "
+        f"samples (w.to({x.dtype}))" + (f" or {to_samples}" if to_samples else "")
+    )
+
+
 def evaluate(
     model: Any,
     posterior: Any,
@@ -246,6 +270,7 @@ def evaluate(
         train_data: ``(x_train, y_train)`` to sample a guide with per-datapoint latents (BNN+LV);
             taken from the ``Dataset`` when one is given.
     """
+    seed = check_seed(seed)
     if _is_dataset(x):
         data = x
         if y is not None:
@@ -270,10 +295,17 @@ def evaluate(
                 "without this warning", UserWarning, stacklevel=2)  # fmt: skip
     if _is_laplace(posterior):
         return posterior.evaluate(x, y, level=level, y_mean=y_mean, y_std=y_std)
-    model.check_data(x, y)
+    check = getattr(model, "check_data", None)
+    if not (callable(check) and callable(getattr(model, "predictive_components", None))):
+        raise TypeError(f"evaluate needs a pyro_bnnlv model (with check_data and predictive_components), "
+                        f"got {type(model).__name__}")  # fmt: skip
+    check(x, y)
+    if callable(getattr(model, "_check_dtype", None)):
+        model._check_dtype(x)  # x against the model's buffers before the samples against both
     samples = posterior_sample_dict(model, posterior, x, train_data=train_data,
                                     num_samples=num_samples, seed=seed)  # fmt: skip
-    gen = None if seed is None else torch.Generator().manual_seed(int(seed))
+    _check_sample_dtype(samples["w"], x)
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
     with torch.no_grad():
         loc, scale = model.predictive_components(x, samples, generator=gen)
     return predictive_metrics(y, loc, scale, level=level, y_mean=y_mean, y_std=y_std)

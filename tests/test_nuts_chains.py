@@ -134,14 +134,33 @@ def test_threaded_chains_beyond_the_cores_say_what_they_cost(monkeypatch):
     if compiled.extension() is None:
         pytest.skip("threaded chains need the compiled core")
     model, x, y = _toy_bnn()
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 1)
     with pytest.warns(UserWarning, match=r"2 chains share 1 core\(s\).*about 2.0x the wall time"):
         m = run_nuts(model, x, y, num_chains=2, seed=0, **KW)
     assert m.run_info["chain_method"] == "threads"
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 2)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*chains share")
         run_nuts(model, x, y, num_chains=2, seed=0, **KW)
+
+
+def test_threaded_chains_keep_the_callers_thread_limit(monkeypatch):
+    """On a 16-core machine two chains would get 8 intra-op threads each; a caller who set
+    torch.set_num_threads(1) keeps 1 (the chain threads come on top of it)."""
+    if compiled.extension() is None:
+        pytest.skip("threaded chains need the compiled core")
+    model, x, y = _toy_bnn()
+    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 16)
+    before = torch.get_num_threads()
+    calls = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
+    try:
+        real(1)
+        run_nuts(model, x, y, num_chains=2, seed=0, **KW)
+        assert calls and max(calls) == 1, calls
+    finally:
+        real(before)
 
 
 def test_run_time_is_estimated_from_the_first_iterations(caplog):

@@ -116,6 +116,7 @@ from torch import Tensor
 from .compiled import resolve_extension
 from .._checks import ArgumentTypeError, check_real, check_seed
 from .svi import _check_positive_int, set_seed
+from .._platform import usable_cores
 
 __all__ = [
     "FlatPotential",
@@ -940,8 +941,9 @@ class _ChainRunner:
         K, W, S = len(self.kernels), self.warmup_steps, self.num_samples
         total = K * (W + S)
         intra = torch.get_num_threads()
-        if self.parallel:  # the chains occupy the cores: no intra-op threads on top (restored below)
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // K))
+        if self.parallel:  # the chains occupy the cores: no intra-op threads on top (restored below),
+            # and never more than the caller allowed with torch.set_num_threads
+            torch.set_num_threads(min(intra, max(1, usable_cores() // K)))
         bar = ProgressBar(W, S, disable=not self.progress, num_bars=K)
         done = [0] * K
         t0 = time.perf_counter()
@@ -973,7 +975,7 @@ class _ChainRunner:
     def _say_estimate(self, bar: Any, n: int, elapsed: float, total: int) -> None:
         est = elapsed * total / n
         K = len(self.kernels)
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         how = (f"{K} chains in parallel threads" + (f" on {cores} cores" if K > cores else "")
                if self.parallel and K > 1 else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
         msg = (f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
@@ -1344,7 +1346,7 @@ def run_nuts(
                 + ". Chains run in parallel threads for MLP potentials with the compiled core",
                 UserWarning, stacklevel=2,
             )  # fmt: skip
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         if parallel and num_chains > cores:
             warnings.warn(
                 f"run_nuts: {num_chains} chains share {cores} core(s): they run in parallel threads, "

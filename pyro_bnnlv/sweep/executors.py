@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from typing import Any
 
+from .._platform import usable_cores
 from .store import TABLE_FIELDS
 from .task import KEY_FIELDS, Task
 
@@ -38,11 +39,8 @@ _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
+    """The cores this process may run on (:func:`pyro_bnnlv._platform.usable_cores`)."""
+    return usable_cores()
 
 
 def _plain(value: Any, name: str) -> Any:

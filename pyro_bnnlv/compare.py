@@ -55,7 +55,7 @@ from .guides.mean_field import MeanField
 from .guides.ncai import ncai_guide
 from .infer.empirical_bayes import EmpiricalBayes
 from .infer.ncai import NCAIElbo
-from .infer.predict import sample_posterior
+from .posterior import sample_posterior
 from .infer.svi import fit_svi
 from .models.bnn import BNN
 from .models.bnnlv import BNNLV

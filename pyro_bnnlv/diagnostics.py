@@ -42,7 +42,7 @@ from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .infer.predict import sample_posterior
+from .posterior import sample_posterior
 from .infer.svi import set_seed
 from ._figures import finish_figure
 

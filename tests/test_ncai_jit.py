@@ -14,7 +14,7 @@ import pyro_bnnlv as pb
 from pyro_bnnlv.guides.ncai import ncai_guide
 from pyro_bnnlv.infer.elbo import PenalizedElbo
 from pyro_bnnlv.infer.ncai import NCAIElbo, ncai_penalties, safe_exp
-from pyro_bnnlv.infer.predict import guide_site_mean
+from pyro_bnnlv.posterior import guide_site_mean
 
 
 @pytest.fixture(scope="module")

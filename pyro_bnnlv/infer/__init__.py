@@ -6,7 +6,7 @@ from .projection import fit_projected_bnn, fit_projection
 from .knn_elbo import FunctionalKNNElbo, KNNElbo, input_box
 from .ncai import NCAIElbo
 from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
-from .predict import as_sample_dict, guide_site_mean, sample_posterior
+from ..posterior import as_sample_dict, guide_site_mean, sample_posterior
 from .svi import NonFiniteLossError, fit_svi, isolated_param_store, set_seed, train_map
 from .laplace import LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
 from .local_reparam import LocalReparamELBO, local_reparam_forward

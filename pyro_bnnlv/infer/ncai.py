@@ -12,7 +12,7 @@ The NCAI objective, eq. 27, for a BNN+LV with mean-field guide:
                      \\exp\\big(\\mathrm{PC}(y, \\mu_z)/\\epsilon_y\\big),
 
 where ``mu_z`` are the guide's variational *means* of the latent inputs of the current
-(mini)batch, read from the guide trace (:func:`~pyro_bnnlv.infer.predict.guide_site_mean`), not samples: App. F.2 explains
+(mini)batch, read from the guide trace (:func:`~pyro_bnnlv.posterior.guide_site_mean`), not samples: App. F.2 explains
 that samples let the penalty be gamed by inflating variational variances.
 
 The independence term (``independence=``). The paper's intent (sec. 6, App. D) is that the
@@ -70,7 +70,7 @@ from ..stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_n
 from ..stats._pairwise import ncai_statistics
 from ..stats.hsic import normalized_hsic
 from .elbo import PenalizedElbo
-from .predict import guide_site_mean
+from ..posterior import guide_site_mean
 
 __all__ = ["NCAIElbo", "safe_exp", "ncai_penalties"]
 

@@ -39,8 +39,6 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
-from typing import Iterator
 
 import pyro
 import torch
@@ -52,6 +50,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .._checks import check_int, check_real, check_seed
+from .._state import isolated_param_store, set_seed
 from ..nets import ModuleNet
 from ..param_names import param_fullnames
 
@@ -72,14 +71,6 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.value = step, value
 
 
-def set_seed(seed: int | None, name: str = "seed") -> None:
-    """Seed Python, NumPy and torch through ``pyro.set_rng_seed`` (no-op for ``None``); a seed
-    that is not an integer in ``[0, 2**32)`` is a ``ValueError`` naming ``name``."""
-    seed = check_seed(seed, name)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
-
-
 def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> int | None:
     """``value`` as an ``int >= minimum`` (Python or NumPy integers, not bools):
     :func:`pyro_bnnlv._checks.check_int`, kept under this name for its many callers."""
@@ -90,35 +81,6 @@ def _check_lr(lr: object, name: str = "lr") -> float:
     """``lr`` as a positive finite ``float`` (Python or NumPy reals; not bools, strings, NaN or
     infinities), with errors naming ``name`` (:func:`pyro_bnnlv._checks.check_real`)."""
     return check_real(lr, name, positive=True)
-
-
-@contextmanager
-def isolated_param_store(*modules: object) -> Iterator[None]:
-    """Run a block in a fresh param-store scope when every object is a ``torch.nn.Module``.
-
-    Parameters that do not belong to any of the modules (bare ``pyro.param`` statements) are
-    merged back into the outer store at exit, so nothing a user declared is lost.
-    """
-    if not all(isinstance(m, torch.nn.Module) for m in modules):
-        yield
-        return
-    store = pyro.get_param_store()
-    owned: set[int] = set()
-    leftovers: dict[str, tuple[Tensor, object]] = {}
-    with store.scope():
-        try:
-            yield
-        finally:
-            for m in modules:
-                owned.update(id(p) for p in m.parameters())  # type: ignore[union-attr]
-            for name in list(store.keys()):
-                unconstrained = store._params[name]
-                if id(unconstrained) not in owned:
-                    leftovers[name] = (unconstrained, store._constraints[name])
-    for name, (unconstrained, constraint) in leftovers.items():
-        store._params[name] = unconstrained
-        store._param_to_name[unconstrained] = name
-        store._constraints[name] = constraint
 
 
 _fitted_guides: weakref.WeakValueDictionary[str, PyroModule] = weakref.WeakValueDictionary()

@@ -56,7 +56,7 @@ from ..guides import init_to_network
 from ..param_names import own_param_names
 from ..infer.elbo import CompiledTraceElbo
 from ..infer.laplace import LinearizedLaplace
-from ..infer.predict import sample_posterior
+from ..posterior import sample_posterior
 from ..infer.svi import fit_svi, set_seed
 from ..models.bnn import BNN
 from ..nets import MLP

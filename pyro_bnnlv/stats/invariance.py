@@ -125,7 +125,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..infer.svi import _check_positive_int, isolated_param_store
+from .._checks import check_int
+from .._state import isolated_param_store
 from .._figures import finish_figure, new_axes
 
 __all__ = [
@@ -372,8 +373,8 @@ def _layer_inputs(
 def _validated(model, guide, x, layer, num_activation_samples, num_samples):
     net = _check_model(model)
     layer = _check_layer(net, layer)
-    _check_positive_int(num_samples, "num_samples", minimum=0)
-    _check_positive_int(num_activation_samples, "num_activation_samples")
+    check_int(num_samples, "num_samples", minimum=0)
+    check_int(num_activation_samples, "num_activation_samples")
     net.check_input(x, "x")
     if x.dim() != 2:
         raise ValueError(f"x must have shape (N, {net.in_features}), got {tuple(x.shape)}")

@@ -22,8 +22,8 @@ import torch
 from scipy.special import digamma
 from torch import Tensor
 
-from ..infer.predict import as_sample_dict, guide_site_mean
-from ..infer.svi import isolated_param_store
+from ..posterior import as_sample_dict, guide_site_mean
+from .._state import isolated_param_store
 from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
 from .._figures import finish_figure
 

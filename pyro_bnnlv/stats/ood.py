@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..infer.predict import as_sample_dict
+from ..posterior import as_sample_dict
 from .latent import knn_entropy_1d
 from .._figures import finish_figure, new_axes
 

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_seed
-from ..datasets.base import standardized_source
-from ..infer.predict import as_sample_dict
+from ..datasets.base import Dataset, standardized_source
+from ..posterior import SelfEvaluatingPosterior, as_sample_dict, sample_posterior
 
 __all__ = [
     "evaluate",
@@ -176,15 +176,7 @@ def predictive_metrics(
 
 
 def _is_dataset(obj: Any) -> bool:
-    from ..datasets.base import Dataset
-
     return isinstance(obj, Dataset)
-
-
-def _is_laplace(obj: Any) -> bool:
-    from ..infer.laplace import LinearizedLaplace
-
-    return isinstance(obj, LinearizedLaplace)
 
 
 def _is_guide(obj: Any) -> bool:
@@ -205,8 +197,6 @@ def posterior_sample_dict(
     draws of ``"w"``; a guide with per-datapoint latents needs ``train_data``, the points it is
     indexed by; a global-only guide is called with ``x``)."""
     if _is_guide(posterior):
-        from ..infer.predict import sample_posterior
-
         if hasattr(model, "latent_dim") and train_data is None:
             raise ValueError(
                 f"{type(model).__name__} has per-datapoint latents, so its guide is indexed by the "
@@ -293,7 +283,7 @@ def evaluate(
                 "on the standardised scale; pass y_mean=data.y_mean, y_std=data.y_std (or call "
                 "evaluate(model, posterior, data)); y_mean=0, y_std=1 keeps the standardised scale "
                 "without this warning", UserWarning, stacklevel=2)  # fmt: skip
-    if _is_laplace(posterior):
+    if isinstance(posterior, SelfEvaluatingPosterior):  # LinearizedLaplace: its exact predictive
         return posterior.evaluate(x, y, level=level, y_mean=y_mean, y_std=y_std)
     check = getattr(model, "check_data", None)
     if not (callable(check) and callable(getattr(model, "predictive_components", None))):

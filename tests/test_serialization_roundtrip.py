@@ -116,3 +116,20 @@ def test_hypernet_activation_by_name():
     assert pb.HypernetGuide(model, activation=torch.nn.ELU).config()["activation"] == "ELU"
     with pytest.raises(ValueError, match="not a torch.nn module class"):
         pb.HypernetGuide(model, activation="os.system")
+
+
+def test_a_laplace_fit_saved_before_the_guide_moved_still_loads(tmp_path):
+    """LaplaceGuide moved from pyro_bnnlv.guides.laplace to pyro_bnnlv.infer.laplace_guide
+    (issue 15); files name guide classes by module, so the old name must still be accepted."""
+    model = pb.BNN(pb.MLP(1, [4], 1), noise_scale=0.3)
+    x, y = _data(1)
+    guide = _laplace("full")(model, x, y)
+    path = tmp_path / "fit.pt"
+    save_fit(path, model, guide, x, y)
+    payload = torch.load(path, weights_only=True)
+    assert payload["guide_class"] == "pyro_bnnlv.infer.laplace_guide:LaplaceGuide"
+    payload["guide_class"] = "pyro_bnnlv.guides.laplace:LaplaceGuide"  # as written before the move
+    torch.save(payload, path)
+    _, guide2 = load_fit(path)
+    assert isinstance(guide2, pb.LaplaceGuide)
+    torch.testing.assert_close(guide2.loc, guide.loc, rtol=0, atol=0)

@@ -1,7 +1,8 @@
 """Guides and guide initialisation. Mean-field VI is Pyro's ``AutoNormal`` (``MeanField``: with a
 network start and small initial scales); full-covariance VI is
 ``AutoMultivariateNormal``; this package adds what Pyro does not have: the implicit hypernetwork
-guide (``hypernet``), the sampled-Laplace guide (``laplace``) and NCAI initialisation (``ncai``)."""
+guide (``hypernet``), the sampled-Laplace guide (re-exported from ``infer.laplace_guide``) and NCAI
+initialisation (``ncai``)."""
 from .hypernet import HypernetGuide, ImplicitSample, hypernet_lv_guide
 from .init import init_to_network
 from .mean_field import MeanField

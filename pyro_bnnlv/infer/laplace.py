@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_int
-from ..guides.laplace import LaplaceGuide
+from .laplace_guide import LaplaceGuide
 from ..nets import MLP, FlatNet, ModuleNet
 
 __all__ = [
@@ -711,7 +711,7 @@ class LinearizedLaplace:
     # -- sampled Laplace ---------------------------------------------------------------------------
     def as_guide(self, dtype: torch.dtype | None = None) -> LaplaceGuide:
         """Sampled Laplace: ``q(w) = N(w*, Sigma)`` as a Pyro guide on ``"w"``
-        (:class:`~pyro_bnnlv.guides.laplace.LaplaceGuide`), in ``dtype`` (default: the model's,
+        (:class:`~pyro_bnnlv.infer.laplace_guide.LaplaceGuide`), in ``dtype`` (default: the model's,
         so the guide's draws fit a ``model.double()``)."""
         self._check_fitted()
         if dtype is not None and dtype not in (torch.float32, torch.float64):

@@ -33,7 +33,8 @@ from types import ModuleType
 import filelock
 import torch
 
-__all__ = ["ENV", "compiled_enabled", "build_directory", "build_extension"]
+__all__ = ["ENV", "compiled_enabled", "build_directory", "build_extension", "nuts_extension",
+           "resolve_nuts_extension"]
 
 ENV = "PYRO_BNNLV_COMPILED"
 _log = logging.getLogger("pyro_bnnlv")
@@ -97,4 +98,27 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
         )
         module = None
     _built[prefix] = module
+    return module
+
+
+_NUTS_SOURCE = Path(__file__).parent / "infer" / "_flat_nuts.cpp"
+
+
+def nuts_extension() -> ModuleType | None:
+    """The compiled NUTS core (``infer/_flat_nuts.cpp``: ``MLPPotential`` and ``build_tree``),
+    built on the first call, or ``None`` if disabled or unbuildable (warns once, not retried)."""
+    return build_extension("pyro_bnnlv_flat_nuts", _NUTS_SOURCE, "compiled NUTS core",
+                           "NUTS uses the pure-Python fast path (about 2.7x slower)")  # fmt: skip
+
+
+def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:
+    """The NUTS core for a ``compiled=`` option: ``False`` -> ``None``; ``None`` ->
+    :func:`nuts_extension` (``None`` if it cannot be built); ``True`` -> the core or a
+    ``RuntimeError``."""
+    module = None if compiled is False else nuts_extension()
+    if compiled and module is None:
+        raise RuntimeError(
+            "compiled=True but the compiled NUTS core is unavailable (see the warning above, or "
+            f"{ENV}=0 is set)"
+        )
     return module

@@ -99,7 +99,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyro
@@ -113,7 +112,9 @@ from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .compiled import resolve_extension
+from .._compiled import resolve_nuts_extension as resolve_extension
+from ..models.potential import FlatPotential, mlp_regression_potential
+from ..nets import MLP
 from .._checks import ArgumentTypeError, check_real, check_seed
 from .svi import _check_positive_int, set_seed
 from .._platform import usable_cores
@@ -127,299 +128,9 @@ __all__ = [
     "chain_records",
 ]
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _log = logging.getLogger("pyro_bnnlv")
 # run_nuts warns when at least this share of the kept draws exhausted max_tree_depth
 _SATURATION_WARNING = 0.1
-# activation codes of the compiled MLPPotential (enum Activation in _flat_nuts.cpp)
-_ACTIVATION_CODES = {"identity": 0, "tanh": 1, "relu": 2, "leaky_relu": 3, "sigmoid": 4, "rbf": 5}
-
-
-# ----------------------------------------------------------------------------------------------
-# the flat potential
-# ----------------------------------------------------------------------------------------------
-class _ValueAndGrad(torch.autograd.Function):
-    """``U(q)`` as an autograd node whose backward returns the precomputed ``dU/dq``."""
-
-    @staticmethod
-    def forward(ctx, q: Tensor, fn: Callable) -> Tensor:  # type: ignore[override]
-        u, g = fn(q.detach())
-        ctx.save_for_backward(g)
-        return torch.as_tensor(u, dtype=q.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_u: Tensor):  # type: ignore[override]
-        (g,) = ctx.saved_tensors
-        return grad_u * g, None
-
-
-@dataclass
-class FlatPotential:
-    r"""The potential ``U(q) = -log p(y, latents | x)`` on one flat vector of all latent sites.
-
-    Args:
-        sites: ``{site name: event shape}`` of the model's (unconstrained) latent sites. The flat
-            vector ``q`` concatenates the sites in *sorted name order* (Pyro orders its mass
-            matrix the same way), each flattened row-major.
-        value_and_grad: ``q (D,) -> (U(q), dU/dq (D,))`` with ``U`` a Python float or a 0-dim
-            tensor. It is called with tensors that do not require grad, under
-            ``torch.no_grad()``; it must return a fresh gradient tensor (not a buffer it will
-            overwrite).
-        compiled: optional compiled twin of ``value_and_grad`` that :class:`FlatNUTS`'s compiled
-            tree calls without going through Python (a ``MLPPotential`` of
-            :mod:`pyro_bnnlv.infer.compiled`); ``None`` for potentials written in Python.
-            Assigning a new ``value_and_grad`` (a wrapper, a tempered potential, ...) resets it
-            to ``None``, so the compiled tree never bypasses the replacement.
-
-    ``potential_fn`` is the same potential in Pyro's dict form, differentiable by autograd (its
-    backward returns the precomputed gradient), for ``NUTS(potential_fn=...)`` and for checks.
-    """
-
-    sites: dict[str, torch.Size]
-    value_and_grad: Callable[[Tensor], tuple[Tensor, Tensor]]
-    compiled: Any = None
-    sizes: dict[str, int] = field(init=False)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "value_and_grad" and "compiled" in self.__dict__:
-            object.__setattr__(self, "compiled", None)
-        object.__setattr__(self, name, value)
-
-    def __post_init__(self) -> None:
-        if not self.sites:
-            raise ValueError("sites must name at least one latent site")
-        self.sites = {k: torch.Size(self.sites[k]) for k in sorted(self.sites)}
-        self.sizes = {k: int(math.prod(s)) for k, s in self.sites.items()}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self.sites)
-
-    @property
-    def dim(self) -> int:
-        return sum(self.sizes.values())
-
-    def pack(self, params: Mapping[str, Tensor]) -> Tensor:
-        """``{site: value}`` -> flat ``q`` (one site: a view, no copy)."""
-        missing = [k for k in self.sites if k not in params]
-        if missing:
-            raise ValueError(f"params lack sites {missing}; expected {list(self.sites)}")
-        for k, shape in self.sites.items():
-            if params[k].shape != shape:
-                raise ValueError(
-                    f"site {k!r} has shape {tuple(params[k].shape)}, expected {tuple(shape)}"
-                )
-        if len(self.sites) == 1:
-            return params[self.names[0]].reshape(-1)
-        return torch.cat([params[k].reshape(-1) for k in self.sites])
-
-    def unpack(self, q: Tensor) -> dict[str, Tensor]:
-        """Flat ``q`` -> ``{site: view of q}``."""
-        out, pos = {}, 0
-        for k, shape in self.sites.items():
-            n = self.sizes[k]
-            out[k] = q[pos : pos + n].view(shape)
-            pos += n
-        return out
-
-    def __call__(self, q: Tensor) -> tuple[Tensor, Tensor]:
-        """``(U(q), dU/dq)`` for a flat ``q`` (any grad mode), ``U`` as a 0-dim tensor."""
-        with torch.no_grad():
-            u, g = self.value_and_grad(q.detach())
-        return torch.as_tensor(u, dtype=q.dtype), g
-
-    def potential_fn(self, params: Mapping[str, Tensor]) -> Tensor:
-        """Pyro's form: ``{site: value}`` -> ``U``, differentiable w.r.t. the values."""
-        return _ValueAndGrad.apply(self.pack(params), self.value_and_grad)
-
-    @classmethod
-    def from_log_density(
-        cls,
-        sites: Mapping[str, Sequence[int]],
-        log_density: Callable[[dict[str, Tensor]], Tensor],
-    ) -> "FlatPotential":
-        """A potential from ``log_density({site: value}) = log p(y, latents | x)`` (with constants).
-
-        The gradient is computed by ``torch.autograd``; ``log_density`` must be written on plain
-        tensors (no ``pyro.sample``), which is what makes it fast.
-        """
-        pot = cls(dict(sites), lambda q: (q.new_zeros(()), q))  # placeholder, replaced below
-
-        def value_and_grad(q: Tensor) -> tuple[Tensor, Tensor]:
-            with torch.enable_grad():
-                q = q.detach().requires_grad_(True)
-                u = -log_density(pot.unpack(q))
-                (g,) = torch.autograd.grad(u, q)
-            return u.detach(), g
-
-        pot.value_and_grad = value_and_grad
-        return pot
-
-
-def _act_backward(name: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """``dL/da`` from ``dL/dh``, the pre-activation ``a`` and ``h = act(a)``."""
-    if name == "tanh":
-        return lambda dh, a, h: torch.addcmul(dh, dh, h * h, value=-1.0)
-    if name == "relu":
-        return lambda dh, a, h: torch.where(a > 0, dh, 0.0)
-    if name == "leaky_relu":
-        return lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh)
-    if name == "sigmoid":
-        return lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0)
-    if name == "rbf":  # h = exp(-a^2), dh/da = -2 a h
-        return lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0)
-    if name == "identity":
-        return lambda dh, a, h: dh
-    raise ValueError(f"no hand-written derivative for activation {name!r}")
-
-
-def mlp_regression_potential(
-    net: Any,
-    x: Tensor,
-    y: Tensor,
-    *,
-    prior_loc: Tensor | float = 0.0,
-    prior_scale: Tensor | float = 1.0,
-    noise_scale: Tensor | float = 0.1,
-    latent_dim: int = 0,
-    latent_scale: Tensor | float = 1.0,
-    compiled: bool | None = None,
-) -> FlatPotential:
-    r"""Fast potential of MLP regression, with a hand-written backward pass.
-
-    .. math::
-
-        U(w, z) = -\sum_n \log\mathcal N(y_n; f([x_n, z_n]; w), \sigma^2 I)
-                  - \log\mathcal N(w; m, \operatorname{diag}(s^2))
-                  - \sum_n \log\mathcal N(z_n; 0, \sigma_z^2 I_K)
-
-    with the ``z`` terms only when ``latent_dim = K > 0`` (BNN+LV; the network input is
-    ``[x, z]``). Sites ``{"w": (P,)}`` or ``{"w": (P,), "z": (N, K)}``. Every operation works on
-    views of two preallocated buffers (weights in, gradient out), so one evaluation is about
-    twenty tensor operations for a one-hidden-layer network, with no autograd graph.
-
-    Args:
-        net: an :class:`~pyro_bnnlv.nets.MLP` (``in_features = D + K``).
-        x: ``(N, D)`` inputs; y: ``(N,)`` or ``(N, L)`` targets.
-        prior_loc, prior_scale: prior mean and standard deviation of ``w`` (scalars or ``(P,)``).
-        noise_scale: observation noise ``sigma`` (scalar).
-        latent_dim, latent_scale: ``K`` and ``sigma_z`` (scalar or ``(K,)``) of the latent inputs.
-        compiled: use the C++ twin of this function (:mod:`pyro_bnnlv.infer.compiled`, same
-            operations, about twice as fast, built on first use): ``None`` (default) when it
-            builds, ``True`` to require it (error otherwise), ``False`` for the Python code.
-    """
-    from ..nets import MLP
-
-    if not isinstance(net, MLP):
-        raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
-    if not isinstance(latent_dim, int) or latent_dim < 0:
-        raise ValueError(f"latent_dim must be a non-negative integer, got {latent_dim!r}")
-    dtype = x.dtype
-    N, K, L, P = x.shape[0], latent_dim, net.out_features, net.num_weights
-    D = net.in_features - K
-    if x.dim() != 2 or x.shape[1] != D:
-        raise ValueError(f"x must have shape (N, {D}) (net.in_features - latent_dim); got {tuple(x.shape)}")
-    if y.shape[0] != N or y.reshape(N, -1).shape[1] != L:
-        raise ValueError(f"y must have shape ({N},) or ({N}, {L}); got {tuple(y.shape)}")
-    Y = y.detach().reshape(N, L).to(dtype)
-    sigma = float(torch.as_tensor(noise_scale).detach())
-    if not sigma > 0:
-        raise ValueError(f"noise_scale must be positive, got {sigma}")
-    scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
-    loc = torch.as_tensor(prior_loc, dtype=dtype).detach().expand(P).clone()
-    if (scale <= 0).any():
-        raise ValueError("prior_scale must be positive")
-    prec = scale.pow(-2)
-    has_loc = bool((loc != 0).any())
-    const = N * L * (math.log(sigma) + _LOG_SQRT_2PI) + float(scale.log().sum()) + P * _LOG_SQRT_2PI
-    sites: dict[str, tuple[int, ...]] = {"w": (P,)}
-    if K:
-        zscale = torch.as_tensor(latent_scale, dtype=dtype).detach().expand(K).clone()
-        if (zscale <= 0).any():
-            raise ValueError("latent_scale must be positive")
-        zprec = zscale.pow(-2)
-        const += N * (float(zscale.log().sum()) + K * _LOG_SQRT_2PI)
-        sites["z"] = (N, K)
-
-    inv_var = 1.0 / sigma**2
-    act = net._act
-    # tanh(a) = 2 sigmoid(2a) - 1, with the factor 2 folded into the affine map: torch's CPU
-    # sigmoid is several times faster than its tanh (about 6 vs 20 us on a 100x50 input); the
-    # absolute error is at the float epsilon.
-    fast_tanh = net.activation == "tanh"
-    neg_one = torch.full((1, 1), -1.0, dtype=dtype)
-    act_bwd = _act_backward(net.activation)
-    buf = torch.zeros(P, dtype=dtype)     # current weights
-    gbuf = torch.zeros(P, dtype=dtype)    # likelihood gradient w.r.t. the weights
-    layers = []
-    for fan_in, fan_out, w_sl, b_sl in net.layers:
-        W = buf[w_sl].view(fan_out, fan_in)
-        layers.append((W, W.t(), buf[b_sl], gbuf[w_sl].view(fan_out, fan_in), gbuf[b_sl]))
-    last = len(layers) - 1
-    if K:
-        xin = torch.cat([x.detach().to(dtype), torch.zeros(N, K, dtype=dtype)], dim=1)
-        z_in = xin[:, D:]
-        W0z = layers[0][0][:, D:]          # (H, K) weights acting on z
-    else:
-        xin = x.detach().to(dtype)
-
-    def value_and_grad(q: Tensor) -> tuple[float, Tensor]:
-        # The backward pass runs on the residual r = f - y; the 1/sigma^2 is applied once at the
-        # end (the weight gradient is linear in it), which saves an operation per call.
-        if K:
-            w, z = q[:P], q[P:].view(N, K)
-            z_in.copy_(z)
-        else:
-            w = q
-        buf.copy_(w)
-        hs, pre = [xin], []
-        h = xin
-        for i, (_, Wt, b, _, _) in enumerate(layers):
-            if i == last:
-                a = torch.addmm(b, h, Wt)
-            elif fast_tanh:
-                h = torch.add(neg_one, torch.sigmoid(torch.addmm(b, h, Wt, beta=2.0, alpha=2.0)),
-                              alpha=2.0)  # fmt: skip
-                pre.append(h)
-                hs.append(h)
-            else:
-                a = torch.addmm(b, h, Wt)
-                pre.append(a)
-                h = act(a)
-                hs.append(h)
-        delta = a - Y                                      # residual r = f - y, (N, L)
-        delta_t = delta.t()
-        rr = torch.mm(delta_t, delta)                      # (L, L): sums of squares on the diagonal
-        u = 0.5 * inv_var * (rr.item() if L == 1 else float(rr.trace()))
-        for i in range(last, -1, -1):
-            W, _, _, gW, gb = layers[i]
-            torch.mm(delta_t, hs[i], out=gW)
-            torch.sum(delta, 0, out=gb)
-            if i > 0:
-                delta = act_bwd(torch.mm(delta, W), pre[i - 1], hs[i])
-                delta_t = delta.t()
-        d = w - loc if has_loc else w
-        pd = prec * d
-        u += 0.5 * torch.dot(pd, d).item() + const
-        gw = torch.add(pd, gbuf, alpha=inv_var)
-        if not K:
-            return u, gw
-        zp = z * zprec
-        gz = torch.addmm(zp, delta, W0z, alpha=inv_var)
-        u += 0.5 * torch.dot(zp.view(-1), z.reshape(-1)).item()
-        return u, torch.cat([gw, gz.view(-1)])
-
-    ext = resolve_extension(compiled)
-    if ext is None:
-        return FlatPotential(sites, value_and_grad)
-    core = ext.MLPPotential(
-        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        _ACTIVATION_CODES[net.activation], loc, prec, has_loc, inv_var, const, K,
-        zprec if K else torch.ones(0, dtype=dtype),
-    )  # fmt: skip
-    return FlatPotential(sites, core.value_and_grad, compiled=core)
-
-
 def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
     """The model's fast potential, or ``None`` if it has none (then NUTS traces the model).
 
@@ -428,8 +139,6 @@ def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
     ``MLP``, autograd through ``model.f`` for any other ``FlatNet``); otherwise ``None``.
     Subclasses of ``BNN`` that override ``forward`` (BNN+LV, ...) are *not* treated as a BNN.
     """
-    from ..nets import MLP
-
     custom = getattr(model, "nuts_potential", None)
     if callable(custom):
         pot = custom(x, y)

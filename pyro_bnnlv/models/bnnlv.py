@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..nets import MLP, FlatNet, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
+from .potential import FlatPotential, mlp_regression_potential
 
 __all__ = ["BNNLV"]
 
@@ -153,14 +154,12 @@ class BNNLV(BNN):
         """The fast NUTS potential over ``w`` and every ``z_n`` (no Pyro tracing per leapfrog step).
 
         ``U(w, z) = -log p(y | x, z, w) - log p(w) - log p(z)`` with all constants, on the
-        flat vector ``[w, z]`` (:class:`~pyro_bnnlv.infer.nuts.FlatPotential`). An
+        flat vector ``[w, z]`` (:class:`~pyro_bnnlv.models.potential.FlatPotential`). An
         :class:`~pyro_bnnlv.nets.MLP` gets the hand-written gradient of
-        :func:`~pyro_bnnlv.infer.nuts.mlp_regression_potential`; any other network goes through
+        :func:`~pyro_bnnlv.models.potential.mlp_regression_potential`; any other network goes through
         autograd on ``self.net``. :func:`~pyro_bnnlv.infer.nuts.run_nuts` checks it against
         Pyro's traced potential before sampling.
         """
-        from ..infer.nuts import FlatPotential, mlp_regression_potential
-
         self.check_data(x, y)
         sigma = torch.as_tensor(self.noise_scale).detach()
         if isinstance(self.net, MLP):

@@ -89,6 +89,7 @@ from torch import Tensor
 
 from .._figures import finish_figure
 from ..nets import as_positive_int
+from .potential import FlatPotential
 
 __all__ = [
     "OverparametrisedLinear",
@@ -340,8 +341,6 @@ class OverparametrisedLinear(PyroModule):
         ``x`` as in :meth:`forward`; the dtype follows ``x`` (or ``y`` when ``x`` is None).
         ``run_nuts`` checks it against the traced model at the initial point.
         """
-        from ..infer.nuts import FlatPotential
-
         if not isinstance(y, Tensor) or y.dim() != 1:
             raise ValueError(f"y must be a tensor of shape (N,), got {getattr(y, 'shape', y)!r}")
         X = self.design_matrix(x, N=y.shape[0])

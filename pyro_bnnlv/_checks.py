@@ -70,10 +70,12 @@ def check_real(
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentTypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
     value = float(value)
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+    finite = not (math.isnan(value) or (math.isinf(value) and not allow_inf))
+    if positive and not (finite and value > 0):
+        kind = "a positive number" if allow_inf or not math.isinf(value) else "a positive finite number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    if not finite:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if positive and not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
     if nonnegative and not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return value

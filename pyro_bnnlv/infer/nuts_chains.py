@@ -1,0 +1,242 @@
+r"""Several :class:`~pyro_bnnlv.infer.nuts_kernel.FlatNUTS` chains in one process.
+
+``run_nuts(num_chains=K)`` on the flat kernel runs all chains in the calling process, each with
+its own :class:`~pyro_bnnlv.infer.nuts_kernel.FlatNUTS` (so its own step-size and mass-matrix
+adaptation, Pyro's ``WarmupAdapter``), its own ``torch.Generator`` (seeded by
+:func:`_sampling_seed`) and, for a compiled potential, its own ``MLPPotential.clone()``
+(:func:`_chain_potentials`). The compiled tree releases the GIL, so the chains run in parallel
+threads (``_ChainRunner``); a Python potential holds the GIL, so its chains run one after
+another. Nothing needs pickling or ``fork``. ``_InProcessMCMC`` is Pyro's ``MCMC`` around that
+runner, so ``get_samples(group_by_chain=True)``, ``summary()`` and the ArviZ export work as
+usual. Compare NumPyro's ``chain_method="parallel"`` (one XLA device per chain) and
+``"vectorized"`` (all chains in one batched computation that advances in lock step, every chain
+waiting for the longest tree).
+
+``_InProcessMCMC`` fills the private state of Pyro's ``MCMC`` (``_samples``, ``_diagnostics``,
+``_args``, ...) that ``MCMC.run`` would; ``tests/test_pyro_private_api.py`` checks that it still
+exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from pyro.infer import MCMC
+from pyro.infer.mcmc.api import AbstractMCMC
+from pyro.infer.mcmc.logger import ProgressBar
+from tqdm import tqdm
+
+from .._platform import usable_cores
+from ..models.potential import FlatPotential
+from .nuts_kernel import FlatNUTS
+
+__all__ = ["_ChainRunner", "_InProcessMCMC", "_chain_potentials", "_format_seconds", "_sampling_seed"]
+
+_log = logging.getLogger("pyro_bnnlv")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _sampling_seed(chain_seed: int) -> int:
+    """Seed of a chain's NUTS generator: SplitMix64's mix of the chain seed (Steele, Lea & Flood
+    2014, "Fast splittable pseudorandom number generators", OOPSLA), so that the sampling stream
+    of chain seed ``s`` never coincides with an initialisation stream (``set_seed(s' + 1)``) of
+    this or another chain."""
+    z = (int(chain_seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # 63 bits
+
+
+def _chain_potentials(pot: FlatPotential, num_chains: int) -> list[FlatPotential]:
+    """One potential per chain. A compiled potential keeps work buffers, so each further chain
+    gets an independent ``clone()`` (same data); a Python potential is shared (its chains run one
+    after another)."""
+    if pot.compiled is None or not hasattr(pot.compiled, "clone"):
+        return [pot] * num_chains
+    out = [pot]
+    for _ in range(num_chains - 1):
+        core = pot.compiled.clone()
+        out.append(FlatPotential(dict(pot.sites), core.value_and_grad, compiled=core))
+    return out
+
+
+def _format_seconds(sec: float) -> str:
+    if sec < 120:
+        return f"{sec:.0f} s"
+    if sec < 7200:
+        return f"{sec / 60:.1f} min"
+    return f"{sec / 3600:.1f} h"
+
+
+class _ChainRunner:
+    """Runs several :class:`FlatNUTS` chains in this process, in Pyro's sampler protocol.
+
+    ``run()`` yields ``(item, chain_id)`` as Pyro's samplers do for :class:`~pyro.infer.MCMC`:
+    first the sites' shapes, then each kept draw as one flat tensor, then the chain's
+    diagnostics. With ``parallel=True`` every chain runs in its own thread; the tree building
+    (almost all of the time) runs in C++ without the GIL, so the chains advance in parallel on
+    as many cores as there are. Otherwise the chains run one after another. Each chain owns its
+    kernel, potential and generator, so the draws do not depend on the order of execution.
+
+    After ``estimate_after`` iterations per running chain the total run time is estimated from
+    the rate so far and said (a ``tqdm`` line above the progress bars when they are on and the
+    estimate is 10 s or more, and an INFO record of the ``pyro_bnnlv`` logger either way); the
+    bars' postfix keeps an updated estimate of the time left.
+
+    While the chains run in threads, torch's intra-op thread count is ``cores // K`` (at least
+    1; restored afterwards): the chains themselves occupy the cores, and BLAS calls of BLAS-sized
+    layers would otherwise oversubscribe them. ``cores`` is the caller's count of usable cores
+    (``None``: :func:`~pyro_bnnlv._platform.usable_cores`).
+    """
+
+    def __init__(self, kernels: Sequence[FlatNUTS], initial_params: Sequence[dict], warmup_steps: int,
+                 num_samples: int, parallel: bool, progress: bool, estimate_after: int = 10,
+                 cores: int | None = None) -> None:  # fmt: skip
+        self.kernels = list(kernels)
+        self.initial_params = list(initial_params)
+        self.warmup_steps, self.num_samples = warmup_steps, num_samples
+        self.parallel = parallel
+        self.progress = progress
+        self.estimate_after = estimate_after
+        self.cores = cores
+        self.estimate: dict[str, float] | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def terminate(self, *args: Any, **kwargs: Any) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def _chain(self, c: int):
+        kernel = self.kernels[c]
+        kernel.initial_params = self.initial_params[c]
+        kernel.setup(self.warmup_steps)
+        params = kernel.initial_params
+        names = sorted(params)
+        yield "structure", {n: params[n].shape for n in names}
+        for i in range(self.warmup_steps + self.num_samples):
+            if self._stop.is_set():
+                return
+            params = kernel.sample(params)
+            if i < self.warmup_steps:
+                yield "warmup", None
+            else:
+                yield "draw", torch.cat([params[n].reshape(-1) for n in names])
+        yield "diagnostics", kernel.diagnostics()
+        kernel.cleanup()
+
+    def _events(self):
+        K = len(self.kernels)
+        if not self.parallel:
+            for c in range(K):
+                for kind, payload in self._chain(c):
+                    yield c, kind, payload
+            return
+        events: queue.Queue = queue.Queue()
+
+        def work(c: int) -> None:
+            try:
+                for kind, payload in self._chain(c):
+                    events.put((c, kind, payload))
+                events.put((c, "end", None))
+            except BaseException as err:  # noqa: BLE001 -- re-raised in the caller's thread
+                events.put((c, "error", err))
+
+        self._stop.clear()
+        self._threads = [threading.Thread(target=work, args=(c,), name=f"nuts-chain-{c}", daemon=True)
+                         for c in range(K)]  # fmt: skip
+        for t in self._threads:
+            t.start()
+        running = K
+        while running:
+            c, kind, payload = events.get()
+            if kind == "error":
+                self.terminate()
+                raise payload
+            if kind == "end":
+                running -= 1
+                continue
+            yield c, kind, payload
+
+    def _cores(self) -> int:
+        return usable_cores() if self.cores is None else self.cores
+
+    def run(self, *args: Any, **kwargs: Any):
+        K, W, S = len(self.kernels), self.warmup_steps, self.num_samples
+        total = K * (W + S)
+        intra = torch.get_num_threads()
+        if self.parallel:  # the chains occupy the cores: no intra-op threads on top (restored below),
+            # and never more than the caller allowed with torch.set_num_threads
+            torch.set_num_threads(min(intra, max(1, self._cores() // K)))
+        bar = ProgressBar(W, S, disable=not self.progress, num_bars=K)
+        done = [0] * K
+        t0 = time.perf_counter()
+        last_postfix = t0
+        running = K if self.parallel else 1
+        try:
+            for c, kind, payload in self._events():
+                if kind in ("warmup", "draw"):
+                    done[c] += 1
+                    bar.update(pos=c)
+                    if done[c] == W + 1 or (W == 0 and done[c] == 1):
+                        bar.set_description("Sample" if K == 1 else f"Sample [{c + 1}]", pos=c)
+                    now = time.perf_counter()
+                    n = sum(done)
+                    if self.estimate is None and n >= min(self.estimate_after * running, total):
+                        self._say_estimate(bar, n, now - t0, total)
+                    if self.progress and now - last_postfix > 0.5:
+                        left = (now - t0) * (total - n) / n
+                        for b in range(K):
+                            bar.set_postfix({"left": _format_seconds(left)}, refresh=False, pos=b)
+                        last_postfix = now
+                if kind != "warmup":
+                    yield payload, c
+        finally:
+            self.terminate()
+            bar.close()
+            torch.set_num_threads(intra)
+
+    def _say_estimate(self, bar: Any, n: int, elapsed: float, total: int) -> None:
+        est = elapsed * total / n
+        K = len(self.kernels)
+        cores = self._cores()
+        how = (f"{K} chains in parallel threads" + (f" on {cores} cores" if K > cores else "")
+               if self.parallel and K > 1 else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
+        msg = (f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
+               f"{self.warmup_steps + self.num_samples} iterations, from the first {n} iterations "
+               f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)")  # fmt: skip
+        self.estimate = {"seconds": est, "from_iterations": n}
+        _log.info(msg)
+        if self.progress and not bar.disable and est >= 10:  # worth a line above the bars
+            tqdm.write(msg, file=sys.stderr)
+
+
+class _InProcessMCMC(MCMC):
+    """Pyro's :class:`~pyro.infer.MCMC` (``get_samples``, ``summary``, ``diagnostics``) whose
+    ``run`` advances several :class:`FlatNUTS` chains in this process (:class:`_ChainRunner`)
+    instead of Pyro's one-after-another or multiprocessing samplers. ``kernel`` is chain 0's
+    kernel, ``kernels`` all of them."""
+
+    def __init__(self, kernels: Sequence[FlatNUTS], num_samples: int, warmup_steps: int,
+                 initial_params: Sequence[dict], parallel: bool, progress: bool,
+                 cores: int | None = None) -> None:  # fmt: skip
+        AbstractMCMC.__init__(self, kernels[0], len(kernels), None)
+        self.kernels = list(kernels)
+        self.warmup_steps, self.num_samples = warmup_steps, num_samples
+        self.disable_validation = True
+        self._samples = None
+        self._args, self._kwargs = None, None
+        self._diagnostics = [None] * len(kernels)
+        self.sampler = _ChainRunner(kernels, initial_params, warmup_steps, num_samples, parallel,
+                                    progress, cores=cores)  # fmt: skip
+

@@ -110,7 +110,7 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
     """``["eps_T=0.01,0.0003", "lambda1=1"]`` -> the product grid as a list of dicts."""
     if not items:
         return None
-    from .compare import CompareConfig
+    from .reproduce.ncai_compare import CompareConfig
 
     base = dict(CompareConfig().ncai_grid[0])
     axes: dict[str, list[float]] = {}
@@ -127,7 +127,7 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import CompareConfig, load_compare_data, run_compare
+    from .reproduce.ncai_compare import CompareConfig, load_compare_data, run_compare
     from .sweep.cli import report, sweep_options
 
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,

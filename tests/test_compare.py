@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from pyro_bnnlv.cli import main
-from pyro_bnnlv.compare import COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare, select_fits
+from pyro_bnnlv.reproduce.ncai_compare import (COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare,
+                                              select_fits)  # fmt: skip
 
 
 def test_compare_end_to_end_tiny(tmp_path, capsys):
@@ -92,3 +93,20 @@ def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys):
     first = capsys.readouterr().out
     assert protocol(argv) == 0  # resumes: nothing left to run, the same summary
     assert capsys.readouterr().out.splitlines()[:6] == first.splitlines()[:6]
+
+
+def test_old_module_path_is_an_alias_and_keeps_the_store_identity():
+    """``pyro_bnnlv.compare`` (deprecated) re-exports the experiment, and ``fit_task`` keeps the
+    ``module:qualname`` that the committed sweep stores under docs/results/sweeps/ fingerprint."""
+    import functools
+    import pickle
+
+    import pyro_bnnlv.compare as old
+    import pyro_bnnlv.reproduce.ncai_compare as new
+    from pyro_bnnlv.sweep.task import describe_fn
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    fn = functools.partial(new.fit_task, config={"steps": 1})
+    assert describe_fn(fn)["function"] == "pyro_bnnlv.compare:fit_task"
+    assert pickle.loads(pickle.dumps(fn)).func is new.fit_task

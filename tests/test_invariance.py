@@ -1,5 +1,6 @@
-"""Tests for pyro_bnnlv.invariance: Pyro's SVI (AutoNormal) and NUTS on the over-parametrised
-linear model against the closed forms of models/linear.py (invariances paper, sec. 4, Fig. 1-2).
+"""Tests for pyro_bnnlv.reproduce.invariance: Pyro's SVI (AutoNormal) and NUTS on the
+over-parametrised linear model against the closed forms of stats/linear_closed_forms.py
+(invariances paper, sec. 4, Fig. 1-2).
 
 Tolerances. The SVI tolerances are about 3x the largest error measured over 5 seeds at the
 same settings (the fast settings below: K in {2, 8, 32, 128}, seeds 0-4; maxima loc_err 0.0073,
@@ -13,15 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyro_bnnlv.invariance import (
+from pyro_bnnlv.reproduce.invariance import (
     FIGURE_NOISE_SCALE,
     fit_mean_field_linear,
     nuts_invariance_check,
     svi_invariance_experiment,
     write_invariance_gap_figure,
 )
-from pyro_bnnlv.models.linear import (
-    OverparametrisedLinear,
+from pyro_bnnlv.models.linear import OverparametrisedLinear
+from pyro_bnnlv.stats.linear_closed_forms import (
     exact_posterior,
     predictive_moments,
     q0,
@@ -58,7 +59,7 @@ def test_svi_autonormal_recovers_the_mean_field_optimum(svi_fast):
     df = svi_fast
     assert list(df.K) == [2, 8, 32]
     _check_svi_table(df, scale_tol=0.05)
-    # closed forms in the table are those of models.linear
+    # closed forms in the table are those of stats.linear_closed_forms
     N, y = 10, torch.ones(10, dtype=torch.float64)
     for _, row in df.iterrows():
         prior = OverparametrisedLinear(int(row.K), noise_scale=FIGURE_NOISE_SCALE).prior()
@@ -130,3 +131,18 @@ def test_svi_sweep_k_2_to_128_at_default_settings():
     assert df.pred_var_f_fit.iloc[-1] == pytest.approx(
         1 / (1 + 10 / (128 * FIGURE_NOISE_SCALE**2)), rel=0.02
     )
+
+
+def test_old_module_path_is_an_alias():
+    """``pyro_bnnlv.invariance`` (deprecated) still gives the same objects, including the names
+    the old module had imported."""
+    import pyro_bnnlv.invariance as old
+    import pyro_bnnlv.reproduce.invariance as new
+    from pyro_bnnlv.invariance import DEFAULT_STAGES, Gaussian, svi_invariance_experiment as f
+
+    assert f is svi_invariance_experiment and DEFAULT_STAGES is new.DEFAULT_STAGES
+    assert Gaussian is new.Gaussian
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    with pytest.raises(AttributeError):
+        old._check_N

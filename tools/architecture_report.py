@@ -5,8 +5,9 @@ package, the largest functions and files.
 
 Layers, bottom to top (a module may import only from its own layer or below): the ground modules
 (``_*``, ``param_names``, ``nets``); ``datasets`` and ``posterior``; ``models``; ``stats``; ``infer``;
-``guides``; the adapters (``diagnostics``, ``plotting``, ``serialization``, ``invariance``,
-``sweep``); the experiments (``compare``, ``bench``, ``reproduce``); ``cli``.
+``guides``; the adapters (``diagnostics``, ``plotting``, ``serialization``,
+``sweep``); the experiments (``compare``, ``invariance``, ``bench``, ``reproduce``: the first two
+are aliases of modules in ``reproduce``); ``cli``.
 """
 import ast, sys
 from pathlib import Path
@@ -20,9 +21,9 @@ LAYERS = [  # bottom -> top, by prefix
     ["pyro_bnnlv._", "pyro_bnnlv.param_names", "pyro_bnnlv.nets"],
     ["pyro_bnnlv.datasets", "pyro_bnnlv.posterior"], ["pyro_bnnlv.models"], ["pyro_bnnlv.stats"], ["pyro_bnnlv.infer"],
     ["pyro_bnnlv.guides"],
-    ["pyro_bnnlv.diagnostics", "pyro_bnnlv.plotting", "pyro_bnnlv.serialization", "pyro_bnnlv.invariance",
-     "pyro_bnnlv.sweep"],
-    ["pyro_bnnlv.compare", "pyro_bnnlv.bench", "pyro_bnnlv.reproduce"], ["pyro_bnnlv.cli"],
+    ["pyro_bnnlv.diagnostics", "pyro_bnnlv.plotting", "pyro_bnnlv.serialization", "pyro_bnnlv.sweep"],
+    ["pyro_bnnlv.compare", "pyro_bnnlv.invariance", "pyro_bnnlv.bench", "pyro_bnnlv.reproduce"],
+    ["pyro_bnnlv.cli"],
 ]
 def layer(mod):
     best = None

@@ -21,7 +21,7 @@
 # `KL[q_0 || q_mix]` (eq. 10), against the data-related bound on the KL (eq. 3, 11). This tutorial
 #
 # 1. draws Fig. 1 and Fig. 2 from the closed forms of the over-parametrised linear model
-#    (`pyro_bnnlv.models.linear`);
+#    (`pyro_bnnlv.stats.linear_closed_forms`);
 # 2. runs Pyro's mean-field VI (`AutoNormal` + `pb.fit_svi`) on the same model for a sweep of
 #    `K` and checks that it lands on the closed-form mean-field optimum `q_0(theta_0*)`, whose
 #    predictive variance reverts to the prior as `K` grows;
@@ -46,13 +46,13 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.invariance import (
+from pyro_bnnlv.reproduce.invariance import (
     DEFAULT_STAGES,
+    invariance_gap_table,
     nuts_invariance_check,
     svi_invariance_experiment,
     write_invariance_gap_figure,
 )
-from pyro_bnnlv.models.linear import invariance_gap_table
 from pyro_bnnlv.stats import first_layer_invariance_gap, plot_first_layer_invariance_gap
 
 SMALL = os.environ.get("PYRO_BNNLV_TUTORIAL_SMALL", "0") == "1"

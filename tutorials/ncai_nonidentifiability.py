@@ -22,7 +22,7 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoDelta
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.compare import CompareConfig, run_compare
+from pyro_bnnlv.reproduce.ncai_compare import CompareConfig, run_compare
 from pyro_bnnlv.stats import (
     ksg_mutual_information,
     latent_means,

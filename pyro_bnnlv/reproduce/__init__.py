@@ -3,4 +3,9 @@
 * :mod:`pyro_bnnlv.reproduce.in_between`: ``in-between-uncertainty-linearised-laplace.txt``
   Tables 1-2 (UCI standard and gap splits; MAP, MFVI, linearised and sampled Laplace).
   Run ``python -m pyro_bnnlv.reproduce.in_between --help``.
+* :mod:`pyro_bnnlv.reproduce.ncai_compare`: the NCAI paper's comparison on one data set
+  (``pyro-bnnlv compare DATASET``); :mod:`pyro_bnnlv.reproduce.ncai` its protocol over the five
+  synthetic sets (``pyro-bnnlv reproduce ncai``). ``pyro_bnnlv.compare`` is a deprecated alias.
+* :mod:`pyro_bnnlv.reproduce.invariance`: the invariance paper's SVI and NUTS checks on the
+  over-parametrised linear model, and its Fig. 1-2. ``pyro_bnnlv.invariance`` is a deprecated alias.
 """

@@ -12,8 +12,9 @@ Here a data split is a seed of the synthetic generator (split 0 selects, splits 
 Both stages are sweeps (:mod:`pyro_bnnlv.sweep`) with a store per data set and stage under
 ``--out``, so a run killed or stopped at the end of a session resumes where it stopped (pin
 ``--code-version`` to resume after edits that cannot change the numbers). Each fit is
-:func:`pyro_bnnlv.compare.fit_task` with :class:`~pyro_bnnlv.compare.CompareConfig` settings
-(``--full``: 30,000 steps, 10 restarts, the App. F.1 grids, empirical Bayes).
+:func:`~pyro_bnnlv.reproduce.ncai_compare.fit_task` with
+:class:`~pyro_bnnlv.reproduce.ncai_compare.CompareConfig` settings (``--full``: 30,000 steps,
+10 restarts, the App. F.1 grids, empirical Bayes).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, sweep_options
+from .ncai_compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 
 __all__ = ["DATASETS", "PAPER", "select_settings", "run_protocol", "main"]
 

@@ -1,7 +1,8 @@
 """Deprecated location of the invariance paper's experiments: use :mod:`pyro_bnnlv.reproduce.invariance`.
 
 ``from pyro_bnnlv.invariance import svi_invariance_experiment`` (and the other names below) keeps
-working: they are the same objects, re-exported.
+working: they are the same objects, re-exported, and so is every other public name the old
+module had (including what it imported, e.g. ``Gaussian``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from .reproduce.invariance import (
     svi_invariance_experiment,
     write_invariance_gap_figure,
 )
+
+from .reproduce import invariance as _new
+
+globals().update({k: v for k, v in vars(_new).items() if not k.startswith("_") and k not in globals()})
 
 __all__ = [
     "FIGURE_NOISE_SCALE",

@@ -20,34 +20,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import ArgumentTypeError
+from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
+from ._mlp_kernels import unflatten as _unflatten
 
 __all__ = ["FlatNet", "MLP", "ModuleNet", "ACTIVATIONS"]
-
-
-def _rbf(a: Tensor) -> Tensor:
-    """``exp(-a^2)``: the activation of ``projected-bnn-latent-weights.txt`` (sec. 5)."""
-    return torch.exp(-a.square())
-
-
-def _leaky_relu(a: Tensor) -> Tensor:
-    """LeakyReLU with slope 0.01 (``ncai-bnnlv-nonidentifiability.txt`` sec. 7)."""
-    return torch.nn.functional.leaky_relu(a, 0.01)
-
-
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "tanh": torch.tanh,
-    "relu": torch.relu,
-    "leaky_relu": _leaky_relu,
-    "rbf": _rbf,
-    "sigmoid": torch.sigmoid,
-    "identity": lambda a: a,
-}
 
 
 def as_positive_int(value: object, name: str, role: str = "") -> int:
@@ -154,7 +136,8 @@ class MLP(FlatNet):
         hidden_sizes: widths of the hidden layers (may be empty: a linear model).
         out_features: output width ``L``.
         activation: one of ``tanh``, ``relu``, ``leaky_relu`` (slope 0.01), ``rbf``
-            (``exp(-a^2)``), ``sigmoid`` or ``identity``.
+            (``exp(-a^2)``), ``sigmoid`` or ``identity``: the rows of
+            :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` (add one there).
     """
 
     def __init__(
@@ -172,14 +155,10 @@ class MLP(FlatNet):
               for i, h in enumerate(hidden_sizes)),
             as_positive_int(out_features, "out_features", " (a layer width)"),
         ]
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}"
-            )
+        act = get_activation(activation)  # ValueError naming the choices
         self.in_features, self.out_features = sizes[0], sizes[-1]
         self.hidden_sizes = tuple(sizes[1:-1])
-        self.activation = activation
-        self._act = ACTIVATIONS[activation]
+        self.activation = act.name
         # (fan_in, fan_out, weight slice, bias slice) per layer
         self.layers: list[tuple[int, int, slice, slice]] = []
         offset = 0
@@ -209,11 +188,7 @@ class MLP(FlatNet):
     def unflatten(self, w: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Split ``w`` of shape ``(*B, P)`` into ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]``."""
         self.check_weights(w)
-        batch = w.shape[:-1]
-        return [
-            (w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl])
-            for fan_in, fan_out, w_sl, b_sl in self.layers
-        ]
+        return _unflatten(self.layers, w)
 
     def layer_fan_in(self) -> Tensor:
         """Per-weight fan-in ``H`` (biases get 0), for the ``N(0, omega^2 / H)`` prior."""
@@ -255,11 +230,14 @@ class MLP(FlatNet):
         self.check_call(x, w)
         return self._hidden(x, self.unflatten(w)[:num_layers])
 
+    @property
+    def activation_row(self) -> Activation:
+        """The :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` row of :attr:`activation`
+        (value, hand-written derivative, C++ code), for the kernels of :mod:`pyro_bnnlv._mlp_kernels`."""
+        return ACTIVATION_TABLE[self.activation]
+
     def _hidden(self, h: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
-        for W, b in params:
-            # (.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)
-            h = self._act(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
-        return h
+        return mlp_hidden(h, params, self.activation_row)
 
 
 class ModuleNet(FlatNet):

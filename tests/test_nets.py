@@ -1,7 +1,14 @@
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
+import pyro_bnnlv as pb
+from pyro_bnnlv._mlp_kernels import ACTIVATION_TABLE
+from pyro_bnnlv.infer import compiled
+from pyro_bnnlv.models.potential import mlp_regression_potential
 from pyro_bnnlv.nets import ACTIVATIONS, MLP, ModuleNet
 
 
@@ -90,3 +97,72 @@ def test_mlp_hidden_activations_compose_to_forward():
     torch.testing.assert_close(last, net(x, w), rtol=0, atol=0)
     with pytest.raises(ValueError, match="num_layers must lie in"):
         net.hidden(x, w, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the activation table (pyro_bnnlv._mlp_kernels): every row consistent with itself, MLP and C++
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(ACTIVATION_TABLE))
+def test_activation_row_derivative_matches_autograd(name):
+    row = ACTIVATION_TABLE[name]
+    assert row.name == name and ACTIVATIONS[name] is row.value
+    g = torch.Generator().manual_seed(3)
+    a = (2 * torch.randn(40, 7, generator=g, dtype=torch.float64)).requires_grad_(True)
+    dh = torch.randn(40, 7, generator=g, dtype=torch.float64)
+    h = row.value(a)
+    (auto,) = torch.autograd.grad(h, a, dh)
+    (auto1,) = torch.autograd.grad(row.value(a).sum(), a)
+    with torch.no_grad():
+        a0, h0 = a.detach().clone(), h.detach().clone()
+        hand = row.backward(dh, a0, h0)
+        torch.testing.assert_close(hand, auto, rtol=1e-12, atol=1e-12)
+        assert torch.equal(a0, a.detach()) and torch.equal(h0, h.detach())  # arguments untouched
+        value, deriv = row.value_and_derivative(a0)
+        torch.testing.assert_close(deriv, auto1, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(value, h0)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATION_TABLE))
+def test_activation_row_forward_is_mlp_forward(name):
+    """nets.MLP runs the table's value after every hidden layer (the layer loop written out here)."""
+    net = MLP(3, [6, 4], 2, activation=name)
+    assert net.activation_row is ACTIVATION_TABLE[name]
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(net.num_weights, generator=g, dtype=torch.float64)
+    h = x
+    for i, (W, b) in enumerate(net.unflatten(w)):
+        h = h @ W.T + b
+        if i < len(net.layers) - 1:
+            h = ACTIVATION_TABLE[name].value(h)
+    torch.testing.assert_close(net(x, w), h, rtol=1e-12, atol=1e-12)
+
+
+def test_activation_table_codes_are_the_cpp_enum():
+    """Each row's (cpp_name, code) is an entry of ``enum Activation`` in the C++ core, which has
+    a ``case`` for it in both the forward and the backward ``switch``."""
+    src = (Path(pb.__file__).parent / "infer" / "_flat_nuts.cpp").read_text()
+    enum = re.search(r"enum Activation \{([^}]*)\}", src).group(1)
+    entries = dict((k.strip(), int(v)) for k, v in (e.split("=") for e in enum.split(",")))
+    assert entries == {r.cpp_name: r.code for r in ACTIVATION_TABLE.values()}
+    for row in ACTIVATION_TABLE.values():
+        assert len(re.findall(rf"case {row.cpp_name}\b", src)) == 2, row.cpp_name
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATION_TABLE))
+def test_activation_row_compiled_potential_matches_table(name):
+    """The C++ code of each activation (forward and backward, via the compiled NUTS potential)
+    against the Python potential built on the table's value and backward, float64 to 1e-10."""
+    if compiled.extension() is None:
+        pytest.skip("no C++ toolchain")
+    g = torch.Generator().manual_seed(5)
+    net = MLP(2, [5, 4], 1, activation=name)
+    x = torch.randn(17, 2, generator=g, dtype=torch.float64)
+    y = torch.randn(17, generator=g, dtype=torch.float64)
+    python = mlp_regression_potential(net, x, y, noise_scale=0.3, compiled=False)
+    fast = mlp_regression_potential(net, x, y, noise_scale=0.3, compiled=True)
+    for _ in range(3):
+        q = torch.randn(python.dim, generator=g, dtype=torch.float64)
+        (u_py, g_py), (u_c, g_c) = python(q), fast(q)
+        assert float(u_c) == pytest.approx(float(u_py), rel=1e-10)
+        torch.testing.assert_close(g_c, g_py, rtol=1e-10, atol=1e-10 * float(g_py.abs().max()))

@@ -33,7 +33,7 @@ Curvature structures (``structure=``):
 
 Jacobians: an :class:`~pyro_bnnlv.nets.MLP` gets them in one batched forward and backward sweep
 (the ``L`` one-hot output cotangents propagated through the layers at once, activation
-derivatives by ``torch.func.jvp``); any other :class:`~pyro_bnnlv.nets.FlatNet` by
+derivatives from the activation table: :func:`pyro_bnnlv._mlp_kernels.mlp_jacobian`); any other :class:`~pyro_bnnlv.nets.FlatNet` by
 ``torch.func.vmap(torch.func.jacrev(...))`` over the data points. Both are tested against each
 other and against finite differences. Data are processed in chunks (``chunk_size``), so the
 working memory is ``O(chunk_size L P)`` besides the curvature itself.
@@ -78,6 +78,7 @@ import torch
 from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_int
+from .._mlp_kernels import mlp_jacobian
 from .laplace_guide import LaplaceGuide
 from ..nets import MLP, FlatNet, ModuleNet
 
@@ -133,36 +134,10 @@ def _mlp_first_layer(net: MLP, indices: Tensor | None) -> int | None:
 
 
 def _mlp_jacobian(net: MLP, x: Tensor, w: Tensor, first: int) -> tuple[Tensor, Tensor]:
-    """``J (N, L, K)`` over the weights of layers ``first..end`` and ``f (N, L)`` for an MLP.
-
-    Backpropagation of the ``L`` one-hot output cotangents at once: with ``h_l`` the input of layer
-    ``l``, ``delta_l (L, N, fan_out)`` the derivative of each output with respect to layer ``l``'s
-    pre-activation, ``dJ/dW_l[j, i] = delta_l[j] h_l[i]``, ``dJ/db_l[j] = delta_l[j]`` and
-    ``delta_{l-1} = (delta_l W_l) * act'(a_{l-1})``.
-    """
-    params = net.unflatten(w)
-    last = len(params) - 1
-    inputs, derivs = [], []
-    h = x
-    for i, (W, b) in enumerate(params):
-        inputs.append(h)
-        a = h @ W.T + b
-        if i < last:
-            h, d = torch.func.jvp(net._act, (a,), (torch.ones_like(a),))
-            derivs.append(d)
-        else:
-            h = a
-    L, N = net.out_features, x.shape[0]
-    delta = torch.eye(L, dtype=x.dtype).unsqueeze(1).expand(L, N, L)
-    blocks: list[Tensor] = []
-    for i in range(last, first - 1, -1):
-        W, _ = params[i]
-        blocks.append(delta)  # bias block
-        blocks.append((delta.unsqueeze(-1) * inputs[i].unsqueeze(-2)).reshape(L, N, -1))
-        if i > first:
-            delta = (delta @ W) * derivs[i - 1]
-    J = torch.cat(blocks[::-1], dim=-1)  # layer order: W_first, b_first, ..., W_last, b_last
-    return J.permute(1, 0, 2), h
+    """``J (N, L, K)`` over the weights of layers ``first..end`` and ``f (N, L)`` for an MLP
+    (the kernel :func:`~pyro_bnnlv._mlp_kernels.mlp_jacobian`)."""
+    net.check_weights(w)
+    return mlp_jacobian(net.layers, net.activation_row, x, w, first)
 
 
 def _func_jacobian(net: FlatNet, x: Tensor, w: Tensor, indices: Tensor | None) -> tuple[Tensor, Tensor]:

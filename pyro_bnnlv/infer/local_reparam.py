@@ -48,6 +48,7 @@ from pyro.infer.elbo import ELBO
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from .._mlp_kernels import mlp_local_reparam_sample
 from ..nets import MLP
 
 __all__ = ["LocalReparamELBO", "local_reparam_forward"]
@@ -58,17 +59,7 @@ def local_reparam_forward(net: MLP, x: Tensor, loc: Tensor, scale: Tensor, num_p
     particle by sampling pre-activations (module docstring): ``(num_particles, N, L)``."""
     if not isinstance(net, MLP):
         raise ValueError(f"the local reparameterisation needs an MLP network, got {type(net).__name__}")
-    var = scale.square()
-    h = x.expand(num_particles, *x.shape)
-    last = len(net.layers) - 1
-    for i, (fan_in, fan_out, w_sl, b_sl) in enumerate(net.layers):
-        M = loc[w_sl].reshape(fan_out, fan_in)
-        S2 = var[w_sl].reshape(fan_out, fan_in)
-        mean = h @ M.T + loc[b_sl]
-        v = h.square() @ S2.T + var[b_sl]
-        a = mean + v.sqrt() * torch.randn_like(mean)
-        h = net._act(a) if i < last else a
-    return h
+    return mlp_local_reparam_sample(net.layers, net.activation_row, x, loc, scale, num_particles)
 
 
 def _diag_gaussian(site: dict, name: str) -> tuple[Tensor, Tensor]:

@@ -20,13 +20,12 @@ import torch
 from torch import Tensor
 
 from .._compiled import resolve_nuts_extension as resolve_extension
+from .._mlp_kernels import mlp_squared_error_kernel
 from ..nets import MLP
 
 __all__ = ["FlatPotential", "mlp_regression_potential"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-# activation codes of the compiled MLPPotential (enum Activation in _flat_nuts.cpp)
-_ACTIVATION_CODES = {"identity": 0, "tanh": 1, "relu": 2, "leaky_relu": 3, "sigmoid": 4, "rbf": 5}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,23 +149,6 @@ class FlatPotential:
         return pot
 
 
-def _act_backward(name: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """``dL/da`` from ``dL/dh``, the pre-activation ``a`` and ``h = act(a)``."""
-    if name == "tanh":
-        return lambda dh, a, h: torch.addcmul(dh, dh, h * h, value=-1.0)
-    if name == "relu":
-        return lambda dh, a, h: torch.where(a > 0, dh, 0.0)
-    if name == "leaky_relu":
-        return lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh)
-    if name == "sigmoid":
-        return lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0)
-    if name == "rbf":  # h = exp(-a^2), dh/da = -2 a h
-        return lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0)
-    if name == "identity":
-        return lambda dh, a, h: dh
-    raise ValueError(f"no hand-written derivative for activation {name!r}")
-
-
 def mlp_regression_potential(
     net: Any,
     x: Tensor,
@@ -188,9 +170,9 @@ def mlp_regression_potential(
                   - \sum_n \log\mathcal N(z_n; 0, \sigma_z^2 I_K)
 
     with the ``z`` terms only when ``latent_dim = K > 0`` (BNN+LV; the network input is
-    ``[x, z]``). Sites ``{"w": (P,)}`` or ``{"w": (P,), "z": (N, K)}``. Every operation works on
-    views of two preallocated buffers (weights in, gradient out), so one evaluation is about
-    twenty tensor operations for a one-hidden-layer network, with no autograd graph.
+    ``[x, z]``). Sites ``{"w": (P,)}`` or ``{"w": (P,), "z": (N, K)}``. The network's part is
+    the kernel :func:`~pyro_bnnlv._mlp_kernels.mlp_squared_error_kernel` (views of two
+    preallocated buffers, weights in, gradient out; no autograd graph).
 
     Args:
         net: an :class:`~pyro_bnnlv.nets.MLP` (``in_features = D + K``).
@@ -234,26 +216,16 @@ def mlp_regression_potential(
         sites["z"] = (N, K)
 
     inv_var = 1.0 / sigma**2
-    act = net._act
-    # tanh(a) = 2 sigmoid(2a) - 1, with the factor 2 folded into the affine map: torch's CPU
-    # sigmoid is several times faster than its tanh (about 6 vs 20 us on a 100x50 input); the
-    # absolute error is at the float epsilon.
-    fast_tanh = net.activation == "tanh"
-    neg_one = torch.full((1, 1), -1.0, dtype=dtype)
-    act_bwd = _act_backward(net.activation)
-    buf = torch.zeros(P, dtype=dtype)     # current weights
-    gbuf = torch.zeros(P, dtype=dtype)    # likelihood gradient w.r.t. the weights
-    layers = []
-    for fan_in, fan_out, w_sl, b_sl in net.layers:
-        W = buf[w_sl].view(fan_out, fan_in)
-        layers.append((W, W.t(), buf[b_sl], gbuf[w_sl].view(fan_out, fan_in), gbuf[b_sl]))
-    last = len(layers) - 1
+    row = net.activation_row  # value, hand-written backward, C++ code (_mlp_kernels.ACTIVATION_TABLE)
     if K:
         xin = torch.cat([x.detach().to(dtype), torch.zeros(N, K, dtype=dtype)], dim=1)
         z_in = xin[:, D:]
-        W0z = layers[0][0][:, D:]          # (H, K) weights acting on z
     else:
         xin = x.detach().to(dtype)
+    buf, gbuf, squared_error = mlp_squared_error_kernel(net.layers, row, xin, Y)
+    if K:
+        fan_in0, fan_out0, w_sl0, _ = net.layers[0]
+        W0z = buf[w_sl0].view(fan_out0, fan_in0)[:, D:]  # (H, K) weights acting on z
 
     def value_and_grad(q: Tensor) -> tuple[float, Tensor]:
         # The backward pass runs on the residual r = f - y; the 1/sigma^2 is applied once at the
@@ -264,32 +236,8 @@ def mlp_regression_potential(
         else:
             w = q
         buf.copy_(w)
-        hs, pre = [xin], []
-        h = xin
-        for i, (_, Wt, b, _, _) in enumerate(layers):
-            if i == last:
-                a = torch.addmm(b, h, Wt)
-            elif fast_tanh:
-                h = torch.add(neg_one, torch.sigmoid(torch.addmm(b, h, Wt, beta=2.0, alpha=2.0)),
-                              alpha=2.0)  # fmt: skip
-                pre.append(h)
-                hs.append(h)
-            else:
-                a = torch.addmm(b, h, Wt)
-                pre.append(a)
-                h = act(a)
-                hs.append(h)
-        delta = a - Y                                      # residual r = f - y, (N, L)
-        delta_t = delta.t()
-        rr = torch.mm(delta_t, delta)                      # (L, L): sums of squares on the diagonal
-        u = 0.5 * inv_var * (rr.item() if L == 1 else float(rr.trace()))
-        for i in range(last, -1, -1):
-            W, _, _, gW, gb = layers[i]
-            torch.mm(delta_t, hs[i], out=gW)
-            torch.sum(delta, 0, out=gb)
-            if i > 0:
-                delta = act_bwd(torch.mm(delta, W), pre[i - 1], hs[i])
-                delta_t = delta.t()
+        sse, delta = squared_error()
+        u = 0.5 * inv_var * sse
         d = w - loc if has_loc else w
         pd = prec * d
         u += 0.5 * torch.dot(pd, d).item() + const
@@ -306,7 +254,7 @@ def mlp_regression_potential(
         return FlatPotential(sites, value_and_grad)
     core = ext.MLPPotential(
         xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        _ACTIVATION_CODES[net.activation], loc, prec, has_loc, inv_var, const, K,
+        row.code, loc, prec, has_loc, inv_var, const, K,
         zprec if K else torch.ones(0, dtype=dtype),
     )  # fmt: skip
     return FlatPotential(sites, core.value_and_grad, compiled=core)

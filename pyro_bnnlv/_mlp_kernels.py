@@ -1,0 +1,259 @@
+r"""Ground layer: the MLP kernels, written once, and the one activation table they share.
+
+An MLP on a flat weight vector is described by its ``layers``, ``[(fan_in, fan_out, weight slice,
+bias slice)]`` (:attr:`pyro_bnnlv.nets.MLP.layers`: per layer the weight matrix
+``(fan_out, fan_in)`` row-major, then the bias), and an :class:`Activation` row of
+:data:`ACTIVATION_TABLE` applied after every layer but the last. The kernels:
+
+* :func:`unflatten` and :func:`mlp_hidden`: the batched forward pass (:class:`~pyro_bnnlv.nets.MLP`);
+* :meth:`Activation.backward`: the hand-written ``dL/da`` of one layer, used by the NUTS potential
+  (:func:`pyro_bnnlv.models.potential.mlp_regression_potential`) and by :func:`mlp_jacobian`;
+* :func:`mlp_squared_error_kernel`: the sum of squared residuals and its hand-written gradient
+  on preallocated buffers (the NUTS potential :func:`pyro_bnnlv.models.potential.mlp_regression_potential`);
+* :func:`mlp_jacobian`: ``J = df/dw`` by one batched backward sweep of the ``L`` one-hot output
+  cotangents (:mod:`pyro_bnnlv.infer.laplace`);
+* :func:`mlp_local_reparam_sample`: moment propagation of a mean-field Gaussian through the
+  layers, sampling each pre-activation from its exact Gaussian (:mod:`pyro_bnnlv.infer.local_reparam`).
+
+The compiled NUTS core (``infer/_flat_nuts.cpp``) has its own forward and backward ``switch`` on
+``enum Activation``; :attr:`Activation.code` is the row's value there.
+
+Adding an activation: one row in :data:`ACTIVATION_TABLE` (name, value, ``backward`` from
+``(dL/dh, a, h = value(a))``, the C++ enum name and code, a description); then, for the compiled
+NUTS core, the entry in ``enum Activation`` and one ``case`` in each of the two ``switch (act_)``
+of ``infer/_flat_nuts.cpp``. ``tests/test_nets.py`` checks every row: the derivative against
+autograd, the forward against :class:`~pyro_bnnlv.nets.MLP`, the row's enum entry and two
+``case`` lines in the C++ source, and the compiled potential against the Python one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Activation", "ACTIVATION_TABLE", "ACTIVATIONS", "get_activation", "LayerSpec", "unflatten",
+    "mlp_hidden", "mlp_squared_error_kernel", "mlp_jacobian", "mlp_local_reparam_sample",
+]
+
+LayerSpec = tuple[int, int, slice, slice]  # (fan_in, fan_out, weight slice, bias slice)
+
+
+class Activation(NamedTuple):
+    """One row of the activation table.
+
+    Attributes:
+        name: the ``activation=`` string of :class:`~pyro_bnnlv.nets.MLP`.
+        value: ``a -> h = act(a)`` (elementwise, differentiable by autograd).
+        backward: ``(dh, a, h) -> da = dh * act'(a)``, with ``h = value(a)``: the hand-written
+            derivative (it may use whichever of ``a`` and ``h`` is cheaper; it may write into
+            tensors it creates, never into its arguments).
+        cpp_name, code: the entry ``cpp_name = code`` of ``enum Activation`` in ``_flat_nuts.cpp``.
+        doc: what the activation is, for the docs and error messages.
+    """
+
+    name: str
+    value: Callable[[Tensor], Tensor]
+    backward: Callable[[Tensor, Tensor, Tensor], Tensor]
+    cpp_name: str
+    code: int
+    doc: str
+
+    def value_and_derivative(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """``(act(a), act'(a))`` from the table's value and hand-written backward."""
+        h = self.value(a)
+        return h, self.backward(torch.ones_like(a), a, h)
+
+
+def _leaky_relu(a: Tensor) -> Tensor:
+    return torch.nn.functional.leaky_relu(a, 0.01)
+
+
+def _rbf(a: Tensor) -> Tensor:
+    return torch.exp(-a.square())
+
+
+def _identity(a: Tensor) -> Tensor:
+    return a
+
+
+# The backward formulas are the NUTS potential's hand-written ones, operation for operation (the
+# compiled core's float64 values are tested against them to 1e-12).
+ACTIVATION_TABLE: dict[str, Activation] = {
+    row.name: row
+    for row in [
+        Activation("identity", _identity, lambda dh, a, h: dh, "IDENTITY", 0, "a"),
+        Activation("tanh", torch.tanh, lambda dh, a, h: torch.addcmul(dh, dh, h * h, value=-1.0),
+                   "TANH", 1, "tanh(a)"),
+        Activation("relu", torch.relu, lambda dh, a, h: torch.where(a > 0, dh, 0.0), "RELU", 2,
+                   "max(a, 0)"),
+        Activation("leaky_relu", _leaky_relu, lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh),
+                   "LEAKY_RELU", 3, "LeakyReLU with slope 0.01 (ncai-bnnlv-nonidentifiability.txt sec. 7)"),
+        Activation("sigmoid", torch.sigmoid, lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0),
+                   "SIGMOID", 4, "1 / (1 + exp(-a))"),
+        # h = exp(-a^2), dh/da = -2 a h
+        Activation("rbf", _rbf, lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0), "RBF", 5,
+                   "exp(-a^2) (projected-bnn-latent-weights.txt sec. 5)"),
+    ]
+}  # fmt: skip
+
+#: ``{name: value}``: the activation functions by name (the table's value column).
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {k: r.value for k, r in ACTIVATION_TABLE.items()}
+
+
+def get_activation(name: str) -> Activation:
+    """The table row of ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return ACTIVATION_TABLE[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_TABLE)}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------------------------
+def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """``w (*B, P)`` -> ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]`` (views)."""
+    batch = w.shape[:-1]
+    return [
+        (w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl])
+        for fan_in, fan_out, w_sl, b_sl in layers
+    ]
+
+
+def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activation) -> Tensor:
+    """``h`` through the layers ``params`` (all followed by ``act``), batched:
+    ``(.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)`` per layer."""
+    for W, b in params:
+        h = act.value(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
+    return h
+
+
+# ----------------------------------------------------------------------------------------------
+# squared error with a hand-written backward (the NUTS potential)
+# ----------------------------------------------------------------------------------------------
+def mlp_squared_error_kernel(
+    layers: Sequence[LayerSpec], act: Activation, xin: Tensor, Y: Tensor
+) -> tuple[Tensor, Tensor, Callable[[], tuple[float, Tensor]]]:
+    r"""Forward and hand-written backward of ``E(w) = sum_n |f(xin_n; w) - Y_n|^2`` on buffers.
+
+    Returns ``(buf, gbuf, run)``: write the weights into ``buf (P,)`` (``xin (N, D)`` may be
+    changed in place too), then ``run()`` returns ``(E, delta_0)`` and leaves ``dE/dw / 2`` in
+    ``gbuf (P,)``, with ``delta_0 (N, fan_out_0) = dE/da_0 / 2`` the derivative with respect to
+    the first layer's pre-activation (for gradients with respect to inputs). Every operation
+    works on views of the buffers, with no autograd graph (about twenty tensor operations for one
+    hidden layer). tanh is evaluated as ``2 sigmoid(2a) - 1`` with the factor 2 folded into the
+    affine map: torch's CPU sigmoid is several times faster than its tanh (about 6 vs 20 us on a
+    100x50 input); the absolute error is at the float epsilon (the compiled core does the same).
+    """
+    dtype = xin.dtype
+    P = max(b_sl.stop for *_, b_sl in layers)
+    L = layers[-1][1]
+    fast_tanh = act.name == "tanh"  # its backward reads only h, so the pre-activation is not kept
+    neg_one = torch.full((1, 1), -1.0, dtype=dtype)
+    value, backward = act.value, act.backward
+    buf = torch.zeros(P, dtype=dtype)     # current weights
+    gbuf = torch.zeros(P, dtype=dtype)    # half the gradient of E w.r.t. the weights
+    views = []
+    for fan_in, fan_out, w_sl, b_sl in layers:
+        W = buf[w_sl].view(fan_out, fan_in)
+        views.append((W, W.t(), buf[b_sl], gbuf[w_sl].view(fan_out, fan_in), gbuf[b_sl]))
+    last = len(views) - 1
+
+    def run() -> tuple[float, Tensor]:
+        hs, pre = [xin], []
+        h = xin
+        for i, (_, Wt, b, _, _) in enumerate(views):
+            if i == last:
+                a = torch.addmm(b, h, Wt)
+            elif fast_tanh:
+                h = torch.add(neg_one, torch.sigmoid(torch.addmm(b, h, Wt, beta=2.0, alpha=2.0)),
+                              alpha=2.0)  # fmt: skip
+                pre.append(h)
+                hs.append(h)
+            else:
+                a = torch.addmm(b, h, Wt)
+                pre.append(a)
+                h = value(a)
+                hs.append(h)
+        delta = a - Y                                      # residual r = f - y, (N, L)
+        delta_t = delta.t()
+        rr = torch.mm(delta_t, delta)                      # (L, L): sums of squares on the diagonal
+        sse = rr.item() if L == 1 else float(rr.trace())
+        for i in range(last, -1, -1):
+            W, _, _, gW, gb = views[i]
+            torch.mm(delta_t, hs[i], out=gW)
+            torch.sum(delta, 0, out=gb)
+            if i > 0:
+                delta = backward(torch.mm(delta, W), pre[i - 1], hs[i])
+                delta_t = delta.t()
+        return sse, delta
+
+    return buf, gbuf, run
+
+
+# ----------------------------------------------------------------------------------------------
+# Jacobian (hand-written backward of the L output cotangents at once)
+# ----------------------------------------------------------------------------------------------
+def mlp_jacobian(
+    layers: Sequence[LayerSpec], act: Activation, x: Tensor, w: Tensor, first: int = 0
+) -> tuple[Tensor, Tensor]:
+    """``J (N, L, K)`` over the weights of layers ``first..end`` and ``f (N, L)``, ``x (N, D)``, ``w (P,)``.
+
+    With ``h_l`` the input of layer ``l`` and ``delta_l (L, N, fan_out)`` the derivative of each
+    output with respect to layer ``l``'s pre-activation: ``dJ/dW_l[j, i] = delta_l[j] h_l[i]``,
+    ``dJ/db_l[j] = delta_l[j]`` and ``delta_{l-1} = act.backward(delta_l W_l, a_{l-1}, h_l)``.
+    Columns in layer order: ``W_first, b_first, ..., W_last, b_last``.
+    """
+    params = unflatten(layers, w)
+    last = len(params) - 1
+    inputs, pre = [], []
+    h = x
+    for i, (W, b) in enumerate(params):
+        inputs.append(h)
+        a = h @ W.T + b
+        if i < last:
+            pre.append(a)
+            h = act.value(a)
+        else:
+            h = a
+    L, N = params[-1][0].shape[0], x.shape[0]
+    delta = torch.eye(L, dtype=x.dtype).unsqueeze(1).expand(L, N, L)
+    blocks: list[Tensor] = []
+    for i in range(last, first - 1, -1):
+        W, _ = params[i]
+        blocks.append(delta)  # bias block
+        blocks.append((delta.unsqueeze(-1) * inputs[i].unsqueeze(-2)).reshape(L, N, -1))
+        if i > first:
+            dh = delta @ W  # (L, N, fan_in); a and h expanded so an in-place backward fits
+            delta = act.backward(dh, pre[i - 1].expand_as(dh), inputs[i].expand_as(dh))
+    J = torch.cat(blocks[::-1], dim=-1)
+    return J.permute(1, 0, 2), h
+
+
+# ----------------------------------------------------------------------------------------------
+# moment propagation (local reparameterisation)
+# ----------------------------------------------------------------------------------------------
+def mlp_local_reparam_sample(
+    layers: Sequence[LayerSpec], act: Activation, x: Tensor, loc: Tensor, scale: Tensor,
+    num_particles: int = 1,
+) -> Tensor:
+    r"""``f(x_n; w_n)`` with independent ``w_n ~ N(loc, diag(scale^2))`` per point and particle,
+    ``(num_particles, N, L)``: layer by layer, the pre-activation given its input ``h`` has mean
+    ``h M^T + m_b`` and variance ``h^2 (S^2)^T + s_b^2`` (independent entries) and is sampled from it."""
+    var = scale.square()
+    h = x.expand(num_particles, *x.shape)
+    last = len(layers) - 1
+    for i, (fan_in, fan_out, w_sl, b_sl) in enumerate(layers):
+        M = loc[w_sl].reshape(fan_out, fan_in)
+        S2 = var[w_sl].reshape(fan_out, fan_in)
+        mean = h @ M.T + loc[b_sl]
+        v = h.square() @ S2.T + var[b_sl]
+        a = mean + v.sqrt() * torch.randn_like(mean)
+        h = act.value(a) if i < last else a
+    return h

@@ -64,8 +64,9 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
     disabled or unbuildable.
 
     ``what`` names the kernel in log lines and the warning ("compiled NUTS core"); ``fallback``
-    says what is used instead ("NUTS uses the pure-Python fast path (about 2.7x slower)"). The
-    result is remembered per process: a failed build is not retried.
+    says what is used instead (for NUTS, the pure-Python fast path; ``pyro-bnnlv bench nuts``
+    measures how much slower it is). The result is remembered per process: a failed build is not
+    retried.
     """
     if not compiled_enabled():
         return None
@@ -83,7 +84,7 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
             if stale.exists():  # torch's baton, left by a build that was killed
                 _log.warning("pyro_bnnlv: removing the stale build lock %s (a build was interrupted)", stale)
                 stale.unlink(missing_ok=True)
-            _log.info("pyro_bnnlv: loading or building the %s (a build takes ~20 s, once)", what)
+            _log.info("pyro_bnnlv: loading or building the %s (a build runs once per machine and source version)", what)
             module = load(name=_versioned(prefix), sources=[str(source)], build_directory=str(directory),
                           extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)  # fmt: skip
         _log.info("pyro_bnnlv: %s ready after %.1f s", what, time.perf_counter() - t0)
@@ -108,7 +109,7 @@ def nuts_extension() -> ModuleType | None:
     """The compiled NUTS core (``infer/_flat_nuts.cpp``: ``MLPPotential`` and ``build_tree``),
     built on the first call, or ``None`` if disabled or unbuildable (warns once, not retried)."""
     return build_extension("pyro_bnnlv_flat_nuts", _NUTS_SOURCE, "compiled NUTS core",
-                           "NUTS uses the pure-Python fast path (about 2.7x slower)")  # fmt: skip
+                           "NUTS uses the pure-Python fast path (several times slower per leapfrog step: pyro-bnnlv bench nuts)")  # fmt: skip
 
 
 def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:

@@ -148,8 +148,9 @@ def mlp_squared_error_kernel(
     the first layer's pre-activation (for gradients with respect to inputs). Every operation
     works on views of the buffers, with no autograd graph (about twenty tensor operations for one
     hidden layer). tanh is evaluated as ``2 sigmoid(2a) - 1`` with the factor 2 folded into the
-    affine map: torch's CPU sigmoid is several times faster than its tanh (about 6 vs 20 us on a
-    100x50 input); the absolute error is at the float epsilon (the compiled core does the same).
+    affine map: torch's CPU sigmoid is several times faster than its tanh on a 100x50 input
+    (``python -m timeit`` on ``torch.sigmoid`` against ``torch.tanh``); the absolute error is at
+    the float epsilon (the compiled core does the same).
     """
     dtype = xin.dtype
     P = max(b_sl.stop for *_, b_sl in layers)

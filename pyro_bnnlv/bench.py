@@ -558,7 +558,8 @@ def _numpyro_runs(x: Tensor, y: Tensor, x_eval: Tensor, hidden: int, num_samples
     # data of the same shapes reuses it (NumPyro's documented way to pay compilation once).
     # progress_bar=True: NumPyro then compiles one NUTS iteration and loops over it in Python,
     # and that compiled iteration is cached across runs; with progress_bar=False it compiles the
-    # whole loop again on every run (measured: ~5 s per run on the toy). The bars themselves
+    # whole loop again on every run (seconds per run on the toy; compare NumPyro's first and
+    # second runs in the table of `pyro-bnnlv bench nuts`). The bars themselves
     # (tqdm on stderr) are swallowed.
     options = dict(num_warmup=warmup_steps, num_samples=num_samples, progress_bar=True, jit_model_args=True)
     out: dict[str, dict[str, float]] = {}

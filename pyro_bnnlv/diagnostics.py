@@ -382,7 +382,7 @@ def plot_trace(
     the ``x_eval`` points, else ``num_points`` evenly spaced training inputs, or the indices
     ``f_points``); left: a histogram per chain, right: the draws per chain. Weight traces are
     left out on purpose: they are not interpretable (module docstring) and ``az.plot_trace``
-    over every weight of a BNN draws a panel per weight (32 s for 1,313 weights in issue 20).
+    over every weight of a BNN draws a panel per weight, slowly (1,313 weights in issue 20).
     ``axes``: a ``(rows, 2)`` array of matplotlib axes to draw into. Returns the figure; with
     ``path`` it is also written there.
     """

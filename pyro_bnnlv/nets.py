@@ -260,15 +260,16 @@ class ModuleNet(FlatNet):
       ``nn.Linear`` and ``nn.Conv*`` layers (:meth:`layer_fan_in`); other parameters (norm
       layers, embeddings) have no fan-in and need a ``prior_scale`` of your own.
     * ``fit_svi`` trains a model on a ``ModuleNet`` with the eager ``Trace_ELBO`` by default (its
-      ``vmap(functional_call)`` cannot be traced by the JIT), quietly: the same estimator, about
-      twice the cost per step of the compiled loss an ``MLP`` gets.
+      ``vmap(functional_call)`` cannot be traced by the JIT), quietly: the same estimator, at a
+      higher cost per step than the compiled loss an ``MLP`` gets.
     * NUTS has no compiled fast path for it: ``run_nuts`` builds the potential from
       ``log p(y | x, w) + log p(w)`` with autograd gradients (Python, ``FlatPotential.from_log_density``)
       under the compiled tree. Each leapfrog step costs a forward and backward pass through
-      ``functional_call``: for a 6-32-32-1 tanh network on 300 points 1.2 ms against 0.12 ms for
-      the same :class:`MLP` (10x; one thread, 2026-11-23), and NUTS's trees often take hundreds of
-      steps per draw, so budget a second or more per draw. Rewrite a plain feed-forward module as
-      an :class:`MLP` (same weight layout as ``nn.Linear``) to get the fast path.
+      ``functional_call``: for a 6-32-32-1 tanh network on 300 points about an order of magnitude
+      more than the hand-written potential of the same :class:`MLP` (whose cost
+      ``pyro-bnnlv bench nuts`` reports), and NUTS's trees often take hundreds of steps per draw,
+      so budget accordingly. Rewrite a plain feed-forward module as an :class:`MLP` (same weight
+      layout as ``nn.Linear``) to get the fast path.
     * Saving with :func:`~pyro_bnnlv.serialization.save_fit` needs an :class:`MLP`.
     """
 

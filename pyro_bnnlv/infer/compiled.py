@@ -2,11 +2,13 @@
 lives in the ground layer (:func:`pyro_bnnlv._compiled.nuts_extension`), these names stay.
 
 :func:`extension` compiles ``_flat_nuts.cpp`` with ``torch.utils.cpp_extension.load`` the first
-time it is needed (about 20 s, once per machine and source version; torch caches the build under
-``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``) and returns the module, or
+time it is needed (once per machine and source version, its duration logged at INFO level on the
+``pyro_bnnlv`` logger; torch caches the build under ``$TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``) and returns the module, or
 ``None`` when it cannot be built (no C++ compiler, no Python headers, ...). Every caller then
 falls back to the pure-Python implementation in :mod:`pyro_bnnlv.infer.nuts`, which computes the
-same quantities (the tests compare the two draw for draw), about 2.7x slower per leapfrog step.
+same quantities (the tests compare the two draw for draw), several times slower per leapfrog
+step (``pyro-bnnlv bench nuts``).
 
 Set the environment variable ``PYRO_BNNLV_COMPILED=0`` to never build or use it.
 

@@ -38,10 +38,11 @@ subsampled ``pyro.plate``), so losses are comparable across ELBOs and batch size
 Cost. Per step the paper's settings (the defaults) run the model on ``num_particles = 100`` guide
 samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
 them through ``500 x 500`` distance matrices (in predictor space after evaluating both sample
-sets at ``T`` inputs). On the cosine toy (1x50 tanh, minibatches of 50) a step costs 28 times an
-MFVI step (``AutoNormal`` + ``Trace_ELBO``) for :class:`KNNElbo` and 20 times for
-:class:`FunctionalKNNElbo`. :meth:`KNNElbo.fast` (``num_particles=10``,
-``num_kl_samples = num_prior_samples = 100``) costs 3.4 and 4.2 times an MFVI step, a preset for
+sets at ``T`` inputs). On the cosine toy (1x50 tanh, minibatches of 50) a step of
+:class:`KNNElbo` or :class:`FunctionalKNNElbo` costs tens of MFVI steps (``AutoNormal`` +
+``Trace_ELBO``); :meth:`KNNElbo.fast` (``num_particles=10``,
+``num_kl_samples = num_prior_samples = 100``) costs a few MFVI steps (ratios in
+``docs/results/knn-elbo-presets.csv``, column ``cost_vs_mfvi``), a preset for
 exploring: after 3,000 steps NN-HyVI's fit was about as good (test LL 0.76 vs 0.80, sd of ``f``
 in the gap 0.33 vs 0.26), FuNN-HyVI kept its out-of-distribution spread (sd far out 1.16 vs 1.26)
 but lost test LL (0.21 vs 0.60). Measured side by side, interleaved, one thread, on a loaded

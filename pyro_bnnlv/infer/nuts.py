@@ -190,9 +190,10 @@ def run_nuts(
             ignores it: it uses the compiled C++ core (:mod:`pyro_bnnlv.infer.compiled`; set
             ``PYRO_BNNLV_COMPILED=0`` to disable it). TorchScript and ``torch.compile`` were
             measured not to pay here (1x50 BNN, 100 points: TorchScript no faster than eager
-            Python; ``torch.compile`` has a ~26 us call overhead per potential evaluation;
-            AOTInductor costs ~25 s of compilation per model and data set), the C++ core does
-            (26 -> 12.6 us per value-and-gradient, 18 -> 3.4 us of tree overhead per step).
+            Python; ``torch.compile`` adds a call overhead per potential evaluation about as large
+            as the evaluation itself; AOTInductor costs tens of seconds of compilation per model
+            and data set), the C++ core does (it cuts both the value-and-gradient and the tree
+            overhead per step; ``pyro-bnnlv bench nuts`` reports both, compiled and Python).
         seed: seeds initialisation and sampling (same seed, same draws). Chain ``c`` uses the
             chain seed ``seed + c`` (``mcmc.run_info["seeds"]``): its initialisation from
             ``seed + c`` and its NUTS draws from a ``torch.Generator`` seeded with a 64-bit mix

@@ -181,8 +181,9 @@ def mlp_regression_potential(
         noise_scale: observation noise ``sigma`` (scalar).
         latent_dim, latent_scale: ``K`` and ``sigma_z`` (scalar or ``(K,)``) of the latent inputs.
         compiled: use the C++ twin of this function (:mod:`pyro_bnnlv.infer.compiled`, same
-            operations, about twice as fast, built on first use): ``None`` (default) when it
-            builds, ``True`` to require it (error otherwise), ``False`` for the Python code.
+            operations, faster (``pyro-bnnlv bench nuts`` times both), built on first use):
+            ``None`` (default) when it builds, ``True`` to require it (error otherwise),
+            ``False`` for the Python code.
     """
     if not isinstance(net, MLP):
         raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")

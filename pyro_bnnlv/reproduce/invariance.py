@@ -127,7 +127,7 @@ def fit_mean_field_linear(
 
     * ``TraceMeanField_ELBO`` with ``num_particles`` vectorised particles: the KL to the prior
       is analytic, only the expected log-likelihood is sampled. (The JIT-compiled variant was
-      ~15x slower per step here.) The guide starts at the prior mean (``init_to_mean``) and
+      many times slower per step here.) The guide starts at the prior mean (``init_to_mean``) and
       ``init_scale``.
     * Adam in ``stages`` of decreasing learning rate (one ``fit_svi`` call each, seeded
       ``seed + stage``), and Polyak-Ruppert averaging of ``loc`` and ``scale`` over the iterates

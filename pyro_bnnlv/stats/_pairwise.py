@@ -8,7 +8,8 @@ minibatch of Gaussian kernels
 
 Written with autograd they cost about twenty ``n x n`` element-wise passes forward and as many
 backward, each a separate kernel launch, and keep several ``n x n`` tensors alive for backward:
-that made one NCAI training step 5x a mean-field step (issue 13). Here each statistic is one
+that made one NCAI training step several times a mean-field step (issue 13;
+``pyro-bnnlv bench ncai`` measures the ratio now). Here each statistic is one
 :class:`torch.autograd.Function` that
 
 * builds ``E`` with **one** matrix product, using

@@ -30,7 +30,7 @@ over all weights) for reference.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .posterior import sample_posterior
+from .posterior import Posterior, _is_guide, _is_mcmc
 from .infer.svi import set_seed
 from ._figures import finish_figure
 
@@ -90,69 +90,16 @@ def _model_sites(model: Any, x: Tensor, y: Tensor | None, obs_site: str) -> tupl
     return latent, nesting
 
 
-def _is_mcmc(obj: Any) -> bool:
-    return hasattr(obj, "get_samples") and hasattr(obj, "num_chains")
-
-
-def _is_guide(obj: Any) -> bool:
-    return callable(obj) and not isinstance(obj, (Tensor, Mapping)) and not _is_mcmc(obj)
-
-
-def _chains_from_dict(samples: Mapping[str, Tensor], latent: dict) -> dict[str, Tensor]:
-    """``{site: (S, *shape)}`` or ``{site: (C, S, *shape)}`` -> ``(C, S, *shape)``."""
-    out = {}
-    for name, (shape, _) in latent.items():
-        if name not in samples:
-            continue
-        v = torch.as_tensor(samples[name]).detach()
-        if v.dim() == len(shape) + 2 and v.shape[1] == 1 and len(shape) == 1 and v.shape[2:] == shape:
-            v = v.squeeze(1)  # (S, 1, P) from Predictive(parallel=True)
-        if tuple(v.shape[1:]) == shape:
-            v = v.unsqueeze(0)
-        elif tuple(v.shape[2:]) != shape:
-            raise ValueError(
-                f"samples[{name!r}] must have shape (S, {shape}) or (C, S, {shape}); got {tuple(v.shape)}"
-            )
-        out[name] = v
-    if "w" not in out:
-        raise ValueError(f"the posterior samples have no 'w' site; got {sorted(samples)}")
-    sizes = {v.shape[:2] for v in out.values()}
-    if len(sizes) != 1:
-        raise ValueError(f"sites have different numbers of chains/draws: {sizes}")
-    return out
-
-
 def _posterior_chains(
     model: Any, posterior: Any, x: Tensor, y: Tensor | None, latent: dict, num_samples: int,
     seed: int | None,
 ) -> tuple[dict[str, Tensor], dict[str, np.ndarray]]:  # fmt: skip
-    """Draws as ``{site: (C, S, *shape)}`` and sample statistics ``{name: (C, S)}``."""
-    stats: dict[str, np.ndarray] = {}
-    if _is_mcmc(posterior):
-        draws = _chains_from_dict(posterior.get_samples(group_by_chain=True), latent)
-        stats = _mcmc_stats(posterior, draws["w"].shape[1])
-        return draws, stats
-    if _is_guide(posterior) or (
-        isinstance(posterior, Sequence) and posterior and all(_is_guide(g) for g in posterior)
-    ):
-        guides = list(posterior) if isinstance(posterior, Sequence) else [posterior]
-        chains = []
-        for i, guide in enumerate(guides):
-            s = sample_posterior(model, guide, x, y, num_samples=num_samples, sites=tuple(latent),
-                                 seed=None if seed is None else seed + i)  # fmt: skip
-            chains.append(_chains_from_dict(s, latent))
-        return {k: torch.cat([c[k] for c in chains]) for k in chains[0]}, stats
-    if isinstance(posterior, Tensor):
-        posterior = {"w": posterior}
-    if isinstance(posterior, Sequence) and posterior and all(isinstance(p, Mapping) for p in posterior):
-        parts = [_chains_from_dict(p, latent) for p in posterior]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, stats
-    if isinstance(posterior, Mapping):
-        return _chains_from_dict(posterior, latent), stats
-    raise TypeError(
-        "posterior must be an MCMC object, a guide (or a list of guides, one per chain), a dict "
-        f"of samples or a (S, P) weight tensor; got {type(posterior).__name__}"
-    )
+    """Draws as ``{site: (C, S, *shape)}`` (:meth:`Posterior.from_any`) and an MCMC run's
+    sample statistics ``{name: (C, S)}``."""
+    shapes = {name: shape for name, (shape, _) in latent.items()}
+    draws = Posterior.from_any(posterior, model, x, y, shapes=shapes, num_samples=num_samples, seed=seed).draws
+    stats = _mcmc_stats(posterior, draws["w"].shape[1]) if _is_mcmc(posterior) else {}
+    return draws, stats
 
 
 def _mcmc_stats(mcmc: Any, num_draws: int) -> dict[str, np.ndarray]:
@@ -457,37 +404,13 @@ def posterior_summary(
 # ----------------------------------------------------------------------------------------------
 # compare_posteriors
 # ----------------------------------------------------------------------------------------------
-def _thin(w: Tensor, n: int) -> Tensor:
-    if w.shape[0] <= n:
-        return w
-    idx = torch.linspace(0, w.shape[0] - 1, n).round().long()
-    return w[idx]
-
-
 def _weight_samples(post: Any, model: Any, x: Tensor | None, num_samples: int, seed: int | None) -> Tensor:
-    """``(S, P)`` weight samples of any supported posterior, evenly thinned to ``num_samples``."""
-    if hasattr(post, "posterior") and hasattr(post, "groups"):  # InferenceData
-        w = torch.as_tensor(post.posterior["w"].values)
-        return _thin(w.reshape(-1, w.shape[-1]), num_samples)
-    if _is_mcmc(post):
-        return _thin(post.get_samples()["w"].detach(), num_samples)
-    if _is_guide(post):
-        if x is None:
-            raise ValueError("sampling a guide needs the model's inputs: pass x=")
-        return sample_posterior(model, post, x, num_samples=num_samples, seed=seed)["w"]
-    if isinstance(post, Mapping):
-        post = post["w"]
-    if isinstance(post, Tensor):
-        w = post.detach()
-        if w.dim() == 3:
-            w = w.reshape(-1, w.shape[-1])
-        if w.dim() != 2:
-            raise ValueError(f"weight samples must have shape (S, P) or (C, S, P); got {tuple(w.shape)}")
-        return _thin(w, num_samples)
-    raise TypeError(
-        "a posterior must be an MCMC object, a guide, an InferenceData, a dict of samples or a "
-        f"(S, P) tensor; got {type(post).__name__}"
-    )
+    """``(S, P)`` weight samples of any supported posterior (:meth:`Posterior.from_any`), evenly
+    thinned to ``num_samples``."""
+    if _is_guide(post) and x is None:
+        raise ValueError("sampling a guide needs the model's inputs: pass x=")
+    args = () if x is None else (x,)
+    return Posterior.from_any(post, model, *args, num_samples=num_samples, seed=seed).weights(num_samples)
 
 
 def compare_posteriors(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -20,7 +21,7 @@ from torch import Tensor
 from ._checks import check_int
 from ._state import isolated_param_store, set_seed
 
-__all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean", "SelfEvaluatingPosterior"]
+__all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean", "SelfEvaluatingPosterior", "Posterior"]
 
 
 @runtime_checkable
@@ -116,7 +117,12 @@ def _drop_plate_dims(v: Tensor, num_samples: int, shape: torch.Size, name: str) 
 
 
 def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
-    """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, or an ``MCMC`` object."""
+    """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, an ``MCMC`` object or an
+    ArviZ ``InferenceData`` (its ``w`` and, where present, ``z``, flat over chains)."""
+    if _is_inference_data(posterior):
+        group = posterior.posterior
+        shapes = {k: tuple(group[k].shape[2:]) for k in ("w", "z") if k in group}
+        posterior = Posterior.from_any(posterior, shapes=shapes).flat()
     if hasattr(posterior, "get_samples"):
         posterior = posterior.get_samples()
     if isinstance(posterior, Tensor):
@@ -168,3 +174,133 @@ def guide_site_mean(guide_trace: Any, name: str) -> Tensor:
             f"the guide's distribution at {name!r} has no mean; use a Gaussian guide such as AutoNormal"
         ) from err
     return mean.expand_as(value)
+
+
+def _is_mcmc(obj: Any) -> bool:
+    return hasattr(obj, "get_samples") and hasattr(obj, "num_chains")
+
+
+def _is_inference_data(obj: Any) -> bool:
+    return hasattr(obj, "posterior") and hasattr(obj, "groups")
+
+
+def _is_guide(obj: Any) -> bool:
+    return (callable(obj) and not isinstance(obj, (Tensor, Mapping)) and not _is_mcmc(obj)
+            and not _is_inference_data(obj))  # fmt: skip
+
+
+def _by_chain(samples: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    """``{site: (S, *shape)}`` or ``{site: (C, S, *shape)}`` -> ``{site: (C, S, *shape)}`` for the
+    sites of ``shapes`` present in ``samples`` (``"w"`` required)."""
+    out = {}
+    for name, shape in shapes.items():
+        if name not in samples:
+            continue
+        v = torch.as_tensor(samples[name]).detach()
+        if v.dim() == len(shape) + 2 and v.shape[1] == 1 and len(shape) == 1 and v.shape[2:] == shape:
+            v = v.squeeze(1)  # (S, 1, P) from Predictive(parallel=True)
+        if tuple(v.shape[1:]) == shape:
+            v = v.unsqueeze(0)
+        elif tuple(v.shape[2:]) != shape:
+            raise ValueError(
+                f"samples[{name!r}] must have shape (S, {shape}) or (C, S, {shape}); got {tuple(v.shape)}"
+            )
+        out[name] = v
+    if "w" not in out:
+        raise ValueError(f"the posterior samples have no 'w' site; got {sorted(samples)}")
+    sizes = {v.shape[:2] for v in out.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"sites have different numbers of chains/draws: {sizes}")
+    return out
+
+
+def _weight_shape(samples: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """``{"w": (P,)}`` read off the samples' last dimension (the flat weight site)."""
+    if "w" not in samples:
+        raise ValueError(f"the posterior samples have no 'w' site; got {sorted(samples)}")
+    return {"w": (int(torch.as_tensor(samples["w"]).shape[-1]),)}
+
+
+@dataclass(frozen=True)
+class Posterior:
+    """Posterior draws grouped by chain, ``draws = {site: (C, S, *shape)}``: the one form the
+    diagnostics read, whatever the posterior came as.
+
+    Build it with :meth:`from_any`. Weight samples flat over chains are :meth:`weights`, every
+    site flat over chains is :meth:`flat`. (:func:`as_sample_dict` is the validated flat form the
+    predictive metrics take.)
+    """
+
+    draws: dict[str, Tensor]
+
+    @property
+    def num_chains(self) -> int:
+        return int(self.draws["w"].shape[0])
+
+    @property
+    def num_draws(self) -> int:
+        return int(self.draws["w"].shape[1])
+
+    def flat(self) -> dict[str, Tensor]:
+        """``{site: (C * S, *shape)}``."""
+        C, S = self.num_chains, self.num_draws
+        return {k: v.reshape(C * S, *v.shape[2:]) for k, v in self.draws.items()}
+
+    def weights(self, max_draws: int | None = None) -> Tensor:
+        """``(C * S, P)`` weight samples, evenly thinned to at most ``max_draws``."""
+        w = self.flat()["w"]
+        if max_draws is None or w.shape[0] <= max_draws:
+            return w
+        return w[torch.linspace(0, w.shape[0] - 1, max_draws).round().long()]
+
+    @classmethod
+    def from_any(
+        cls,
+        posterior: Any,
+        model: Callable | None = None,
+        *args: Any,
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        num_samples: int = 1000,
+        seed: int | None = None,
+    ) -> "Posterior":
+        """Draws of the sites in ``shapes`` (``{site: shape of one draw}``; default ``{"w": (P,)}``
+        read off the samples) from any supported posterior:
+
+        * an ``MCMC`` run (its chains), or an ArviZ ``InferenceData`` (its ``posterior`` group);
+        * a fitted guide, or a list of guides (one chain each): ``num_samples`` draws each with
+          :func:`sample_posterior`, called as ``model(*args)`` (the inputs, for a BNN+LV also
+          ``y``), seeds ``seed``, ``seed + 1``, ...;
+        * a dict of samples ``{site: (S, ...)}`` or ``(C, S, ...)``, or a list of dicts (one chain
+          each), or a weight tensor ``(S, P)`` / ``(C, S, P)``.
+        """
+        if _is_mcmc(posterior):
+            samples = posterior.get_samples(group_by_chain=True)
+            return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
+        if _is_inference_data(posterior):
+            group = posterior.posterior
+            names = list(shapes) if shapes else ["w"]
+            samples = {k: torch.as_tensor(group[k].values) for k in names if k in group}
+            return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
+        guides = posterior if isinstance(posterior, Sequence) and posterior and all(map(_is_guide, posterior)) else None
+        if guides is not None or _is_guide(posterior):
+            if model is None or not args:
+                raise ValueError("sampling a guide needs the model and its inputs: pass model= and x= "
+                                 "(a BNN+LV's guide also the training targets y)")  # fmt: skip
+            chains = []
+            for i, guide in enumerate(guides or [posterior]):
+                s = sample_posterior(model, guide, *args, num_samples=num_samples,
+                                     sites=tuple(shapes) if shapes else ("w",),
+                                     seed=None if seed is None else seed + i)  # fmt: skip
+                chains.append(_by_chain(s, shapes or _weight_shape(s)))
+            return cls({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
+        if isinstance(posterior, Tensor):
+            posterior = {"w": posterior}
+        if isinstance(posterior, Sequence) and posterior and all(isinstance(p, Mapping) for p in posterior):
+            parts = [_by_chain(p, shapes or _weight_shape(p)) for p in posterior]
+            return cls({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        if isinstance(posterior, Mapping):
+            return cls(_by_chain(posterior, shapes or _weight_shape(posterior)))
+        raise TypeError(
+            "a posterior must be an MCMC object, a guide (or a list of guides, one per chain), an "
+            f"InferenceData, a dict of samples or a (S, P) weight tensor; got {type(posterior).__name__}"
+        )

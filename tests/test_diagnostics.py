@@ -215,3 +215,29 @@ def test_compare_posteriors_accepts_mcmc_guides_and_idata(linreg_run):
         compare_posteriors(guide, mcmc, model, lambda T: torch.rand(T, 1))
     with pytest.raises(TypeError, match="input_dist"):
         compare_posteriors(mcmc, mcmc, model, "uniform")
+
+
+def test_one_posterior_type_reads_every_form():
+    """Posterior.from_any: samples, chains, a list of dicts, an InferenceData and an MCMC-like run
+    give the same draws; evaluate takes the InferenceData too (issue 15: one posterior type)."""
+    from pyro_bnnlv.posterior import Posterior
+
+    data = pb.load_dataset("cosine", sizes=(30, 10, 10))
+    model = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.1)
+    g = torch.Generator().manual_seed(0)
+    w = 0.1 * torch.randn(2, 15, model.num_weights, generator=g)
+    idata = pb.to_inference_data(model, {"w": w}, data.x_train, data.y_train, seed=0)
+    forms = {"chains": {"w": w}, "tensor": w, "list": [{"w": w[0]}, {"w": w[1]}], "idata": idata}
+    for name, form in forms.items():
+        post = Posterior.from_any(form)
+        assert (post.num_chains, post.num_draws) == (2, 15), name
+        torch.testing.assert_close(post.draws["w"].to(w.dtype), w, rtol=0, atol=0)
+    flat = Posterior.from_any({"w": w[0]})
+    assert (flat.num_chains, flat.num_draws) == (1, 15) and flat.weights(5).shape == (5, model.num_weights)
+    a = pb.evaluate(model, idata, data.x_test, data.y_test)
+    b = pb.evaluate(model, {"w": w.reshape(30, -1)}, data.x_test, data.y_test)
+    assert dict(a) == pytest.approx(dict(b))
+    with pytest.raises(ValueError, match="needs the model and its inputs"):
+        Posterior.from_any(pb.MeanField(model))
+    with pytest.raises(TypeError, match="a posterior must be"):
+        Posterior.from_any("w")

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_seed
 from ..datasets.base import Dataset, standardized_source
-from ..posterior import SelfEvaluatingPosterior, as_sample_dict, sample_posterior
+from ..posterior import SelfEvaluatingPosterior, _is_inference_data, as_sample_dict, sample_posterior
 
 __all__ = [
     "evaluate",
@@ -193,7 +193,7 @@ def posterior_sample_dict(
     num_samples: int = 1000,
     seed: int | None = None,
 ) -> dict[str, Tensor]:
-    """``{"w": (S, P), ...}`` from samples, an ``MCMC`` run or a fitted guide (``num_samples``
+    """``{"w": (S, P), ...}`` from samples, an ``MCMC`` run, an ``InferenceData`` or a fitted guide (``num_samples``
     draws of ``"w"``; a guide with per-datapoint latents needs ``train_data``, the points it is
     indexed by; a global-only guide is called with ``x``)."""
     if _is_guide(posterior):
@@ -204,6 +204,8 @@ def posterior_sample_dict(
             )
         args = tuple(train_data) if train_data is not None else (x,)
         posterior = sample_posterior(model, posterior, *args, num_samples=num_samples, seed=seed)
+    if _is_inference_data(posterior):  # ArviZ stores every draw as float64: back to the data's dtype
+        return {k: v.to(x.dtype) for k, v in as_sample_dict(posterior).items()}
     return as_sample_dict(posterior)
 
 

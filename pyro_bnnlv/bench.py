@@ -59,6 +59,11 @@ from .infer.nuts import (
 from .infer.svi import _check_positive_int, fit_svi
 from .models.bnn import BNN
 from .nets import MLP
+from .infer.laplace import LinearizedLaplace
+from .datasets import default_data_dir, load_dataset
+from .models.bnnlv import BNNLV
+from .infer.ncai import NCAIElbo
+from .guides.ncai import ncai_guide
 
 __all__ = ["svi_overhead", "lv_scaling", "nuts_benchmark", "nuts_chains_benchmark", "nuts_uci_benchmark",
            "laplace_bench", "ncai_bench", "BENCHMARKS"]
@@ -191,8 +196,6 @@ def _hand_lv_step(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int) -> Cal
 
 
 def _ours_lv_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int) -> float:
-    from .models.bnnlv import BNNLV
-
     model = BNNLV(net, latent_dim=1, noise_scale=0.3)
     guide = AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
                        init_loc_fn=init_to_network(model))  # fmt: skip
@@ -218,9 +221,6 @@ def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 
 
 def _ncai_step_ms(kind: str, data: Any, steps: int, seed: int) -> float:
     """Median ms per ``fit_svi`` step on heavy-tail's BNN+LV (1x50 LeakyReLU), full batch."""
-    from .guides.ncai import ncai_guide
-    from .infer.ncai import NCAIElbo
-    from .models.bnnlv import BNNLV
 
     model = BNNLV(MLP(2, [50], 1, activation="leaky_relu"), latent_scale=0.1, noise_scale=math.sqrt(0.1))
     x, y = data.x_train, data.y_train
@@ -246,7 +246,6 @@ def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     the printed correlation term, and NCAIElbo eager. Per-step medians include ``fit_svi``'s JIT
     guard (checks at steps 1, 10, 100, 1,000; the step-100 check falls inside the timed window).
     """
-    from .datasets import load_dataset
 
     data = load_dataset("heavy-tail", seed=seed)
     kinds = ("mfvi", "ncai-jit", "ncai-torch", "ncai-pc", "ncai-eager")
@@ -333,8 +332,6 @@ def nuts_benchmark(
     sampling phase only). ``attrs`` holds the headline numbers and the breakdown.
     """
     import pandas as pd
-
-    from .datasets import load_dataset
 
     iters = 5 if steps is None else int(steps)
     _check_positive_int(iters, "steps")
@@ -602,8 +599,6 @@ def nuts_chains_benchmark(
     """
     import os
 
-    from .datasets import load_dataset
-
     loads = [os.getloadavg()]
     ds = load_dataset(data)
     x, y = ds.x_train, ds.y_train
@@ -689,8 +684,6 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
     case), ``curvature_floats`` (stored curvature: ``P^2``, ``P`` or ``K^2``) and
     ``jacobian_chunk_floats`` (the largest Jacobian block held at once).
     """
-    from .datasets import default_data_dir, load_dataset
-    from .infer.laplace import LinearizedLaplace
 
     torch.manual_seed(seed)
     cases = []

@@ -45,6 +45,7 @@ from torch import Tensor
 from .posterior import Posterior, _is_guide, _is_mcmc
 from .infer.svi import set_seed
 from ._figures import finish_figure
+from .stats.knn import functional_knn_kl, input_sampler, knn_kl, predictor_space_samples
 
 __all__ = [
     "to_inference_data",
@@ -458,7 +459,6 @@ def compare_posteriors(
         method disagree by hundreds of nats in the paper's Table 4), the predictor-space ones
         are not.
     """
-    from .stats.knn import functional_knn_kl, input_sampler, knn_kl, predictor_space_samples
 
     for name, v in (("num_samples", num_samples), ("num_draws", num_draws), ("num_inputs", num_inputs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

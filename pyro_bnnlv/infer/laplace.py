@@ -81,6 +81,8 @@ from .._checks import ArgumentTypeError, check_int
 from .._mlp_kernels import mlp_jacobian
 from .laplace_guide import LaplaceGuide
 from ..nets import MLP, FlatNet, ModuleNet
+from ..models.bnn import BNN
+from ..stats.predictive import predictive_metrics
 
 __all__ = [
     "LinearizedLaplace",
@@ -505,7 +507,6 @@ class LinearizedLaplace:
         The predictive is one Gaussian per point, so the metrics are exact (no sampling).
         With several outputs the log-likelihood uses the full ``L x L`` predictive covariance.
         """
-        from ..stats.predictive import predictive_metrics
 
         if hasattr(self.model, "check_data"):
             self.model.check_data(x, y)
@@ -710,7 +711,6 @@ class LinearizedLaplace:
         """A :class:`~pyro_bnnlv.models.BNN` on the same network with the current prior
         (``1/sqrt(p)``) and noise, e.g. to evaluate sampled-Laplace draws after
         :meth:`optimize_hyperparameters` with :func:`pyro_bnnlv.evaluate`; in the model's dtype."""
-        from ..models.bnn import BNN
 
         dtype = _model_dtype(self.model)
         return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype),

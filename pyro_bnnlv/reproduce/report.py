@@ -32,6 +32,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .in_between import METHODS as IN_BETWEEN_METHODS
+from .in_between import summary as in_between_summary
+from .ncai import PAPER
+from .ncai import summary as ncai_summary
+
 __all__ = ["TEMPLATE", "OUTPUT", "TABLES", "HYVI_PAPER", "default_root", "render", "build", "check", "main"]
 
 TEMPLATE = "docs/results.in.md"
@@ -138,8 +143,6 @@ _NCAI_LABELS = {
 
 def _ncai_paper(dataset: str, method: str) -> tuple[float, float, float]:
     """The NCAI paper's (test LL, I(x; mu_z), HZ(mu_z)) for one method; NaN where it has none."""
-    from .ncai import PAPER
-
     nan = float("nan")
     ll = PAPER["test_ll"].get(dataset)
     ll = ll[_NCAI_ORDER.index(method)] if ll and method in _NCAI_ORDER else nan
@@ -204,10 +207,8 @@ def _ncai_protocol(frames: list[pd.DataFrame], paths: list[str], options: dict[s
     """``pyro-bnnlv reproduce ncai --output CSV``: mean over the evaluation splits per data set
     and method (the test LL's sd in brackets), then the paper's value in brackets. Bold: the best
     test LL per data set, and NCAI_lambda's I and HZ where no other BNN+LV method is lower."""
-    from .ncai import summary
-
     table = pd.concat(frames, ignore_index=True)
-    summ = summary(table)
+    summ = ncai_summary(table)
     selected = table.groupby(["dataset", "method"], sort=False)["selected"].first()
     splits = sorted(set(summ["splits"]))
     out = []
@@ -315,13 +316,11 @@ def _in_between(frames: list[pd.DataFrame], paths: list[str], options: dict[str,
     """``pyro-bnnlv reproduce in-between --output CSV``: mean ± standard error of the test LL over
     the splits, the paper's Tables 1-2 in brackets (``hidden_layers=2``: its 2HL rows). One table
     per split kind; a CSV with a single method gives one table with a row per kind."""
-    from .in_between import METHODS, summary
-
     hidden = int(options.get("hidden_layers", 1))
     t = pd.concat(frames, ignore_index=True)
-    summ = summary(t, hidden)
+    summ = in_between_summary(t, hidden)
     datasets = list(summ["dataset"].drop_duplicates())
-    methods = [m for m in METHODS if m in set(summ["method"])]
+    methods = [m for m in IN_BETWEEN_METHODS if m in set(summ["method"])]
     kinds = list(summ["kind"].drop_duplicates())
     idx = summ.set_index(["kind", "method", "dataset"])
 

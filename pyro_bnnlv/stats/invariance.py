@@ -128,6 +128,8 @@ from torch import Tensor
 from .._checks import check_int
 from .._state import isolated_param_store
 from .._figures import finish_figure, new_axes
+from ..nets import MLP
+from ..models.bnn import BNN
 
 __all__ = [
     "likelihood_factor_from_posterior",
@@ -309,8 +311,6 @@ def _guide_loc_scale(model: Any, guide: Any) -> tuple[Tensor, Tensor]:
 
 def _check_model(model: Any) -> Any:
     """The model's :class:`~pyro_bnnlv.nets.MLP` (``ValueError`` for anything else)."""
-    from ..models.bnn import BNN
-    from ..nets import MLP
 
     if not isinstance(model, BNN) or not isinstance(model.net, MLP):
         raise ValueError(

@@ -19,6 +19,7 @@ Sub-commands:
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import sys
 import time
@@ -26,6 +27,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
+
+from .bench import BENCHMARKS
+from .datasets import default_data_dir, list_datasets, load_dataset
+from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
+from .guides import init_to_network
+from .infer.svi import fit_svi
+from .models.bnn import BNN
+from .nets import MLP
+from .param_names import own_param_names
+from .plotting import plot_predictive_1d
+from .posterior import sample_posterior
+from .reproduce.ncai_compare import CompareConfig, load_compare_data, run_compare
+from .reproduce.report import main as results_main
+from .stats.predictive import evaluate
+from .sweep import SweepLockedError
+from .sweep.cli import add_sweep_arguments, report, sweep_options
 
 __all__ = ["main"]
 
@@ -33,10 +51,6 @@ GUIDES = ("meanfield", "fullcov", "map")
 
 
 def _make_guide(name: str, model, seed: int):
-    from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
-
-    from .guides import init_to_network
-    from .param_names import own_param_names
 
     init = init_to_network(model, seed=seed)
     if name == "meanfield":
@@ -47,9 +61,6 @@ def _make_guide(name: str, model, seed: int):
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:
-    from .datasets import default_data_dir, list_datasets
-    from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
-
     known = fetchable_datasets()
     if args.download is not None:
         names = [n.strip().lower().replace("_", "-") for n in args.download] or known
@@ -77,10 +88,6 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from . import BNN, MLP, evaluate, fit_svi, sample_posterior
-    from .datasets import load_dataset
-    from .plotting import plot_predictive_1d
-
     data = load_dataset(args.dataset, seed=args.seed)
     net = MLP(data.input_dim, args.hidden, 1, activation=args.activation)
     model = BNN(net, prior_scale=args.prior_scale, noise_scale=args.noise_scale,
@@ -110,7 +117,6 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
     """``["eps_T=0.01,0.0003", "lambda1=1"]`` -> the product grid as a list of dicts."""
     if not items:
         return None
-    from .reproduce.ncai_compare import CompareConfig
 
     base = dict(CompareConfig().ncai_grid[0])
     axes: dict[str, list[float]] = {}
@@ -127,9 +133,6 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .reproduce.ncai_compare import CompareConfig, load_compare_data, run_compare
-    from .sweep.cli import report, sweep_options
-
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
                                         ncai_grid=_parse_grid(args.grid),
                                         independence=args.independence).items() if v is not None}  # fmt: skip
@@ -152,8 +155,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import BENCHMARKS
-
     fn, description = BENCHMARKS[args.name]
     torch.set_num_threads(args.threads)
     print(f"{args.name}: {description} (torch threads: {args.threads})")
@@ -177,21 +178,15 @@ REPRODUCTIONS = {
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    import importlib
-
     module, prefix = REPRODUCTIONS[args.experiment]
     return int(importlib.import_module(module).main(prefix + list(args.args)) or 0)
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
-    from .reproduce.report import main as results_main
-
     return results_main(check_only=args.check, root=args.root)
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .bench import BENCHMARKS
-
     p = argparse.ArgumentParser(prog="pyro-bnnlv", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     ds = sub.add_parser("datasets", help="list the data sets; download the real ones (--download)")
@@ -236,7 +231,6 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")
     c.add_argument("--no-plot", action="store_true")
     c.add_argument("--quiet", action="store_true")
-    from .sweep.cli import add_sweep_arguments
 
     add_sweep_arguments(c)
     c.set_defaults(func=_cmd_compare)
@@ -262,8 +256,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .sweep import SweepLockedError
-
     args = _parser().parse_args(argv)
     try:
         return args.func(args)

@@ -48,6 +48,7 @@ into the graph); scalars derived from data (bandwidths) are computed inside each
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import ModuleType
 
@@ -55,9 +56,10 @@ import torch
 from torch import Tensor
 
 from .._compiled import build_extension
+from ._inputs import _as_tensor_2d, _check_same_n
 
 __all__ = [
-    "gauss_gram", "gauss_kernel_sum", "centred_alignment", "compiled_henze_zirkler", "ncai_statistics",
+    "henze_zirkler_beta", "gauss_gram", "gauss_kernel_sum", "centred_alignment", "compiled_henze_zirkler", "ncai_statistics",
     "pairwise_extension",
 ]
 
@@ -140,6 +142,19 @@ def gauss_kernel_sum(y: Tensor, gamma: float) -> Tensor:
     ``gamma`` is fixed by the sample's shape (as the Henze-Zirkler ``beta``).
     """
     return _GaussKernelSum.apply(y, gamma)
+
+
+def henze_zirkler_beta(n: int, k: int) -> float:
+    r"""Smoothing parameter of the Henze-Zirkler test (Henze & Zirkler, 1990, eq. 3.6).
+
+    .. math::  \beta = \frac{1}{\sqrt 2}\Big(\frac{n(2k+1)}{4}\Big)^{1/(k+4)}
+
+    Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569 (after eq. 25) print the exponent as ``-k/4``; that
+    is a typesetting error: with ``-k/4`` beta would shrink to 0 as ``n`` grows, whereas Henze &
+    Zirkler's choice (the optimal kernel bandwidth, ``1/(k+4)``) grows slowly with ``n``. We use
+    the published ``1/(k+4)``, as pingouin and the R package MVN do.
+    """
+    return (1.0 / math.sqrt(2.0)) * ((n * (2 * k + 1)) / 4.0) ** (1.0 / (k + 4))
 
 
 class _HenzeZirkler(torch.autograd.Function):
@@ -273,8 +288,6 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     """
     if _use_compiled(compiled, x, mu_z) is None:
         return None
-    from .dependence import _as_tensor_2d, _check_same_n, henze_zirkler_beta
-
     if torch.jit.is_tracing():
         mu = mu_z.reshape(mu_z.shape[0], -1)
     else:

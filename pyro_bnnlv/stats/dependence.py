@@ -36,7 +36,8 @@ from scipy.special import digamma
 from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_int, check_real
-from ._pairwise import compiled_henze_zirkler, gauss_kernel_sum
+from ._inputs import _as_tensor_2d, _check_same_n
+from ._pairwise import compiled_henze_zirkler, gauss_kernel_sum, henze_zirkler_beta
 
 __all__ = [
     "henze_zirkler",
@@ -55,44 +56,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
-def _as_tensor_2d(name: str, value: Any) -> Tensor:
-    """Return ``value`` as a floating tensor of shape ``(n, d)`` (1-D ``(n,)`` -> ``(n, 1)``).
-
-    Under ``torch.jit.trace`` only the reshape runs: the checks branch on values, and
-    ``pyro.ops.jit.trace`` runs every compiled function once eagerly (where they apply) first.
-    """
-    if torch.jit.is_tracing() and isinstance(value, Tensor):
-        return value.unsqueeze(-1) if value.dim() == 1 else value
-    if isinstance(value, (str, bytes)) or value is None:
-        x = None
-    else:
-        try:
-            x = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError):
-            x = None
-    if x is None:
-        raise ArgumentTypeError(
-            f"`{name}` must be a tensor or array of real numbers (one row per datapoint), got "
-            f"{value!r:.80} of type {type(value).__name__}"
-        )
-    if not (x.is_floating_point() or x.is_complex()):
-        x = x.to(torch.get_default_dtype())
-    if x.is_complex():
-        raise ValueError(f"`{name}` must be real-valued, got dtype {x.dtype}")
-    if x.dim() == 1:
-        x = x.unsqueeze(-1)
-    elif x.dim() != 2:
-        raise ValueError(
-            f"`{name}` must have shape (n,) or (n, d) (one row per datapoint), "
-            f"got shape {tuple(x.shape)}"
-        )
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        raise ValueError(f"`{name}` must be non-empty, got shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x.detach()).all()):
-        raise ValueError(f"`{name}` contains NaN or infinite values")
-    return x
-
-
 def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
     """Same checks as :func:`_as_tensor_2d`, returning a float64 numpy array ``(n, d)``."""
     if isinstance(value, Tensor):
@@ -100,30 +63,9 @@ def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
     return _as_tensor_2d(name, value).to(torch.float64).numpy()
 
 
-def _check_same_n(name_a: str, a: Any, name_b: str, b: Any) -> None:
-    if not torch.jit.is_tracing() and a.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"`{name_a}` and `{name_b}` must have the same number of rows (datapoints), "
-            f"got {a.shape[0]} and {b.shape[0]}"
-        )
-
-
 # ----------------------------------------------------------------------------------------------
 # Henze-Zirkler
 # ----------------------------------------------------------------------------------------------
-
-
-def henze_zirkler_beta(n: int, k: int) -> float:
-    r"""Smoothing parameter of the Henze-Zirkler test (Henze & Zirkler, 1990, eq. 3.6).
-
-    .. math::  \beta = \frac{1}{\sqrt 2}\Big(\frac{n(2k+1)}{4}\Big)^{1/(k+4)}
-
-    ``ncai-bnnlv-nonidentifiability.txt`` (after eq. 25) prints the exponent as ``-k/4``; that
-    is a typesetting error: with ``-k/4`` beta would shrink to 0 as ``n`` grows, whereas Henze &
-    Zirkler's choice (the optimal kernel bandwidth, ``1/(k+4)``) grows slowly with ``n``. We use
-    the published ``1/(k+4)``, as pingouin and the R package MVN do.
-    """
-    return (1.0 / math.sqrt(2.0)) * ((n * (2 * k + 1)) / 4.0) ** (1.0 / (k + 4))
 
 
 def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:

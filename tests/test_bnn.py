@@ -160,3 +160,30 @@ def test_training_never_moves_the_prior():
             pb.fit_svi(m, guide, x, y, num_steps=20, lr=0.1, seed=0, progress=False,
                        loss=pyro.infer.Trace_ELBO())  # fmt: skip
         assert (m.prior_loc == 0).all() and (m.prior_scale == 1).all()
+
+
+def test_every_model_satisfies_the_protocols_it_claims():
+    """The model protocols (issue 15) replace attribute probes: each library model is a
+    RegressionModel; those on a network a NetworkModel; those with other latents a LatentModel.
+    A plain Pyro function is none, and evaluate / train_map / LinearizedLaplace say so."""
+    from pyro_bnnlv._protocols import LatentModel, NetworkModel, RegressionModel
+
+    models = {
+        "BNN": (pb.BNN(pb.MLP(1, [3], 1)), (True, True, False)),
+        "BNNLV": (pb.BNNLV(pb.MLP(2, [3], 1), latent_dim=1), (True, True, True)),
+        "ProjectedBNN": (pb.ProjectedBNN(pb.MLP(1, [3], 1), latent_dim=2), (True, True, True)),
+        "OverparametrisedLinear": (pb.OverparametrisedLinear(3), (True, False, False)),
+    }
+    for name, (model, expected) in models.items():
+        got = tuple(isinstance(model, p) for p in (RegressionModel, NetworkModel, LatentModel))
+        assert got == expected, name
+
+    def plain(x, y=None):
+        return None
+
+    assert not isinstance(plain, RegressionModel)
+    x, y = torch.randn(5, 1), torch.randn(5)
+    with pytest.raises(TypeError, match="evaluate needs a pyro_bnnlv model"):
+        pb.evaluate(plain, torch.randn(4, 10), x, y)
+    with pytest.raises(TypeError, match="train_map fits the weights of a BNN"):
+        pb.train_map(pb.BNNLV(pb.MLP(2, [3], 1), latent_dim=1), x, y)

@@ -83,6 +83,7 @@ from .laplace_guide import LaplaceGuide
 from ..nets import MLP, FlatNet, ModuleNet
 from ..models.bnn import BNN
 from ..stats.predictive import predictive_metrics
+from .._protocols import LatentModel, NetworkModel
 
 __all__ = [
     "LinearizedLaplace",
@@ -295,7 +296,7 @@ class LinearizedLaplace:
 
     def __init__(
         self,
-        model: Any,
+        model: NetworkModel,
         w_map: Tensor,
         *,
         structure: Structure = "full",
@@ -310,7 +311,7 @@ class LinearizedLaplace:
         for attr in ("net", "prior_scale", "noise_scale"):
             if not hasattr(model, attr):
                 raise TypeError(f"model must expose {attr!r} (a pyro_bnnlv BNN); got {type(model).__name__}")
-        if hasattr(model, "latent_dim"):
+        if isinstance(model, LatentModel):
             # BNN+LV (per-point z as extra inputs) and ProjectedBNN (w = g_phi(z)): the Laplace
             # approximation here is of p(w | D) under w ~ N(0, prior_scale^2), which is neither
             # model's posterior (train_map refuses them for the same reason)

@@ -54,6 +54,7 @@ from .._checks import check_int, check_real, check_seed
 from .._state import isolated_param_store, set_seed
 from ..nets import ModuleNet
 from ..param_names import param_fullnames
+from .._protocols import LatentModel, NetworkModel
 
 from .elbo import CompiledTraceElbo
 from .jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
@@ -269,7 +270,7 @@ def fit_svi(
 
 
 def train_map(
-    model: torch.nn.Module,
+    model: NetworkModel,
     x: Tensor,
     y: Tensor,
     *,
@@ -299,7 +300,7 @@ def train_map(
     _check_positive_int(batch_size, "batch_size", allow_none=True)
     lr = _check_lr(lr)
     seed = check_seed(seed)
-    if hasattr(model, "latent_dim") or not hasattr(model, "net"):
+    if isinstance(model, LatentModel) or not isinstance(model, NetworkModel):
         raise TypeError(
             f"train_map fits the weights of a BNN with an N(prior_loc, prior_scale^2) prior; "
             f"{type(model).__name__} has other latent sites (per-point z, or w = g(z)): use "

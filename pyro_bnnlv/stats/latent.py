@@ -26,6 +26,7 @@ from ..posterior import as_sample_dict, guide_site_mean
 from .._state import isolated_param_store
 from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
 from .._figures import finish_figure
+from .._protocols import LatentModel
 
 __all__ = [
     "latent_means",
@@ -60,7 +61,7 @@ def latent_diagnostics(
     (Henze-Zirkler statistic of ``mu_z``; small when they look Gaussian) and, for K = 1, ``ks_z``
     (two-sample KS statistic of ``mu_z`` against as many prior samples, seeded by ``seed``).
     """
-    if isinstance(guide, Tensor) or not hasattr(model, "latent_dim"):
+    if isinstance(guide, Tensor) or not isinstance(model, LatentModel):
         raise TypeError(
             "latent_diagnostics(model, guide, x, y): pass the BNN+LV model first, then its guide "
             f"and the training data; got a {type(model).__name__} and a {type(guide).__name__}"

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..posterior import as_sample_dict
 from .latent import knn_entropy_1d
 from .._figures import finish_figure, new_axes
+from .._protocols import LatentModel
 
 __all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
 
@@ -37,7 +38,7 @@ def epistemic_entropy(model: Any, samples: Any, x: Tensor, k: int = 5) -> Tensor
     w = as_sample_dict(samples)["w"]
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a (N, D) tensor, got {getattr(x, 'shape', type(x))}")
-    if hasattr(model, "latent_dim"):
+    if isinstance(model, LatentModel):
         raise ValueError("epistemic_entropy is for models without latent inputs; for BNN+LV use "
                          "pyro_bnnlv.stats.uncertainty_decomposition (eq. 6-7 of the NCAI paper)")
     f = model.f(x, w)

@@ -37,6 +37,7 @@ from torch import Tensor
 from .._checks import ArgumentTypeError, check_seed
 from ..datasets.base import Dataset, standardized_source
 from ..posterior import SelfEvaluatingPosterior, _is_inference_data, as_sample_dict, sample_posterior
+from .._protocols import LatentModel, RegressionModel
 
 __all__ = [
     "evaluate",
@@ -197,7 +198,7 @@ def posterior_sample_dict(
     draws of ``"w"``; a guide with per-datapoint latents needs ``train_data``, the points it is
     indexed by; a global-only guide is called with ``x``)."""
     if _is_guide(posterior):
-        if hasattr(model, "latent_dim") and train_data is None:
+        if isinstance(model, LatentModel) and train_data is None:
             raise ValueError(
                 f"{type(model).__name__} has per-datapoint latents, so its guide is indexed by the "
                 "training points: pass train_data=(x_train, y_train), or a Dataset"
@@ -223,7 +224,7 @@ def _check_sample_dtype(w: Tensor, x: Any) -> None:
 
 
 def evaluate(
-    model: Any,
+    model: RegressionModel,
     posterior: Any,
     x: Tensor | Any,
     y: Tensor | None = None,
@@ -287,11 +288,10 @@ def evaluate(
                 "without this warning", UserWarning, stacklevel=2)  # fmt: skip
     if isinstance(posterior, SelfEvaluatingPosterior):  # LinearizedLaplace: its exact predictive
         return posterior.evaluate(x, y, level=level, y_mean=y_mean, y_std=y_std)
-    check = getattr(model, "check_data", None)
-    if not (callable(check) and callable(getattr(model, "predictive_components", None))):
-        raise TypeError(f"evaluate needs a pyro_bnnlv model (with check_data and predictive_components), "
+    if not isinstance(model, RegressionModel):
+        raise TypeError(f"evaluate needs a pyro_bnnlv model (with check_data, f and predictive_components), "
                         f"got {type(model).__name__}")  # fmt: skip
-    check(x, y)
+    model.check_data(x, y)
     if callable(getattr(model, "_check_dtype", None)):
         model._check_dtype(x)  # x against the model's buffers before the samples against both
     samples = posterior_sample_dict(model, posterior, x, train_data=train_data,

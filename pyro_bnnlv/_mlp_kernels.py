@@ -91,12 +91,12 @@ ACTIVATION_TABLE: dict[str, Activation] = {
         Activation("relu", torch.relu, lambda dh, a, h: torch.where(a > 0, dh, 0.0), "RELU", 2,
                    "max(a, 0)"),
         Activation("leaky_relu", _leaky_relu, lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh),
-                   "LEAKY_RELU", 3, "LeakyReLU with slope 0.01 (ncai-bnnlv-nonidentifiability.txt sec. 7)"),
+                   "LEAKY_RELU", 3, "LeakyReLU with slope 0.01 (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 7)"),
         Activation("sigmoid", torch.sigmoid, lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0),
                    "SIGMOID", 4, "1 / (1 + exp(-a))"),
         # h = exp(-a^2), dh/da = -2 a h
         Activation("rbf", _rbf, lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0), "RBF", 5,
-                   "exp(-a^2) (projected-bnn-latent-weights.txt sec. 5)"),
+                   "exp(-a^2) (Pradier et al. 2018, arXiv:1811.07006, sec. 5)"),
     ]
 }  # fmt: skip
 

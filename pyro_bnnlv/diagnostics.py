@@ -11,7 +11,8 @@ r"""ArviZ export, function-space convergence diagnostics, and posterior comparis
   log-likelihood beside those of the raw weights.
 * :func:`compare_posteriors` estimates ``KL`` in both directions between an approximation and a
   reference (e.g. NUTS) in parameter and in predictor space, with the k-NN estimators of
-  ``hypernet-implicit-vi-parameter-predictor-space.txt`` (eq. 4 and 6; App. C protocol).
+  Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor
+  space" (eq. 4 and 6; App. C protocol).
 
 Why R-hat and ESS on raw weights mislead
 ----------------------------------------
@@ -430,7 +431,8 @@ def compare_posteriors(
 ) -> pd.DataFrame:
     r"""k-NN estimates of ``KL`` between two posteriors over the weights, in both directions.
 
-    Follows ``hypernet-implicit-vi-parameter-predictor-space.txt`` App. C (Table 4):
+    Follows Pequignot et al. (2020), "Implicit variational inference: the parameter and the
+    predictor space", App. C (Table 4):
     ``num_samples = 1000`` samples of each posterior; in parameter space the estimator of eq. 4
     (:func:`~pyro_bnnlv.stats.knn.knn_kl`) on the weight vectors; in predictor space the
     estimator of eq. 6 (:func:`~pyro_bnnlv.stats.knn.functional_knn_kl`) on the function values

@@ -14,11 +14,11 @@
 # %% [markdown]
 # # Implicit hypernetwork guides and k-NN ELBOs: NN-HyVI and FuNN-HyVI
 #
-# `hypernet-implicit-vi-parameter-predictor-space.txt` proposes a guide with no density -- a
-# "hypernet" that turns 5-dimensional Gaussian noise into network weights -- trained with an
-# ELBO whose KL term is estimated from samples by nearest neighbours, either between weight
-# vectors (NN-HyVI, eq. 8) or between the functions' values at inputs drawn from an input
-# distribution `nu` (FuNN-HyVI, eq. 9). This tutorial
+# Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor space",
+# proposes a guide with no density -- a "hypernet" that turns 5-dimensional Gaussian noise into
+# network weights -- trained with an ELBO whose KL term is estimated from samples by nearest
+# neighbours, either between weight vectors (NN-HyVI, eq. 8) or between the functions' values at
+# inputs drawn from an input distribution `nu` (FuNN-HyVI, eq. 9). This tutorial
 #
 # 1. fits mean-field VI, NN-HyVI and FuNN-HyVI on the cosine toy (sec. 4.1) with Pyro's `SVI`
 #    machinery (`pb.fit_svi`), the guides being `AutoNormal` and `pb.HypernetGuide`;

@@ -14,9 +14,9 @@
 # %% [markdown]
 # # In-between uncertainty: MFVI, full-covariance VI, linearised Laplace and NUTS
 #
-# `in-between-uncertainty-linearised-laplace.txt` shows that mean-field VI (MFVI) cannot put
-# more uncertainty *between* two clusters of data than on them, while the linearised Laplace
-# approximation (LL) and HMC can. This tutorial
+# Foong, Li, Hernández-Lobato & Turner (2019), arXiv:1906.11537, show that mean-field VI (MFVI)
+# cannot put more uncertainty *between* two clusters of data than on them, while the linearised
+# Laplace approximation (LL) and HMC can. This tutorial
 #
 # 1. fits the paper's two-cluster toy (sec. 3, Fig. 1) with MFVI (local reparameterisation, as
 #    in App. D), full-covariance VI (FCVI, Pyro's `AutoMultivariateNormal`), linearised Laplace

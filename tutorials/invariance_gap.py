@@ -14,11 +14,11 @@
 # %% [markdown]
 # # Invariances and the invariance gap of mean-field VI
 #
-# `invariances-likelihood-variational-inference.txt` (Kurle et al.) explains why mean-field VI
-# of over-parametrised models reverts to the prior: the likelihood is invariant under
-# translations of the weights (sec. 4, eq. 12; sec. 5, eq. 20-22), a mean-field Gaussian cannot
-# represent that invariance, and the ELBO charges the difference, the *invariance gap*
-# `KL[q_0 || q_mix]` (eq. 10), against the data-related bound on the KL (eq. 3, 11). This tutorial
+# Kurle, Herbrich, Januschowski, Wang & Gasthaus (2022), arXiv:2209.07157, explain why mean-field VI
+# of over-parametrised models reverts to the prior: the likelihood is invariant under translations
+# of the weights (sec. 4, eq. 12; sec. 5, eq. 20-22), a mean-field Gaussian cannot represent that
+# invariance, and the ELBO charges the difference, the *invariance gap* `KL[q_0 || q_mix]` (eq. 10),
+# against the data-related bound on the KL (eq. 3, 11). This tutorial
 #
 # 1. draws Fig. 1 and Fig. 2 from the closed forms of the over-parametrised linear model
 #    (`pyro_bnnlv.stats.linear_closed_forms`);

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Non-identifiability in BNN+LV, and Noise-Constrained Approximate Inference
 #
-# A runnable walk-through of `ncai-bnnlv-nonidentifiability.txt` (in `../shared/papers/`):
+# A runnable walk-through of Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569:
 #
 # 1. the MAP of the joint posterior `p(W, Z | D)` *memorises* the data in the latent inputs
 #    (sec. 4.4): the latents depend on `x`, violating the model's assumption `z ⟂ x`;

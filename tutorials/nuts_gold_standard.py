@@ -14,9 +14,9 @@
 # %% [markdown]
 # # NUTS as the gold standard, ArviZ diagnostics, and how far mean-field VI is from it
 #
-# The papers behind `pyro_bnnlv` judge approximate posteriors against HMC
-# (`in-between-uncertainty-linearised-laplace.txt` sec. 3, `hypernet-implicit-vi-parameter-predictor-space.txt`
-# sec. 4 and App. C). This tutorial
+# The papers behind `pyro_bnnlv` judge approximate posteriors against HMC (Foong, Li,
+# Hernández-Lobato & Turner (2019), arXiv:1906.11537, sec. 3; Pequignot et al. (2020), "Implicit
+# variational inference: the parameter and the predictor space", sec. 4 and App. C). This tutorial
 #
 # 1. runs NUTS (`pyro_bnnlv.infer.nuts.run_nuts`, fast path) on the two-cluster toy with a
 #    1x50 tanh BNN, N(0, 1) prior and noise 0.1;
@@ -130,11 +130,11 @@ print(loo_nuts)
 # %% [markdown]
 # ## Mean-field VI and the comparison with NUTS
 #
-# Mean-field VI is `AutoNormal`. The k-NN KL estimates follow
-# `hypernet-implicit-vi-parameter-predictor-space.txt` App. C: 1,000 samples of each posterior;
-# in predictor space 100 draws of T = 200 inputs from the input distribution, here uniform on
-# `[-1.5, 1.5]` (both clusters, the gap and some extrapolation). As a scale for "close", the
-# last row compares two halves of the NUTS chains with each other (the paper's `KL(-,-)`).
+# Mean-field VI is `AutoNormal`. The k-NN KL estimates follow Pequignot et al. (2020), "Implicit
+# variational inference: the parameter and the predictor space", App. C: 1,000 samples of each
+# posterior; in predictor space 100 draws of T = 200 inputs from the input distribution, here
+# uniform on `[-1.5, 1.5]` (both clusters, the gap and some extrapolation). As a scale for "close",
+# the last row compares two halves of the NUTS chains with each other (the paper's `KL(-,-)`).
 
 # %%
 guide = AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model, seed=0))
@@ -176,13 +176,12 @@ print(comparison.round(3).to_string())
 # | MFVI | 221 | 107 | 247 | 233 | 0.56 | 0.23 |
 # | NUTS, half vs half | 109 | 125 | 7.7 | 4.2 | 0.74 | 0.45 |
 #
-# The parameter-space KL is of the same order between two halves of the *same* NUTS run as
-# between MFVI and NUTS: the weight symmetries dominate it (as in the paper's Table 4). In
-# predictor space the halves of NUTS agree (a few nats) while MFVI is far away, and MFVI's
-# log-likelihood in the gap between the clusters is much worse: it misses the in-between
-# uncertainty (`in-between-uncertainty-linearised-laplace.txt` sec. 3). At the small size
-# the test suite uses, the chains are too short for these numbers to mean anything (look at
-# the R-hat of `f` above).
+# The parameter-space KL is of the same order between two halves of the *same* NUTS run as between
+# MFVI and NUTS: the weight symmetries dominate it (as in the paper's Table 4). In predictor space
+# the halves of NUTS agree (a few nats) while MFVI is far away, and MFVI's log-likelihood in the gap
+# between the clusters is much worse: it misses the in-between uncertainty (Foong, Li,
+# Hernández-Lobato & Turner 2019, arXiv:1906.11537, sec. 3). At the small size the test suite uses,
+# the chains are too short for these numbers to mean anything (look at the R-hat of `f` above).
 
 # %%
 grid = torch.linspace(-1.5, 1.5, 200).unsqueeze(-1)

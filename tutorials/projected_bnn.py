@@ -14,13 +14,12 @@
 # %% [markdown]
 # # Projected BNNs: inference in a low-dimensional space of weights
 #
-# Pradier et al. (2018, arXiv:1811.07006; `projected-bnn-latent-weights.txt`) generate a
-# network's weights from a small latent code, `w = g_phi(z)`, and run mean-field VI over `z` and
-# `phi` instead of over `w`. Their Fig. 2 makes the case on a toy whose weight posterior is
-# multimodal: a 3-unit RBF network on data with four bumps can fit only three of them, so the
-# good weights form separate groups, one per missed bump. Mean-field VI on `w` settles in one
-# group; the projected model, whose decoder maps an isotropic Gaussian onto weights from several
-# groups, can put mass on several.
+# Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), arXiv:1811.07006, generate a network's weights from
+# a small latent code, `w = g_phi(z)`, and run mean-field VI over `z` and `phi` instead of over `w`.
+# Their Fig. 2 makes the case on a toy whose weight posterior is multimodal: a 3-unit RBF network on
+# data with four bumps can fit only three of them, so the good weights form separate groups, one per
+# missed bump. Mean-field VI on `w` settles in one group; the projected model, whose decoder maps an
+# isotropic Gaussian onto weights from several groups, can put mass on several.
 #
 # This tutorial: (1) collects candidate weights from MAP fits at random restarts; (2) fits
 # mean-field VI on `w`; (3) fits the Proj-BNN with two decoders: the paper's prediction-

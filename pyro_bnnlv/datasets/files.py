@@ -11,7 +11,7 @@ mirror ``$PYRO_BNNLV_MIRROR``): :func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`
   seeded random subset) become the validation set.
 * Sets without standard splits (LIDAR, motorcycle, airfoil, abalone) get a seeded random
   70% / 20% / 10% train / validation / test split, the proportions of
-  ``ncai-bnnlv-nonidentifiability.txt`` App. F.1.
+  Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569, App. F.1.
 
 Real data are standardised with training statistics by default.
 """

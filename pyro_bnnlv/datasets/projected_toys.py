@@ -1,5 +1,5 @@
-"""Toy data of ``projected-bnn-latent-weights.txt``: the four-mode set (Fig. 2) and the sine family
-of the multi-task variant (App. B, eq. 8-9).
+"""Toy data of Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), arXiv:1811.07006: the four-mode set
+(Fig. 2) and the sine family of the multi-task variant (App. B, eq. 8-9).
 
 * ``four-modes``: the paper draws points "from the 4 modes shown in Fig. 2d" and fits a 3-unit
   RBF network, whose solutions each fit three of the four modes. The figure's exact data are not

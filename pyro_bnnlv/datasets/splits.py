@@ -1,15 +1,16 @@
 """Split schemes that test in-between and out-of-range prediction, on any loaded :class:`Dataset`.
 
-* **Gap splits** (``in-between-uncertainty-linearised-laplace.txt`` sec. 3): for each input
-  dimension ``d``, sort the points by ``x_d``; the middle third is the test set, the outer two
-  thirds the training set, of which ``valid_fraction`` (10%) is a seeded random validation set.
-  A data set with ``D`` inputs has ``D`` gap splits (:func:`gap_splits`).
-* **Extrapolation and interpolation splits** (``projected-bnn-latent-weights.txt`` App. B): order
-  the points by the L2 norm of their (standardised) inputs; 80% train / 10% validation / 10% test.
-  The extrapolation test set is the 5% of points with the lowest and the 5% with the highest norm;
-  the interpolation test set is "the complementary one (an inverted doughnut)", which we read as
-  the 10% of points with the middle norms (ranks 45%-55%), so that training norms lie on both
-  sides of every test norm. Validation is a seeded random 10% of all points drawn from the rest.
+* **Gap splits** (Foong, Li, Hernández-Lobato & Turner 2019, arXiv:1906.11537, sec. 3): for each
+  input dimension ``d``, sort the points by ``x_d``; the middle third is the test set, the outer two
+  thirds the training set, of which ``valid_fraction`` (10%) is a seeded random validation set. A
+  data set with ``D`` inputs has ``D`` gap splits (:func:`gap_splits`).
+* **Extrapolation and interpolation splits** (Pradier, Pan, Yao, Ghosh & Doshi-Velez 2018,
+  arXiv:1811.07006, App. B): order the points by the L2 norm of their (standardised) inputs; 80%
+  train / 10% validation / 10% test. The extrapolation test set is the 5% of points with the lowest
+  and the 5% with the highest norm; the interpolation test set is "the complementary one (an
+  inverted doughnut)", which we read as the 10% of points with the middle norms (ranks 45%-55%), so
+  that training norms lie on both sides of every test norm. Validation is a seeded random 10% of all
+  points drawn from the rest.
 
 All functions pool the data set's train, validation and test points (mapped back to the original
 scale), re-split them, and re-standardise with the new training statistics (if the input data
@@ -136,9 +137,10 @@ def extrapolation_split(
     dataset: Dataset, *, test_fraction: float = 0.1, valid_fraction: float = 0.1, seed: int = 0,
     standardize: bool | None = None,
 ) -> Dataset:  # fmt: skip
-    """Extrapolation split (``projected-bnn-latent-weights.txt`` App. B): test = half of
-    ``test_fraction`` of the points with the lowest and half with the highest input norms;
-    validation = a random ``valid_fraction`` of all points from the rest; train = the remainder."""
+    """Extrapolation split (Pradier, Pan, Yao, Ghosh & Doshi-Velez 2018, arXiv:1811.07006, App. B):
+    test = half of ``test_fraction`` of the points with the lowest and half with the highest input
+    norms; validation = a random ``valid_fraction`` of all points from the rest; train = the
+    remainder."""
     return _norm_split(dataset, "extrapolation", test_fraction, valid_fraction, seed, standardize)
 
 

@@ -2,16 +2,17 @@
 
 Sources:
 
-* ``ncai-bnnlv-nonidentifiability.txt`` App. G: heavy-tail, depeweg, bimodal (generated from a
-  ground-truth ``f_GT(x, z)`` with latent ``z ~ N(0, sigma_z^2)``), goldberg, yuan, williams
-  (heteroscedastic noise). Variances in App. G are variances; ``N(a, b, c)`` in the Depeweg entry
-  is read as "a Gaussian with mean b and variance c".
-* ``hypernet-implicit-vi-parameter-predictor-space.txt`` sec. 4.1: the cosine toy with inputs in
-  ``[-1, -0.5] U [0.5, 1]``, ``y = cos(4 (x + 0.2)) + eps``, noise standard deviation 0.1 (the
-  paper's ``sigma_l = 0.1``), and OOD inputs uniform on ``[-4, 2]``.
-* ``in-between-uncertainty-linearised-laplace.txt`` sec. 3: two clusters of inputs on a noisy sine
-  wave, noise standard deviation 0.1. The paper does not give the cluster positions; we use 50
-  points in each of ``[-1, -0.5]`` and ``[0.5, 1]`` and ``y = sin(4 x) + eps``.
+* Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569, App. G: heavy-tail, depeweg, bimodal
+  (generated from a ground-truth ``f_GT(x, z)`` with latent ``z ~ N(0, sigma_z^2)``), goldberg,
+  yuan, williams (heteroscedastic noise). Variances in App. G are variances; ``N(a, b, c)`` in the
+  Depeweg entry is read as "a Gaussian with mean b and variance c".
+* Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor space",
+  sec. 4.1: the cosine toy with inputs in ``[-1, -0.5] U [0.5, 1]``, ``y = cos(4 (x + 0.2)) + eps``,
+  noise standard deviation 0.1 (the paper's ``sigma_l = 0.1``), and OOD inputs uniform on
+  ``[-4, 2]``.
+* Foong, Li, Hernández-Lobato & Turner (2019), arXiv:1906.11537, sec. 3: two clusters of inputs on a
+  noisy sine wave, noise standard deviation 0.1. The paper does not give the cluster positions; we
+  use 50 points in each of ``[-1, -0.5]`` and ``[0.5, 1]`` and ``y = sin(4 x) + eps``.
 
 Departures (documented, deliberate): App. G says the heavy-tail and depeweg targets were
 re-generated from a network fitted to ``f_GT``; we sample from ``f_GT`` itself, which is the

@@ -1,7 +1,8 @@
 r"""The implicit hypernetwork guide of NN-HyVI and FuNN-HyVI.
 
-Reference: ``hypernet-implicit-vi-parameter-predictor-space.txt`` (Pequignot et al.), sec. 3.2
-and 4.3. A generative network ("hypernet") ``h_lambda`` maps Gaussian noise to network weights,
+Reference: Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor
+space", sec. 3.2 and 4.3. A generative network ("hypernet") ``h_lambda`` maps Gaussian noise to
+network weights,
 
 .. math::
 

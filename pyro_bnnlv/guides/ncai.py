@@ -1,4 +1,5 @@
-"""NCAI step 1: the model-satisfying initialisation (``ncai-bnnlv-nonidentifiability.txt`` sec. 6).
+"""NCAI step 1: the model-satisfying initialisation (Yacoby, Pan & Doshi-Velez 2022,
+arXiv:1911.00569, sec. 6).
 
 "We initialize the variational means of the weights (except for weights associated with the
 input noise) with those of a deterministic neural network trained on the same data [...]. We

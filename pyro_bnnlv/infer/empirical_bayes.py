@@ -1,4 +1,5 @@
-"""Empirical Bayes for the prior variances (``ncai-bnnlv-nonidentifiability.txt`` App. F.1).
+"""Empirical Bayes for the prior variances (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569,
+App. F.1).
 
 Inverse-gamma hyper-priors ``IG(alpha, beta)`` (``alpha = 3``, ``beta = 0.5``) on the prior
 variances of the weights and of the latent inputs; the MAP-II updates given a mean-field guide

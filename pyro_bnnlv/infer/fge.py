@@ -1,9 +1,9 @@
 r"""Fast Geometric Ensembling (FGE): many good weight vectors from one training run.
 
-Reference: Garipov et al. (2018), as used by ``projected-bnn-latent-weights.txt`` (Alg. 1, step 1;
-App. A: "a step-size of 0.001 to first reach the MAP solution, and then a cyclic learning rate
-between 0.01 and 0.0001. Each cycle lasts for 10 epochs"; R = 500 candidates, the best 150 by
-validation RMSE kept).
+Reference: Garipov et al. (2018), as used by Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018),
+arXiv:1811.07006 (Alg. 1, step 1; App. A: "a step-size of 0.001 to first reach the MAP solution, and
+then a cyclic learning rate between 0.01 and 0.0001. Each cycle lasts for 10 epochs"; R = 500
+candidates, the best 150 by validation RMSE kept).
 
 The objective is the negative log joint ``-log p(y | x, w) - log p(w)`` of the model (a
 :class:`~pyro_bnnlv.models.bnn.BNN`: its ``net``, ``noise_scale``, ``prior_loc`` and

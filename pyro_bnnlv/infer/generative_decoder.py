@@ -1,20 +1,19 @@
 r"""Generative objectives for the projected BNN's decoder (issue 17; an option of
 :func:`~pyro_bnnlv.infer.projection.fit_projection`).
 
-Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), "Projected BNNs: avoiding weight-space pathologies
-by learning latent representations of neural network weights", arXiv:1811.07006
-(``projected-bnn-latent-weights.txt``). Stage 2 of Alg. 1 trains the decoder ``g_phi`` as a
-prediction-constrained *autoencoder* (eq. 6): reconstructions of the candidates must be close
-and must predict well. Nothing in eq. 6 asks ``g_phi(z)`` with ``z ~ p(z)`` to look like the
-candidates, yet that is what stage 3 relies on (mean-field ``q(z)`` starts at and is pulled
-towards ``p(z)``) and what the text of Fig. 2 describes: "we trained a decoder ``g_phi`` that
-maps an isotropic 2-D Gaussian to weights that we sampled from the solution set". The two
-objectives here make ``g_phi`` a generative model of the candidates ``{w_r}_{r=1}^R`` under
-the model's own prior ``p(z) = N(0, sigma_z^2 I)``, and keep eq. 6's prediction constraint, now
-on *decoded prior draws*. With ``u = (w - m) / s`` the candidates standardised as in eq. 6's
+Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), "Projected BNNs: avoiding weight-space pathologies by
+learning latent representations of neural network weights", arXiv:1811.07006. Stage 2 of Alg. 1
+trains the decoder ``g_phi`` as a prediction-constrained *autoencoder* (eq. 6): reconstructions of
+the candidates must be close and must predict well. Nothing in eq. 6 asks ``g_phi(z)`` with
+``z ~ p(z)`` to look like the candidates, yet that is what stage 3 relies on (mean-field ``q(z)``
+starts at and is pulled towards ``p(z)``) and what the text of Fig. 2 describes: "we trained a
+decoder ``g_phi`` that maps an isotropic 2-D Gaussian to weights that we sampled from the solution
+set". The two objectives here make ``g_phi`` a generative model of the candidates ``{w_r}_{r=1}^R``
+under the model's own prior ``p(z) = N(0, sigma_z^2 I)``, and keep eq. 6's prediction constraint,
+now on *decoded prior draws*. With ``u = (w - m) / s`` the candidates standardised as in eq. 6's
 reading (:mod:`~pyro_bnnlv.infer.projection`) and
-``pred(phi) = E_{z ~ p(z)} [ -(1/N) sum_n log p(y_n | x_n, g_phi(z)) ]`` (``M`` draws of ``z``
-per step, data minibatches):
+``pred(phi) = E_{z ~ p(z)} [ -(1/N) sum_n log p(y_n | x_n, g_phi(z)) ]`` (``M`` draws of ``z`` per
+step, data minibatches):
 
 **VAE** (``objective="vae"``; Kingma & Welling 2014, arXiv:1312.6114, eq. 3 and 10): an encoder
 ``q_theta(z | u) = N(mu_theta(u), diag sd_theta(u)^2)``, a Gaussian decoder

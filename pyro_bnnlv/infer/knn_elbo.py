@@ -1,7 +1,7 @@
 r"""ELBOs with the KL term estimated by k-nearest neighbours: NN-HyVI and FuNN-HyVI.
 
-Reference: ``hypernet-implicit-vi-parameter-predictor-space.txt`` (Pequignot et al.), eq. 8-9
-and Alg. 1-2 of the supplementary material.
+Reference: Pequignot et al. (2020), "Implicit variational inference: the parameter and the
+predictor space", eq. 8-9 and Alg. 1-2 of the supplementary material.
 
 :class:`KNNElbo` (NN-HyVI, eq. 8) and :class:`FunctionalKNNElbo` (FuNN-HyVI, eq. 9) minimise
 

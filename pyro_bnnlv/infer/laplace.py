@@ -1,6 +1,6 @@
 r"""Linearised and sampled Laplace approximations with the Gauss-Newton (GGN) curvature.
 
-``in-between-uncertainty-linearised-laplace.txt`` sec. 2 and App. A. For a model
+Foong, Li, Hernández-Lobato & Turner (2019), arXiv:1906.11537, sec. 2 and App. A. For a model
 ``y_n ~ N(f(x_n; w), sigma^2 I_L)``, ``w ~ N(0, diag(1/p))`` (:class:`~pyro_bnnlv.models.BNN`) and
 a MAP weight vector ``w*`` (:func:`~pyro_bnnlv.infer.svi.train_map`), the Laplace approximation
 is ``q(w) = N(w*, Sigma)`` with the GGN posterior precision (sec. 2)

@@ -1,7 +1,7 @@
 r"""Mean-field VI with the local reparameterisation trick (Kingma, Salimans & Welling 2015).
 
-``in-between-uncertainty-linearised-laplace.txt`` App. D trains MFVI with this trick. For a
-mean-field Gaussian ``q(w) = prod_i N(w_i; m_i, s_i^2)`` on the flat weights of an
+Foong, Li, Hernández-Lobato & Turner (2019), arXiv:1906.11537, App. D, trains MFVI with this trick.
+For a mean-field Gaussian ``q(w) = prod_i N(w_i; m_i, s_i^2)`` on the flat weights of an
 :class:`~pyro_bnnlv.nets.MLP`, the pre-activations of layer ``l`` given its input ``h_n`` are
 Gaussian with independent entries,
 

@@ -1,5 +1,5 @@
 """Noise-Constrained Approximate Inference (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569,
-``ncai-bnnlv-nonidentifiability.txt`` sec. 6, App. D).
+sec. 6, App. D).
 
 The NCAI objective, eq. 27, for a BNN+LV with mean-field guide:
 

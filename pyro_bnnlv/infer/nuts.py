@@ -1,10 +1,11 @@
 r"""NUTS as the gold-standard posterior: :func:`run_nuts`, with a fast path that skips Pyro's tracing.
 
-The papers use HMC/NUTS as the reference posterior (``ncai-bnnlv-nonidentifiability.txt`` sec.
-7.3 and App. E; ``hypernet-implicit-vi-parameter-predictor-space.txt`` sec. 4 and App. C, E;
-``in-between-uncertainty-linearised-laplace.txt`` sec. 3). :func:`run_nuts` runs Pyro's own
-``MCMC`` and returns it, so ``mcmc.get_samples()``, ``mcmc.summary()`` and
-:func:`pyro_bnnlv.diagnostics.to_inference_data` work as usual.
+The papers use HMC/NUTS as the reference posterior (Yacoby, Pan & Doshi-Velez (2022),
+arXiv:1911.00569, sec. 7.3 and App. E; Pequignot et al. (2020), "Implicit variational inference: the
+parameter and the predictor space", sec. 4 and App. C, E; Foong, Li, Hernández-Lobato & Turner
+(2019), arXiv:1906.11537, sec. 3). :func:`run_nuts` runs Pyro's own ``MCMC`` and returns it, so
+``mcmc.get_samples()``, ``mcmc.summary()`` and :func:`pyro_bnnlv.diagnostics.to_inference_data` work
+as usual.
 
 Two ways to evaluate the potential ``U(q) = -log p(y, latents | x)``
 -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-r"""Inference for the projected BNN (Alg. 1 of ``projected-bnn-latent-weights.txt``).
+r"""Inference for the projected BNN (Alg. 1 of Pradier, Pan, Yao, Ghosh & Doshi-Velez 2018,
+arXiv:1811.07006).
 
 Three stages, each callable on its own, and :func:`fit_projected_bnn` running all three:
 

@@ -1,6 +1,7 @@
 """Bayesian neural network regression as a Pyro model.
 
-Generative model (``ncai-bnnlv-nonidentifiability.txt`` sec. 2, "A Bayesian Neural Network"):
+Generative model (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 2, "A Bayesian Neural
+Network"):
 
 .. math::
 
@@ -39,11 +40,10 @@ __all__ = ["BNN", "fan_in_prior_scale", "check_xy"]
 def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:
     """Per-weight prior scales ``omega / sqrt(H)`` for weights and ``bias_scale`` for biases.
 
-    ``in-between-uncertainty-linearised-laplace.txt`` (Foong, Li, Hernandez-Lobato and Turner, 2019,
-    "In-Between" Uncertainty in Bayesian Neural Networks, arXiv:1906.11537)
-    App. D: independent ``N(0, 1)`` priors on the biases and ``N(0, omega^2 / H)`` on the weights,
-    ``H`` the fan-in of the weight matrix (the scaling under which the GP limit exists), with
-    ``omega = 4``.
+    Foong, Li, Hernández-Lobato & Turner (2019), "'In-Between' Uncertainty in Bayesian Neural
+    Networks", arXiv:1906.11537, App. D: independent ``N(0, 1)`` priors on the biases and
+    ``N(0, omega^2 / H)`` on the weights, ``H`` the fan-in of the weight matrix (the scaling under
+    which the GP limit exists), with ``omega = 4``.
 
     ``net``: an :class:`~pyro_bnnlv.nets.MLP`, or a :class:`~pyro_bnnlv.nets.ModuleNet` whose
     parameters all belong to ``nn.Linear`` / ``nn.Conv*`` layers (their fan-ins are read from the

@@ -1,6 +1,6 @@
 """Bayesian neural network with per-datapoint latent inputs (BNN+LV).
 
-Generative model (``ncai-bnnlv-nonidentifiability.txt`` eq. 1-2, Depeweg et al. 2018):
+Generative model (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, eq. 1-2; Depeweg et al. 2018):
 
 .. math::
 

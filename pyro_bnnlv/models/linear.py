@@ -1,7 +1,8 @@
 r"""Over-parametrised Bayesian linear regression (the model of the invariances paper, sec. 4).
 
-Reference: Kurle et al., "On the detrimental effect of invariances in the likelihood for
-variational inference" (NeurIPS 2022; ``invariances-likelihood-variational-inference.txt``), sec. 2-4.
+Reference: Kurle, Herbrich, Januschowski, Wang & Gasthaus (2022), "On the detrimental effect of
+invariances in the likelihood for variational inference" (NeurIPS 2022; arXiv:2209.07157),
+sec. 2-4.
 
 Model (sec. 4). ``K`` weights, ``N`` observations that all see the input ``x = 1``:
 

@@ -1,7 +1,7 @@
 r"""Projected BNN (Proj-BNN): network weights generated from a low-dimensional latent code.
 
-Reference: ``projected-bnn-latent-weights.txt`` (Proj-BNN), sec. 4.1, eq. 3, and the multi-task
-variant of App. B, eq. 8-9:
+Reference: Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), arXiv:1811.07006 (Proj-BNN), sec. 4.1,
+eq. 3, and the multi-task variant of App. B, eq. 8-9:
 
 .. math::
 

@@ -1,8 +1,8 @@
 """Scripts that reproduce the papers' tables at a size that fits a small machine.
 
-* :mod:`pyro_bnnlv.reproduce.in_between`: ``in-between-uncertainty-linearised-laplace.txt``
-  Tables 1-2 (UCI standard and gap splits; MAP, MFVI, linearised and sampled Laplace).
-  Run ``python -m pyro_bnnlv.reproduce.in_between --help``.
+* :mod:`pyro_bnnlv.reproduce.in_between`: Foong, Li, Hernández-Lobato & Turner (2019),
+  arXiv:1906.11537, Tables 1-2 (UCI standard and gap splits; MAP, MFVI, linearised and sampled
+  Laplace). Run ``python -m pyro_bnnlv.reproduce.in_between --help``.
 * :mod:`pyro_bnnlv.reproduce.ncai_compare`: the NCAI paper's comparison on one data set
   (``pyro-bnnlv compare DATASET``); :mod:`pyro_bnnlv.reproduce.ncai` its protocol over the five
   synthetic sets (``pyro-bnnlv reproduce ncai``). ``pyro_bnnlv.compare`` is a deprecated alias.

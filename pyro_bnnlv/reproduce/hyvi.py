@@ -1,4 +1,6 @@
-r"""NN-HyVI and FuNN-HyVI against NUTS and mean-field VI (``hypernet-implicit-vi-parameter-predictor-space.txt``).
+r"""NN-HyVI and FuNN-HyVI against NUTS and mean-field VI (Pequignot et al. 2020).
+
+Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor space".
 
 Two experiments, each a function returning a DataFrame and runnable from the command line
 (``pyro-bnnlv reproduce hyvi-cosine`` / ``pyro-bnnlv reproduce hyvi-uci``):

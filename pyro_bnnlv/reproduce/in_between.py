@@ -1,8 +1,8 @@
 """UCI standard splits and gap splits: MAP, MFVI, linearised and sampled Laplace (Tables 1-2).
 
-``in-between-uncertainty-linearised-laplace.txt`` sec. 3 and App. D, one hidden layer of 50 tanh
-units, inputs and targets standardised with training statistics, test log-likelihood on the
-original scale. Per split:
+Foong, Li, Hernández-Lobato & Turner (2019), arXiv:1906.11537, sec. 3 and App. D, one hidden
+layer of 50 tanh units, inputs and targets standardised with training statistics, test
+log-likelihood on the original scale. Per split:
 
 * **MAP**: Adam on the weights and ``log sigma^2`` jointly (``N(0, omega^2)`` prior on all weights,
   ``omega = 1``; ``log sigma^2`` initialised to -1 and learned by maximum likelihood, App. D),

@@ -1,7 +1,7 @@
 r"""The invariance paper's experiments in Pyro, and its Fig. 1-2.
 
-Kurle et al., "On the detrimental effect of invariances in the likelihood for variational
-inference" (NeurIPS 2022; our copy ``invariances-likelihood-variational-inference.txt``).
+Kurle, Herbrich, Januschowski, Wang & Gasthaus (2022), "On the detrimental effect of invariances
+in the likelihood for variational inference" (NeurIPS 2022; arXiv:2209.07157).
 :mod:`pyro_bnnlv.models.linear` has the over-parametrised linear model and
 :mod:`pyro_bnnlv.stats.linear_closed_forms` every closed form of the paper (sec. 3-4). This
 module runs Pyro's own inference on that model and compares it with the closed forms:

@@ -2,8 +2,8 @@
 ``pyro-bnnlv reproduce ncai``, :mod:`pyro_bnnlv.reproduce.ncai`).
 
 Yacoby, Pan & Doshi-Velez (2022), "Failure modes of variational inference for decoupled
-Bayesian neural networks with latent variables" (arXiv:1911.00569; our copy
-``ncai-bnnlv-nonidentifiability.txt``) sec. 7 and App. F: on one data set, train
+Bayesian neural networks with latent variables" (arXiv:1911.00569) sec. 7 and App. F: on one
+data set, train
 
 * ``BNN (MFVI)``: BNN, ``MeanField`` (an ``AutoNormal``); observation-noise variance chosen from a grid;
 * ``BNN+LV (MFVI)``: BNN+LV, ``AutoNormal`` over ``w`` and ``z`` from a standard network init;

@@ -1,11 +1,11 @@
-"""Proj-BNN vs Bayes-by-Backprop vs FGE on UCI (``projected-bnn-latent-weights.txt`` Fig. 3, 5, 6).
+"""Proj-BNN vs Bayes-by-Backprop vs FGE on UCI (Pradier et al. 2018, Fig. 3, 5, 6).
 
-Pradier et al. (2018), arXiv:1811.07006. ``pyro-bnnlv reproduce proj-uci`` (or ``python -m
-pyro_bnnlv.reproduce.projected``). Per data set and split scheme (``random``: the library's split
-``seed`` -- the UCI standard split, 90% train of which 10% validation, 10% test -- instead of the
-paper's random 80/10/10; ``extrapolation`` / ``interpolation``: App. B's splits by the L2 norm of
-the standardised inputs), all data standardised with training statistics, a 1x50 ReLU network,
-noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
+Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), arXiv:1811.07006. ``pyro-bnnlv reproduce proj-uci``
+(or ``python -m pyro_bnnlv.reproduce.projected``). Per data set and split scheme (``random``: the
+library's split ``seed`` -- the UCI standard split, 90% train of which 10% validation, 10% test --
+instead of the paper's random 80/10/10; ``extrapolation`` / ``interpolation``: App. B's splits by
+the L2 norm of the standardised inputs), all data standardised with training statistics, a 1x50 ReLU
+network, noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
 
 * **BbB**: mean-field VI on the weights (``AutoNormal`` + ``Trace_ELBO``), minibatches of 128;
 * **FGE**: the kept FGE candidates as an equally weighted ensemble (App. A's baseline), reported

@@ -1,6 +1,6 @@
 r"""Proj-BNN Fig. 2 on the four-mode toy: does the projected posterior cover several weight modes?
 
-Pradier et al. (2018), arXiv:1811.07006 (``projected-bnn-latent-weights.txt``), sec. 5.1 and
+Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), arXiv:1811.07006, sec. 5.1 and
 Fig. 2: a 3-unit RBF network on data with four bumps fits three of them at a time, so its good
 weights form separate groups ("missed-bump modes"). Mean-field VI on ``w`` settles in one; the
 paper's Proj-BNN, with "a decoder ``g_phi`` that maps an isotropic 2-D Gaussian to weights that

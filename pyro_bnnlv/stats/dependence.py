@@ -1,6 +1,6 @@
 """Dependence and normality statistics of the NCAI objective and its evaluation.
 
-Everything here refers to ``ncai-bnnlv-nonidentifiability.txt`` (the NCAI paper):
+Everything here refers to Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569 (the NCAI paper):
 
 * :func:`henze_zirkler` -- the Henze-Zirkler (1990) multivariate-normality statistic, the
   differentiable proxy for ``D[q(z) || p(z)]`` (App. D.2, eq. 25-26; used in eq. 27 and as an
@@ -71,8 +71,8 @@ def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
 def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:
     r"""Henze-Zirkler multivariate-normality statistic ``HZ`` of a sample, differentiable in ``x``.
 
-    ``ncai-bnnlv-nonidentifiability.txt`` eq. 25 (App. D.2; Yacoby, Pan & Doshi-Velez, 2022,
-    arXiv:1911.00569), following Henze & Zirkler (1990):
+    Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569, eq. 25 (App. D.2), following Henze & Zirkler
+    (1990):
 
     .. math::
 
@@ -197,8 +197,8 @@ def henze_zirkler_pvalue(hz: float | Tensor, n: int, k: int) -> float:
 def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
     r"""Matrix of Pearson correlations between the columns of ``a`` and the columns of ``b``.
 
-    Entry ``(d, j)`` is the summand of ``ncai-bnnlv-nonidentifiability.txt`` eq. 24 for the
-    pair (column ``d`` of ``a``, column ``j`` of ``b``):
+    Entry ``(d, j)`` is the summand of Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569, eq. 24
+    for the pair (column ``d`` of ``a``, column ``j`` of ``b``):
 
     .. math::
 
@@ -241,7 +241,8 @@ def correlation_penalty(
     reduction: Literal["mean", "max"] = "mean",
     eps: float = 1e-12,
 ) -> Tensor:
-    r"""The ``PC`` proxy of ``ncai-bnnlv-nonidentifiability.txt`` eq. 23-24, as a magnitude.
+    r"""The ``PC`` proxy of Yacoby, Pan & Doshi-Velez 2022 (arXiv:1911.00569) eq. 23-24, as a
+    magnitude.
 
     .. math::  \mathrm{PC}(\{a_n\}, \{b_n\}) = \frac{1}{DK}\sum_{d=1}^D \sum_{j=1}^K |r_{dj}|
 
@@ -286,7 +287,8 @@ def correlation_penalty(
 
 
 def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
-    r"""``||offdiag Sigma_hat(z)||_2`` of ``ncai-bnnlv-nonidentifiability.txt`` eq. 26-27.
+    r"""``||offdiag Sigma_hat(z)||_2`` of Yacoby, Pan & Doshi-Velez 2022 (arXiv:1911.00569)
+    eq. 26-27.
 
     .. math::
 

@@ -1,7 +1,7 @@
 r"""Invariance-gap diagnostic for every layer of a mean-field BNN.
 
-Reference: ``invariances-likelihood-variational-inference.txt`` (Kurle et al.), sec. 3 (eq. 5-11)
-and sec. 5 (eq. 20-26). The over-parametrised linear model of sec. 4 is in
+Reference: Kurle, Herbrich, Januschowski, Wang & Gasthaus (2022), arXiv:2209.07157, sec. 3
+(eq. 5-11) and sec. 5 (eq. 20-26). The over-parametrised linear model of sec. 4 is in
 :mod:`pyro_bnnlv.models.linear`.
 
 The construction (sec. 5)

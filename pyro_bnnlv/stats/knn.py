@@ -1,8 +1,7 @@
 r"""k-nearest-neighbour (kNN) estimators of differential entropy and KL divergence.
 
-These are the estimators used by NN-HyVI and FuNN-HyVI in
-``../shared/papers/hypernet-implicit-vi-parameter-predictor-space.txt`` (Pequignot et al.),
-section 3.1:
+These are the estimators used by NN-HyVI and FuNN-HyVI in Pequignot et al. (2020), "Implicit
+variational inference: the parameter and the predictor space", section 3.1:
 
 * :func:`knn_kl` -- the Perez-Cruz (2008) estimator of ``KL(Q, P)``, the paper's eq. (4);
 * :func:`knn_entropy` -- the Kozachenko-Leonenko / Singh et al. (2003) entropy estimator,

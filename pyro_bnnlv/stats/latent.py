@@ -1,4 +1,5 @@
-"""Metrics of BNN+LV fits (``ncai-bnnlv-nonidentifiability.txt`` sec. 3, App. E, App. F.2).
+"""Metrics of BNN+LV fits (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 3, App. E,
+App. F.2).
 
 * :func:`latent_means`: the guide's variational means ``mu_z`` of the training latents;
 * :func:`latent_diagnostics`: satisfaction of the modelling assumptions, KSG mutual information

@@ -1,8 +1,8 @@
 r"""Closed forms of the over-parametrised linear model: exact and mean-field posteriors, the
 invariance gap, the optimal variational parameters, ELBO terms, the data-related bound.
 
-Reference: Kurle et al., "On the detrimental effect of invariances in the likelihood for
-variational inference" (NeurIPS 2022; our copy ``invariances-likelihood-variational-inference.txt``),
+Reference: Kurle, Herbrich, Januschowski, Wang & Gasthaus (2022), "On the detrimental effect of
+invariances in the likelihood for variational inference" (NeurIPS 2022; arXiv:2209.07157),
 sec. 2-4. The model, its prior and design matrix are :mod:`pyro_bnnlv.models.linear`
 (:class:`~pyro_bnnlv.models.linear.OverparametrisedLinear`); Pyro's SVI and NUTS on it are
 compared with these closed forms in :mod:`pyro_bnnlv.reproduce.invariance`, which also draws

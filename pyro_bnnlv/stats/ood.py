@@ -1,11 +1,11 @@
 r"""Epistemic uncertainty per input and out-of-distribution (OOD) detection.
 
-Reference: ``hypernet-implicit-vi-parameter-predictor-space.txt`` sec. 4 ("Epistemic
-Uncertainty", Fig. 2-3): for each input ``x`` draw ``S`` predictions ``f(x; w_s)`` with
-``w_s ~ q`` (no observation noise) and estimate the entropy of this 1-D distribution with the
-k-NN estimator (eq. 5 with ``d = 1``). A posterior whose epistemic entropy is higher on OOD
-inputs than on test inputs can flag them; the AUROC of separating OOD inputs from test inputs by
-that entropy measures how well.
+Reference: Pequignot et al. (2020), "Implicit variational inference: the parameter and the
+predictor space", sec. 4 ("Epistemic Uncertainty", Fig. 2-3): for each input ``x`` draw ``S``
+predictions ``f(x; w_s)`` with ``w_s ~ q`` (no observation noise) and estimate the entropy of
+this 1-D distribution with the k-NN estimator (eq. 5 with ``d = 1``). A posterior whose epistemic
+entropy is higher on OOD inputs than on test inputs can flag them; the AUROC of separating OOD
+inputs from test inputs by that entropy measures how well.
 """
 
 from __future__ import annotations

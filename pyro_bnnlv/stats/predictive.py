@@ -1,4 +1,5 @@
-"""Metrics of a Monte-Carlo posterior predictive (``ncai-bnnlv-nonidentifiability.txt`` App. F.2).
+"""Metrics of a Monte-Carlo posterior predictive (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569,
+App. F.2).
 
 The posterior predictive at an input is approximated by the equal-weight Gaussian mixture
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 
-from .bench import BENCHMARKS
+from .reproduce.bench import BENCHMARKS
 from .datasets import default_data_dir, list_datasets, load_dataset
 from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
 from .guides import init_to_network

@@ -374,7 +374,7 @@ def test_linearised_laplace_has_in_between_uncertainty_on_the_clusters_toy():
 
 @pytest.mark.slow  # about a minute: includes the protein case
 def test_bench_laplace_runs_and_agrees_with_the_reference():
-    from pyro_bnnlv.bench import BENCHMARKS
+    from pyro_bnnlv.reproduce.bench import BENCHMARKS
 
     fn, _ = BENCHMARKS["laplace"]
     table = fn(steps=2, rounds=1)

@@ -11,9 +11,9 @@ from pyro.infer import JitTrace_ELBO, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.guides.ncai import ncai_guide
+from pyro_bnnlv.guides.ncai_init import ncai_guide
 from pyro_bnnlv.infer.elbo import PenalizedElbo
-from pyro_bnnlv.infer.ncai import NCAIElbo, ncai_penalties, safe_exp
+from pyro_bnnlv.infer.ncai_elbo import NCAIElbo, ncai_penalties, safe_exp
 from pyro_bnnlv.posterior import guide_site_mean
 
 

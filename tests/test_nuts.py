@@ -342,7 +342,7 @@ def test_library_bnnlv_traced_and_fast_paths():
 
 @pytest.mark.slow
 def test_nuts_benchmark_smoke():
-    from pyro_bnnlv.bench import nuts_benchmark
+    from pyro_bnnlv.reproduce.bench import nuts_benchmark
 
     table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10, num_chains=0)
     assert len(table) == 5 and (table["ms_per_leapfrog"] > 0).all()
@@ -353,7 +353,7 @@ def test_nuts_benchmark_smoke():
 @pytest.mark.slow
 def test_nuts_chains_benchmark_smoke():
     """The multi-chain rows (and NumPyro's when it is installed) with their ratios."""
-    from pyro_bnnlv.bench import nuts_chains_benchmark
+    from pyro_bnnlv.reproduce.bench import nuts_chains_benchmark
 
     table = nuts_chains_benchmark(num_chains=2, num_samples=10, warmup_steps=10, hidden=5)
     assert table.index[1].startswith("run_nuts, 2 chains")

@@ -1,4 +1,4 @@
-"""Tests for pyro_bnnlv.stats.invariance: the first-layer invariance gap (invariances paper, sec. 5,
+"""Tests for pyro_bnnlv.stats.invariance_gap: the first-layer invariance gap (invariances paper, sec. 5,
 eq. 22-23), checked against the linear model's closed forms (models/linear.py, eq. 10, 15, 16),
 against the paper's beta -> inf construction with B_x, and against dense-matrix KLs; and the
 later layers (eq. 25-26) against a brute-force dense computation on hand-built activations."""
@@ -13,7 +13,7 @@ from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.models import linear as L
-from pyro_bnnlv.stats.invariance import (
+from pyro_bnnlv.stats.invariance_gap import (
     first_layer_indices,
     first_layer_invariance_gap,
     invariance_abiding_posterior,

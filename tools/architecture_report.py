@@ -6,7 +6,7 @@ package, the largest functions and files.
 Layers, bottom to top (a module may import only from its own layer or below): the ground modules
 (``_*``, ``param_names``, ``nets``); ``datasets`` and ``posterior``; ``models``; ``stats``; ``infer``;
 ``guides``; the adapters (``diagnostics``, ``plotting``, ``serialization``,
-``sweep``); the experiments (``compare``, ``invariance``, ``bench``, ``reproduce``: the first two
+``sweep``); the experiments (``compare``, ``invariance``, ``bench``, ``reproduce``: the first three
 are aliases of modules in ``reproduce``); ``cli``.
 """
 import ast, sys

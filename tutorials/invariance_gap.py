@@ -173,7 +173,7 @@ print(gap_tables[H].sort_values("gap_mean", ascending=False).head(8).round(4).to
 # eq. 23 with `[x, 1]` replaced by `[z_{l-1}, 1]`, averaged over `z ~ P(z_{l-1})`.
 # `invariance_gap_by_layer` approximates `P` by propagating the training inputs through
 # `activation_samples` weight draws of the fitted mean-field `q_0` (not `q_mix`: see
-# assumption 9 in the docstring of `pyro_bnnlv.stats.invariance`) and reports every unit of
+# assumption 9 in the docstring of `pyro_bnnlv.stats.invariance_gap`) and reports every unit of
 # every layer (layer 2 is the output unit). Per layer: total gap, total KL to the prior and the
 # share of that KL which is invariance gap.
 

@@ -4,7 +4,7 @@ from .empirical_bayes import EmpiricalBayes
 from .fge import FGEResult, fge
 from .projection import fit_projected_bnn, fit_projection
 from .knn_elbo import FunctionalKNNElbo, KNNElbo, input_box
-from .ncai import NCAIElbo
+from .ncai_elbo import NCAIElbo
 from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
 from ..posterior import as_sample_dict, guide_site_mean, sample_posterior
 from .svi import NonFiniteLossError, fit_svi, isolated_param_store, set_seed, train_map

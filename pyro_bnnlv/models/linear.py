@@ -21,7 +21,7 @@ This module holds the Pyro model (:class:`OverparametrisedLinear`, with a fast N
 :func:`design_matrix`. The paper's closed forms (exact and mean-field posteriors, the invariance
 gap, eq. 3's bound, ...) are in :mod:`pyro_bnnlv.stats.linear_closed_forms`; Pyro's SVI and NUTS
 are compared with them, and Fig. 1-2 drawn, in :mod:`pyro_bnnlv.reproduce.invariance`; the sec. 5
-construction for neural networks is :mod:`pyro_bnnlv.stats.invariance`.
+construction for neural networks is :mod:`pyro_bnnlv.stats.invariance_gap`.
 
 Deprecated aliases: the closed forms, ``invariance_gap_table``, ``plot_invariance_gap`` and
 ``FIGURE_NOISE_SCALE`` used to live here and are still importable from this module (resolved on

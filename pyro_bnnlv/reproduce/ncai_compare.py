@@ -53,9 +53,9 @@ from pyro.infer import Trace_ELBO
 from ..datasets import Dataset, load_dataset
 from ..datasets.base import REGISTRY
 from ..guides.mean_field import MeanField
-from ..guides.ncai import ncai_guide
+from ..guides.ncai_init import ncai_guide
 from ..infer.empirical_bayes import EmpiricalBayes
-from ..infer.ncai import NCAIElbo
+from ..infer.ncai_elbo import NCAIElbo
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi
 from ..models.bnn import BNN

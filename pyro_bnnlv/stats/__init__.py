@@ -37,7 +37,7 @@ from .latent import (
 )
 from .ood import auroc, epistemic_entropy, ood_report, plot_epistemic_histograms
 from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
-from .invariance import (
+from .invariance_gap import (
     first_layer_invariance_gap,
     invariance_gap_by_layer,
     layer_invariance_gap,

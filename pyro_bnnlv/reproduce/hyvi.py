@@ -13,7 +13,7 @@ Two experiments, each a function returning a DataFrame and runnable from the com
   inside the data (``[-1,-0.5] U [0.5,1]``), in the gap between the clusters (``[-0.4, 0.4]``)
   and far out in the OOD box (``[-4,-3] U [1.5,2]``); the k-NN KL to NUTS in both directions in
   parameter and predictor space (App. C / Table 4 protocol through
-  :func:`~pyro_bnnlv.diagnostics.compare_posteriors`); test log-likelihood; wall time.
+  :func:`~pyro_bnnlv.stats.posterior_kl.compare_posteriors`); test log-likelihood; wall time.
 * :func:`uci_experiment` -- Experiment 2 (Table 5) at a reduced size: random 90/10 splits of
   boston, concrete, energy, wine, yacht; a 1x50 ReLU network, prior ``N(0, 0.5 I)``, learned
   noise; MFVI, NN-HyVI, FuNN-HyVI (``nu`` = uniform on the training inputs' box, ``T = 200``);
@@ -43,7 +43,7 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from ..datasets import load_dataset
-from ..diagnostics import compare_posteriors
+from ..stats.posterior_kl import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
 from ..param_names import own_param_names
 from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior

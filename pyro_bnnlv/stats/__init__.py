@@ -1,6 +1,7 @@
 """Estimators and metrics.
 
 * ``predictive``: test log-likelihood, RMSE, PICP, MPIW of a Monte-Carlo posterior predictive;
+* ``posterior_kl``: KL between two posteriors in parameter and predictor space;
 * ``knn``: k-nearest-neighbour entropy and KL estimators, in parameter and predictor space;
 * ``dependence``: Henze-Zirkler normality statistic, correlation penalties, KSG mutual
   information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
@@ -43,8 +44,10 @@ from .invariance_gap import (
     layer_invariance_gap,
     plot_first_layer_invariance_gap,
 )
+from .posterior_kl import compare_posteriors
 
 __all__ = [
+    "compare_posteriors",
     "auroc",
     "epistemic_entropy",
     "ood_report",

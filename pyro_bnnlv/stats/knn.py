@@ -506,7 +506,7 @@ def input_sampler(input_dist: Any, generator: torch.Generator | None = None) -> 
     ``input_dist`` is a torch/Pyro ``Distribution`` (sampled ``(T,)``), a tensor of inputs whose
     rows are drawn uniformly with replacement (with ``generator``, default torch's global one), or
     a callable ``T -> (T, D)``. Used by :func:`predictor_space_samples` callers: the FuNN-HyVI
-    ELBO and :func:`~pyro_bnnlv.diagnostics.compare_posteriors`.
+    ELBO and :func:`~pyro_bnnlv.stats.posterior_kl.compare_posteriors`.
     """
     if isinstance(input_dist, torch.distributions.Distribution):
         def sample(T: int) -> Tensor:

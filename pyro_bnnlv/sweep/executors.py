@@ -38,9 +38,8 @@ EXECUTORS = ("local", "ray", "inline")
 _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
 
 
-def available_cores() -> int:
-    """The cores this process may run on (:func:`pyro_bnnlv._platform.usable_cores`)."""
-    return usable_cores()
+#: the cores this process may run on (one definition: :func:`pyro_bnnlv._platform.usable_cores`)
+available_cores = usable_cores
 
 
 def _plain(value: Any, name: str) -> Any:

@@ -117,16 +117,17 @@ def test_saturated_tree_depth_warns_with_the_share():
 def test_a_chain_that_never_moves_is_reported():
     """Too short a warm-up can leave a step size at which every proposal is rejected (measured:
     the cosine toy, 1x10, 20 warm-up iterations, seed 0: one leapfrog step per draw, all draws
-    one point); that must not pass silently as posterior samples."""
+    one point; seed 6 since the float32 core evaluates tanh as a rational function, seeds 6 and 7
+    of 0-7, seed 5 moves); that must not pass silently as posterior samples."""
     data = pb.load_dataset("cosine", seed=0)
     model = pb.BNN(pb.MLP(1, [10], 1, activation="tanh"), prior_scale=math.sqrt(0.5), noise_scale=0.1)
     args = (model, data.x_train, data.y_train)
     with pytest.warns(UserWarning, match=r"chain\(s\) \[0\] never moved: all 10 draws.*warmup_steps=20"):
-        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=0, progress=False)
+        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=6, progress=False)
     assert torch.unique(m.get_samples()["w"], dim=0).shape[0] == 1
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*never moved")
-        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=1, progress=False)  # this one moves
+        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=5, progress=False)  # this one moves
     assert torch.unique(m.get_samples()["w"], dim=0).shape[0] > 1
 
 

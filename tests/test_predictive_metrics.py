@@ -75,3 +75,71 @@ def test_evaluate_rejects_bad_samples():
         pb.evaluate(model, torch.zeros(4, 7), x, y)
     with pytest.raises(ValueError, match="NaN"):
         pb.evaluate(model, torch.full((4, model.num_weights), float("nan")), x, y)
+
+
+def _linear_latent_case(sigma=0.3, b=2.0, sz=0.5):
+    """A BNN+LV linear in z, f = a x + b z + c, two weight samples: the predictive integrates to
+    the Gaussian mixture (1/2) sum_s N(y; a_s x + c_s, sigma^2 + b^2 sz^2) exactly."""
+    model = pb.BNNLV(pb.MLP(2, [], 1), latent_dim=1, latent_scale=sz, noise_scale=sigma)
+    x = torch.linspace(-1, 1, 200)[:, None]
+    w = torch.tensor([[1.5, b, 0.3], [1.4, -b, 0.2]])
+    g = torch.Generator().manual_seed(123)  # not the evaluation seeds: no shared draws
+    sd = math.sqrt(sigma**2 + b**2 * sz**2)
+    y = 1.5 * x[:, 0] + 0.3 + sd * torch.randn(200, generator=g)
+    comp = torch.stack([torch.distributions.Normal(w[s, 0] * x[:, 0] + w[s, 2], sd).log_prob(y) for s in range(2)])
+    exact = (torch.logsumexp(comp, 0) - math.log(2)).mean().item()
+    return model, x, y, w, exact
+
+
+def test_bnnlv_test_ll_integrates_the_latent_over_its_prior():
+    """eq. 34 with latent_draws quasi-random z* per weight sample converges to the exact integral;
+    one i.i.d. z* per weight sample (the former default) is several nats low when f is steep in z."""
+    model, x, y, w, exact = _linear_latent_case()
+    for seed in range(3):
+        ll = {M: pb.evaluate(model, {"w": w}, x, y, seed=seed, latent_draws=M, y_mean=0, y_std=1)["test_ll"]
+              for M in (1, 64, 256)}  # fmt: skip
+        assert abs(ll[64] - exact) < 0.01, (seed, ll, exact)
+        assert abs(ll[256] - exact) < 0.002, (seed, ll, exact)
+        assert ll[1] < exact - 1.0
+    default = pb.evaluate(model, {"w": w}, x, y, seed=0, y_mean=0, y_std=1)
+    assert default["test_ll"] == pb.evaluate(model, {"w": w}, x, y, seed=0, latent_draws=64, y_mean=0, y_std=1)["test_ll"]
+
+
+def test_bnnlv_latent_draws_are_marginally_the_prior():
+    """Each quasi-random z* is N(0, sz^2): over many weight samples and inputs the components of
+    f = z have the prior's mean and standard deviation; rows s*M .. s*M+M-1 share weight s."""
+    model = pb.BNNLV(pb.MLP(2, [], 1), latent_dim=1, latent_scale=0.5, noise_scale=0.1)
+    w = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 5.0]]).repeat(200, 1)  # f = z, or z + 5
+    loc, _ = model.predictive_components(torch.zeros(50, 1), {"w": w}, generator=torch.Generator().manual_seed(0),
+                                         latent_draws=8)  # fmt: skip
+    assert loc.shape == (400 * 8, 50, 1)
+    z = loc.reshape(400, 8, 50)
+    assert torch.equal(z[1::2] >= 2.0, torch.ones_like(z[1::2], dtype=torch.bool))  # weight 1's rows
+    z = torch.cat([z[0::2], z[1::2] - 5.0]).flatten()
+    assert abs(z.mean().item()) < 0.01 and abs(z.std().item() - 0.5) < 0.01
+
+
+def test_evaluate_in_chunks_equals_one_pass(monkeypatch):
+    """Chunking the test points (memory) changes no metric."""
+    model = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.3)
+    w = torch.randn(40, model.net.num_weights, generator=torch.Generator().manual_seed(1))
+    x = torch.linspace(-2, 2, 97)[:, None]
+    y = torch.sin(x[:, 0])
+    whole = pb.evaluate(model, w, x, y, y_mean=0, y_std=1)
+    monkeypatch.setattr("pyro_bnnlv.stats.predictive._CHUNK_ELEMENTS", 40 * 10)  # chunks of 10 points
+    chunked = pb.evaluate(model, w, x, y, y_mean=0, y_std=1)
+    for key in ("test_ll", "rmse", "picp", "mpiw"):
+        assert chunked[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+
+
+def test_evaluate_latent_draws_and_intervals_options():
+    model = pb.BNN(pb.MLP(1, [], 1), noise_scale=0.3)
+    w, x, y = torch.tensor([[1.0, 0.0]]), torch.zeros(4, 1), torch.zeros(4)
+    with pytest.raises(ValueError, match="latent_draws=8: BNN's predictive has no latent"):
+        pb.evaluate(model, w, x, y, latent_draws=8)
+    fast = pb.evaluate(model, w, x, y, intervals=False)
+    full = pb.evaluate(model, w, x, y)
+    assert fast["test_ll"] == full["test_ll"] and math.isnan(fast["picp"]) and math.isnan(fast["mpiw"])
+    lv, x2, y2, w2, _ = _linear_latent_case()
+    with pytest.raises(ValueError, match="latent_draws"):
+        pb.evaluate(lv, {"w": w2}, x2, y2, latent_draws=0)

@@ -32,6 +32,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from torch import Tensor
+from torch.quasirandom import SobolEngine
 
 from ..nets import MLP, FlatNet, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
@@ -102,19 +103,50 @@ class BNNLV(BNN):
         return torch.cat([x.expand(*z.shape[:-1], x.shape[-1]), z], dim=-1)
 
     def predictive_components(
-        self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
+        self,
+        x: Tensor,
+        samples: dict[str, Tensor],
+        generator: torch.Generator | None = None,
+        latent_draws: int = 1,
     ) -> tuple[Tensor, Tensor]:
-        """Posterior-predictive mixture components at new inputs (eq. 3, eq. 34).
+        r"""Posterior-predictive mixture components at new inputs (eq. 3, eq. 34).
 
-        One latent ``z* ~ p(z)`` is drawn per weight sample and input, independently of the
-        training latents: ``loc[s, n] = f([x_n, z*_{s,n}]; w_s)``.
+        The predictive density integrates the latent input over its prior,
+        :math:`p(y \mid x) = \mathbb E_{q(w)} \int \mathcal N(y; f([x, z]; w), \sigma^2)\,
+        \mathcal N(z; 0, \sigma_z^2 I)\, dz` (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569,
+        eq. 34), independently of the training latents.
+
+        Args:
+            latent_draws: ``M`` latents ``z*`` per weight sample and input. ``1``: one draw
+                ``z* ~ p(z)``, ``loc[s, n] = f([x_n, z*_{s,n}]; w_s)``. ``M > 1``: a randomly
+                shifted quasi-random set: the first ``M`` points ``v_m`` of the (unscrambled)
+                Sobol sequence in ``[0, 1)^K``, shifted by one uniform ``U_{s,n}`` modulo 1 and
+                mapped through the normal quantile function, ``z*_{s,n,m} = sigma_z
+                Phi^{-1}((v_m + U_{s,n}) mod 1)`` (a Cranley-Patterson rotation; for ``K = 1`` and
+                ``M`` a power of 2 a systematic sample of ``M`` equally spaced prior quantiles).
+                Each point is marginally ``N(0, sigma_z^2 I)``, so the mixture's density stays an
+                unbiased estimate of the ``z`` integral, with far less variance than ``M``
+                independent draws: the integrand is a narrow function of ``z`` wherever ``f`` is
+                steep in ``z``, and a few i.i.d. draws miss it (heavy-tail, MFVI fit: test LL
+                -2.58 with 500 weight samples x 1 draw, -2.13 with 20,000 x 1). Rows ``s * M ..
+                s * M + M - 1`` of ``loc`` belong to weight sample ``s``; ``loc`` is
+                ``(S * M, N, L)``.
         """
         self._check_dtype(x)
+        M = as_positive_int(latent_draws, "latent_draws")
         w = samples["w"]
-        S, N = w.shape[0], x.shape[0]
-        eps = torch.randn(S, N, self.latent_dim, generator=generator, dtype=x.dtype)
-        z = eps * self.latent_scale
-        return self.net(self.network_input(x, z), w), torch.as_tensor(self.noise_scale).detach()
+        S, N, K = w.shape[0], x.shape[0], self.latent_dim
+        scale = torch.as_tensor(self.noise_scale).detach()
+        if M == 1:
+            eps = torch.randn(S, N, K, generator=generator, dtype=x.dtype)
+            return self.net(self.network_input(x, eps * self.latent_scale), w), scale
+        base = SobolEngine(K, scramble=False).draw(M, dtype=x.dtype)  # (M, K)
+        shift = torch.rand(S, 1, N, K, generator=generator, dtype=x.dtype)
+        u = torch.remainder(base[None, :, None, :] + shift, 1.0)  # (S, M, N, K)
+        tiny = torch.finfo(x.dtype).eps
+        eps = torch.special.ndtri(u.clamp(tiny, 1.0 - tiny))
+        z = (eps * self.latent_scale).reshape(S * M, N, K)
+        return self.net(self.network_input(x, z), w.repeat_interleave(M, dim=0)), scale
 
     def reconstruction_components(self, x: Tensor, samples: dict[str, Tensor]) -> Tensor:
         """``f([x_n, z_n]; w)`` with the *posterior* latents of the training points: ``(S, N, L)``.

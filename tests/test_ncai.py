@@ -180,3 +180,26 @@ def test_empirical_bayes_in_fit_svi(setup):
                callback=eb, progress=False)  # fmt: skip
     assert len(eb.history) == 20
     assert model.prior_scale[0].item() == pytest.approx(math.sqrt(eb.history[-1]["s_w"]))
+
+
+@pytest.mark.parametrize("independence", ["hsic", "pc"])
+@pytest.mark.parametrize("scale", [1.0, 1e3])  # 1e3: the exponents pass safe_exp's cap (linear branch)
+def test_weighting_node_equals_composed_safe_exp(independence, scale):
+    """NCAIElbo.weigh (one autograd node) has the value and gradient of eq. 27's weighting written
+    with safe_exp and tensor products, below and beyond the exponent cap."""
+    names = ("hz", "offdiag", "pc_x", "pc_y") if independence == "pc" else ("hz", "offdiag", "hsic_x")
+    base = torch.tensor([0.07, 0.3, 0.2, 0.04])[: len(names)] * torch.tensor([scale, 1.0, 1.0, 1.0])[: len(names)]
+    loss = NCAIElbo(lambda1=1.5, lambda2=10.0, lambda3=0.7, eps_T=0.01, eps_x=0.5, eps_y=0.1,
+                    independence=independence)
+    terms = {k: v.clone().double().requires_grad_() for k, v in zip(names, base)}
+    N = 300
+    ref_terms = {k: v.detach().clone().requires_grad_() for k, v in terms.items()}
+    exponent = (ref_terms["pc_x"] / 0.5 + ref_terms["pc_y"] / 0.1 if independence == "pc"
+                else ref_terms["hsic_x"] / 0.5)  # fmt: skip
+    ref = (1.5 * N * safe_exp(ref_terms["hz"] / 0.01) + 10.0 * N * ref_terms["offdiag"]
+           + 0.7 * N * safe_exp(exponent))  # fmt: skip
+    value = loss.weigh(terms, (torch.zeros(N, 1),), {})
+    assert value.item() == pytest.approx(ref.item(), rel=1e-12)
+    value.backward(), ref.backward()
+    for k in names:
+        assert terms[k].grad.item() == pytest.approx(ref_terms[k].grad.item(), rel=1e-12), k

@@ -83,6 +83,43 @@ def safe_exp(t: Tensor, cap: float = _EXP_CAP) -> Tensor:
     return torch.where(t <= cap, torch.exp(t.clamp(max=cap)), math.exp(cap) * (1.0 + t - cap))
 
 
+def _safe_exp_value_and_slope(t: float, cap: float = _EXP_CAP) -> tuple[float, float]:
+    """:func:`safe_exp` and its derivative at a Python float."""
+    if t <= cap:
+        e = math.exp(t)
+        return e, e
+    e = math.exp(cap)
+    return e * (1.0 + t - cap), e
+
+
+class _WeightedPenalty(torch.autograd.Function):
+    """``sum_k c_k g_k(t_k)`` of 0-dim statistics ``t_k`` in one autograd node, where
+    ``g_k(t) = safe_exp(t / e_k)`` (``e_k > 0``) or ``t`` (``e_k = 0``).
+
+    The same function as composing :func:`safe_exp` and products eagerly (about 25 tensor
+    operations and their backward nodes, 113 us per step on heavy-tail), evaluated in double on
+    Python floats: one node, its gradient ``c_k g_k'(t_k)`` computed in the forward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, coeffs: tuple[float, ...], scales: tuple[float, ...], *terms: Tensor) -> Tensor:  # type: ignore[override]
+        value, slopes = 0.0, []
+        for c, e, t in zip(coeffs, scales, terms):
+            if e > 0:
+                g, dg = _safe_exp_value_and_slope(float(t) / e)
+                value += c * g
+                slopes.append(c * dg / e)
+            else:
+                value += c * float(t)
+                slopes.append(c)
+        ctx.slopes = slopes
+        return torch.tensor(value, dtype=terms[0].dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return (None, None, *(grad * s for s in ctx.slopes))
+
+
 def _check_options(hz_normalization: str, independence: str) -> None:
     if hz_normalization not in ("per_point", "none"):
         raise ValueError(f"hz_normalization must be 'per_point' or 'none', got {hz_normalization!r}")
@@ -240,15 +277,17 @@ class NCAIElbo(PenalizedElbo):
             return 0.0
         N = len(args[0])
         l1, l2, l3 = (lam * self.ramp() for lam in self.lambdas)
-        total = 0.0
+        coeffs, scales, stats = [], [], []
         if l1:
-            total = total + l1 * N * safe_exp(terms["hz"] / self.eps_T)
+            coeffs.append(l1 * N), scales.append(self.eps_T), stats.append(terms["hz"])
         if l2:
-            total = total + l2 * N * terms["offdiag"]
+            coeffs.append(l2 * N), scales.append(0.0), stats.append(terms["offdiag"])
         if l3:
             if self.independence == "pc":
                 exponent = terms["pc_x"] / self.eps_x + terms["pc_y"] / self.eps_y
+                coeffs.append(l3 * N), scales.append(1.0), stats.append(exponent)
             else:
-                exponent = terms["hsic_x"] / self.eps_x
-            total = total + l3 * N * safe_exp(exponent)
-        return total
+                coeffs.append(l3 * N), scales.append(self.eps_x), stats.append(terms["hsic_x"])
+        if not stats:
+            return 0.0
+        return _WeightedPenalty.apply(tuple(coeffs), tuple(scales), *stats)

@@ -6,7 +6,8 @@
 // symmetry of the kernels (each pair i < j once, packed row by row), computes in double whatever
 // the input dtype (results are cast back), takes squared distances as sums of squared
 // differences (the torch path expands |y_i|^2 + |y_j|^2 - 2 y_i.y_j and clamps at 0), and
-// exponentiates with ATen's vectorised exp on the packed triangle. Inner loops run over j with
+// exponentiates with ATen's vectorised exp on the packed triangle (in float32 for float32
+// inputs, see exp_inplace). Inner loops run over j with
 // contiguous operands (coordinates stored transposed) so that they vectorise; `omp simd
 // reduction` lets the compiler reorder those sums (build flag -fopenmp-simd), nothing else.
 //
@@ -48,6 +49,17 @@ inline int64_t row_start(int64_t n, int64_t i) { return i * n - i * (i + 1) / 2;
 
 // coordinates in double, transposed: pt[c * n + i] = p[i, c]
 Tensor transposed(const Tensor& p) { return p.to(at::kDouble).t().contiguous(); }
+
+// exp of a packed triangle of exponents in place (ATen's vectorised exp). For float32 inputs
+// (`single`) the exponentials are taken in float32: their error (~1e-7 relative) is that of the
+// float32 result the statistic is returned as, and the float exp is 2x faster (heavy-tail's
+// 44,850 pairs: 28 against 58 us); the sums stay in double. float64 inputs: exp in double.
+void exp_inplace(Tensor& t, bool single) {
+  if (single)
+    t.copy_(t.to(at::kFloat).exp_());
+  else
+    t.exp_();
+}
 
 // exponents -|p_i - p_j|^2 of the pairs i < j into out (packed); scale p by sqrt(gamma) first
 PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, double* out) {
@@ -178,22 +190,25 @@ struct GramCache {
   std::vector<double> coords, gram, rows;
   double gamma = 0.0, total = 0.0;
   int64_t n = -1, d = -1;
+  bool single = false;  // exponentials taken in float32
 };
 
-const GramCache& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma) {
+const GramCache& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma, bool single) {
   thread_local GramCache cache;
   const double* p = pt.data_ptr<double>();
-  const bool same = cache.n == n && cache.d == d && cache.gamma == gamma &&
+  const bool same = cache.n == n && cache.d == d && cache.gamma == gamma && cache.single == single &&
                     std::equal(p, p + n * d, cache.coords.begin());
   if (same) return cache;
   const int64_t npairs = n * (n - 1) / 2;
   cache.n = n;
   cache.d = d;
   cache.gamma = gamma;
+  cache.single = single;
   cache.coords.assign(p, p + n * d);
   cache.gram.resize(npairs);
   pair_exponents((pt * std::sqrt(gamma)).contiguous().data_ptr<double>(), n, d, cache.gram.data());
-  at::from_blob(cache.gram.data(), {npairs}, pt.options()).exp_();
+  Tensor gram = at::from_blob(cache.gram.data(), {npairs}, pt.options());
+  exp_inplace(gram, single);
   cache.total = row_sums(cache.gram.data(), n, cache.rows);
   return cache;
 }
@@ -207,14 +222,15 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
   const double* pa = at_.data_ptr<double>();
   const double* pb = bt.data_ptr<double>();
   const double gamma_a = bandwidth_gamma(pa, n, da, eps), gamma_b = bandwidth_gamma(pb, n, db, eps);
-  const GramCache& cache = gram_of(at_, n, da, gamma_a);  // K: reused while a is unchanged
+  const bool single = a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat;
+  const GramCache& cache = gram_of(at_, n, da, gamma_a, single);  // K: reused while a is unchanged
   const double* pk = cache.gram.data();
   const std::vector<double>& rk = cache.rows;
   const double tk = cache.total;
   Tensor lt = at::empty({npairs}, bt.options());
   double* pl = lt.data_ptr<double>();
   pair_exponents((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db, pl);
-  lt.exp_();
+  exp_inplace(lt, single);
   std::vector<double> rl;
   const double tl = row_sums(pl, n, rl);
   // sweep 2: <Kc, Lc>, |Kc|^2, |Lc|^2 with Kc_ij = K_ij - R_i/n - R_j/n + T/n^2 formed explicitly
@@ -350,7 +366,7 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
   std::vector<double> ys(yt);
   for (double& v : ys) v *= std::sqrt(g1);
   pair_exponents(ys.data(), n, k, pe);
-  e.exp_();
+  exp_inplace(e, x.scalar_type() == at::kFloat);
   std::vector<double> ei(n);
   double term2 = 0.0;
   for (int64_t i = 0; i < n; ++i) {

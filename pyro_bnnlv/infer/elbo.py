@@ -8,7 +8,8 @@ and derives all three from it, so no entry point can bypass the penalty. It is s
   Henze-Zirkler statistic, averaged over particles) are computed with the ``Trace_ELBO``
   estimator; with ``jit=True`` this part is compiled with ``pyro.ops.jit.trace`` like
   ``JitTrace_ELBO`` (static model structure, and no value-dependent Python branches: tracer
-  warnings are *not* silenced);
+  warnings are *not* silenced); the buffers of the model and guide modules (prior scales, which
+  empirical Bayes rewrites between steps) are inputs of the compiled graph, not constants;
 * the **weighting** (:meth:`PenalizedElbo.weigh`: weights, exponentials, warm-up ramps) runs
   eagerly outside the trace, so a weight that changes during training is never frozen into the
   compiled graph as the constant it had when it was traced.
@@ -19,6 +20,7 @@ penalty to :attr:`PenalizedElbo.history`, so an inactive or dominating constrain
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 
@@ -118,18 +120,24 @@ class PenalizedElbo(Trace_ELBO):
             shape = lambda v: tuple(v.shape) if isinstance(v, Tensor) else repr(v)  # noqa: E731
             key = (id(model), id(guide), tuple(map(shape, args)),
                    tuple((k, shape(v)) for k, v in sorted(kwargs.items())))  # fmt: skip
+            # the tensor state of the model and guide modules (e.g. prior scales that empirical
+            # Bayes rewrites between steps) enters the trace as inputs, not as constants
+            state = _module_buffers(model) + _module_buffers(guide)
+            key = key + tuple((name, tuple(t.shape)) for _, name, t in state)
             if key not in self._compiled:
                 weakself = weakref.ref(self)
+                n_args = len(args)
 
                 @pyro.ops.jit.trace(jit_options=self.jit_options)
-                def compiled(*args, **kwargs):
-                    return weakself()._objective(model, guide, args, kwargs)
+                def compiled(*args_and_state, **kwargs):
+                    with _bound_buffers(state, args_and_state[n_args:]):
+                        return weakself()._objective(model, guide, args_and_state[:n_args], kwargs)
 
                 self._compiled[key] = compiled
                 with plate_shape_tracer_warnings_ignored():
-                    out = compiled(*args, **kwargs)
+                    out = compiled(*args, *(t for _, _, t in state), **kwargs)
             else:
-                out = self._compiled[key](*args, **kwargs)
+                out = self._compiled[key](*args, *(t for _, _, t in state), **kwargs)
         return out[0], out[1], dict(zip(self._term_names, out[2:]))
 
     def _weighed(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
@@ -175,6 +183,27 @@ class PenalizedElbo(Trace_ELBO):
         twin = copy.copy(self)
         twin.jit, twin._compiled = False, {}
         return twin
+
+
+def _module_buffers(obj: object) -> list[tuple[torch.nn.Module, str, Tensor]]:
+    """``(owner module, name, tensor)`` of every buffer of ``obj`` if it is a ``torch.nn.Module``."""
+    if not isinstance(obj, torch.nn.Module):
+        return []
+    return [(module, name, buf) for module in obj.modules()
+            for name, buf in module._buffers.items() if buf is not None]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _bound_buffers(state: list[tuple[torch.nn.Module, str, Tensor]], values: tuple[Tensor, ...]):
+    """Temporarily set each buffer of ``state`` to the matching tensor of ``values`` (the traced
+    inputs standing for them), restoring the originals afterwards."""
+    for (module, name, _), value in zip(state, values):
+        module._buffers[name] = value
+    try:
+        yield
+    finally:
+        for module, name, original in state:
+            module._buffers[name] = original
 
 
 class CompiledTraceElbo(PenalizedElbo):

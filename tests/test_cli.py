@@ -46,3 +46,34 @@ def test_reproduce_projected_smoke(tmp_path, capsys):
     assert set(table["method"]) == {"BbB", "FGE", "Proj-BNN", "Proj-BNN (MMD)"}
     assert set(table["scheme"]) == {"random", "extrapolation"}
     assert table[["test_ll", "rmse"]].notna().all().all()
+
+
+def test_reproduce_hyvi_uci_paper_budget_arguments(monkeypatch):
+    """--paper: the paper's 10 splits and its learning-rate schedule (steps become a cap); an
+    explicit --splits or --steps still wins; --paper with cosine or --small is refused."""
+    import pandas as pd
+    import pytest
+
+    import pyro_bnnlv.reproduce.hyvi as hyvi
+
+    calls = []
+
+    def fake(**kwargs):
+        calls.append(kwargs)
+        table = pd.DataFrame({c: [] for c in hyvi.UCI_COLUMNS})
+        table.attrs["summary"] = {}
+        return table
+
+    monkeypatch.setattr(hyvi, "uci_experiment", fake)
+    monkeypatch.setattr(hyvi, "report", lambda table: 0)
+    assert main(["reproduce", "hyvi-uci", "--paper", "--quiet"]) == 0
+    kw = calls[-1]
+    assert kw["splits"] == 10 and kw["schedule"] is True and kw["lr"] == 0.005
+    assert kw["particles"] == 100 and kw["kl_samples"] == 500 and kw["steps"] == 50_000
+    assert main(["reproduce", "hyvi-uci", "--paper", "--splits", "3", "--steps", "900", "--quiet"]) == 0
+    assert calls[-1]["splits"] == 3 and calls[-1]["steps"] == 900 and calls[-1]["schedule"] is True
+    assert main(["reproduce", "hyvi-uci", "--quiet"]) == 0
+    assert calls[-1]["splits"] == 2 and "schedule" not in calls[-1]
+    for bad in (["reproduce", "hyvi-cosine", "--paper"], ["reproduce", "hyvi-uci", "--paper", "--small"]):
+        with pytest.raises(SystemExit):
+            main(bad)

@@ -252,3 +252,42 @@ def test_train_map_fits_a_learned_noise_scale_and_ignores_where_svi_left_it():
     fixed = pb.BNN(pb.MLP(1, [20], 1, activation="tanh"), noise_scale=1.0)
     pb.train_map(fixed, x, y, num_steps=50, seed=0, progress=False)
     assert float(fixed.noise_scale) == 1.0  # a fixed sigma stays fixed
+
+
+def test_plateau_schedule_decays_the_rate_and_stops_when_it_is_spent():
+    """PlateauSchedule (HyVI sec. 4.3): the epoch-mean loss goes to ReduceLROnPlateau; training
+    stops once the rate is below min_lr, before the num_steps cap; rates follow lr * factor^k."""
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 40)[:, None]
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(40)
+    model = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.1)
+    seen = []
+    real_step = torch.optim.lr_scheduler.ReduceLROnPlateau.step
+
+    def spy(self, metrics, *args, **kwargs):
+        real_step(self, metrics, *args, **kwargs)
+        seen.append(self.optimizer.param_groups[0]["lr"])
+
+    schedule = pb.PlateauSchedule(factor=0.5, patience=2, min_lr=1e-3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.lr_scheduler.ReduceLROnPlateau, "step", spy)
+        hist = pb.fit_svi(model, pb.MeanField(model, seed=0), x, y, num_steps=20000, lr=0.01,
+                          batch_size=10, seed=0, progress=False, lr_schedule=schedule)  # fmt: skip
+    assert len(hist) < 20000 and len(hist) % 4 == 0  # stopped at an epoch's end (4 steps each)
+    assert len(seen) == len(hist) // 4
+    assert seen[-1] < 1e-3 <= seen[-2]  # stopped at the first epoch below min_lr
+    assert set(seen) <= {0.01 * 0.5**k for k in range(10)}
+    assert seen == sorted(seen, reverse=True)
+
+
+def test_plateau_schedule_bad_arguments_name_the_field():
+    with pytest.raises(ValueError, match="factor must lie in"):
+        pb.PlateauSchedule(factor=1.5)
+    with pytest.raises(ValueError, match="min_lr"):
+        pb.PlateauSchedule(min_lr=0.0)
+    with pytest.raises(ValueError, match="patience"):
+        pb.PlateauSchedule(patience=-1)
+    model = pb.BNN(pb.MLP(1, [2], 1))
+    with pytest.raises(TypeError, match="lr_schedule must be a pb.PlateauSchedule"):
+        pb.fit_svi(model, pb.MeanField(model), torch.zeros(4, 1), torch.zeros(4), num_steps=2,
+                   progress=False, lr_schedule={"factor": 0.7})  # fmt: skip

@@ -7,7 +7,7 @@ from .knn_elbo import FunctionalKNNElbo, KNNElbo, input_box
 from .ncai_elbo import NCAIElbo
 from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
 from ..posterior import as_sample_dict, guide_site_mean, sample_posterior
-from .svi import NonFiniteLossError, fit_svi, isolated_param_store, set_seed, train_map
+from .svi import NonFiniteLossError, PlateauSchedule, fit_svi, isolated_param_store, set_seed, train_map
 from .laplace import LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
 from .local_reparam import LocalReparamELBO, local_reparam_forward
 
@@ -31,6 +31,7 @@ __all__ = [
     "NonFiniteLossError",
     "as_sample_dict",
     "fit_svi",
+    "PlateauSchedule",
     "isolated_param_store",
     "sample_posterior",
     "set_seed",

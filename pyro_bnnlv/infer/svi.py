@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 import warnings
 import weakref
 from collections.abc import Callable
@@ -59,7 +60,53 @@ from .._protocols import LatentModel, NetworkModel
 from .elbo import CompiledTraceElbo
 from .jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
 
-__all__ = ["fit_svi", "train_map", "NonFiniteLossError", "isolated_param_store", "set_seed"]
+__all__ = ["fit_svi", "train_map", "PlateauSchedule", "NonFiniteLossError", "isolated_param_store", "set_seed"]
+
+
+@dataclass(frozen=True)
+class PlateauSchedule:
+    """Decay Adam's learning rate on plateaus of the loss, and stop when it is spent.
+
+    After every epoch (``steps_per_epoch`` steps; default ``ceil(N / batch_size)``, one step for
+    full batches) the epoch's mean loss goes to ``torch.optim.lr_scheduler.ReduceLROnPlateau``:
+    when it has not improved (by a relative ``1e-4``) for ``patience`` epochs the rate is
+    multiplied by ``factor``; training stops once the rate is below ``min_lr`` (``num_steps``
+    stays the cap). The defaults are the schedule of Pequignot et al. (2020), sec. 4.3: "a
+    learning rate in [0.005, 0.0001) decreasing by a ratio of 0.7 when no progress is made in the
+    variational objective after a patience of 30 epochs" (with ``lr=0.005``).
+    """
+
+    factor: float = 0.7
+    patience: int = 30
+    min_lr: float = 1e-4
+    steps_per_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        factor = check_real(self.factor, "PlateauSchedule factor", positive=True)
+        if not factor < 1:
+            raise ValueError(f"PlateauSchedule factor must lie in (0, 1), got {self.factor!r}")
+        check_int(self.patience, "PlateauSchedule patience", minimum=0)
+        check_real(self.min_lr, "PlateauSchedule min_lr", positive=True)
+        check_int(self.steps_per_epoch, "PlateauSchedule steps_per_epoch", allow_none=True)
+
+
+class _PlateauStopper:
+    """The epoch bookkeeping of a :class:`PlateauSchedule` around one optimizer."""
+
+    def __init__(self, schedule: PlateauSchedule, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+        self.schedule, self.optimizer, self.steps_per_epoch = schedule, optimizer, steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="min", factor=schedule.factor, patience=schedule.patience)
+        self.losses: list[float] = []
+
+    def done(self, value: float) -> bool:
+        """Record one step's loss; at an epoch's end step the scheduler; ``True``: stop."""
+        self.losses.append(value)
+        if len(self.losses) < self.steps_per_epoch:
+            return False
+        self.scheduler.step(sum(self.losses) / len(self.losses))
+        self.losses = []
+        return self.optimizer.param_groups[0]["lr"] < self.schedule.min_lr
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -190,6 +237,7 @@ def fit_svi(
     callback: Callable[[int, float], None] | None = None,
     model_kwargs: dict | None = None,
     check_jit: bool = True,
+    lr_schedule: PlateauSchedule | None = None,
 ) -> list[float]:
     """Fit ``guide`` to ``model`` by SVI with Adam; return the loss (negative ELBO) per step.
 
@@ -213,6 +261,9 @@ def fit_svi(
         check_jit: cross-check a compiled loss against its eager twin at steps 1, 10, 100 and
             1,000 and continue eagerly on a mismatch (see the module doc). ``False`` trusts the
             compiled graph (benchmarks only).
+        lr_schedule: a :class:`PlateauSchedule` (decay on plateaus, stop when the rate is
+            spent; ``num_steps`` is then the cap), or ``None`` for a constant ``lr``. The
+            returned history has one entry per step taken.
 
     Raises:
         NonFiniteLossError: the loss became NaN/inf; the message names the step.
@@ -234,6 +285,8 @@ def fit_svi(
         check(x, y, **{k: v for k, v in (model_kwargs or {}).items() if k in accepted})
     if batch_size is not None and batch_size > len(x):
         raise ValueError(f"batch_size={batch_size} exceeds the number of data points {len(x)}")
+    if lr_schedule is not None and not isinstance(lr_schedule, PlateauSchedule):
+        raise TypeError(f"lr_schedule must be a pb.PlateauSchedule (or None), got {type(lr_schedule).__name__}")
     set_seed(seed)
     use_default = loss is None
     loss = _default_loss(model, guide) if use_default else loss
@@ -245,11 +298,15 @@ def fit_svi(
     history: list[float] = []
     with isolated_param_store(model, guide):
         bar = tqdm(range(num_steps), disable=not progress, desc="SVI", leave=False)
-        optimizer = None
+        optimizer = stopper = None
         for step in bar:
             if optimizer is None:
                 loss, value, params = _first_step(loss, use_default, model, guide, x, y, kwargs)
                 optimizer = torch.optim.Adam(params, lr=lr)
+                if lr_schedule is not None:
+                    per_epoch = lr_schedule.steps_per_epoch or (
+                        1 if batch_size is None else math.ceil(len(x) / batch_size))
+                    stopper = _PlateauStopper(lr_schedule, optimizer, per_epoch)
             else:
                 loss, value = guard.step(loss, step, params, model, guide, (x, y), kwargs)
             if not math.isfinite(value):
@@ -264,6 +321,8 @@ def fit_svi(
                     callback(step, value)
                 except StopIteration:
                     break
+            if stopper is not None and stopper.done(value):
+                break
     _claim_param_names(guide)
     _claim_param_names(model)
     return history

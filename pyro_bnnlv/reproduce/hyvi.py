@@ -22,9 +22,10 @@ Two experiments, each a function returning a DataFrame and runnable from the com
 
 Settings shared with the paper (sec. 4.3): hypernet ``5 -> 20 -> 40 -> P`` with ReLU; 100 guide
 samples for the expected log-likelihood, 500 guide and 500 prior samples for the KL; ``k = 1``;
-minibatches of 50. Not the paper's: a fixed number of Adam steps at a constant learning rate
-(the paper decays it on plateaus with patience 30 epochs), and fewer splits (stated in the
-output).
+minibatches of 50. By default not the paper's: a fixed number of Adam steps at a constant
+learning rate and fewer splits (stated in the output); ``--paper`` (:data:`PAPER_UCI`) runs its
+10 splits with its schedule (decay by 0.7 on plateaus with patience 30 epochs, from 0.005 until
+below 1e-4; :class:`~pyro_bnnlv.infer.svi.PlateauSchedule`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..stats.posterior_kl import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
 from ..param_names import own_param_names
 from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior
+from ..infer.svi import PlateauSchedule
 from ..infer.svi import set_seed
 from ..infer.nuts import run_nuts
 from ..models import BNN
@@ -80,16 +82,17 @@ def _loss(method: str, input_dist, num_inputs: int, particles: int, kl_samples: 
 
 
 def _fit(method, model, x, y, *, steps, lr, batch_size, seed, input_dist, num_inputs, particles,
-         kl_samples, num_samples, progress):  # fmt: skip
+         kl_samples, num_samples, progress, lr_schedule=None):  # fmt: skip
+    """``(weight samples, seconds, steps taken)`` of one fit."""
     with pyro.get_param_store().scope():
         guide = _guide(method, model, seed)
         t0 = time.perf_counter()
-        fit_svi(model, guide, x, y, num_steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
-                progress=progress)  # fmt: skip
+        hist = fit_svi(model, guide, x, y, num_steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                       loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
+                       progress=progress, lr_schedule=lr_schedule)  # fmt: skip
         seconds = time.perf_counter() - t0
         w = sample_posterior(model, guide, x, num_samples=num_samples, seed=seed)["w"]
-    return w, seconds
+    return w, seconds, len(hist)
 
 
 def _region_sd(model: BNN, w: torch.Tensor) -> dict[str, float]:
@@ -132,7 +135,7 @@ def cosine_experiment(
             raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
         posteriors[method] = _fit(method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=seed,
                                   input_dist=nu, num_inputs=50, particles=particles,
-                                  kl_samples=500, num_samples=kl_samples, progress=progress)  # fmt: skip
+                                  kl_samples=500, num_samples=kl_samples, progress=progress)[:2]  # fmt: skip
     rows = []
     reference = posteriors["NUTS"][0]
     for name, (w, seconds) in posteriors.items():
@@ -172,11 +175,14 @@ def _plot_cosine(model, data, posteriors, path) -> None:
 
 
 def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, kl_samples: int,
-             num_inputs: int, num_samples: int, data_dir: str | None = None) -> dict[str, float]:  # fmt: skip
+             num_inputs: int, num_samples: int, data_dir: str | None = None,
+             schedule: bool = False) -> dict[str, float]:  # fmt: skip
     """One fit of :func:`uci_experiment`: ``task.method`` on split ``task.split`` of ``task.dataset``.
 
     Seeded by ``task.seed`` (the split index), so the 1,000 OOD inputs are the same for every
-    method of a split. Returns ``rmse``, ``test_ll``, ``auroc_ood``, ``noise_scale``, ``seconds``.
+    method of a split. ``schedule``: the paper's learning-rate schedule (:class:`PlateauSchedule`
+    defaults; ``steps`` is then a cap). Returns ``rmse``, ``test_ll``, ``auroc_ood``,
+    ``noise_scale``, ``seconds``, ``steps_run``.
     """
     set_seed(task.seed)
     kwargs = {} if data_dir is None else {"data_dir": data_dir}
@@ -186,17 +192,23 @@ def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, 
     x_ood = box.sample((1000,))
     model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
                 prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
-    w, seconds = _fit(task.method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=task.seed,
-                      input_dist=box, num_inputs=num_inputs, particles=particles,
-                      kl_samples=kl_samples, num_samples=num_samples, progress=False)  # fmt: skip
+    w, seconds, steps_run = _fit(task.method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=task.seed,
+                                 input_dist=box, num_inputs=num_inputs, particles=particles,
+                                 kl_samples=kl_samples, num_samples=num_samples, progress=False,
+                                 lr_schedule=PlateauSchedule() if schedule else None)  # fmt: skip
     metrics = evaluate(model, {"w": w}, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
     ood = ood_report(model, {"w": w}, x, data.x_test, x_ood)
     return {"rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
             "auroc_ood": float(ood.loc["ood", "auroc"]),
-            "noise_scale": float(torch.as_tensor(model.noise_scale).detach()), "seconds": seconds}  # fmt: skip
+            "noise_scale": float(torch.as_tensor(model.noise_scale).detach()), "seconds": seconds,
+            "steps_run": float(steps_run)}  # fmt: skip
 
 
-UCI_COLUMNS = ["dataset", "split", "method", "rmse", "test_ll", "auroc_ood", "noise_scale", "seconds", "status"]
+UCI_COLUMNS = ["dataset", "split", "method", "rmse", "test_ll", "auroc_ood", "noise_scale", "seconds",
+               "steps_run", "status"]
+#: Experiment 2's budget (sec. 4.3): 10 random splits, Adam from lr 0.005 decayed by 0.7 after 30
+#: epochs without progress until below 1e-4, minibatches of 50, 100 particles, 500 KL samples.
+PAPER_UCI = dict(splits=10, lr=0.005, schedule=True, particles=100, kl_samples=500, steps=50_000)
 
 
 def uci_experiment(
@@ -218,8 +230,12 @@ def uci_experiment(
     workers: int | None = None,
     address: str | None = None,
     code_version: str | None = None,
+    schedule: bool = False,
 ) -> pd.DataFrame:
-    """Experiment 2 (Table 5) at a reduced size; one row per (data set, split, method).
+    """Experiment 2 (Table 5); one row per (data set, split, method). Defaults: a reduced size
+    (2 splits, 2,000 steps at a constant rate); ``**PAPER_UCI`` is the paper's budget
+    (``pyro-bnnlv reproduce hyvi-uci --paper``; ``schedule=True``: :class:`PlateauSchedule`,
+    ``steps`` a cap).
 
     Columns: ``rmse`` and ``test_ll`` (original scale), ``auroc_ood`` (1,000 inputs from the
     training box vs the test inputs, by epistemic entropy), ``noise_scale``, ``seconds`` (the
@@ -237,7 +253,7 @@ def uci_experiment(
             raise ValueError(f"unknown method {method!r} for the UCI experiment; choose from {METHODS[:3]}")
     fn = functools.partial(uci_task, steps=steps, lr=lr, hidden=hidden, particles=particles,
                            kl_samples=kl_samples, num_inputs=num_inputs, num_samples=num_samples,
-                           data_dir=None if data_dir is None else str(data_dir))  # fmt: skip
+                           data_dir=None if data_dir is None else str(data_dir), schedule=schedule)  # fmt: skip
     tasks = [Task(name, method=method, split=split, seed=split)
              for name in datasets for split in range(splits) for method in methods]  # fmt: skip
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
@@ -251,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pyro_bnnlv.reproduce.hyvi", description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", choices=["cosine", "uci"])
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--splits", type=int, default=2)
+    p.add_argument("--splits", type=int, default=None, help="uci: random splits (default 2; --paper: 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="CSV path")
     p.add_argument("--figure", help="PNG path (cosine)")
@@ -259,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kl-samples", type=int, default=None,
                    help="guide and prior samples of the k-NN KL (paper and default: 500)")
     p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
+    p.add_argument("--paper", action="store_true",
+                   help="uci: the paper's budget (10 splits; lr 0.005 decayed x0.7 after 30 epochs without "
+                        "progress until below 1e-4, at most --steps (default 50,000); 100 particles, 500 KL "
+                        "samples)")
     p.add_argument("--quiet", action="store_true")
     add_sweep_arguments(p)
     args = p.parse_args(argv)
@@ -272,6 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             kw.update(nuts_chains=1, nuts_samples=20, nuts_warmup=50, kl_samples=50, kl_draws=2)
         else:
             kw.update(kl_samples=20, num_inputs=20, num_samples=50)
+    if args.paper:
+        if args.experiment != "uci" or args.small:
+            p.error("--paper applies to the uci experiment, without --small")
+        kw = {**PAPER_UCI, **kw}
+        kw.pop("splits")
+    splits = args.splits if args.splits is not None else (PAPER_UCI["splits"] if args.paper else 2)
     if args.kl_samples is not None and args.experiment == "uci":
         kw["kl_samples"] = args.kl_samples
     if args.experiment == "cosine":
@@ -280,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if args.datasets:
             kw["datasets"] = args.datasets
-        table = uci_experiment(splits=args.splits, progress=not args.quiet, **kw, **sweep_options(args))
+        table = uci_experiment(splits=splits, progress=not args.quiet, **kw, **sweep_options(args))
         summary = table.groupby(["dataset", "method"])[["rmse", "test_ll", "auroc_ood"]].mean()
         print(summary.to_string(float_format="%.3f"))
     print(table.to_string(float_format="%.3f"))

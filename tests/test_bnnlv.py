@@ -59,8 +59,10 @@ def test_predictive_uses_prior_latents_not_training_ones(data):
     model = _model(latent_scale=2.0)
     w = torch.randn(200, model.num_weights)
     loc, _ = model.predictive_components(x[:5], {"w": w}, generator=torch.Generator().manual_seed(0))
-    # reproduce by hand: z* ~ N(0, 2^2) independently per sample and input
-    z = torch.randn(200, 5, 1, generator=torch.Generator().manual_seed(0)) * 2.0
+    # reproduce by hand: z* ~ N(0, 2^2) independently per sample and input, by the normal
+    # quantile function of uniforms drawn input by input
+    u = torch.rand(5, 200, 1, generator=torch.Generator().manual_seed(0)).permute(1, 0, 2)
+    z = torch.special.ndtri(u) * 2.0
     expected = model.net(torch.cat([x[:5].expand(200, 5, 1), z], -1), w)
     torch.testing.assert_close(loc, expected)
 

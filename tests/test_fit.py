@@ -291,3 +291,17 @@ def test_plateau_schedule_bad_arguments_name_the_field():
     with pytest.raises(TypeError, match="lr_schedule must be a pb.PlateauSchedule"):
         pb.fit_svi(model, pb.MeanField(model), torch.zeros(4, 1), torch.zeros(4), num_steps=2,
                    progress=False, lr_schedule={"factor": 0.7})  # fmt: skip
+
+
+@pytest.mark.parametrize("offset", [100.0, -100.0])
+def test_plateau_schedule_decays_on_negative_losses_too(offset):
+    """A worsening epoch loss is no progress whatever its sign (torch's default relative
+    threshold would count a slightly worse negative loss as an improvement)."""
+    from pyro_bnnlv.infer.svi import _PlateauStopper
+
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.Adam([w], lr=0.01)
+    stopper = _PlateauStopper(pb.PlateauSchedule(factor=0.5, patience=2, min_lr=1e-6), opt, steps_per_epoch=1)
+    for epoch in range(9):
+        stopper.done(offset + 0.005 * epoch)  # gets worse every epoch
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**2)  # decays at epochs 3 and 6

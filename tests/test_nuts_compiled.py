@@ -54,10 +54,10 @@ def test_compiled_potential_equals_python_potential(activation, hidden, latent_d
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("latent_dim", [0, 2])
-def test_compiled_potential_with_blas_sized_layers_equals_python_potential(latent_dim, dtype):
-    """Products above the compiled core's loop threshold (here 300 x 13 x 40 multiply-adds in
-    the first layer and its weight gradient) go to the BLAS, the small ones to plain loops; the
-    value and gradient are the Python twin's either way."""
+def test_compiled_potential_with_uci_sized_layers_equals_python_potential(latent_dim, dtype):
+    """UCI-sized layers (300 x 13 x 40 multiply-adds in the first layer and its weight gradient:
+    whole register tiles, remainder rows and columns, 300 points padded to 304) give the Python
+    twin's value and gradient."""
     g = torch.Generator().manual_seed(1)
     net = pb.MLP(13 + latent_dim, [40, 30], 1, activation="tanh")
     x = torch.randn(300, 13, generator=g, dtype=dtype)

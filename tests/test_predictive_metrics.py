@@ -119,17 +119,26 @@ def test_bnnlv_latent_draws_are_marginally_the_prior():
     assert abs(z.mean().item()) < 0.01 and abs(z.std().item() - 0.5) < 0.01
 
 
-def test_evaluate_in_chunks_equals_one_pass(monkeypatch):
-    """Chunking the test points (memory) changes no metric."""
-    model = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.3)
+@pytest.mark.parametrize("latent", [False, True])
+def test_evaluate_in_chunks_equals_one_pass(monkeypatch, latent):
+    """Chunking the test points (memory) changes no metric, for a BNN and for a BNN+LV (two
+    latent dims, two outputs) whose latent draws are random."""
+    if latent:
+        model = pb.BNNLV(pb.MLP(3, [5], 2), latent_dim=2, latent_scale=0.7, noise_scale=0.3)
+    else:
+        model = pb.BNN(pb.MLP(1, [5], 2), noise_scale=0.3)
     w = torch.randn(40, model.net.num_weights, generator=torch.Generator().manual_seed(1))
     x = torch.linspace(-2, 2, 97)[:, None]
-    y = torch.sin(x[:, 0])
-    whole = pb.evaluate(model, w, x, y, y_mean=0, y_std=1)
-    monkeypatch.setattr("pyro_bnnlv.stats.predictive._CHUNK_ELEMENTS", 40 * 10)  # chunks of 10 points
-    chunked = pb.evaluate(model, w, x, y, y_mean=0, y_std=1)
+    y = torch.stack([torch.sin(x[:, 0]), torch.cos(x[:, 0])], -1)
+    draws = {"latent_draws": 4} if latent else {}
+    whole = pb.evaluate(model, w, x, y, y_mean=0, y_std=1, seed=3, **draws)
+    per_chunk = 40 * 4 * 5 * 10 if latent else 40 * 5 * 10  # S x M x widest layer x 10 points
+    monkeypatch.setattr("pyro_bnnlv.stats.predictive._CHUNK_ELEMENTS", per_chunk)
+    chunked = pb.evaluate(model, w, x, y, y_mean=0, y_std=1, seed=3, **draws)
     for key in ("test_ll", "rmse", "picp", "mpiw"):
-        assert chunked[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+        assert chunked[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    with pytest.raises(ValueError, match="at least one point"):
+        pb.evaluate(model, w, x[:0], y[:0], y_mean=0, y_std=1, **draws)
 
 
 def test_evaluate_latent_draws_and_intervals_options():

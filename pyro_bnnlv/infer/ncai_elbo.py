@@ -113,7 +113,7 @@ class _WeightedPenalty(torch.autograd.Function):
                 value += c * float(t)
                 slopes.append(c)
         ctx.slopes = slopes
-        return torch.tensor(value, dtype=terms[0].dtype)
+        return torch.tensor(value, dtype=terms[0].dtype, device=terms[0].device)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]

@@ -69,7 +69,7 @@ class PlateauSchedule:
 
     After every epoch (``steps_per_epoch`` steps; default ``ceil(N / batch_size)``, one step for
     full batches) the epoch's mean loss goes to ``torch.optim.lr_scheduler.ReduceLROnPlateau``:
-    when it has not improved (by a relative ``1e-4``) for ``patience`` epochs the rate is
+    when it has not gone below its best so far for ``patience`` epochs the rate is
     multiplied by ``factor``; training stops once the rate is below ``min_lr`` (``num_steps``
     stays the cap). The defaults are the schedule of Pequignot et al. (2020), sec. 4.3: "a
     learning rate in [0.005, 0.0001) decreasing by a ratio of 0.7 when no progress is made in the
@@ -95,8 +95,12 @@ class _PlateauStopper:
 
     def __init__(self, schedule: PlateauSchedule, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
         self.schedule, self.optimizer, self.steps_per_epoch = schedule, optimizer, steps_per_epoch
+        # progress = an epoch mean below the best so far (absolute threshold 0): the default
+        # relative threshold counts a slightly worse negative loss as progress (best * (1 - 1e-4)
+        # lies above a negative best), so a negative ELBO loss would never decay
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=schedule.factor, patience=schedule.patience)
+            optimizer, mode="min", factor=schedule.factor, patience=schedule.patience,
+            threshold=0.0, threshold_mode="abs")  # fmt: skip
         self.losses: list[float] = []
 
     def done(self, value: float) -> bool:

@@ -117,13 +117,15 @@ class BNNLV(BNN):
         eq. 34), independently of the training latents.
 
         Args:
-            latent_draws: ``M`` latents ``z*`` per weight sample and input. ``1``: one draw
-                ``z* ~ p(z)``, ``loc[s, n] = f([x_n, z*_{s,n}]; w_s)``. ``M > 1``: a randomly
-                shifted quasi-random set: the first ``M`` points ``v_m`` of the (unscrambled)
-                Sobol sequence in ``[0, 1)^K``, shifted by one uniform ``U_{s,n}`` modulo 1 and
-                mapped through the normal quantile function, ``z*_{s,n,m} = sigma_z
-                Phi^{-1}((v_m + U_{s,n}) mod 1)`` (a Cranley-Patterson rotation; for ``K = 1`` and
-                ``M`` a power of 2 a systematic sample of ``M`` equally spaced prior quantiles).
+            latent_draws: ``M`` latents ``z*`` per weight sample and input: a randomly shifted
+                quasi-random set, the first ``M`` points ``v_m`` of the (unscrambled) Sobol
+                sequence in ``[0, 1)^K`` shifted by one uniform ``U_{s,n}`` modulo 1 and mapped
+                through the normal quantile function, ``z*_{s,n,m} = sigma_z Phi^{-1}((v_m +
+                U_{s,n}) mod 1)`` (a Cranley-Patterson rotation; for ``K = 1`` and ``M`` a power
+                of 2 a systematic sample of ``M`` equally spaced prior quantiles). ``M = 1``
+                (``v_1 = 0``) is one i.i.d. draw ``z* ~ p(z)`` per weight sample and input. The
+                uniforms are drawn input by input, so the draws for the first inputs do not
+                depend on how many inputs follow.
                 Each point is marginally ``N(0, sigma_z^2 I)``, so the mixture's density stays an
                 unbiased estimate of the ``z`` integral, with far less variance than ``M``
                 independent draws: the integrand is a narrow function of ``z`` wherever ``f`` is
@@ -137,16 +139,17 @@ class BNNLV(BNN):
         w = samples["w"]
         S, N, K = w.shape[0], x.shape[0], self.latent_dim
         scale = torch.as_tensor(self.noise_scale).detach()
-        if M == 1:
-            eps = torch.randn(S, N, K, generator=generator, dtype=x.dtype)
-            return self.net(self.network_input(x, eps * self.latent_scale), w), scale
-        base = SobolEngine(K, scramble=False).draw(M, dtype=x.dtype)  # (M, K)
-        shift = torch.rand(S, 1, N, K, generator=generator, dtype=x.dtype)
-        u = torch.remainder(base[None, :, None, :] + shift, 1.0)  # (S, M, N, K)
+        base = SobolEngine(K, scramble=False).draw(M, dtype=x.dtype)  # (M, K); its first point is 0
+        # one uniform shift per input and weight sample, drawn input-major: the draws of the
+        # first n inputs do not depend on how many follow (evaluate's chunks give the same numbers)
+        shift = torch.rand(N, S, K, generator=generator, dtype=x.dtype).permute(1, 0, 2)  # (S, N, K)
+        u = torch.remainder(base[None, :, None, :] + shift[:, None], 1.0)  # (S, M, N, K)
         tiny = torch.finfo(x.dtype).eps
-        eps = torch.special.ndtri(u.clamp(tiny, 1.0 - tiny))
-        z = (eps * self.latent_scale).reshape(S * M, N, K)
-        return self.net(self.network_input(x, z), w.repeat_interleave(M, dim=0)), scale
+        z = torch.special.ndtri(u.clamp(tiny, 1.0 - tiny)) * self.latent_scale
+        # the M draws ride along the data axis (no copies of the weights): (S, M * N, D + K)
+        xm = x.unsqueeze(0).expand(M, *x.shape).reshape(M * N, x.shape[-1])
+        loc = self.net(self.network_input(xm, z.reshape(S, M * N, K)), w)  # (S, M * N, L)
+        return loc.reshape(S * M, N, loc.shape[-1]), scale
 
     def reconstruction_components(self, x: Tensor, samples: dict[str, Tensor]) -> Tensor:
         """``f([x_n, z_n]; w)`` with the *posterior* latents of the training points: ``(S, N, L)``.

@@ -278,3 +278,37 @@ def test_run_nuts_reports_the_compiled_path():
     x, y = _linreg_data()
     mcmc = run_nuts(_linreg_model(), x, y, num_samples=5, warmup_steps=5, seed=0, progress=False, map_steps=20)
     assert mcmc.run_info["compiled_tree"] and mcmc.run_info["compiled_potential"]
+
+
+def test_baseline_isa_build_equals_python_potential():
+    """The potential's baseline-ISA build (used on CPUs without AVX2+FMA; forced here by
+    PYRO_BNNLV_BASELINE_ISA in a fresh process) gives the Python twin's value and gradient."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    if compiled.extension() is None:
+        pytest.skip("needs the compiled core")
+    code = textwrap.dedent("""
+        import torch
+        from pyro_bnnlv.nets import MLP
+        from pyro_bnnlv.models.potential import mlp_regression_potential
+        torch.manual_seed(0)
+        worst = 0.0
+        for dtype, (N, D, K, H, L) in [(torch.float32, (37, 3, 2, 11, 2)), (torch.float64, (100, 13, 0, 50, 1))]:
+            net = MLP(D + K, [H, 7], L, activation="tanh")
+            x, y = torch.randn(N, D, dtype=dtype), torch.randn(N, L, dtype=dtype)
+            args = dict(latent_dim=K, noise_scale=0.3, prior_scale=0.7)
+            c = mlp_regression_potential(net, x, y, compiled=True, **args)
+            p = mlp_regression_potential(net, x, y, compiled=False, **args)
+            q = torch.randn(c.dim, dtype=dtype) * 0.5
+            (uc, gc), (up, gp) = c.compiled.value_and_grad(q), p(q)
+            worst = max(worst, abs(float(uc) - float(up)) / abs(float(up)),
+                        float((gc - gp).abs().max() / gp.abs().max()))
+        print(worst)
+    """)
+    env = {**os.environ, "PYRO_BNNLV_BASELINE_ISA": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5

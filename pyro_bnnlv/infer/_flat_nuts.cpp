@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -51,64 +52,65 @@ struct Layer {
 // For the layers of NUTS on a BNN (1 x 50 on 100 or 409 points) these loops beat the BLAS calls
 // and the transposes they needed (boston: 409 x 13 x 50 by at::addmm 8.4 us, here ~4 us).
 
-// One 256-bit register of T as a GCC vector (two SSE registers on a target without AVX).
-template <typename T>
+// One vector register of VB bytes holding T as a GCC vector: VB = 32 (AVX2) in the AVX2+FMA
+// build, 16 (SSE2) in the baseline build (32-byte vectors there ran 16x slower).
+template <typename T, int VB>
 struct Reg {
-  typedef T type __attribute__((vector_size(32)));
-  static constexpr int W = 32 / sizeof(T);
+  typedef T type __attribute__((vector_size(VB)));
+  static constexpr int W = VB / sizeof(T);
 };
-template <typename T>
-using VecT = typename Reg<T>::type;
+template <typename T, int VB>
+using VecT = typename Reg<T, VB>::type;
 
-template <typename T>
-__attribute__((always_inline)) inline VecT<T> vload(const T* p) {
-  VecT<T> v;
+template <typename T, int VB>
+__attribute__((always_inline)) inline VecT<T, VB> vload(const T* p) {
+  VecT<T, VB> v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-template <typename T>
-__attribute__((always_inline)) inline void vstore(T* p, VecT<T> v) {
+template <typename T, int VB>
+__attribute__((always_inline)) inline void vstore(T* p, VecT<T, VB> v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
-template <typename T>
-__attribute__((always_inline)) inline T hsum(VecT<T> v) {
+template <typename T, int VB>
+__attribute__((always_inline)) inline T hsum(VecT<T, VB> v) {
   T s = T(0);
-  for (int j = 0; j < Reg<T>::W; ++j) s += v[j];
+  for (int j = 0; j < Reg<T, VB>::W; ++j) s += v[j];
   return s;
 }
 
 // C[m, :] = bias[m] + sum_k A[m * a_m + k * a_k] B[k, :] for m < M (B: (Kd, Np), C: (M, Np);
 // bias = nullptr: 0). Tiles of RM rows x R registers of columns whose accumulators stay in
 // registers over the whole sum over k, each load of B serving RM rows.
-template <typename T, int RM, int R>
+template <typename T, int VB, int RM, int R>
 __attribute__((always_inline)) inline void rows_tile(int64_t m, int64_t n0, int64_t Np, int64_t Kd, const T* A,
                                                      int64_t a_m, int64_t a_k, const T* B, T* C, const T* bias) {
-  constexpr int W = Reg<T>::W;
-  VecT<T> acc[RM][R];
+  constexpr int W = Reg<T, VB>::W;
+  VecT<T, VB> acc[RM][R];
   for (int i = 0; i < RM; ++i) {
     const T c = bias ? bias[m + i] : T(0);
-    for (int r = 0; r < R; ++r) acc[i][r] = VecT<T>{} + c;
+    for (int r = 0; r < R; ++r) acc[i][r] = VecT<T, VB>{} + c;
   }
   for (int64_t k = 0; k < Kd; ++k) {
-    VecT<T> bk[R];
-    for (int r = 0; r < R; ++r) bk[r] = vload<T>(B + k * Np + n0 + r * W);
+    VecT<T, VB> bk[R];
+    for (int r = 0; r < R; ++r) bk[r] = vload<T, VB>(B + k * Np + n0 + r * W);
     for (int i = 0; i < RM; ++i) {
       const T a = A[(m + i) * a_m + k * a_k];
       for (int r = 0; r < R; ++r) acc[i][r] += a * bk[r];
     }
   }
   for (int i = 0; i < RM; ++i)
-    for (int r = 0; r < R; ++r) vstore<T>(C + (m + i) * Np + n0 + r * W, acc[i][r]);
+    for (int r = 0; r < R; ++r) vstore<T, VB>(C + (m + i) * Np + n0 + r * W, acc[i][r]);
 }
 
-template <typename T, int RM, int R>
+template <typename T, int VB, int RM, int R>
 __attribute__((always_inline)) inline int64_t rows_block(int64_t M, int64_t n0, int64_t Np, int64_t Kd, const T* A,
                                                          int64_t a_m, int64_t a_k, const T* B, T* C, const T* bias) {
-  constexpr int W = Reg<T>::W;
+  constexpr int W = Reg<T, VB>::W;
   for (; n0 + R * W <= Np; n0 += R * W) {
     int64_t m = 0;
-    for (; m + RM <= M; m += RM) rows_tile<T, RM, R>(m, n0, Np, Kd, A, a_m, a_k, B, C, bias);
-    for (; m < M; ++m) rows_tile<T, 1, R>(m, n0, Np, Kd, A, a_m, a_k, B, C, bias);
+    for (; m + RM <= M; m += RM) rows_tile<T, VB, RM, R>(m, n0, Np, Kd, A, a_m, a_k, B, C, bias);
+    for (; m < M; ++m) rows_tile<T, VB, 1, R>(m, n0, Np, Kd, A, a_m, a_k, B, C, bias);
   }
   return n0;
 }
@@ -116,60 +118,60 @@ __attribute__((always_inline)) inline int64_t rows_block(int64_t M, int64_t n0, 
 // Tiles of 5 rows x 2 registers (10 accumulators, 2 loads and a broadcast per k: measured on
 // boston's 50 x 13 x 416 at 4.4 us, about two FMAs per cycle, against 8 us for 1 x 4 and 4.9 for
 // 4 x 2); fewer than 5 rows (the output layer) as 1 x 4, four independent chains over k.
-template <typename T>
+template <typename T, int VB>
 __attribute__((always_inline)) inline void rows_gemm(int64_t M, int64_t Np, int64_t Kd, const T* A, int64_t a_m,
                                                      int64_t a_k, const T* B, T* C, const T* bias) {
   // Np is a multiple of 8, so of a register's width: nothing is left after the last block
-  int64_t n0 = M >= 5 ? rows_block<T, 5, 2>(M, 0, Np, Kd, A, a_m, a_k, B, C, bias)
-                      : rows_block<T, 1, 4>(M, 0, Np, Kd, A, a_m, a_k, B, C, bias);
-  rows_block<T, 1, 1>(M, n0, Np, Kd, A, a_m, a_k, B, C, bias);
+  int64_t n0 = M >= 5 ? rows_block<T, VB, 5, 2>(M, 0, Np, Kd, A, a_m, a_k, B, C, bias)
+                      : rows_block<T, VB, 1, 4>(M, 0, Np, Kd, A, a_m, a_k, B, C, bias);
+  rows_block<T, VB, 1, 1>(M, n0, Np, Kd, A, a_m, a_k, B, C, bias);
 }
 
 // G[o, k] = sum_n D[o, n] X[k, n] for o < M, k < Kd (D: (M, Np), X: (Kd, Np), G: (M, Kd)),
 // in tiles of BO x BK dot products sharing their loads, one register of partial sums each (4 x 3:
 // 5.4 us on boston's 50 x 13 x 416, against 6.4 for 3 x 3 and 8.1-8.9 for 4 x 2, 5 x 2, 2 x 5).
-template <typename T, int BO, int BK>
+template <typename T, int VB, int BO, int BK>
 __attribute__((always_inline)) inline void dots_tile(int64_t o, int64_t k, int64_t Np, int64_t Kd, const T* D,
                                                      const T* X, T* G) {
-  constexpr int W = Reg<T>::W;
-  VecT<T> acc[BO][BK];
+  constexpr int W = Reg<T, VB>::W;
+  VecT<T, VB> acc[BO][BK];
   for (int a = 0; a < BO; ++a)
-    for (int b = 0; b < BK; ++b) acc[a][b] = VecT<T>{};
+    for (int b = 0; b < BK; ++b) acc[a][b] = VecT<T, VB>{};
   for (int64_t n = 0; n < Np; n += W) {
-    VecT<T> xs[BK];
-    for (int b = 0; b < BK; ++b) xs[b] = vload<T>(X + (k + b) * Np + n);
+    VecT<T, VB> xs[BK];
+    for (int b = 0; b < BK; ++b) xs[b] = vload<T, VB>(X + (k + b) * Np + n);
     for (int a = 0; a < BO; ++a) {
-      const VecT<T> d = vload<T>(D + (o + a) * Np + n);
+      const VecT<T, VB> d = vload<T, VB>(D + (o + a) * Np + n);
       for (int b = 0; b < BK; ++b) acc[a][b] += d * xs[b];
     }
   }
   for (int a = 0; a < BO; ++a)
-    for (int b = 0; b < BK; ++b) G[(o + a) * Kd + k + b] = hsum<T>(acc[a][b]);
+    for (int b = 0; b < BK; ++b) G[(o + a) * Kd + k + b] = hsum<T, VB>(acc[a][b]);
 }
 
-template <typename T, int BO>
+template <typename T, int VB, int BO>
 __attribute__((always_inline)) inline void dots_rows(int64_t o, int64_t Np, int64_t Kd, const T* D, const T* X,
                                                      T* G) {
   int64_t k = 0;
-  for (; k + 3 <= Kd; k += 3) dots_tile<T, BO, 3>(o, k, Np, Kd, D, X, G);
-  for (; k < Kd; ++k) dots_tile<T, BO, 1>(o, k, Np, Kd, D, X, G);
+  for (; k + 3 <= Kd; k += 3) dots_tile<T, VB, BO, 3>(o, k, Np, Kd, D, X, G);
+  for (; k < Kd; ++k) dots_tile<T, VB, BO, 1>(o, k, Np, Kd, D, X, G);
 }
 
-template <typename T>
+template <typename T, int VB>
 __attribute__((always_inline)) inline void dots(int64_t M, int64_t Kd, int64_t Np, const T* D, const T* X, T* G) {
   int64_t o = 0;
-  for (; o + 4 <= M; o += 4) dots_rows<T, 4>(o, Np, Kd, D, X, G);
-  for (; o < M; ++o) dots_rows<T, 1>(o, Np, Kd, D, X, G);
+  for (; o + 4 <= M; o += 4) dots_rows<T, VB, 4>(o, Np, Kd, D, X, G);
+  for (; o < M; ++o) dots_rows<T, VB, 1>(o, Np, Kd, D, X, G);
 }
 
 // s[m] = sum_n D[m, n] (D: (M, Np))
-template <typename T>
+template <typename T, int VB>
 __attribute__((always_inline)) inline void row_sums(int64_t M, int64_t Np, const T* D, T* s) {
-  constexpr int W = Reg<T>::W;
+  constexpr int W = Reg<T, VB>::W;
   for (int64_t m = 0; m < M; ++m) {
-    VecT<T> acc = VecT<T>{};
-    for (int64_t n = 0; n < Np; n += W) acc += vload<T>(D + m * Np + n);
-    s[m] = hsum<T>(acc);
+    VecT<T, VB> acc = VecT<T, VB>{};
+    for (int64_t n = 0; n < Np; n += W) acc += vload<T, VB>(D + m * Np + n);
+    s[m] = hsum<T, VB>(acc);
   }
 }
 
@@ -177,11 +179,12 @@ __attribute__((always_inline)) inline void row_sums(int64_t M, int64_t Np, const
 // NumPyro on the CPU, uses): the odd degree-13 / even degree-6 minimax ratio on [-7.9, 7.9],
 // clamped outside, x itself for |x| < 4e-4. Branch-free, so the loop vectorises; measured
 // largest error over [-12, 12]: 3.4e-7 (absolute and relative). A NaN stays a NaN.
+template <int VB>
 __attribute__((always_inline)) inline void tanh_rational(const float* a, float* h, int64_t m) {
-  typedef VecT<float> V;
+  typedef VecT<float, VB> V;
   const V hi = V{} + 7.90531110763549805f, lo = V{} - 7.90531110763549805f, tiny = V{} + 0.0004f;
-  for (int64_t j = 0; j < m; j += 8) {  // m is a multiple of 8 (padded rows)
-    const V v = vload<float>(a + j);
+  for (int64_t j = 0; j < m; j += Reg<float, VB>::W) {  // m is a multiple of 8 (padded rows)
+    const V v = vload<float, VB>(a + j);
     V x = v > hi ? hi : v;  // a NaN compares false, so it stays
     x = x < lo ? lo : x;
     const V x2 = x * x;
@@ -197,7 +200,7 @@ __attribute__((always_inline)) inline void tanh_rational(const float* a, float* 
     q = x2 * q + 4.89352518554385e-03f;
     const V r = p / q;
     const V av = v < V{} ? -v : v;
-    vstore<float>(h + j, av < tiny ? v : r);
+    vstore<float, VB>(h + j, av < tiny ? v : r);
   }
 }
 
@@ -302,18 +305,20 @@ class MLPPotential {
     return {u, g};
   }
 
+  // PYRO_BNNLV_BASELINE_ISA=1 forces the baseline build (tests run it on AVX2 machines too)
   static bool cpu_has_avx2_fma() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const bool yes = std::getenv("PYRO_BNNLV_BASELINE_ISA") == nullptr &&
+                            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return yes;
   }
 
   template <typename T>
-  __attribute__((target("avx2,fma"))) double compute_avx2(const T* q, T* g) { return compute_impl<T>(q, g); }
+  __attribute__((target("avx2,fma"))) double compute_avx2(const T* q, T* g) { return compute_impl<T, 32>(q, g); }
 
   template <typename T>
-  double compute_generic(const T* q, T* g) { return compute_impl<T>(q, g); }
+  double compute_generic(const T* q, T* g) { return compute_impl<T, 16>(q, g); }
 
-  template <typename T>
+  template <typename T, int VB>
   __attribute__((always_inline)) inline double compute_impl(const T* q, T* gout) {
     const size_t last = layers_.size() - 1;
     const int64_t Np = Np_;
@@ -330,14 +335,14 @@ class MLPPotential {
       Layer& l = layers_[i];
       const int64_t fi = l.fan_in, fo = l.fan_out;
       out = i == last ? res_.data_ptr<T>() : l.A.data_ptr<T>();
-      rows_gemm<T>(fo, Np, fi, q + l.w_off, fi, 1, h, out, q + l.b_off);
+      rows_gemm<T, VB>(fo, Np, fi, q + l.w_off, fi, 1, h, out, q + l.b_off);
       if (i == last) break;
       T* H = l.H.data_ptr<T>();
       const int64_t m = fo * Np;
       switch (act_) {
         case TANH: {
           if constexpr (std::is_same_v<T, float>) {
-            tanh_rational(out, H, m);
+            tanh_rational<VB>(out, H, m);
           } else {  // float64: 2 sigmoid(2a) - 1 with torch's vectorised sigmoid (its tanh is slower)
             Tensor a2 = l.A * 2;
             at::sigmoid_out(l.H, a2);
@@ -383,13 +388,13 @@ class MLPPotential {
       const Layer& l = layers_[ii];
       const int64_t fi = l.fan_in, fo = l.fan_out;
       const T* hin = ii == 0 ? xT : layers_[ii - 1].H.data_ptr<T>();
-      row_sums<T>(fo, Np, delta, glik + l.b_off);
-      dots<T>(fo, fi, Np, delta, hin, glik + l.w_off);  // gW (fo, fi) = delta h^T
+      row_sums<T, VB>(fo, Np, delta, glik + l.b_off);
+      dots<T, VB>(fo, fi, Np, delta, hin, glik + l.w_off);  // gW (fo, fi) = delta h^T
       if (ii == 0) break;
       // dL/dh (fi, Np) = W^T delta, then through the activation of the layer below
       T* dh = dh_buf[flip];
       flip ^= 1;
-      rows_gemm<T>(fi, Np, fo, q + l.w_off, 1, fi, delta, dh, nullptr);
+      rows_gemm<T, VB>(fi, Np, fo, q + l.w_off, 1, fi, delta, dh, nullptr);
       const Layer& prev = layers_[ii - 1];
       const T* hp = prev.H.data_ptr<T>();
       const int64_t m = fi * Np;
@@ -437,7 +442,7 @@ class MLPPotential {
       const int64_t Din = D_ + K_;
       // dL/dz^T (K, Np) = W0[:, D:]^T delta0
       T* dz = dh_buf[flip];
-      rows_gemm<T>(K_, Np, l0.fan_out, q + l0.w_off + D_, 1, Din, delta, dz, nullptr);
+      rows_gemm<T, VB>(K_, Np, l0.fan_out, q + l0.w_off + D_, 1, Din, delta, dz, nullptr);
       double zquad = 0.0;
       for (int64_t n = 0; n < N_; ++n)
         for (int64_t k = 0; k < K_; ++k) {

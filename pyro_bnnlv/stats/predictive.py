@@ -322,9 +322,7 @@ def evaluate(
     _check_sample_dtype(samples["w"], x)
     draws = _latent_draws_option(model, latent_draws)
     gen = None if seed is None else torch.Generator().manual_seed(seed)
-    S, N = samples["w"].shape[0], x.shape[0]
-    if N == 0:
-        raise ValueError("evaluate needs at least one test point; x has 0 rows")
+    S, N = samples["w"].shape[0], x.shape[0]  # N >= 1: model.check_data rejects an empty x
     L = y.reshape(N, -1).shape[1]
     chunk = max(1, _CHUNK_ELEMENTS // (S * draws.get("latent_draws", 1) * _widest_layer(model, L)))
     totals = {"test_ll": 0.0, "rmse": 0.0, "picp": 0.0, "mpiw": 0.0}

@@ -184,12 +184,14 @@ def _row_ids(x: Tensor) -> Tensor:
     return inverse.reshape(x.shape[:-1])
 
 
-def _first_occurrences(ids: Tensor) -> Tensor:
+def _first_occurrences(ids: Tensor, num_ids: int | None = None) -> Tensor:
     """``(..., n)`` mask of the rows whose id has no earlier row with the same id (ids unique
-    across batches, as :func:`_row_ids` makes them)."""
+    across batches, as :func:`_row_ids` makes them, and below ``num_ids``, default
+    ``ids.numel()``: a bound from shapes, not values, so that a trace stays valid)."""
     flat = ids.reshape(-1)
     index = torch.arange(flat.numel(), device=ids.device)
-    first = torch.full((int(flat.max()) + 1,), flat.numel(), device=ids.device, dtype=index.dtype)
+    size = flat.numel() if num_ids is None else num_ids
+    first = torch.full((size,), flat.numel(), device=ids.device, dtype=index.dtype)
     first = first.scatter_reduce(0, flat, index, reduce="amin")
     return (first[flat] == index).reshape(ids.shape)
 
@@ -337,7 +339,7 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     low = _check_distinct(n_eff, n, names[0], k + 1, k, "each point needs k other points")
     ids = _row_ids(torch.cat([x, y], dim=-2))  # joint ids: a row of y identical to x_i shares its id
     ids_x, ids_y = ids[..., :n], ids[..., n:]
-    keep_y = _first_occurrences(ids_y).unsqueeze(-2)  # (..., 1, m)
+    keep_y = _first_occurrences(ids_y, ids.numel()).unsqueeze(-2)  # (..., 1, m)
     admissible = keep_y & (ids_x.unsqueeze(-1) != ids_y.unsqueeze(-2))  # (..., n, m)
     m_i = admissible.sum(-1)  # (..., n): y's distinct rows, x_i itself excluded
     _check_distinct(torch.where(keep, m_i, m), m, names[1], k, k,

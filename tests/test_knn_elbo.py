@@ -221,3 +221,34 @@ def test_knn_elbo_argument_checks():
         KNNElbo(site="v", num_kl_samples=5, num_particles=3).loss(model, HypernetGuide(model), x, y)
     with pytest.raises(ValueError, match="constant"):
         input_box(torch.ones(5, 2))
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_sample_quality_warnings_are_shown_once_per_elbo_not_once_per_step(functional):
+    """A guide far outside its prior's draws triggers the support warning on every step, each
+    with a different measured share; a fit shows it once per ELBO instance (a new instance
+    shows it again)."""
+    import warnings
+
+    model, x, y = _linreg()
+
+    def far_prior(n):  # prior draws around the origin, the guide is moved far from them below
+        return 0.01 * torch.randn(n, 3)
+
+    def run():
+        if functional:
+            return FunctionalKNNElbo(num_particles=2, num_kl_samples=40, num_prior_samples=40,
+                                     num_inputs=5, input_dist=input_box(x))  # fmt: skip
+        return KNNElbo(num_particles=2, num_kl_samples=40, num_prior_samples=40, prior_sampler=far_prior)
+
+    for _ in range(2):  # a second instance warns again
+        pyro.clear_param_store()
+        far = lambda site: torch.full(site["fn"].shape(), 30.0)  # noqa: E731
+        guide = AutoNormal(model, init_scale=0.5, init_loc_fn=far)
+        elbo = run()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pb.fit_svi(model, guide, x, y, num_steps=5, lr=0.01, loss=elbo, progress=False, seed=0)
+        support = [w for w in caught if "lie outside the region" in str(w.message)]
+        assert len(support) == 1, [str(w.message)[:60] for w in caught]
+        assert "once per instance" in str(support[0].message)

@@ -57,6 +57,8 @@ the same objective. Only reparameterised guides are supported (the library's all
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -141,6 +143,7 @@ class KNNElbo(ELBO):
         self.site = site
         self.prior_sampler = prior_sampler
         self._nesting = None if max_plate_nesting == float("inf") else int(max_plate_nesting)
+        self._warned: set[tuple[type, str]] = set()
 
     @classmethod
     def fast(cls, **overrides: Any) -> "KNNElbo":
@@ -217,10 +220,29 @@ class KNNElbo(ELBO):
                 "for MAP"
             )
 
+    def _warn_once(self, estimate: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+        """``estimate(*args, **kwargs)``, passing on each kind of warning once per ELBO.
+
+        The estimators' sample-quality warnings (``stats.knn``: high dimension, support) hold
+        measured shares that change every step; at one message per step a fit of 50,000 steps
+        would print 50,000 of them. Warnings differing only in their numbers are one kind.
+        """
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = estimate(*args, **kwargs)
+        for w in caught:
+            kind = (w.category, re.sub(r"\d+(\.\d+)?", "#", str(w.message)))
+            if kind in self._warned:
+                continue
+            self._warned.add(kind)
+            message = f"{w.message} [{type(self).__name__} shows each kind of warning once per instance]"
+            warnings.warn_explicit(message, w.category, w.filename, w.lineno)
+        return value
+
     def kl_estimate(self, q_samples: Tensor, prior_samples: Tensor, model, args, kwargs) -> Tensor:
         """``KL(q, p)`` of the k-NN site from flat samples ``(n, P)`` (eq. 4)."""
         self._refuse_point_mass(q_samples)
-        return knn_kl(q_samples, prior_samples.to(q_samples.dtype), k=self.k)
+        return self._warn_once(knn_kl, q_samples, prior_samples.to(q_samples.dtype), k=self.k)
 
     def loss_components(self, model, guide, *args, **kwargs) -> dict[str, Tensor]:
         """The objective's parts as differentiable tensors.
@@ -389,4 +411,4 @@ class FunctionalKNNElbo(KNNElbo):
             x = self._draw_inputs(x_train)
             f_q.append(predictor(x, q_samples))
             f_p.append(predictor(x, prior_samples.to(q_samples.dtype)).detach())
-        return functional_knn_kl(torch.stack(f_q), torch.stack(f_p), k=self.k)
+        return self._warn_once(functional_knn_kl, torch.stack(f_q), torch.stack(f_p), k=self.k)

@@ -37,18 +37,17 @@ subsampled ``pyro.plate``), so losses are comparable across ELBOs and batch size
 
 Cost. Per step the paper's settings (the defaults) run the model on ``num_particles = 100`` guide
 samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
-them through ``500 x 500`` distance matrices (in predictor space after evaluating both sample
-sets at ``T`` inputs). On the cosine toy (1x50 tanh, minibatches of 50) a step of
-:class:`KNNElbo` or :class:`FunctionalKNNElbo` costs tens of MFVI steps (``AutoNormal`` +
-``Trace_ELBO``); :meth:`KNNElbo.fast` (``num_particles=10``,
-``num_kl_samples = num_prior_samples = 100``) costs a few MFVI steps (ratios in
-``docs/results/knn-elbo-presets.csv``, column ``cost_vs_mfvi``), a preset for
-exploring: after 3,000 steps NN-HyVI's fit was about as good (test LL 0.76 vs 0.80, sd of ``f``
-in the gap 0.33 vs 0.26), FuNN-HyVI kept its out-of-distribution spread (sd far out 1.16 vs 1.26)
-but lost test LL (0.21 vs 0.60). Measured side by side, interleaved, one thread, on a loaded
-2-core machine: ``python docs/bench/knn_elbo_presets.py`` (``docs/results/knn-elbo-presets.csv``).
-Fewer k-NN samples make the KL estimate noisier and more biased, so final fits should use the
-defaults.
+them through ``500 x 500`` nearest-neighbour searches (in predictor space after evaluating both
+sample sets at ``T`` inputs). On the cosine toy (1x50 tanh, minibatches of 50) a step of
+:class:`KNNElbo` costs about 12 MFVI steps (``AutoNormal`` + ``Trace_ELBO``) and one of
+:class:`FunctionalKNNElbo` about 25; :meth:`KNNElbo.fast` (``num_particles=10``,
+``num_kl_samples = num_prior_samples = 100``) about 4 and 5 (``docs/results/knn-elbo-presets.csv``,
+column ``cost_vs_mfvi``; on boston's 751 weights a default NN-HyVI step is about 15 ms). The
+preset is for exploring: fewer k-NN samples make the KL estimate noisier and more biased, and
+one 3,000-step fit with it can land far from the default's (measured twice: NN-HyVI fast test LL
+0.76 and 0.05 against the default's 0.80 and 0.77; FuNN-HyVI fast 0.21 and 0.77 against 0.60
+and 0.50), so final fits should use the defaults. Measured side by side, interleaved, one
+thread: ``python docs/bench/knn_elbo_presets.py`` (``docs/results/knn-elbo-presets.csv``).
 
 ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all go through one differentiable
 function (:meth:`KNNElbo.loss_components`), so ``SVI``, ``fit_svi`` and ``ELBOModule`` optimise

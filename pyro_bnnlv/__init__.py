@@ -19,6 +19,7 @@ from .guides import init_to_network
 from .guides import HypernetGuide, ncai_guide
 from .infer import (
     EmpiricalBayes,
+    ClosedFormKLElbo,
     FunctionalKNNElbo,
     KNNElbo,
     NCAIElbo,
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ProjectedBNN",
+    "ClosedFormKLElbo",
     "FunctionalKNNElbo",
     "HypernetGuide",
     "KNNElbo",

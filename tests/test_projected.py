@@ -141,6 +141,12 @@ def test_three_stage_fit_beats_the_prior_predictive_and_variants_run():
     assert linear.num_phi == 2 * linear.net.num_weights + linear.net.num_weights
     with pytest.raises(ValueError, match="variant"):
         fit_projected_bnn(linear, x, y, variant="two-stage")
+    with pytest.raises(ValueError, match="kl must be"):
+        fit_projected_bnn(linear, x, y, kl="exact")
+    # the Monte-Carlo KL (the estimator before the paper's closed form) trains as well
+    mc = fit_projected_bnn(model, x, y, projection=fit.projection, kl="monte-carlo", **dict(kwargs, num_steps=600))
+    post_mc = pb.sample_posterior(mc.model, mc.guide, x, num_samples=200, seed=0)
+    assert float(pb.evaluate(mc.model, post_mc, data.x_test, data.y_test)["test_ll"]) > ll_prior + 2
     multi = ProjectedBNN(pb.MLP(1, [5], 1), latent_dim=2, num_tasks=3)
     with pytest.raises(ValueError, match="single-task"):
         fit_projected_bnn(multi, x, y)

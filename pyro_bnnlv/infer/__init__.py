@@ -1,4 +1,5 @@
 """Inference: SVI / MAP fitting loops, ELBOs (NCAI), empirical Bayes, posterior sampling, NUTS."""
+from .closed_form_kl import ClosedFormKLElbo
 from .elbo import CompiledTraceElbo, PenalizedElbo
 from .empirical_bayes import EmpiricalBayes
 from .fge import FGEResult, fge
@@ -12,6 +13,7 @@ from .laplace import LaplacePredictive, LinearizedLaplace, last_layer_indices, n
 from .local_reparam import LocalReparamELBO, local_reparam_forward
 
 __all__ = [
+    "ClosedFormKLElbo",
     "FGEResult",
     "fge",
     "fit_projected_bnn",

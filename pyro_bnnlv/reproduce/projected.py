@@ -11,7 +11,8 @@ network, noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
 * **FGE**: the kept FGE candidates as an equally weighted ensemble (App. A's baseline), reported
   by the ``Proj-BNN`` task that computes them;
 * **Proj-BNN**: :func:`~pyro_bnnlv.infer.fit_projected_bnn` (FGE, eq. 6's prediction-constrained
-  autoencoder, mean-field VI over ``z`` and ``phi``), decoder one layer of 20 RBF units;
+  autoencoder, mean-field VI over ``z`` and ``phi`` with eq. 5's KL terms in closed form, as the
+  paper computes them), decoder one layer of 20 RBF units;
 * **Proj-BNN (MMD)**: the same with the generative MMD decoder
   (:mod:`~pyro_bnnlv.infer.generative_decoder`, issue 17) and ``q(z)`` started at ``p(z)``.
 

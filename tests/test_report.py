@@ -83,3 +83,19 @@ def test_rendering_rounds_like_the_old_readme(tmp_path):
     text = report.render("<!-- table: proj-uci p.csv -->\n", tmp_path)
     assert "| d | random | -1.00 | **-0.50** | -2.00 |" in text
     assert text.startswith("<!-- GENERATED")
+
+
+def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_failures():
+    """Table 5 reports mean ± standard error over 10 splits: so does the table of a paper run; a
+    one-split CSV keeps its plain cells; failed fits do not enter the means."""
+    from pyro_bnnlv.reproduce.report import _hyvi_uci
+
+    rows = [dict(dataset="boston", split=s, method="MFVI", rmse=2.0 + s, test_ll=-2.0 - s, auroc_ood=0.9,
+                 status="done") for s in range(3)]  # fmt: skip
+    rows.append(dict(dataset="boston", split=3, method="MFVI", rmse=float("nan"), test_ll=float("nan"),
+                     auroc_ood=float("nan"), status="failed"))  # fmt: skip
+    table = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
+    # mean 3.00, sd 1, se 1/sqrt(3) = 0.58; the paper's MFVI boston RMSE 3.696 in brackets
+    assert "3.00 ± 0.58 (3.70)" in table and "-3.00 ± 0.58 (-2.97)" in table
+    one = _hyvi_uci([pd.DataFrame(rows[:1])], ["x.csv"], {})
+    assert "±" not in one and "2.00 (3.70)" in one

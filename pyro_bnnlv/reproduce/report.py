@@ -271,9 +271,19 @@ def _hyvi_cosine(frames: list[pd.DataFrame], paths: list[str], options: dict[str
 
 def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``pyro-bnnlv reproduce hyvi-uci --output CSV``: RMSE / test LL / AUROC per data set and
-    method (mean over the splits in the CSV), the paper's Table 5 in brackets."""
+    method (mean over the splits in the CSV, with its standard error ``± se`` when there are
+    several, as Table 5 reports), the paper's Table 5 in brackets."""
     t = pd.concat(frames, ignore_index=True)
-    agg = t.groupby(["dataset", "method"], sort=False)[["rmse", "test_ll", "auroc_ood"]].mean()
+    if "status" in t:
+        t = t[t["status"] == "done"]
+    cols = ["rmse", "test_ll", "auroc_ood"]
+    groups = t.groupby(["dataset", "method"], sort=False)[cols]
+    agg, se = groups.mean(), groups.std() / groups.count().pow(0.5)
+    several = groups.count()["rmse"] > 1
+
+    def value(key, col: str) -> str:
+        return _num(agg.loc[key, col]) + (f" ± {_num(se.loc[key, col])}" if several.loc[key] else "")
+
     methods = list(t["method"].drop_duplicates())
     out = []
     for dataset in t["dataset"].drop_duplicates():
@@ -282,11 +292,11 @@ def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
             if (dataset, m) not in agg.index:
                 cells.append("")
                 continue
-            r = agg.loc[(dataset, m)]
+            key = (dataset, m)
             rmse_p = HYVI_PAPER["rmse"].get(m, {}).get(dataset, float("nan"))
             ll_p = HYVI_PAPER["test_ll"].get(m, {}).get(dataset, float("nan"))
-            cells.append(f"{_with_paper(_num(r['rmse']), rmse_p)} / {_with_paper(_num(r['test_ll']), ll_p)}"
-                         f" / {_num(r['auroc_ood'])}")  # fmt: skip
+            cells.append(f"{_with_paper(value(key, 'rmse'), rmse_p)} / {_with_paper(value(key, 'test_ll'), ll_p)}"
+                         f" / {value(key, 'auroc_ood')}")  # fmt: skip
         out.append(cells)
     return _table(["data set"] + [f"{m} RMSE / LL / AUROC" for m in methods], out)
 

@@ -605,3 +605,14 @@ def test_kl_does_not_warn_for_equal_or_narrower_first_samples(m):
         warnings.filterwarnings("error", message=".*outside the region")
         knn_kl(torch.randn(500, 30, generator=g), prior)  # same distribution
         knn_kl(0.3 * torch.randn(500, 30, generator=g) + 0.2, prior)  # a posterior inside its prior
+
+
+def test_candidate_search_in_blocks_gives_the_same_estimate(monkeypatch):
+    """Large batches search candidates block by block (memory); the estimate is the same."""
+    import pyro_bnnlv.stats.knn as knn
+
+    g = torch.Generator().manual_seed(11)
+    f_p, f_q = torch.randn(6, 50, 4, generator=g), torch.randn(6, 60, 4, generator=g) + 0.3
+    whole = functional_knn_kl(f_p, f_q, k=2)
+    monkeypatch.setattr(knn, "_chunk", lambda n, m: 4)  # blocks of 4, 2 batch entries
+    assert functional_knn_kl(f_p, f_q, k=2).item() == whole.item()

@@ -205,6 +205,23 @@ def _distinct_rows(x: Tensor) -> Tensor:
 _EXTRA_CANDIDATES = 2
 
 
+def _chunk(n: int, m: int) -> int:
+    """Batch entries per block of the candidate search: float64 ``(block, n, m)`` matrices of at
+    most 2^24 entries (128 MB), e.g. one at a time for predictor-space KLs of 1,000 x 1,000 draws."""
+    return max(1, 2**24 // (n * m))
+
+
+def _candidates(x: Tensor, y: Tensor, ok: Tensor, c: int) -> tuple[Tensor, Tensor]:
+    """Indices ``(B, n, c)`` of the ``c`` nearest admissible rows of ``y`` by float64 centred
+    matrix products, and whether each is admissible (no gradient)."""
+    x64, y64 = x.detach().double(), y.detach().double()
+    centre = x64.mean(-2, keepdim=True)
+    x64, y64 = x64 - centre, y64 - centre
+    sq = x64.square().sum(-1, keepdim=True) + y64.square().sum(-1).unsqueeze(-2) - 2 * x64 @ y64.mT
+    approx, index = sq.masked_fill(~ok, math.inf).topk(c, dim=-1, largest=False, sorted=True)
+    return index, torch.isfinite(approx)
+
+
 def _log_kth_distance(x: Tensor, y: Tensor, admissible: Tensor, k: int) -> Tensor:
     """Log distance from each row of ``x`` (..., n, d) to its k-th nearest admissible row of
     ``y`` (..., m, d); ``admissible`` is a boolean ``(..., n, m)`` (identical rows are never
@@ -215,13 +232,10 @@ def _log_kth_distance(x: Tensor, y: Tensor, admissible: Tensor, k: int) -> Tenso
     x3, y3, ok = x.reshape(-1, n, d), y.reshape(-1, m, d), admissible.reshape(-1, n, m)
     c = min(k + _EXTRA_CANDIDATES, m)
     with torch.no_grad():  # which rows are the nearest: matrix products in float64, centred
-        x64, y64 = x3.detach().double(), y3.detach().double()
-        centre = x64.mean(-2, keepdim=True)
-        x64, y64 = x64 - centre, y64 - centre
-        sq = x64.square().sum(-1, keepdim=True) + y64.square().sum(-1).unsqueeze(-2) - 2 * x64 @ y64.mT
-        sq = sq.masked_fill(~ok, math.inf)
-        approx, index = sq.topk(c, dim=-1, largest=False, sorted=True)  # (B, n, c)
-        valid = torch.isfinite(approx)
+        found = [_candidates(x3[b : b + _chunk(n, m)], y3[b : b + _chunk(n, m)], ok[b : b + _chunk(n, m)], c)
+                 for b in range(0, x3.shape[0], _chunk(n, m))]  # fmt: skip
+        index = torch.cat([f[0] for f in found])  # (B, n, c)
+        valid = torch.cat([f[1] for f in found])
     # how far they are: explicit coordinate differences, in the inputs' dtype, with gradients
     near = torch.gather(y3, 1, index.reshape(y3.shape[0], n * c, 1).expand(-1, -1, d)).reshape(-1, n, c, d)
     sq_exact = (x3.unsqueeze(-2) - near).square().sum(-1)

@@ -159,7 +159,7 @@ def test_multi_task_codes_separate_the_tasks_of_the_sine_family():
                          latent_scale=1.0, phi_scale=1.0)  # fmt: skip
     guide = init_projected_guide(model, None, seed=0)
     pb.fit_svi(model, guide, x, y, num_steps=1500, lr=0.03, seed=0, progress=False,
-               loss=Trace_ELBO(num_particles=4, vectorize_particles=True), model_kwargs={"task": task})
+               loss=pb.ClosedFormKLElbo(("z", "phi"), num_particles=4), model_kwargs={"task": task})
     loc, scale = guide.locs.z.detach(), guide.scales.z.detach()
     sep = torch.cdist(loc, loc) / (scale.pow(2).sum(-1)[:, None] + scale.pow(2).sum(-1)[None]).sqrt()
     off = sep[~torch.eye(6, dtype=torch.bool)]

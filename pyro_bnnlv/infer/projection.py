@@ -398,11 +398,12 @@ def fit_projected_bnn(
             z_init = "prior" if generative else "random"
         guide = init_projected_guide(model, phi_star, seed=seed, z_init=z_init)
         _set_phi_scales(guide, model, x, y, seed)
+        # the model's only plate is "data" (dim -1): said, not guessed (Pyro logs every guess)
         if kl == "closed-form":
             sites = ("z",) if model.fixed_phi is not None else ("z", "phi")
-            loss = ClosedFormKLElbo(sites, num_particles=num_particles)
+            loss = ClosedFormKLElbo(sites, num_particles=num_particles, max_plate_nesting=1)
         else:
-            loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True)
+            loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
         losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
                          seed=seed, progress=progress,
                          callback=None if callback is None else lambda step, value: callback(step, value, guide))

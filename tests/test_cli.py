@@ -1,3 +1,5 @@
+import pytest
+
 from pyro_bnnlv.cli import main
 
 
@@ -21,6 +23,18 @@ def test_bench_svi_overhead_prints_ratios(capsys):
     assert main(["bench", "svi-overhead", "--steps", "10"]) == 0
     out = capsys.readouterr().out
     assert "ratio_to_hand" in out and "particles_32_vs_1_ours" in out
+
+
+def test_bench_knn_and_proj_print_their_ratios(capsys):
+    """Side-by-side benches of this round's speed-ups; the two k-NN estimates agree."""
+    from pyro_bnnlv.reproduce.bench import knn_bench
+
+    table = knn_bench(steps=1, rounds=1)
+    estimates = table["estimate"]
+    assert estimates.iloc[0] == pytest.approx(estimates.iloc[1], rel=1e-5)
+    assert main(["bench", "proj", "--steps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "Monte-Carlo / closed-form step" in out and "closed-form" in out
 
 
 def test_reproduce_hyvi_smoke(tmp_path, capsys):

@@ -263,6 +263,77 @@ def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     return table
 
 
+def _all_pairs_knn_kl(p: Tensor, q: Tensor) -> Tensor:
+    """The k = 1 Perez-Cruz estimate from explicit differences over all pairs (``cdist`` without
+    matrix products): the form :mod:`pyro_bnnlv.stats.knn` used before its two-pass search."""
+    n, d = p.shape
+    within = torch.cdist(p, p, compute_mode="donot_use_mm_for_euclid_dist")
+    rho = within.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).min(-1).values
+    nu = torch.cdist(p, q, compute_mode="donot_use_mm_for_euclid_dist").min(-1).values
+    return math.log(q.shape[0] / (n - 1)) + d * (nu.log() - rho.log()).mean()
+
+
+def knn_bench(steps: int = 20, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
+    """``pyro-bnnlv bench knn``: ms per k-NN KL estimate, forward and backward, at NN-HyVI's UCI
+    size (500 guide and 500 prior draws of boston's 751 weights): the two-pass neighbour search
+    (:mod:`pyro_bnnlv.stats.knn`, "Numerics") vs explicit differences over all pairs, alternated
+    in rounds of ``steps`` calls; the two estimates are printed too (equal to rounding)."""
+    from ..stats.knn import knn_kl
+
+    g = torch.Generator().manual_seed(seed)
+    guide = (0.05 * torch.randn(500, 751, generator=g) + 0.3).requires_grad_()
+    prior = 0.7 * torch.randn(500, 751, generator=g)
+    contenders = {"two-pass search (knn_kl)": lambda: knn_kl(guide, prior),
+                  "all-pairs differences": lambda: _all_pairs_knn_kl(guide, prior)}  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    values = {}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                value = fn()
+                value.backward()
+            times[name].append(1e3 * (time.perf_counter() - t0) / steps)
+            values[name] = float(value.detach())
+    fast = statistics.median(times["two-pass search (knn_kl)"])
+    rows = [(k, statistics.median(v), statistics.median(v) / fast, values[k]) for k, v in times.items()]
+    table = pd.DataFrame(rows, columns=["estimator", "ms_per_kl", "ratio_to_two_pass", "estimate"])
+    table = table.set_index("estimator")
+    table.attrs["all-pairs / two-pass"] = table["ratio_to_two_pass"].iloc[1]
+    return table
+
+
+def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
+    """``pyro-bnnlv bench proj``: ms per stage-3 SVI step of the projected BNN on boston (1x50
+    ReLU, ``D_z = 10``, 1x20 RBF decoder, 20 particles, minibatches of 128), eq. 5's KL terms in
+    closed form (:class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`, the default) vs by
+    Monte Carlo (``Trace_ELBO``), alternated in rounds on one decoder."""
+    from ..infer.fge import fge
+    from ..infer.projection import fit_projected_bnn, fit_projection
+    from ..models.projected import PAPER_SCALE, ProjectedBNN
+
+    data = load_dataset("boston", seed=seed)
+    x, y = data.x_train, data.y_train
+    net = MLP(data.input_dim, [50], 1, activation="relu")
+    bnn = BNN(net, prior_scale=PAPER_SCALE, noise_scale=0.1)
+    model = ProjectedBNN(net, latent_dim=10, decoder_hidden=[20])
+    cands = fge(bnn, x, y, num_candidates=40, keep=20, map_steps=300, cycle_epochs=2, seed=seed, progress=False)
+    projection = fit_projection(model, cands.kept, x, y, num_steps=200, seed=seed, progress=False)
+    times: dict[str, list[float]] = {"closed-form": [], "monte-carlo": []}
+    for r in range(rounds):
+        for kl in times:
+            stamps: list[float] = []
+            fit_projected_bnn(model, x, y, projection=projection, num_steps=steps + 21, batch_size=128, kl=kl,
+                              seed=seed + r, progress=False,
+                              callback=lambda step, value, guide: stamps.append(time.perf_counter()))  # fmt: skip
+            times[kl].append(1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:])))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    table = pd.DataFrame([(k, v, v / med["closed-form"]) for k, v in med.items()],
+                         columns=["kl", "ms_per_step", "ratio_to_closed_form"]).set_index("kl")  # fmt: skip
+    table.attrs["Monte-Carlo / closed-form step"] = med["monte-carlo"] / med["closed-form"]
+    return table
+
+
 #: name -> (function, one-line description); the CLI prints the returned DataFrame.
 def _fixed_tuning_run(kernel: Any, start: dict[str, Tensor], iters: int, args: tuple) -> tuple[float, int]:
     """Seconds and leapfrog steps of ``iters`` NUTS draws with adaptation off."""
@@ -757,4 +828,6 @@ BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "nuts-boston": (nuts_uci_benchmark, "NUTS on boston (1x50): 1 and 4 chains vs NumPyro, ESS/s of f"),
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
     "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step on heavy-tail"),
+    "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
+    "proj": (proj_bench, "Proj-BNN stage-3 step on boston: closed-form vs Monte-Carlo KL terms"),
 }

@@ -318,6 +318,47 @@ def test_an_address_while_connected_to_ray_is_an_error(tmp_path, ray_instance):
                   progress=False)  # fmt: skip
 
 
+def test_stop_after_starts_no_task_after_the_deadline_and_a_rerun_completes_the_table(tmp_path):
+    tasks = _tasks(n_splits=3, sleep=0.4)  # 6 tasks of at least 0.4 s, one after another
+    ref = run_sweep(tasks, toy_fit, out_dir=tmp_path / "ref", executor="inline", progress=False)
+    part = run_sweep(tasks, toy_fit, out_dir=tmp_path / "s", executor="inline", progress=False, stop_after=1.0)
+    ran = part.attrs["ran"]
+    assert 1 <= ran <= 3  # started at t = 0, >= 0.4, >= 0.8; none at >= 1.2 s
+    assert list(part["status"]) == ["done"] * ran + ["pending"] * (6 - ran)
+    assert part.attrs["pending"] == 6 - ran and part.attrs["failed"] == 0
+    assert f"incomplete: {6 - ran} tasks pending; run the same command again" in part.attrs["summary"]
+    rest = run_sweep(tasks, toy_fit, out_dir=tmp_path / "s", executor="inline", progress=False)
+    assert rest.attrs["ran"] == 6 - ran and rest.attrs["pending"] == 0
+    assert "incomplete" not in rest.attrs["summary"]
+    pd.testing.assert_frame_equal(_results(rest), _results(ref))
+
+
+def test_stop_after_lets_running_worker_tasks_finish(tmp_path):
+    # two workers take the first two tasks at once; each sleeps past the deadline and still
+    # lands in the store; no third task starts (the earliest slot frees after >= 3 s)
+    tasks = _tasks(n_splits=2, sleep=3.0)
+    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, workers=2, progress=False, stop_after=1.5)
+    assert list(table["status"]) == ["done", "done", "pending", "pending"]
+    assert table.attrs["ran"] == 2 and table.attrs["pending"] == 2
+    assert (table["task_seconds"].iloc[:2] >= 3.0).all()
+
+
+def test_stop_after_zero_reads_the_store_even_while_another_driver_runs_it(tmp_path):
+    tasks = _tasks(n_splits=1)
+    done = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    with SweepStore(tmp_path):  # another driver holds the store
+        with pytest.raises(SweepLockedError):
+            run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+        look = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False, stop_after=0)
+    assert look.attrs["ran"] == 0 and "another process is running this sweep" in look.attrs["executor"]
+    pd.testing.assert_frame_equal(look, done)
+    fresh = run_sweep(tasks, toy_fit, out_dir=tmp_path / "new", executor="inline", progress=False, stop_after=0)
+    assert list(fresh["status"]) == ["pending", "pending"] and fresh.attrs["executor"] == "nothing run (stop_after=0)"
+    for bad in (-1, float("nan"), "1h", True):
+        with pytest.raises(ValueError, match="stop_after must be a number of seconds >= 0"):
+            run_sweep(tasks, toy_fit, out_dir=tmp_path / "bad", executor="inline", progress=False, stop_after=bad)
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, capsys):
     from pyro_bnnlv.cli import main
@@ -342,6 +383,42 @@ def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, cap
     failed = run_sweep(_tasks(n_splits=1, methods=("fail",)), toy_fit, out_dir=None, executor="inline",
                        progress=False)  # fmt: skip
     assert report(failed) == 1 and "1 tasks: 0 done, 1 failed" in capsys.readouterr().out
+
+
+def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_path, capsys):
+    from pyro_bnnlv.cli import main
+
+    args = ["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
+            "--executor", "inline", "--out", str(tmp_path / "store")]  # fmt: skip
+    assert main(args + ["--stop-after", "0", "--output", str(tmp_path / "a.csv")]) == 3
+    out = capsys.readouterr().out
+    assert "3 tasks: 0 done, 0 failed, 3 pending" in out and "run the same command again to continue" in out
+    assert list(pd.read_csv(tmp_path / "a.csv")["status"]) == ["pending"] * 3
+    assert main(args) == 0
+    assert "3 tasks: 3 done" in capsys.readouterr().out
+    assert main(args + ["--stop-after", "0"]) == 0  # a look at a finished sweep
+    for bad in ("-1", "soon"):
+        with pytest.raises(SystemExit):
+            main(args + ["--stop-after", bad])
+        assert "--stop-after takes" in capsys.readouterr().err
+    # the NCAI protocol: one deadline for both stages; nothing selected yet -> no rows, exit 3
+    ncai = ["reproduce", "ncai", "--datasets", "heavy-tail", "--steps", "5", "--restarts", "1", "--splits", "1",
+            "--executor", "inline", "--quiet", "--out", str(tmp_path / "ncai"), "--stop-after", "0"]  # fmt: skip
+    assert main(ncai) == 3
+    out = capsys.readouterr().out
+    assert "0 selected fits; 0 failed tasks" in out
+    assert "tasks pending in heavy-tail (selection); run the same command again to continue" in out
+    compare = ["compare", "heavy-tail", "--steps", "5", "--restarts", "1", "--executor", "inline", "--no-plot",
+               "--quiet", "--out", str(tmp_path / "compare"), "--stop-after", "0"]  # fmt: skip
+    assert main(compare) == 3
+    assert "pending; run the same command again to continue" in capsys.readouterr().out
+    assert main(compare[:-2] + ["--output", str(tmp_path / "full.csv")]) == 0
+    full = pd.read_csv(tmp_path / "full.csv")
+    with sqlite3.connect(tmp_path / "compare" / STORE_NAME) as conn:  # as if the last task had not run yet
+        conn.execute("UPDATE tasks SET status='pending', result=NULL WHERE position=(SELECT MAX(position) FROM tasks)")
+    assert main(compare + ["--output", str(tmp_path / "part.csv")]) == 3
+    part = pd.read_csv(tmp_path / "part.csv")
+    assert 0 < len(part) < len(full) and list(part.columns) == list(full.columns)
 
 
 def compiled_core_file(task: Task) -> dict:

@@ -231,6 +231,7 @@ def uci_experiment(
     address: str | None = None,
     code_version: str | None = None,
     schedule: bool = False,
+    stop_after: float | None = None,
 ) -> pd.DataFrame:
     """Experiment 2 (Table 5); one row per (data set, split, method). Defaults: a reduced size
     (2 splits, 2,000 steps at a constant rate); ``**PAPER_UCI`` is the paper's budget
@@ -244,7 +245,8 @@ def uci_experiment(
     standard deviation is learned jointly (``learn_noise=True``), as in Experiment 2.
 
     Every fit is a task of :func:`pyro_bnnlv.sweep.run_sweep` (``out_dir``, ``executor``,
-    ``workers``, ``address``, ``code_version`` go to it): parallel, and resumable when
+    ``workers``, ``address``, ``code_version``, ``stop_after`` go to it; a task without a result
+    yet is a ``pending`` row): parallel, and resumable when
     ``out_dir`` is given; the store keeps the tracebacks of failed fits, ``table.attrs["summary"]``
     lists them.
     """
@@ -257,7 +259,8 @@ def uci_experiment(
     tasks = [Task(name, method=method, split=split, seed=split)
              for name in datasets for split in range(splits) for method in methods]  # fmt: skip
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="hyvi-uci")  # fmt: skip
+                      code_version=code_version, progress=progress, desc="hyvi-uci",
+                      stop_after=stop_after)  # fmt: skip
     table = sweep.reindex(columns=UCI_COLUMNS)
     table.attrs = dict(sweep.attrs)
     return table

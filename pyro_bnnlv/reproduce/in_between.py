@@ -251,7 +251,7 @@ def uci_table(
     gap: bool = True, max_gap_dims: int | None = None, progress: bool = True, seed: int = 0,
     methods: Sequence[str] = METHODS, out_dir: str | Path | None = None, executor: str = "local",
     workers: int | None = None, address: str | None = None, code_version: str | None = None,
-    threads: int = 1, **options,
+    threads: int = 1, stop_after: float | None = None, **options,
 ) -> pd.DataFrame:  # fmt: skip
     """Run :func:`run_split` on the standard splits and the gap splits; one row per split.
 
@@ -272,12 +272,13 @@ def uci_table(
         tasks += [Task(name, method=g, split=s, grid={"kind": kind}, seed=seed) for kind, s in splits for g in groups]
     fn = functools.partial(split_task, methods=tuple(methods), **options)
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, threads=threads, progress=progress, desc="in-between")  # fmt: skip
+                      code_version=code_version, threads=threads, progress=progress, desc="in-between",
+                      stop_after=stop_after)  # fmt: skip
     key = ["dataset", "kind", "split"]
     results = sweep.drop(columns=["task_id", "method", "restart", "seed", "task_seconds", "attempts", "error"])
     table = results.groupby(key, sort=False).first().reset_index()  # the two tasks of a split -> one row
     table["status"] = results.groupby(key, sort=False)["status"].agg(
-        lambda v: "done" if (v == "done").all() else "failed").to_numpy()  # fmt: skip
+        lambda v: "done" if (v == "done").all() else "failed" if (v == "failed").any() else "pending").to_numpy()  # fmt: skip
     table = table[key + [c for c in table.columns if c not in key and c != "status"] + ["status"]]
     table.attrs = dict(sweep.attrs)
     return table

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import pandas as pd
 import torch
 
 from ..sweep import Task, run_sweep
-from ..sweep.cli import add_sweep_arguments, sweep_options
+from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 
 __all__ = ["DATASETS", "PAPER", "select_settings", "run_protocol", "main"]
@@ -95,26 +96,49 @@ def run_protocol(
     **sweep: object,
 ) -> pd.DataFrame:
     """Both stages on every data set; returns one row per (data set, method, evaluation split)
-    with the selected setting. Stores: ``out/<dataset>/selection`` and ``out/<dataset>/evaluation``."""
+    with the selected setting. Stores: ``out/<dataset>/selection`` and ``out/<dataset>/evaluation``.
+
+    ``stop_after`` (seconds, in ``sweep``) is one deadline for the whole protocol: no task starts
+    after it. A data set whose selection stage is incomplete does not start its evaluation stage,
+    and its rows are missing from the table; ``table.attrs["pending"]`` counts the tasks left
+    (the evaluation stage's only once it is planned)."""
     cfg = config or CompareConfig()
     conf = dataclasses.asdict(cfg)
     fn = functools.partial(fit_task, config=conf)
-    frames, failed = [], 0
+    stop_after = sweep.pop("stop_after", None)
+    t0 = time.perf_counter()
+
+    def remaining() -> float | None:
+        return None if stop_after is None else max(0.0, float(stop_after) - (time.perf_counter() - t0))
+
+    frames, failed, pending, incomplete = [], 0, 0, []
     for name in datasets:
         name = load_compare_data(name).name
         meta = {"experiment": "ncai-protocol", "config": conf}
         stage1 = run_sweep(compare_tasks(name, cfg, splits=[0]), fn, out_dir=Path(out) / name / "selection",
-                           sweep_meta=meta, progress=progress, desc=f"{name} selection", **sweep)  # fmt: skip
+                           sweep_meta=meta, progress=progress, desc=f"{name} selection", stop_after=remaining(),
+                           **sweep)  # fmt: skip
         failed += stage1.attrs["failed"]
+        if stage1.attrs["pending"]:
+            pending += stage1.attrs["pending"]
+            incomplete.append(f"{name} (selection)")
+            continue
         chosen = select_settings(stage1)
         tasks = _evaluation_tasks(name, cfg, chosen, splits)
         stage2 = run_sweep(tasks, fn, out_dir=Path(out) / name / "evaluation", sweep_meta=meta,
-                           progress=progress, desc=f"{name} evaluation", **sweep)  # fmt: skip
+                           progress=progress, desc=f"{name} evaluation", stop_after=remaining(), **sweep)  # fmt: skip
         failed += stage2.attrs["failed"]
+        if stage2.attrs["pending"]:
+            pending += stage2.attrs["pending"]
+            incomplete.append(f"{name} (evaluation)")
         best = _best_per_split(stage2, chosen)
         frames.append(best.assign(selected=best["method"].map(chosen)))
-    table = pd.concat(frames, ignore_index=True)
-    table.attrs.update(failed=failed, summary=f"{len(table)} selected fits; {failed} failed tasks")
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["dataset", "method", "split"])
+    summary = f"{len(table)} selected fits; {failed} failed tasks"
+    if incomplete:
+        summary += (f"\nincomplete: {pending} tasks pending in {', '.join(incomplete)}; run the same command "
+                    "again to continue")  # fmt: skip
+    table.attrs.update(failed=failed, pending=pending, summary=summary)
     return table
 
 
@@ -155,11 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = opts.pop("out_dir")
     table = run_protocol(args.datasets, cfg, splits=range(1, args.splits + 1), out=out,
                          progress=not args.quiet, **opts)  # fmt: skip
-    print(summary(table).to_string(float_format="%.3f"))
+    if len(table):
+        print(summary(table).to_string(float_format="%.3f"))
     if args.output:
         table.to_csv(args.output, index=False)
-    print(table.attrs["summary"])
-    return 1 if table.attrs["failed"] else 0
+    return report(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -335,6 +335,7 @@ def run_compare(
     out_dir: str | Path | None = None,
     code_version: str | None = None,
     return_fits: bool = True,
+    stop_after: float | None = None,
 ) -> tuple[pd.DataFrame, dict[str, _Fit]]:
     """Run the four methods on ``dataset``; return the results table and the selected fits.
 
@@ -354,7 +355,15 @@ def run_compare(
     fn = functools.partial(fit_task, config=config) if named else functools.partial(fit_task, config=config, data=data)
     results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
                         sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
-                        progress=progress, desc=f"compare {data.name}")  # fmt: skip
+                        progress=progress, desc=f"compare {data.name}", stop_after=stop_after)  # fmt: skip
+    if results.attrs["pending"]:  # stopped by stop_after: the table so far, no refits
+        done = results[results["status"] == "done"]
+        table = pd.DataFrame(columns=COLUMNS)
+        if len(done):
+            chosen = select_fits(done)
+            table = chosen.assign(seconds=chosen["method"].map(done.groupby("method")["fit_seconds"].sum()))[COLUMNS]
+        table.attrs.update(results.attrs)
+        return table, {}
     if not (results["status"] == "done").any():
         raise RuntimeError(f"every fit of the comparison failed:\n{results.attrs['summary']}")
     chosen = select_fits(results)

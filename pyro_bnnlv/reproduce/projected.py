@@ -266,6 +266,7 @@ def uci_experiment(
     workers: int | None = None,
     address: str | None = None,
     code_version: str | None = None,
+    stop_after: float | None = None,
 ) -> pd.DataFrame:
     """One row per (data set, scheme, method) with the selected grid point (:func:`select_best`):
     ``lr``, ``latent_dim``, ``valid_ll``, ``test_ll``, ``rmse``, ``seconds``, ``steps``, ``status``.
@@ -275,7 +276,8 @@ def uci_experiment(
     ``latent_dims`` (Proj-BNN) and ``bbb_lrs`` (BbB) are the cross-validation grids (empty: ``lr``
     and ``latent_dim``): a task per ``D_z``, the step sizes inside it (:func:`uci_task`);
     ``patience`` turns on early stopping. The fits are tasks of :func:`pyro_bnnlv.sweep.run_sweep`
-    (``out_dir``, ``executor``, ``workers``, ``address``, ``code_version`` go to it); the table of
+    (``out_dir``, ``executor``, ``workers``, ``address``, ``code_version``, ``stop_after`` go to
+    it); the table of
     every task is ``table.attrs["sweep"]``.
     """
     settings = dict(num_candidates=num_candidates, keep=keep, cycle_epochs=cycle_epochs, map_steps=map_steps,
@@ -292,7 +294,8 @@ def uci_experiment(
                            lrs=lrs, bbb_lrs=bbb_lrs, **settings)  # fmt: skip
     tasks = uci_tasks(datasets, schemes, methods=methods, latent_dims=latent_dims, seed=seed)
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="proj-uci")  # fmt: skip
+                      code_version=code_version, progress=progress, desc="proj-uci",
+                      stop_after=stop_after)  # fmt: skip
     table = select_best(sweep)
     table.attrs = dict(sweep.attrs)
     table.attrs["sweep"] = sweep

@@ -1,9 +1,10 @@
 """The command-line options every sweep-backed command shares, and its exit status.
 
-``add_sweep_arguments(parser)`` adds ``--workers``, ``--executor``, ``--address``, ``--out`` and
-``--code-version``; ``sweep_options(args)`` turns them into :func:`~pyro_bnnlv.sweep.run_sweep`
-keyword arguments; ``report(table)`` prints the sweep's summary (failed tasks with their last error
-line) and returns the command's exit status (1 if a task failed).
+``add_sweep_arguments(parser)`` adds ``--workers``, ``--executor``, ``--address``, ``--out``,
+``--code-version`` and ``--stop-after``; ``sweep_options(args)`` turns them into
+:func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments; ``report(table)`` prints the sweep's
+summary (failed tasks with their last error line) and returns the command's exit status: 1 if a
+task failed, else 3 if tasks are still pending (``--stop-after``: run the command again), else 0.
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ import pandas as pd
 
 from .executors import EXECUTORS
 
-__all__ = ["add_sweep_arguments", "sweep_options", "report"]
+__all__ = ["add_sweep_arguments", "sweep_options", "report", "EXIT_FAILED", "EXIT_INCOMPLETE"]
+
+#: exit status of a command whose sweep has failed tasks
+EXIT_FAILED = 1
+#: exit status of a command that stopped with tasks pending (``--stop-after``)
+EXIT_INCOMPLETE = 3
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--stop-after takes a number of hours, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--stop-after takes hours >= 0, got {text!r}")
+    return value
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,21 +49,30 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         "resumes; default: a temporary directory (nothing kept)")
     g.add_argument("--code-version", default=None, metavar="LABEL",
                    help="pin the code version the store must agree on (default: a hash of the "
-                        "package's source); for resuming after edits that cannot change the results")  # fmt: skip
+                        "package's source); for resuming after edits that cannot change the results")
+    g.add_argument("--stop-after", type=_hours, default=None, metavar="HOURS",
+                   help="start no task after HOURS hours (running ones finish; the rest stay pending: "
+                        "run the same command again to continue; exit status 3 while incomplete); "
+                        "0 runs nothing and prints the table so far, also while another process runs "
+                        "the sweep")  # fmt: skip
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments of parsed sweep options."""
+    stop = args.stop_after
     return dict(executor=args.executor, workers=args.workers, address=args.address, out_dir=args.out,
-                code_version=args.code_version)  # fmt: skip
+                code_version=args.code_version, stop_after=None if stop is None else stop * 3600.0)  # fmt: skip
 
 
 def report(table: pd.DataFrame, file: TextIO | None = None) -> int:
-    """Print the sweep's summary and return 1 if a task failed, else 0.
+    """Print the sweep's summary; return :data:`EXIT_FAILED` if a task failed, else
+    :data:`EXIT_INCOMPLETE` if tasks are pending, else 0.
 
     ``table`` is a :func:`~pyro_bnnlv.sweep.run_sweep` table or any table that carries its
     ``attrs`` (``"summary"``, ``"failed"``)."""
     if "summary" not in table.attrs:
         raise ValueError("report() needs a table from run_sweep (or one carrying its attrs: summary, failed)")
     print(table.attrs["summary"], file=file or sys.stdout)
-    return 1 if table.attrs["failed"] else 0
+    if table.attrs["failed"]:
+        return EXIT_FAILED
+    return EXIT_INCOMPLETE if table.attrs.get("pending") else 0

@@ -1,7 +1,10 @@
 """Where a sweep's tasks run: in this process, in local worker processes, or on a Ray cluster.
 
 Every executor calls :func:`execute` on each task and yields its outcome (a dict) as soon as the
-task finishes, in completion order; the driver writes each outcome to the store. Nothing here is
+task finishes, in completion order; the driver writes each outcome to the store. Executors keep at
+most ``slots`` tasks in flight and ask ``accept()`` before starting each one: once it answers
+``False`` (a sweep's ``stop_after`` has passed) no task starts, the running ones finish, and the
+rest stay pending in the store. Nothing here is
 home-made distribution: the local executor is the standard library's
 :class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (no forked copies
 of torch's thread pools or of the driver's state; tasks see only their key), the Ray executor is
@@ -23,7 +26,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from datetime import datetime, timezone
 from typing import Any
 
@@ -40,6 +43,10 @@ _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
 
 #: the cores this process may run on (one definition: :func:`pyro_bnnlv._platform.usable_cores`)
 available_cores = usable_cores
+
+
+def _always() -> bool:
+    return True
 
 
 def _plain(value: Any, name: str) -> Any:
@@ -120,8 +127,10 @@ class InlineExecutor:
     def __init__(self, threads: int = 1) -> None:
         self.threads, self.slots = threads, 1
 
-    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
         for task in tasks:
+            if not accept():
+                return
             yield execute(fn, task, self.threads)
 
     def close(self) -> None:
@@ -148,24 +157,37 @@ def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
 
 
 class LocalExecutor:
-    """``workers`` processes of a ``spawn`` :class:`~concurrent.futures.ProcessPoolExecutor`."""
+    """``workers`` processes of a ``spawn`` :class:`~concurrent.futures.ProcessPoolExecutor`, at
+    most ``workers`` tasks submitted at a time (so a task not yet submitted can still be held back
+    by ``accept``)."""
 
     name = "local"
 
     def __init__(self, workers: int, threads: int = 1) -> None:
         self.threads, self.slots = threads, workers
 
-    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
         pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_exit_with_driver, initargs=(os.getpid(),))  # fmt: skip
+        queue, inflight = list(tasks)[::-1], {}
         try:
-            futures = {pool.submit(execute, fn, task, self.threads): task for task in tasks}
-            for future in as_completed(futures):
-                try:
-                    yield future.result()
-                except Exception as err:  # BrokenProcessPool: a worker died (killed, out of memory)
-                    yield _failed(futures[future], err, "the worker process running this task failed", _SPAWN_HINT)
-        finally:  # on an error or Ctrl-C: queued tasks are cancelled, not run
+            while queue or inflight:
+                while queue and len(inflight) < self.slots and accept():
+                    task = queue.pop()
+                    try:
+                        inflight[pool.submit(execute, fn, task, self.threads)] = task
+                    except Exception as err:  # BrokenProcessPool: a worker died earlier
+                        yield _failed(task, err, "the worker process running this task failed", _SPAWN_HINT)
+                if not inflight:
+                    return
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = inflight.pop(future)
+                    try:
+                        yield future.result()
+                    except Exception as err:  # BrokenProcessPool: a worker died (killed, out of memory)
+                        yield _failed(task, err, "the worker process running this task failed", _SPAWN_HINT)
+        finally:  # on an error or Ctrl-C: nothing more is submitted
             pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
@@ -236,16 +258,18 @@ class RayExecutor:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = workers or max(1, cpus // threads)
 
-    def run(self, fn: Callable, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
         ray = self._ray
         remote = ray.remote(num_cpus=self.threads)(execute)
         fn_ref = ray.put(fn)
         queue, inflight = list(tasks)[::-1], {}
         try:
             while queue or inflight:
-                while queue and len(inflight) < self.slots:
+                while queue and len(inflight) < self.slots and accept():
                     task = queue.pop()
                     inflight[remote.remote(fn_ref, task, self.threads)] = task
+                if not inflight:
+                    return
                 done, _ = ray.wait(list(inflight), num_returns=1)
                 for ref in done:
                     task = inflight.pop(ref)

@@ -15,6 +15,10 @@ for a grid of their own::
 
 Run the same call again (after a crash, a ``kill -9``, on another machine with the store copied
 over) and only the tasks without a result run; the table is the same as an uninterrupted run's.
+A sweep longer than the machine is free can run in instalments: ``stop_after=8 * 3600`` starts no
+task after eight hours and lets the running ones finish (a ``kill`` would lose them), and
+``stop_after=0`` runs nothing and returns the table so far, also while another process runs the
+sweep.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .executors import check_executor_args, cores_note, make_executor
-from .store import SweepStore
+from .store import SweepLockedError, SweepStore
 from .task import Task, check_picklable, code_version as current_code_version, sweep_identity
 
 __all__ = ["run_sweep", "load_results", "summarize", "failures"]
@@ -66,6 +70,7 @@ def run_sweep(
     prepare: Callable[[], object] | None = None,
     progress: bool = True,
     desc: str = "sweep",
+    stop_after: float | None = None,
 ) -> pd.DataFrame:
     """Run ``fn`` on every task without a stored result and return the table of all tasks.
 
@@ -101,12 +106,16 @@ def run_sweep(
             ``pyro_bnnlv.infer.compiled.extension`` so the NUTS core is compiled once and every
             worker loads the cached build instead of compiling it.
         progress: one tqdm bar over the tasks (done / running / failed, ETA).
+        stop_after: seconds after which no task starts (running tasks finish; the others stay
+            pending for the next run); ``None``: run every task. ``0`` runs nothing: the table of
+            the store so far, read without the lock if another process is running the sweep.
 
     Returns:
         The store's table (:meth:`~pyro_bnnlv.sweep.SweepStore.table`): one row per task with its
         key, ``status``, results, ``task_seconds``, ``attempts`` and ``error``;
         ``table.attrs`` holds ``"wall_seconds"``, ``"executor"``, ``"ran"`` (tasks run now),
-        ``"failed"`` (failed tasks) and ``"summary"`` (:func:`summarize`: counts and one line per
+        ``"failed"`` (failed tasks), ``"pending"`` (tasks without a result: non-zero only after
+        ``stop_after``) and ``"summary"`` (:func:`summarize`: counts and one line per
         failed task); commands built on a sweep copy these attrs onto their own tables.
     """
     tasks = _check_tasks(tasks)
@@ -114,7 +123,11 @@ def run_sweep(
         with tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-") as tmp:
             return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,
                              threads=threads, sweep_meta=sweep_meta, code_version=code_version,
-                             retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc)  # fmt: skip
+                             retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc,
+                             stop_after=stop_after)  # fmt: skip
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, (int, float))
+                                   or not stop_after >= 0):
+        raise ValueError(f"stop_after must be a number of seconds >= 0 (or None), got {stop_after!r}")
     check_executor_args(executor, workers, threads, address)  # before the store is touched
     if executor != "inline":
         check_picklable(fn)
@@ -122,45 +135,76 @@ def run_sweep(
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
     t0 = time.perf_counter()
-    with SweepStore(out_dir) as store:
+    store = SweepStore(out_dir)
+    note, ran = "nothing to run", 0
+    try:
+        try:
+            store.open()
+        except SweepLockedError:
+            if stop_after != 0:
+                raise
+            store.open(lock=False)  # a look at a running sweep: read only
+            note = "nothing run: another process is running this sweep"
         store.claim(identity, version, tasks)
         todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
-        note = "nothing to run"
-        if todo:
+        if todo and stop_after != 0:
             runner = make_executor(executor, workers=workers, threads=threads, address=address,
                                    num_tasks=len(todo))  # fmt: skip
             note = cores_note(runner)
             if prepare is not None:
                 prepare()
+
+            def accept() -> bool:
+                return stop_after is None or time.perf_counter() - t0 < stop_after
+
             try:
-                _drive(store, runner, fn, todo, version, progress=progress, desc=f"{desc} ({note})")
+                ran = _drive(store, runner, fn, todo, version, accept, progress=progress, desc=f"{desc} ({note})")
             finally:
                 runner.close()
+        elif todo:
+            note = "nothing run (stop_after=0)" if note == "nothing to run" else note
         table = store.table()
-    table.attrs.update(wall_seconds=time.perf_counter() - t0, executor=note, ran=len(todo))
-    table.attrs.update(failed=len(failures(table)), summary=summarize(table))
+    finally:
+        store.close()
+    pending = int((table["status"] == "pending").sum())
+    table.attrs.update(wall_seconds=time.perf_counter() - t0, executor=note, ran=ran)
+    table.attrs.update(failed=len(failures(table)), pending=pending, summary=summarize(table))
     return table
 
 
-def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, *, progress: bool, desc: str) -> None:
+def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, accept: Callable[[], bool], *,
+           progress: bool, desc: str) -> int:
+    """Run ``todo`` on ``runner``, committing each outcome; returns the number of tasks run."""
     counts = store.counts()
     total = sum(counts.values())
-    failed = 0
+    failed = ran = 0
     bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="task", disable=not progress,
                dynamic_ncols=True)  # fmt: skip
     remaining = len(todo)
+    stopping = False
+
+    def accept_and_say() -> bool:
+        nonlocal stopping
+        ok = accept()
+        if not ok and not stopping:
+            stopping = True
+            postfix()
+        return ok
 
     def postfix() -> None:
-        bar.set_postfix_str(f"running {min(runner.slots, remaining)}, failed {failed}", refresh=True)
+        running = "no new tasks (stop_after)" if stopping else f"running {min(runner.slots, remaining)}"
+        bar.set_postfix_str(f"{running}, failed {failed}", refresh=True)
 
     with contextlib.closing(bar):
         postfix()
-        for outcome in runner.run(fn, todo):
+        for outcome in runner.run(fn, todo, accept_and_say):
             store.commit(outcome, version)
             remaining -= 1
+            ran += 1
             failed += outcome["status"] == "failed"
             bar.update(1)
             postfix()
+    return ran
 
 
 def load_results(out_dir: str | Path) -> pd.DataFrame:
@@ -192,4 +236,6 @@ def summarize(table: pd.DataFrame) -> str:
         lines.append(f"  FAILED {row['task_id']} ({key}): {last[0]}")
     if "wall_seconds" in table.attrs:
         lines.append(f"ran {table.attrs['ran']} tasks in {table.attrs['wall_seconds']:.1f} s ({table.attrs['executor']})")
+    if counts.get("pending", 0):
+        lines.append(f"incomplete: {counts['pending']} tasks pending; run the same command again to continue")
     return "\n".join(lines)

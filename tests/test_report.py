@@ -99,3 +99,11 @@ def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_f
     assert "3.00 ± 0.58 (3.70)" in table and "-3.00 ± 0.58 (-2.97)" in table
     one = _hyvi_uci([pd.DataFrame(rows[:1])], ["x.csv"], {})
     assert "±" not in one and "2.00 (3.70)" in one
+    assert "| boston | 3 of 4 |" in table and "| boston | 1 of 1 |" in one
+    # a sweep under way: pending rows count as planned splits, not as fits
+    rows += [dict(dataset="boston", split=s, method=m, rmse=float("nan"), test_ll=float("nan"),
+                  auroc_ood=float("nan"), status="pending") for s in (4, 5) for m in ("MFVI", "NN-HyVI")]  # fmt: skip
+    rows.append(dict(dataset="boston", split=0, method="NN-HyVI", rmse=3.0, test_ll=-3.0, auroc_ood=0.9,
+                     status="done"))  # fmt: skip
+    partial = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
+    assert "| boston | 3 / 1 of 6 |" in partial and "3.00 ± 0.58 (3.70)" in partial

@@ -272,8 +272,11 @@ def _hyvi_cosine(frames: list[pd.DataFrame], paths: list[str], options: dict[str
 def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``pyro-bnnlv reproduce hyvi-uci --output CSV``: RMSE / test LL / AUROC per data set and
     method (mean over the splits in the CSV, with its standard error ``± se`` when there are
-    several, as Table 5 reports), the paper's Table 5 in brackets."""
+    several, as Table 5 reports), the paper's Table 5 in brackets. The ``splits`` column counts
+    the finished fits per method (a CSV of a sweep under way, ``--stop-after``, has ``pending``
+    rows; failed and pending fits do not enter the means)."""
     t = pd.concat(frames, ignore_index=True)
+    planned = t.groupby("dataset", sort=False)["split"].nunique() if "split" in t else None
     if "status" in t:
         t = t[t["status"] == "done"]
     cols = ["rmse", "test_ll", "auroc_ood"]
@@ -287,7 +290,9 @@ def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
     methods = list(t["method"].drop_duplicates())
     out = []
     for dataset in t["dataset"].drop_duplicates():
-        cells = [dataset]
+        counts = [int(groups.count().loc[(dataset, m), "rmse"]) if (dataset, m) in agg.index else 0 for m in methods]
+        of = f" of {planned.loc[dataset]}" if planned is not None else ""
+        cells = [dataset, (str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))) + of]
         for m in methods:
             if (dataset, m) not in agg.index:
                 cells.append("")
@@ -298,7 +303,7 @@ def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
             cells.append(f"{_with_paper(value(key, 'rmse'), rmse_p)} / {_with_paper(value(key, 'test_ll'), ll_p)}"
                          f" / {value(key, 'auroc_ood')}")  # fmt: skip
         out.append(cells)
-    return _table(["data set"] + [f"{m} RMSE / LL / AUROC" for m in methods], out)
+    return _table(["data set", "splits"] + [f"{m} RMSE / LL / AUROC" for m in methods], out)
 
 
 def _knn_presets(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:

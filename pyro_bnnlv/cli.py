@@ -44,6 +44,7 @@ from .reproduce.report import main as results_main
 from .stats.predictive import evaluate
 from .sweep import SweepLockedError
 from .sweep.cli import add_sweep_arguments, report, sweep_options
+from .sweep.status import find_stores, format_status, sweep_status
 
 __all__ = ["main"]
 
@@ -182,6 +183,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return int(importlib.import_module(module).main(prefix + list(args.args)) or 0)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    statuses = [sweep_status(d) for root in args.dirs for d in find_stores(root)]
+    print(format_status(statuses, workers=args.workers))
+    return 0
+
+
 def _cmd_results(args: argparse.Namespace) -> int:
     return results_main(check_only=args.check, root=args.root)
 
@@ -246,6 +253,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", choices=sorted(REPRODUCTIONS))
     r.add_argument("args", nargs=argparse.REMAINDER, help="options of the experiment (--help)")
     r.set_defaults(func=_cmd_reproduce)
+
+    st = sub.add_parser("status", help="progress of sweeps from their stores (read only, also while running)")
+    st.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories (stores below them are found)")
+    st.add_argument("--workers", type=int, default=1, help="workers for the wall-time estimate (default 1)")
+    st.set_defaults(func=_cmd_status)
 
     res = sub.add_parser("results", help="regenerate docs/results.md from the CSVs under docs/results/")
     res.add_argument("--check", action="store_true",

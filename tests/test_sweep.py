@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -359,6 +360,48 @@ def test_stop_after_zero_reads_the_store_even_while_another_driver_runs_it(tmp_p
             run_sweep(tasks, toy_fit, out_dir=tmp_path / "bad", executor="inline", progress=False, stop_after=bad)
 
 
+def test_status_reports_progress_and_remaining_time_per_method_from_the_store_alone(tmp_path):
+    from pyro_bnnlv.sweep.status import find_stores, format_status, sweep_status
+
+    tasks = _tasks(n_splits=2, methods=("a", "fail", "b"))  # a0 a1 fail0 fail1 b0 b1
+    run_sweep(tasks[:4], toy_fit, out_dir=tmp_path / "x" / "other", executor="inline", progress=False)
+    store = tmp_path / "x" / "one"
+    run_sweep(tasks, toy_fit, out_dir=store, executor="inline", progress=False, stop_after=0)
+    with sqlite3.connect(store / STORE_NAME) as conn:  # a0, a1 took 10 s and 30 s; fail0 failed
+        conn.execute("UPDATE tasks SET status='done', seconds=?, result='{}' WHERE id=?", (10.0, tasks[0].id))
+        conn.execute("UPDATE tasks SET status='done', seconds=?, result='{}' WHERE id=?", (30.0, tasks[1].id))
+        conn.execute("UPDATE tasks SET status='failed', seconds=1.0, traceback='E' WHERE id=?", (tasks[2].id,))
+    status = sweep_status(store)
+    pm = status.per_method
+    assert list(pm.index) == ["a", "fail", "b"]
+    assert pm.loc["a", ["done", "failed", "pending"]].tolist() == [2, 0, 0]
+    assert pm.loc["fail", ["done", "failed", "pending"]].tolist() == [0, 1, 1]
+    assert pm.loc["a", "mean_task_seconds"] == 20.0 and pm.loc["a", "remaining_hours"] == 0.0
+    assert math.isnan(pm.loc["b", "remaining_hours"])  # pending, never finished: no estimate
+    assert math.isnan(status.remaining_hours) and not status.running
+    text = format_status([status], workers=2)
+    assert "6 tasks: 2 done, 1 failed, 3 pending" in text and "idle" in text
+    assert "no estimate" in text
+    # an estimate once every pending method has a finished task: b takes 5 s
+    with sqlite3.connect(store / STORE_NAME) as conn:
+        conn.execute("UPDATE tasks SET status='done', seconds=5.0, result='{}' WHERE id=?", (tasks[4].id,))
+        conn.execute("UPDATE tasks SET status='done', seconds=2.0, result='{}' WHERE id=?", (tasks[3].id,))
+    status = sweep_status(store)
+    assert status.remaining_hours == pytest.approx(5.0 / 3600)  # b1 only
+    with SweepStore(store):  # a driver holds it
+        assert sweep_status(store).running
+        assert "a driver is running it" in format_status([sweep_status(store)])
+    assert find_stores(tmp_path / "x") == [tmp_path / "x" / "one", tmp_path / "x" / "other"]
+    assert find_stores(store) == [store]
+    with pytest.raises(FileNotFoundError, match="no directory .*missing'; give the --out directory"):
+        find_stores(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no sweep store \(sweep.sqlite\) in or below"):
+        find_stores(tmp_path / "empty")
+    with pytest.raises(ValueError, match="workers must be a positive int"):
+        format_status([status], workers=0)
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, capsys):
     from pyro_bnnlv.cli import main
@@ -397,6 +440,13 @@ def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_
     assert main(args) == 0
     assert "3 tasks: 3 done" in capsys.readouterr().out
     assert main(args + ["--stop-after", "0"]) == 0  # a look at a finished sweep
+    capsys.readouterr()
+    assert main(["status", str(tmp_path), "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "store (code version" in out and "3 tasks: 3 done, 0 failed, 0 pending" in out
+    assert "remaining: 0.0 core-hours, 0.0 h on 2 workers" in out
+    assert main(["status", str(tmp_path / "nowhere")]) == 2
+    assert "no directory" in capsys.readouterr().err
     for bad in ("-1", "soon"):
         with pytest.raises(SystemExit):
             main(args + ["--stop-after", bad])

@@ -1,0 +1,125 @@
+"""Where a long sweep stands: progress per method and the time it still needs, from its store alone.
+
+``pyro-bnnlv status DIR`` (or :func:`sweep_status`) reads every results store under ``DIR``
+(``DIR/sweep.sqlite``, or all of them below it: ``reproduce ncai`` keeps one per data set and
+stage) without the command that wrote it: read only (it tests the driver's lock file to say
+whether a driver is running), also while one is. Per store it reports whether a driver holds it, its code version, and per method
+the finished, failed and pending tasks with the mean wall time of the finished ones. The time
+still needed is estimated per method as
+
+.. math::
+
+    \\hat T = \\sum_{\\text{methods } m} n^{\\text{pending}}_m \\, \\bar t_m,
+
+with :math:`\\bar t_m` the mean task time of method :math:`m`'s finished tasks (one core each;
+divide by the worker count for the wall time); a method without a finished task has no estimate
+and the total says so rather than guess.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+import pandas as pd
+
+from .run import load_results
+from .store import STORE_NAME
+
+__all__ = ["StoreStatus", "sweep_status", "find_stores", "format_status"]
+
+
+@dataclass
+class StoreStatus:
+    """One store's state: ``per_method`` has columns ``done``, ``failed``, ``pending``,
+    ``mean_task_seconds`` and ``remaining_hours`` (one core; NaN without a finished task)."""
+
+    path: Path
+    code_version: str | None
+    running: bool
+    per_method: pd.DataFrame
+
+    @property
+    def remaining_hours(self) -> float:
+        """Core-hours still needed (NaN if a method with pending tasks has no finished one)."""
+        return float(self.per_method["remaining_hours"].sum(min_count=1)) if self._estimable else float("nan")
+
+    @property
+    def _estimable(self) -> bool:
+        pm = self.per_method
+        return not (pm["remaining_hours"].isna() & (pm["pending"] > 0)).any()
+
+
+def find_stores(root: str | Path) -> list[Path]:
+    """The directories under ``root`` (``root`` itself included) that hold a sweep store."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"no directory {str(root)!r}; give the --out directory of a sweep")
+    if (root / STORE_NAME).exists():
+        return [root]
+    found = sorted(p.parent for p in root.rglob(STORE_NAME))
+    if not found:
+        raise FileNotFoundError(f"no sweep store ({STORE_NAME}) in or below {str(root)!r}")
+    return found
+
+
+def _is_running(out_dir: Path) -> bool:
+    lock = filelock.FileLock(str(out_dir / "sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def _code_version(out_dir: Path) -> str | None:
+    conn = sqlite3.connect(f"file:{out_dir / STORE_NAME}?mode=ro", uri=True, timeout=30)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0]).strip('"')
+
+
+def sweep_status(out_dir: str | Path) -> StoreStatus:
+    """The :class:`StoreStatus` of the store in ``out_dir`` (read only)."""
+    out_dir = Path(out_dir)
+    table = load_results(out_dir)
+    counts = table.pivot_table(index="method", columns="status", values="task_id", aggfunc="count", fill_value=0)
+    counts = counts.reindex(columns=["done", "failed", "pending"], fill_value=0)
+    counts = counts.reindex(list(dict.fromkeys(table["method"])))  # planning order
+    done = table[table["status"] == "done"]
+    mean = done.groupby("method")["task_seconds"].mean().reindex(counts.index)
+    per_method = counts.assign(mean_task_seconds=mean, remaining_hours=counts["pending"] * mean / 3600.0)
+    per_method.loc[per_method["pending"] == 0, "remaining_hours"] = 0.0
+    per_method.columns.name = None
+    return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method)
+
+
+def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
+    """A plain-text report of ``statuses``; wall-time estimates for ``workers`` parallel workers."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    lines, total, unknown = [], 0.0, False
+    for s in statuses:
+        pm = s.per_method
+        n = {k: int(pm[k].sum()) for k in ("done", "failed", "pending")}
+        state = "a driver is running it" if s.running else "idle"
+        lines.append(f"{s.path} (code version {s.code_version}; {state})")
+        lines.append(f"  {sum(n.values())} tasks: {n['done']} done, {n['failed']} failed, {n['pending']} pending")
+        if n["pending"] or n["failed"]:
+            shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
+                              remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
+            lines += ["  " + ln for ln in shown.to_string().splitlines()]
+        if s._estimable:
+            total += s.remaining_hours
+        else:
+            unknown = True
+    hours = f"{total:.1f} core-hours, {total / workers:.1f} h on {workers} worker{'s' * (workers != 1)}"
+    if unknown:
+        hours += " (plus methods without a finished task: no estimate)"
+    lines.append(f"remaining: {hours}")
+    return "\n".join(lines)

@@ -334,11 +334,15 @@ def test_stop_after_starts_no_task_after_the_deadline_and_a_rerun_completes_the_
     pd.testing.assert_frame_equal(_results(rest), _results(ref))
 
 
-def test_stop_after_lets_running_worker_tasks_finish(tmp_path):
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_stop_after_lets_running_worker_tasks_finish(tmp_path, executor, request):
     # two workers take the first two tasks at once; each sleeps past the deadline and still
     # lands in the store; no third task starts (the earliest slot frees after >= 3 s)
+    if executor == "ray":
+        request.getfixturevalue("ray_instance")
     tasks = _tasks(n_splits=2, sleep=3.0)
-    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, workers=2, progress=False, stop_after=1.5)
+    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor=executor, workers=2, progress=False,
+                      stop_after=1.5)  # fmt: skip
     assert list(table["status"]) == ["done", "done", "pending", "pending"]
     assert table.attrs["ran"] == 2 and table.attrs["pending"] == 2
     assert (table["task_seconds"].iloc[:2] >= 3.0).all()

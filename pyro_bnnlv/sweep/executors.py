@@ -45,6 +45,10 @@ _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
 available_cores = usable_cores
 
 
+#: ``accept()`` is asked before each task starts; ``False``: start no more tasks
+Accept = Callable[[], bool]
+
+
 def _always() -> bool:
     return True
 
@@ -127,7 +131,7 @@ class InlineExecutor:
     def __init__(self, threads: int = 1) -> None:
         self.threads, self.slots = threads, 1
 
-    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
         for task in tasks:
             if not accept():
                 return
@@ -166,7 +170,7 @@ class LocalExecutor:
     def __init__(self, workers: int, threads: int = 1) -> None:
         self.threads, self.slots = threads, workers
 
-    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
         pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_exit_with_driver, initargs=(os.getpid(),))  # fmt: skip
         queue, inflight = list(tasks)[::-1], {}
@@ -258,7 +262,7 @@ class RayExecutor:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = workers or max(1, cpus // threads)
 
-    def run(self, fn: Callable, tasks: Sequence[Task], accept: Callable[[], bool] = _always) -> Iterator[dict[str, Any]]:
+    def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
         ray = self._ray
         remote = ray.remote(num_cpus=self.threads)(execute)
         fn_ref = ray.put(fn)

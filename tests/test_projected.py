@@ -336,6 +336,13 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
     chosen = table.set_index("method").loc["Proj-BNN (MMD)"]
     assert chosen["valid_ll"] == proj["valid_ll"].max() and chosen["latent_dim"] in (2, 3)
     assert table.equals(select_best(sweep))
+    assert set(table["status"]) == {"done"}
+    # a sweep stopped half-way (stop_after): one of the two D_z tasks of Proj-BNN (MMD) pending
+    cut = sweep.copy()
+    cut.loc[cut.index[cut["method"] == "Proj-BNN (MMD)"][0], ["status", "valid_ll"]] = ["pending", float("nan")]
+    partial = select_best(cut).set_index("method")
+    assert partial.loc["Proj-BNN (MMD)", "status"] == "partial" and partial.loc["Proj-BNN (MMD)", "grid_points"] == 1
+    assert partial.loc["Proj-BNN", "status"] == "done" and partial.loc["Proj-BNN", "grid_points"] == 2
     again = uci_experiment(["yacht"], ["random"], **kw)                      # resumes: nothing to run
     assert "nothing to run" in again.attrs["summary"] and again.equals(table)
     with pytest.raises(ValueError, match="overrides"):

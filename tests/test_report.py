@@ -107,3 +107,19 @@ def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_f
                      status="done"))  # fmt: skip
     partial = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
     assert "| boston | 3 / 1 of 6 |" in partial and "3.00 ± 0.58 (3.70)" in partial
+
+
+def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
+    """A proj-uci CSV written while its sweep is under way (--stop-after): a cell whose grid is
+    partly finished is marked, a cell without a finished fit is empty and takes no part in the
+    row's best."""
+    from pyro_bnnlv.reproduce.report import _proj_uci
+
+    rows = [dict(dataset="yacht", scheme="random", method="BbB", test_ll=-1.0, status="done"),
+            dict(dataset="yacht", scheme="random", method="Proj-BNN", test_ll=-0.5, status="partial"),
+            dict(dataset="yacht", scheme="random", method="Proj-BNN (MMD)", test_ll=float("nan"), status="pending"),
+            dict(dataset="wine", scheme="random", method="BbB", test_ll=-0.9, status="done"),
+            dict(dataset="wine", scheme="random", method="Proj-BNN", test_ll=-1.2, status="done")]  # fmt: skip
+    table = _proj_uci([pd.DataFrame(rows)], ["x.csv"], {})
+    assert "| yacht | random | -1.00 | **-0.50*** |  |" in table
+    assert "| wine | random | **-0.90** | -1.20 |  |" in table

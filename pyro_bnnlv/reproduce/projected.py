@@ -215,7 +215,8 @@ def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
     """Per (data set, scheme, method) the finished task with the best validation log-likelihood;
     the ``"Proj-BNN"`` task's FGE ensemble becomes an ``"FGE"`` row (FGE has no grid: every task
     of a cell computes the same candidates). A cell without a finished task keeps a row with the
-    status of its first task."""
+    status of its first task; a cell whose grid is only partly finished (a sweep stopped with
+    ``stop_after``) has status ``"partial"``: its pick may change when the rest arrives."""
     rows = []
     grid_cols = [c for c in ("latent_dim",) if c in sweep.columns]
     for (dataset, scheme, method), g in sweep.groupby(["dataset", "split", "method"], sort=False):
@@ -225,12 +226,13 @@ def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
             rows.append({**key, "method": method, "status": g["status"].iloc[0]})
             continue
         r = done.loc[done["valid_ll"].idxmax()]
+        status = "done" if len(done) == len(g) or (g["status"] != "pending").all() else "partial"
         if method == "Proj-BNN":
             rows.append({**key, "method": "FGE", "valid_ll": r["fge_valid_ll"], "test_ll": r["fge_test_ll"],
                          "rmse": r["fge_rmse"], "seconds": r["fge_seconds"], "status": "done"})  # fmt: skip
         rows.append({**key, "method": method, "lr": r["lr"], **{c: r[c] for c in grid_cols}, "valid_ll": r["valid_ll"],
                      "test_ll": r["test_ll"], "rmse": r["rmse"], "seconds": r["seconds"], "steps": r["steps"],
-                     "grid_points": len(g), "status": "done"})  # fmt: skip
+                     "grid_points": len(done), "status": status})  # fmt: skip
     cols = ["dataset", "scheme", "method", "lr", "latent_dim", "valid_ll", "test_ll", "rmse", "seconds", "steps",
             "grid_points", "status"]  # fmt: skip
     return pd.DataFrame(rows).reindex(columns=cols)

@@ -370,15 +370,24 @@ def _in_between(frames: list[pd.DataFrame], paths: list[str], options: dict[str,
 
 def _proj_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``pyro-bnnlv reproduce proj-uci --output CSV``: test LL per data set, split scheme and
-    method (standardised scale). Bold: the best per row."""
+    method (standardised scale). Bold: the best per row. A CSV of a sweep under way
+    (``--stop-after``): a cell picked from a partly finished grid is marked ``*`` (status
+    ``partial``), a cell without a finished fit is empty."""
     t = pd.concat(frames, ignore_index=True)
     methods = list(t["method"].drop_duplicates())
+    if "status" in t:
+        t = t[t["status"].isin(["done", "partial"])]
     wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values="test_ll", aggfunc="mean")
+    partial = set()
+    if "status" in t:
+        partial = {tuple(k) for k in t.loc[t["status"] == "partial", ["dataset", "scheme", "method"]].to_numpy()}
     out = []
     for (dataset, scheme), row in wide.sort_index().iterrows():
         values = [row.get(m, float("nan")) for m in methods]
         best = _best(values, largest=True)
-        out.append([dataset, scheme] + [_bold(_num(v), i == best) for i, v in enumerate(values)])
+        cells = [_bold(_num(v), i == best) + ("*" if (dataset, scheme, m) in partial else "")
+                 for i, (m, v) in enumerate(zip(methods, values))]  # fmt: skip
+        out.append([dataset, scheme] + cells)
     return _table(["data set", "split"] + methods, out)
 
 

@@ -122,6 +122,26 @@ def test_uci_standard_splits(name):
 
 
 @needs_data
+def test_load_split_changes_the_test_set_for_every_kind_of_set():
+    from pyro_bnnlv.datasets import load_split
+
+    def raw(d):  # test targets on the original scale (standardisation moves with the seed)
+        return d.y_test * d.y_std + d.y_mean
+
+    # the pitfall it exists for: a UCI set's seed moves only the validation subset
+    assert torch.allclose(raw(load_dataset("yacht", seed=0)), raw(load_dataset("yacht", seed=3)))
+    a, b = load_split("yacht", 0), load_split("yacht", 3)
+    assert raw(a).shape == raw(b).shape and not torch.allclose(raw(a), raw(b)) and (b.split, b.seed) == (3, 3)
+    assert torch.equal(b.y_test, load_dataset("yacht", split=3, seed=3).y_test)
+    assert not torch.equal(load_split("airfoil", 0).y_test, load_split("airfoil", 1).y_test)  # random-split set
+    assert not torch.equal(load_split("cosine", 0).y_train, load_split("cosine", 1).y_train)  # synthetic
+    with pytest.raises(ValueError, match=r"protein has 5 standard train/test splits \(0..4\); index=5"):
+        load_split("protein", 5)
+    with pytest.raises(ValueError, match="load_split chooses \\['seed'\\] from index=1"):
+        load_split("yacht", 1, seed=2)
+
+
+@needs_data
 def test_uci_split_bounds_and_naval_constant_columns():
     with pytest.raises(ValueError, match="split"):
         load_dataset("protein", split=5)  # protein has 5 splits

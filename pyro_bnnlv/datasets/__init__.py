@@ -1,7 +1,8 @@
 """Data sets of the papers: synthetic generators and loaders for the shared real data.
 
 ``load_dataset(name, seed=0, **options)`` is the single entry point; ``list_datasets()`` gives
-the names with a one-line summary. Names are lower case with hyphens (``heavy-tail``); an
+the names with a one-line summary; ``load_split(name, k)`` is the ``k``-th of repeated
+train/test splits, whatever kind of set ``name`` is. Names are lower case with hyphens (``heavy-tail``); an
 underscore spelling (``heavy_tail``) is accepted too. Your own data: :func:`from_arrays`
 (tensors or arrays) and :func:`from_frame` (a pandas ``DataFrame``) give the same
 :class:`Dataset` with a seeded random split.
@@ -15,7 +16,7 @@ from .._checks import check_seed
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
-from .files import UCI_FOLDERS, load_table, load_uci
+from .files import UCI_FOLDERS, load_table, load_uci, uci_num_splits
 from .splits import extrapolation_split, gap_split, gap_splits, interpolation_split, pooled_data
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "default_data_dir",
     "list_datasets",
     "load_dataset",
+    "load_split",
     "load_table",
     "load_uci",
     "extrapolation_split",
@@ -77,6 +79,32 @@ def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
     if key in UCI_FOLDERS:
         data.split = int(options.get("split", 0))
     return data
+
+
+def load_split(name: str, index: int, **options) -> Dataset:
+    """The ``index``-th of repeated train/test splits of ``name``, for "mean over k splits" tables.
+
+    ``load_dataset``'s ``seed`` does not choose a UCI set's train/test split (``split=`` does), so
+    ``load_dataset(name, seed=k)`` for k = 0..9 evaluates ten fits on one test set. This picks:
+
+    * UCI sets: standard split ``index`` (PBP / MC-dropout), its validation subset seeded by
+      ``index`` too; ``ValueError`` past the set's number of standard splits (20; protein 5);
+    * every other set: ``seed=index`` (the random-split sets' random split, the synthetic sets'
+      generator).
+
+    ``options`` go to :func:`load_dataset` (not ``seed`` or ``split``).
+    """
+    key = _canonical(name)
+    index = check_seed(index)
+    clash = {"seed", "split"} & set(options)
+    if clash:
+        raise ValueError(f"load_split chooses {sorted(clash)} from index={index}; leave them out of the options")
+    if key in UCI_FOLDERS:
+        n = uci_num_splits(key, options.get("data_dir"), options.get("download", True))
+        if index >= n:
+            raise ValueError(f"{key} has {n} standard train/test splits (0..{n - 1}); index={index} is past them")
+        return load_dataset(key, seed=index, split=index, **options)
+    return load_dataset(key, seed=index, **options)
 
 
 def list_datasets() -> pd.DataFrame:

@@ -43,7 +43,7 @@ import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from ..datasets import load_dataset
+from ..datasets import load_dataset, load_split
 from ..stats.posterior_kl import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
 from ..param_names import own_param_names
@@ -186,7 +186,7 @@ def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, 
     """
     set_seed(task.seed)
     kwargs = {} if data_dir is None else {"data_dir": data_dir}
-    data = load_dataset(task.dataset, seed=int(task.split), **kwargs)
+    data = load_split(task.dataset, int(task.split), **kwargs)
     x, y = data.x_train, data.y_train
     box = input_box(x)
     x_ood = box.sample((1000,))
@@ -240,8 +240,10 @@ def uci_experiment(
 
     Columns: ``rmse`` and ``test_ll`` (original scale), ``auroc_ood`` (1,000 inputs from the
     training box vs the test inputs, by epistemic entropy), ``noise_scale``, ``seconds`` (the
-    fit), ``status`` (``done`` / ``failed``). Each split is the library's
-    ``load_dataset(name, seed=split)`` (UCI standard splits where the data ship them). The noise
+    fit), ``status`` (``done`` / ``failed``). Split ``k`` is
+    :func:`~pyro_bnnlv.datasets.load_split` ``(name, k)``: the UCI sets' standard train/test split
+    ``k`` (before 2026-11-24 it was ``load_dataset(name, seed=k)``, which keeps split 0's test set
+    for every ``k``). The noise
     standard deviation is learned jointly (``learn_noise=True``), as in Experiment 2.
 
     Every fit is a task of :func:`pyro_bnnlv.sweep.run_sweep` (``out_dir``, ``executor``,

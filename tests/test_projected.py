@@ -1,5 +1,7 @@
 """Projected BNN: the model (eq. 3, 8-9), FGE, the prediction-constrained autoencoder, Alg. 1."""
 
+import math
+
 import pyro
 import pytest
 import torch
@@ -347,3 +349,44 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
     assert "nothing to run" in again.attrs["summary"] and again.equals(table)
     with pytest.raises(ValueError, match="overrides"):
         uci_experiment(["yacht"], ["random"], overrides={"steps": 3}, **kw)
+
+
+def test_proj_uci_a_diverging_step_size_loses_instead_of_failing_the_task():
+    """App. A cross-validates the step size from 0.1 up; one that diverges must lose the
+    comparison, not fail the task (and with it the cell's row)."""
+    from pyro_bnnlv.reproduce.projected import uci_task
+    from pyro_bnnlv.sweep import Task
+
+    kw = dict(hidden=5, latent_dim=2, num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=10,
+              vi_steps=40, lr=0.01, num_samples=20, eval_every=10, patience=2)  # fmt: skip
+    task = Task("yacht", method="BbB", split="random", seed=0)
+    out = uci_task(task, bbb_lrs=(1e6, 0.01), **kw)
+    assert out["valid_ll@lr=1e+06"] == -math.inf and "error@lr=1e+06" in out
+    assert out["lr"] == 0.01 and math.isfinite(out["valid_ll"]) and "error@lr=0.01" not in out
+    with pytest.raises(FloatingPointError, match="every step size"):
+        uci_task(task, bbb_lrs=(1e6,), **kw)
+
+
+def test_proj_uci_early_stopping_returns_the_best_checked_state():
+    from pyro.infer.autoguide import AutoNormal
+
+    from pyro_bnnlv.reproduce.projected import _EarlyStopping
+
+    torch.manual_seed(0)
+    bnn = pb.BNN(pb.MLP(1, [3], 1), noise_scale=0.1)
+    x = torch.linspace(-1, 1, 30).unsqueeze(-1)
+    w_good = torch.randn(bnn.num_weights)
+    with torch.no_grad():
+        y = bnn.f(x, w_good.unsqueeze(0))[0, :, 0]
+    guide = AutoNormal(bnn)
+    guide(x, y)
+    loc = dict(guide.named_parameters())["locs.w_unconstrained"]
+    stop = _EarlyStopping(lambda g: g.locs.w.detach().unsqueeze(0), bnn, x, y, every=1, patience=2)
+    with pytest.raises(StopIteration):
+        for step, w in enumerate([w_good + 1, w_good, w_good + 1, w_good + 2]):
+            with torch.no_grad():
+                loc.copy_(w)
+            stop(step, 0.0, guide)
+    assert (stop.steps, stop.best_step) == (4, 2)
+    stop.restore(guide)
+    assert torch.equal(guide.locs.w.detach(), w_good)

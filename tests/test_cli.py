@@ -70,6 +70,41 @@ def test_hyvi_uci_splits_are_different_train_test_splits(monkeypatch):
     assert not torch.allclose(seen[0], seen[1])
 
 
+def test_hyvi_uci_task_uses_the_whole_training_split_and_app_e_mfvi_settings(monkeypatch):
+    """Experiment 2 trains on the split's 90% (no validation subset); MFVI gets 100 particles with
+    the KL in closed form and twice the patience (App. E); every warning of a fit is counted in
+    its result, shown once."""
+    import warnings
+
+    from pyro.infer import TraceMeanField_ELBO
+
+    import pyro_bnnlv.reproduce.hyvi as hyvi
+    from pyro_bnnlv.datasets import load_split
+    from pyro_bnnlv.sweep import Task
+
+    seen = {}
+
+    def fake_fit(method, model, x, y, *, steps, lr_schedule, num_samples, **kw):
+        seen[method] = (len(x), lr_schedule.patience)
+        for _ in range(3):
+            warnings.warn("the same warning", UserWarning)
+        return torch.zeros(num_samples, model.num_weights), 1.0, steps
+
+    monkeypatch.setattr(hyvi, "_fit", fake_fit)
+    kw = dict(steps=7, lr=0.005, hidden=5, particles=2, kl_samples=10, num_inputs=5, num_samples=10, schedule=True)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        out = hyvi.uci_task(Task("yacht", method="MFVI", split=2, seed=2), **kw)
+    hyvi.uci_task(Task("yacht", method="NN-HyVI", split=2, seed=2), **kw)
+    full = load_split("yacht", 2, valid_fraction=0.0)
+    assert seen["MFVI"] == (len(full.x_train), 60) and seen["NN-HyVI"] == (len(full.x_train), 30)
+    assert len(full.x_train) == len(load_split("yacht", 2).x_train) + len(load_split("yacht", 2).x_valid)
+    assert out["capped"] is True and out["warnings"] == "3x UserWarning: the same warning"
+    assert sum("the same warning" in str(w.message) for w in shown) == 1
+    loss = hyvi._loss("MFVI", None, 5, 100, 500)
+    assert isinstance(loss, TraceMeanField_ELBO) and loss.num_particles == 100 and loss.vectorize_particles
+
+
 def test_reproduce_projected_smoke(tmp_path, capsys):
     out_csv = tmp_path / "proj.csv"
     assert main(["reproduce", "proj-uci", "--small", "--quiet", "--datasets", "yacht",
@@ -103,7 +138,7 @@ def test_reproduce_hyvi_uci_paper_budget_arguments(monkeypatch):
     assert main(["reproduce", "hyvi-uci", "--paper", "--quiet"]) == 0
     kw = calls[-1]
     assert kw["splits"] == 10 and kw["schedule"] is True and kw["lr"] == 0.005
-    assert kw["particles"] == 100 and kw["kl_samples"] == 500 and kw["steps"] == 50_000
+    assert kw["particles"] == 100 and kw["kl_samples"] == 500 and kw["steps"] == 200_000 and kw["num_samples"] == 1000
     assert main(["reproduce", "hyvi-uci", "--paper", "--splits", "3", "--steps", "900", "--quiet"]) == 0
     assert calls[-1]["splits"] == 3 and calls[-1]["steps"] == 900 and calls[-1]["schedule"] is True
     assert main(["reproduce", "hyvi-uci", "--quiet"]) == 0

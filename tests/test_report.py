@@ -107,6 +107,8 @@ def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_f
                      status="done"))  # fmt: skip
     partial = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
     assert "| boston | 3 / 1 of 6 |" in partial and "3.00 ± 0.58 (3.70)" in partial
+    capped = _hyvi_uci([pd.DataFrame(rows).assign(capped=[True] + [False] * (len(rows) - 1))], ["x.csv"], {})
+    assert "| boston | 3 / 1 of 6 (1 capped) |" in capped
 
 
 def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():

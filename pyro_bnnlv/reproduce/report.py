@@ -274,7 +274,8 @@ def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
     method (mean over the splits in the CSV, with its standard error ``± se`` when there are
     several, as Table 5 reports), the paper's Table 5 in brackets. The ``splits`` column counts
     the finished fits per method (a CSV of a sweep under way, ``--stop-after``, has ``pending``
-    rows; failed and pending fits do not enter the means)."""
+    rows; failed and pending fits do not enter the means); "(k capped)": fits that reached the
+    step cap before the learning-rate schedule ran out."""
     t = pd.concat(frames, ignore_index=True)
     planned = t.groupby("dataset", sort=False)["split"].nunique() if "split" in t else None
     if "status" in t:
@@ -292,6 +293,8 @@ def _hyvi_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
     for dataset in t["dataset"].drop_duplicates():
         counts = [int(groups.count().loc[(dataset, m), "rmse"]) if (dataset, m) in agg.index else 0 for m in methods]
         of = f" of {planned.loc[dataset]}" if planned is not None else ""
+        capped = int(t.loc[t["dataset"] == dataset, "capped"].astype(bool).sum()) if "capped" in t else 0
+        of += f" ({capped} capped)" if capped else ""
         cells = [dataset, (str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))) + of]
         for m in methods:
             if (dataset, m) not in agg.index:

@@ -137,8 +137,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
                                         ncai_grid=_parse_grid(args.grid),
                                         independence=args.independence).items() if v is not None}  # fmt: skip
-    cfg = CompareConfig.full(**overrides) if args.full else CompareConfig(**overrides)
-    data = load_compare_data(args.dataset, seed=cfg.seed)
+    data = load_compare_data(args.dataset, seed=overrides.get("seed", 0))
+    cfg = CompareConfig.full(dataset=data.name, **overrides) if args.full else CompareConfig(**overrides)
     print(f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
           f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}")  # fmt: skip
     figure = None

@@ -462,6 +462,13 @@ def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_
     out = capsys.readouterr().out
     assert "0 selected fits; 0 failed tasks" in out
     assert "tasks pending in heavy-tail (selection); run the same command again to continue" in out
+    full = ["reproduce", "ncai", "--full", "--datasets", "depeweg", "--executor", "inline", "--quiet",
+            "--out", str(tmp_path / "ncai-full"), "--stop-after", "0"]  # fmt: skip
+    assert main(full) == 3  # --full plans depeweg with App. F.1's own noise grids
+    planned = load_results(tmp_path / "ncai-full" / "depeweg" / "selection")
+    assert set(planned.loc[planned["method"] == "BNN (MFVI)", "noise_var"]) == {1.0, 0.1, 0.5}
+    assert set(planned.loc[planned["method"] != "BNN (MFVI)", "noise_var"]) == {0.1}
+    capsys.readouterr()
     compare = ["compare", "heavy-tail", "--steps", "5", "--restarts", "1", "--executor", "inline", "--no-plot",
                "--quiet", "--out", str(tmp_path / "compare"), "--stop-after", "0"]  # fmt: skip
     assert main(compare) == 3

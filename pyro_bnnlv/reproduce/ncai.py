@@ -23,7 +23,7 @@ import argparse
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -88,7 +88,7 @@ def _best_per_split(results: pd.DataFrame, chosen: dict[str, str]) -> pd.DataFra
 
 def run_protocol(
     datasets: Sequence[str] = DATASETS,
-    config: CompareConfig | None = None,
+    config: CompareConfig | Callable[[str], CompareConfig] | None = None,
     *,
     splits: Sequence[int] = (1, 2, 3, 4, 5),
     out: str | Path,
@@ -97,14 +97,14 @@ def run_protocol(
 ) -> pd.DataFrame:
     """Both stages on every data set; returns one row per (data set, method, evaluation split)
     with the selected setting. Stores: ``out/<dataset>/selection`` and ``out/<dataset>/evaluation``.
+    ``config``: one :class:`CompareConfig` for every data set, or a function of the data set's name
+    (``lambda name: CompareConfig.full(dataset=name)``: F.1's per-data-set grids).
 
     ``stop_after`` (seconds, in ``sweep``) is one deadline for the whole protocol: no task starts
     after it. A data set whose selection stage is incomplete does not start its evaluation stage,
     and its rows are missing from the table; ``table.attrs["pending"]`` counts the tasks left
     (the evaluation stage's only once it is planned)."""
-    cfg = config or CompareConfig()
-    conf = dataclasses.asdict(cfg)
-    fn = functools.partial(fit_task, config=conf)
+    config_for = config if callable(config) else (lambda name: config or CompareConfig())
     stop_after = sweep.pop("stop_after", None)
     t0 = time.perf_counter()
 
@@ -114,6 +114,9 @@ def run_protocol(
     frames, failed, pending, incomplete = [], 0, 0, []
     for name in datasets:
         name = load_compare_data(name).name
+        cfg = config_for(name)
+        conf = dataclasses.asdict(cfg)
+        fn = functools.partial(fit_task, config=conf)
         meta = {"experiment": "ncai-protocol", "config": conf}
         stage1 = run_sweep(compare_tasks(name, cfg, splits=[0]), fn, out_dir=Path(out) / name / "selection",
                            sweep_meta=meta, progress=progress, desc=f"{name} selection", stop_after=remaining(),
@@ -156,6 +159,10 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return agg
 
 
+def _full_config(name: str, overrides: dict) -> CompareConfig:
+    return CompareConfig.full(dataset=name, **overrides)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pyro-bnnlv reproduce ncai", description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="*", default=list(DATASETS))
@@ -173,8 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts,
                                         independence=args.independence).items() if v is not None}  # fmt: skip
-    cfg = CompareConfig.full(**overrides) if args.full else CompareConfig.full(
-        **{"steps": 3000, "restarts": 2, "empirical_bayes": False, **overrides})  # fmt: skip
+    if args.full:
+        cfg = functools.partial(_full_config, overrides=overrides)  # F.1's grids per data set
+    else:
+        cfg = CompareConfig.full(**{"steps": 3000, "restarts": 2, "empirical_bayes": False, **overrides})
     opts = sweep_options(args)
     out = opts.pop("out_dir")
     table = run_protocol(args.datasets, cfg, splits=range(1, args.splits + 1), out=out,

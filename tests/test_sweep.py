@@ -385,7 +385,7 @@ def test_status_reports_progress_and_remaining_time_per_method_from_the_store_al
     assert math.isnan(status.remaining_hours) and not status.running
     text = format_status([status], workers=2)
     assert "6 tasks: 2 done, 1 failed, 3 pending" in text and "idle" in text
-    assert "no estimate" in text
+    assert "remaining: 0.0 core-hours, 0.0 h on 2 workers so far, plus methods without a finished task" in text
     # an estimate once every pending method has a finished task: b takes 5 s
     with sqlite3.connect(store / STORE_NAME) as conn:
         conn.execute("UPDATE tasks SET status='done', seconds=5.0, result='{}' WHERE id=?", (tasks[4].id,))

@@ -114,12 +114,10 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
             shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
                               remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
             lines += ["  " + ln for ln in shown.to_string().splitlines()]
-        if s._estimable:
-            total += s.remaining_hours
-        else:
-            unknown = True
+        total += float(pm["remaining_hours"].sum())  # NaN (no estimate) skipped, said below
+        unknown = unknown or not s._estimable
     hours = f"{total:.1f} core-hours, {total / workers:.1f} h on {workers} worker{'s' * (workers != 1)}"
     if unknown:
-        hours += " (plus methods without a finished task: no estimate)"
+        hours += " so far, plus methods without a finished task (no estimate)"
     lines.append(f"remaining: {hours}")
     return "\n".join(lines)

@@ -39,7 +39,6 @@ import argparse
 import functools
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +48,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
+from .._warning_tally import WarningTally
 from ..datasets import UCI_FOLDERS, load_dataset, load_split
 from ..stats.posterior_kl import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
@@ -182,32 +182,6 @@ def _plot_cosine(model, data, posteriors, path) -> None:
     plt.close(fig)
 
 
-class _WarningTally:
-    """Within ``with``: every warning is counted by (category, message) and shown the first time
-    only; :meth:`summary` gives the counts (a task's result keeps them: workers' stderr is lost)."""
-
-    def __enter__(self) -> _WarningTally:
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter("always")  # count repeats too (the per-location registry would hide them)
-        self._show, self.counts = warnings.showwarning, {}
-        warnings.showwarning = self._record
-        return self
-
-    def _record(self, message, category, filename, lineno, file=None, line=None) -> None:
-        key = (category.__name__, str(message))
-        if key not in self.counts:
-            self._show(message, category, filename, lineno, file, line)
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._ctx.__exit__(*exc)
-
-    def summary(self, limit: int = 1000) -> str:
-        text = "; ".join(f"{n}x {cat}: {msg[:200]}" for (cat, msg), n in self.counts.items())
-        return text[:limit]
-
-
 def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, kl_samples: int,
              num_inputs: int, num_samples: int, data_dir: str | None = None,
              schedule: bool = False) -> dict[str, float]:  # fmt: skip
@@ -234,7 +208,7 @@ def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, 
     model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
                 prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
     plateau = PlateauSchedule(patience=60 if task.method.endswith("MFVI") else 30) if schedule else None
-    with _WarningTally() as tally:
+    with WarningTally() as tally:
         w, seconds, steps_run = _fit(task.method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=task.seed,
                                      input_dist=box, num_inputs=num_inputs, particles=particles,
                                      kl_samples=kl_samples, num_samples=num_samples, progress=False,

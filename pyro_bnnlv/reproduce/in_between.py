@@ -42,7 +42,6 @@ import argparse
 import functools
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,6 +49,7 @@ import pandas as pd
 import torch
 from pyro.infer.autoguide import AutoNormal
 
+from .._warning_tally import WarningTally
 from ..datasets import Dataset, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
@@ -186,8 +186,7 @@ def run_split(
         out["sec_MAP"] = time.perf_counter() - t
         model = BNN(net, prior_scale=1.0, noise_scale=sigma)
     if any(m in methods for m in ("LL", "SL", "LL-valid")):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        with WarningTally() as tally:  # jitter and grid-edge warnings: counted in the row, shown once
             t = time.perf_counter()
             la = LinearizedLaplace(model, w).fit(data.x_train, data.y_train)
             la.optimize_hyperparameters("marglik")
@@ -204,6 +203,7 @@ def run_split(
                                            num_samples=num_samples, seed=seed)  # fmt: skip
                 out["SL"] = float(evaluate(sl_model, samples, data.x_test, data.y_test, **kwargs)["test_ll"])
                 out["sec_SL"] = time.perf_counter() - t
+        out["warnings"] = tally.summary()
     if "MFVI" in methods:
         t = time.perf_counter()
         vnet = MLP(D, hidden, 1, activation="tanh")
@@ -291,7 +291,7 @@ def summary(table: pd.DataFrame, hidden_layers: int = 1) -> pd.DataFrame:
         for m in METHODS:
             if m not in g:
                 continue
-            v = g[m].astype(float)
+            v = g[m].astype(float).dropna()  # a failed or pending split has no value
             se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
             paper = PAPER_LL[hidden_layers][kind].get("LL" if m == "LL-valid" else m, {}).get(name, float("nan"))
             rows.append(dict(kind=kind, dataset=name, method=m, n_splits=len(v), mean=float(v.mean()),

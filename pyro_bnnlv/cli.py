@@ -30,7 +30,7 @@ import torch
 from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 
 from .reproduce.bench import BENCHMARKS
-from .datasets import default_data_dir, list_datasets, load_dataset
+from .datasets import default_data_dir, list_datasets, load_dataset, load_split
 from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
 from .guides import init_to_network
 from .infer.svi import fit_svi
@@ -89,7 +89,11 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    data = load_dataset(args.dataset, seed=args.seed)
+    if args.split is not None:
+        data = load_split(args.dataset, args.split)
+    else:
+        data = load_dataset(args.dataset, seed=args.seed or 0)
+    args.seed = data.seed if args.seed is None else args.seed  # the fit's seed
     net = MLP(data.input_dim, args.hidden, 1, activation=args.activation)
     model = BNN(net, prior_scale=args.prior_scale, noise_scale=args.noise_scale,
                 learn_noise=args.learn_noise)  # fmt: skip
@@ -211,7 +215,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--guide", default="meanfield", choices=GUIDES)
     f.add_argument("--steps", type=int, default=2000)
     f.add_argument("--lr", type=float, default=0.01)
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=int, default=None,
+                   help="seeds the fit and, without --split, the data (a synthetic set's generator, a UCI "
+                        "set's validation subset: not its test set); default 0, with --split the split")
+    f.add_argument("--split", type=int, default=None,
+                   help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, "
+                        "otherwise seed k")  # fmt: skip
     f.add_argument("--hidden", type=int, nargs="*", default=[50])
     f.add_argument("--activation", default="tanh")
     f.add_argument("--prior-scale", type=float, default=1.0)

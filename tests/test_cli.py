@@ -15,6 +15,16 @@ def test_fit_command_end_to_end(tmp_path, capsys):
     assert png.exists() and png.stat().st_size > 10_000
 
 
+def test_fit_split_chooses_the_train_test_split(capsys):
+    args = ["fit", "--dataset", "yacht", "--steps", "3", "--hidden", "5", "--quiet", "--num-samples", "5", "--no-plot"]
+    assert main(args + ["--split", "3"]) == 0
+    assert "split=3, seed=3" in capsys.readouterr().out
+    assert main(args + ["--split", "3", "--seed", "1"]) == 0  # the fit's seed; the split stays 3
+    assert "split=3, seed=3" in capsys.readouterr().out
+    assert main(args + ["--split", "25"]) == 2
+    assert "yacht has 20 standard train/test splits" in capsys.readouterr().err
+
+
 def test_fit_unknown_dataset_is_a_clear_error(capsys):
     assert main(["fit", "--dataset", "nope", "--steps", "5", "--quiet"]) == 2
     assert "unknown dataset 'nope'" in capsys.readouterr().err

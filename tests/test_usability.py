@@ -86,8 +86,12 @@ def test_load_dataset_records_split_and_seed():
 def test_load_dataset_seed_moves_the_validation_subset_not_the_test_split():
     """The docstring's rule: on a UCI set ``seed=`` draws the validation subset (and so moves the
     standardisation statistics) while the test rows stay; ``split=`` picks other test rows."""
-    a, b, other = (pb.load_dataset("yacht", seed=0), pb.load_dataset("yacht", seed=1),
-                   pb.load_dataset("yacht", split=1))  # fmt: skip
+    with pytest.warns(UserWarning, match=r"seed only redraws the validation subset.*load_split\('yacht', k\)"):
+        b = pb.load_dataset("yacht", seed=1)  # the pitfall is said, not silent
+    a, other = pb.load_dataset("yacht", seed=0), pb.load_dataset("yacht", split=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(pb.load_dataset("yacht", split=0, seed=1).y_test, b.y_test)  # explicit: no warning
 
     def original(d, part):
         return getattr(d, f"y_{part}").double() * float(d.y_std) + float(d.y_mean)

@@ -10,6 +10,8 @@ underscore spelling (``heavy_tail``) is accepted too. Your own data: :func:`from
 
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 
 from .._checks import check_seed
@@ -74,6 +76,14 @@ def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
     seed = check_seed(seed)
     if key not in REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    if key in UCI_FOLDERS and seed != 0 and "split" not in options:
+        warnings.warn(
+            f"load_dataset({key!r}, seed={seed}): for a UCI set seed only redraws the validation subset; "
+            "the train/test split stays split=0. For repeated train/test splits use "
+            f"pb.datasets.load_split({key!r}, k); pass split= explicitly to keep this one and silence this",
+            UserWarning,
+            stacklevel=2,
+        )
     data = REGISTRY[key].loader(seed=seed, **options)
     data.seed = seed
     if key in UCI_FOLDERS:

@@ -55,6 +55,10 @@ def test_synthetic_sets_keep_their_scale_real_sets_are_standardised():
     heavy = load_compare_data("heavy-tail")
     assert not heavy.standardized and heavy.y_train.std() > 3  # sigma_eps^2 = 0.1 means 0.1 here
     assert load_compare_data("yacht").standardized
+    # the protocol's split k of a real set is a train/test split, not a validation reseed
+    real = load_compare_data("yacht", seed=2)
+    assert (real.split, real.seed) == (2, 2) and real.standardized
+    assert load_compare_data("heavy-tail", seed=2).seed == 2
 
 
 def test_compare_with_empirical_bayes_runs():

@@ -166,3 +166,38 @@ def test_activation_row_compiled_potential_matches_table(name):
         (u_py, g_py), (u_c, g_c) = python(q), fast(q)
         assert float(u_c) == pytest.approx(float(u_py), rel=1e-10)
         torch.testing.assert_close(g_c, g_py, rtol=1e-10, atol=1e-10 * float(g_py.abs().max()))
+
+
+def test_unflatten_splits_once_and_matches_slicing_bitwise():
+    """unflatten uses one torch.split when the slices tile w (every MLP); values and gradients are
+    bitwise those of one slice per piece, and the backward concatenates instead of zero-filling a
+    full-size gradient per piece."""
+    from pyro_bnnlv._mlp_kernels import _tiling, unflatten
+
+    net = MLP(4, [6, 5], 2, activation="tanh")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 4, generator=g)
+    sliced = lambda w: [(w[..., ws].reshape(*w.shape[:-1], fo, fi), w[..., bs]) for fi, fo, ws, bs in net.layers]
+    grads = []
+    for fn in (sliced, lambda w: unflatten(net.layers, w)):
+        w = torch.randn(3, net.num_weights, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        params = fn(w)
+        h = x
+        for i, (W, b) in enumerate(params):
+            h = torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2)
+            h = torch.tanh(h) if i < len(params) - 1 else h
+        h.pow(2).sum().backward()
+        grads.append((h.detach(), w.grad))
+        if fn is not sliced:
+            for W, b in params:   # every piece straight from the one split (a reshape for W)
+                assert type(b.grad_fn).__name__.startswith("Split")
+                assert type(W.grad_fn.next_functions[0][0]).__name__.startswith("Split")
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    sizes = [fo * fi if k == 0 else fo for fi, fo, _, _ in net.layers for k in (0, 1)]
+    assert _tiling(net.layers, net.num_weights) == sizes
+    assert _tiling(net.layers, net.num_weights + 3) == sizes + [3]    # a trailing remainder
+    shuffled = list(reversed(net.layers))    # out of order: one view per piece
+    assert _tiling(shuffled, net.num_weights) is None
+    w = torch.randn(net.num_weights, generator=g)
+    for (W, b), (fi, fo, ws, bs) in zip(unflatten(shuffled, w), shuffled):
+        assert torch.equal(W, w[ws].reshape(fo, fi)) and torch.equal(b, w[bs])

@@ -43,6 +43,23 @@ def test_w_is_the_deterministic_projection_of_z_and_phi():
     assert abs(Trace_ELBO(num_particles=8, vectorize_particles=True).loss(model, guide, x, y)) < 1e7
 
 
+def test_project_with_one_decoder_broadcasts_without_copying_phi():
+    """A point ``phi`` (shape (P,) or all-singleton batch dims) is shared by every ``z``: the same
+    values as a copy of ``phi`` per ``z``, one matrix product per layer."""
+    model = ProjectedBNN(pb.MLP(2, [8], 1), latent_dim=3, decoder_hidden=[5])
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4, 6, 3, generator=g)
+    phi = torch.randn(model.num_phi, generator=g)
+    per_z = model.decoder(z.unsqueeze(-2), phi.expand(4, 6, -1)).squeeze(-2)
+    for p in (phi, phi.reshape(1, -1), phi.reshape(1, 1, -1)):
+        out = model.project(z, p)
+        assert out.shape == (4, 6, model.net.num_weights)
+        torch.testing.assert_close(out, per_z)
+    phis = torch.randn(6, model.num_phi, generator=g)    # one decoder per z: broadcast as before
+    torch.testing.assert_close(model.project(z, phis), model.decoder(z.unsqueeze(-2), phis.expand(4, 6, -1)).squeeze(-2))
+    assert model.project(z[0, 0], phis).shape == (6, model.net.num_weights)
+
+
 def test_multi_task_shapes_fixed_phi_and_errors():
     x, y = _data(30)
     task = torch.arange(30) % 3

@@ -216,7 +216,7 @@ def fit_projection(
     for step in tqdm(range(num_steps), disable=not progress, desc=objective, leave=False):
         if objective == "autoencoder":
             noisy = u + input_noise * torch.randn(R, P)
-            codes = encoder(noisy.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)     # (R, D_z)
+            codes = encoder(noisy.unsqueeze(-2), theta).squeeze(-2)     # (R, D_z)
             w_hat = decode(codes, phi)                                               # (R, P)
             recon = ((w_hat - loc) / scale - u).pow(2).mean()
             nll = _prediction_nll(model, w_hat, x, y2, sigma, batch_size)
@@ -225,7 +225,7 @@ def fit_projection(
             w_prior = decode(sigma_z * torch.randn(num_prior_draws, K), phi)         # (M, P)
             nll = _prediction_nll(model, w_prior, x, y2, sigma, batch_size)
             if objective == "vae":
-                stats = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)
+                stats = encoder(u.unsqueeze(-2), theta).squeeze(-2)
                 mu, log_sd = stats[..., :K], stats[..., K:].clamp(-10.0, 5.0)
                 codes = mu + log_sd.exp() * torch.randn(R, K)
                 u_hat = model.project(codes, phi)
@@ -248,10 +248,10 @@ def fit_projection(
         phi_star[w_sl] = (phi_star[w_sl].view(fan_out, -1) * scale[:, None]).reshape(-1)
         phi_star[b_sl] = loc + scale * phi_star[b_sl]
         if objective == "autoencoder":
-            codes = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)
+            codes = encoder(u.unsqueeze(-2), theta).squeeze(-2)
             phi_star, codes = _recentre_first_layer(model.decoder, phi_star, codes, sigma_z)
         elif objective == "vae":
-            codes = encoder(u.unsqueeze(-2), theta.expand(R, -1)).squeeze(-2)[..., :K]
+            codes = encoder(u.unsqueeze(-2), theta).squeeze(-2)[..., :K]
         else:
             codes = None
     out.phi, out.encoder_weights, out.codes = phi_star, theta.detach(), codes

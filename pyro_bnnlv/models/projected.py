@@ -95,6 +95,10 @@ class ProjectedBNN(BNN):
         """``w = g_phi(z)``: ``z (*B, D_z)`` and ``phi (*B, P_phi)`` (broadcast) -> ``(*B, P)``."""
         batch = torch.broadcast_shapes(z.shape[:-1], phi.shape[:-1])
         z = z.expand(*batch, z.shape[-1])
+        if phi.shape[:-1].numel() == 1:
+            # one decoder for every z (the decoder stage; a point estimate of phi): one matrix
+            # product per layer instead of a copy of phi per z
+            return self.decoder(z.unsqueeze(-2), phi.reshape(phi.shape[-1])).squeeze(-2)
         phi = phi.expand(*batch, phi.shape[-1])
         return self.decoder(z.unsqueeze(-2), phi).squeeze(-2)
 

@@ -404,6 +404,17 @@ def test_status_reports_progress_and_remaining_time_per_method_from_the_store_al
         find_stores(tmp_path / "empty")
     with pytest.raises(ValueError, match="workers must be a positive int"):
         format_status([status], workers=0)
+    assert status.timed_datasets == ("toy",) and status.untimed_datasets == ()
+    # pending tasks on a data set none of whose tasks has finished: the report says the estimate
+    # comes from the other set
+    mixed = tmp_path / "mixed"
+    two = [Task(name, method="a", split=0, grid={"scale": 1.0, "sleep": 0.0}, seed=0) for name in ("toy", "big")]
+    run_sweep(two, toy_fit, out_dir=mixed, executor="inline", progress=False, stop_after=0)
+    with sqlite3.connect(mixed / STORE_NAME) as conn:
+        conn.execute("UPDATE tasks SET status='done', seconds=4.0, result='{}' WHERE id=?", (two[0].id,))
+    mixed_status = sweep_status(mixed)
+    assert (mixed_status.timed_datasets, mixed_status.untimed_datasets) == (("toy",), ("big",))
+    assert "timed on toy only; not yet on big (tasks there may take longer)" in format_status([mixed_status])
 
 
 # -- the command line -----------------------------------------------------------------------------

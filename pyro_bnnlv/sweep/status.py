@@ -13,7 +13,8 @@ still needed is estimated per method as
 
 with :math:`\\bar t_m` the mean task time of method :math:`m`'s finished tasks (one core each;
 divide by the worker count for the wall time); a method without a finished task has no estimate
-and the total says so rather than guess.
+and the total says so rather than guess, and the report names the data sets with pending tasks
+none of which has finished (the mean may come from smaller sets).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class StoreStatus:
     code_version: str | None
     running: bool
     per_method: pd.DataFrame
+    #: data sets with a finished task (the estimate's basis) and those with pending tasks but none
+    #: finished (their tasks may take longer or shorter: larger data sets run more steps per epoch)
+    timed_datasets: tuple[str, ...] = ()
+    untimed_datasets: tuple[str, ...] = ()
 
     @property
     def remaining_hours(self) -> float:
@@ -96,7 +101,11 @@ def sweep_status(out_dir: str | Path) -> StoreStatus:
     per_method = counts.assign(mean_task_seconds=mean, remaining_hours=counts["pending"] * mean / 3600.0)
     per_method.loc[per_method["pending"] == 0, "remaining_hours"] = 0.0
     per_method.columns.name = None
-    return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method)
+    timed = tuple(dict.fromkeys(done["dataset"].astype(str))) if "dataset" in table else ()
+    pending = table[table["status"] == "pending"]
+    untimed = tuple(d for d in dict.fromkeys(pending["dataset"].astype(str)) if d not in timed) \
+        if "dataset" in table else ()  # fmt: skip
+    return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method, timed, untimed)
 
 
 def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
@@ -114,6 +123,9 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
             shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
                               remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
             lines += ["  " + ln for ln in shown.to_string().splitlines()]
+            if s.untimed_datasets and s.timed_datasets:
+                lines.append(f"  timed on {', '.join(s.timed_datasets)} only; not yet on "
+                             f"{', '.join(s.untimed_datasets)} (tasks there may take longer)")  # fmt: skip
         total += float(pm["remaining_hours"].sum())  # NaN (no estimate) skipped, said below
         unknown = unknown or not s._estimable
     hours = f"{total:.1f} core-hours, {total / workers:.1f} h on {workers} worker{'s' * (workers != 1)}"

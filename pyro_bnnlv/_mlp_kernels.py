@@ -125,7 +125,7 @@ def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tens
     allocate and zero-fill a ``(*B, P)`` gradient each (on Proj-BNN's stage 3, ``(20, 1, 15991)``
     decoder draws, those fills were 45% of a step). The values and gradients are the same."""
     batch = w.shape[:-1]
-    sizes = _tiling(layers, w.shape[-1])
+    sizes = _tiling(layers)
     if sizes is None:  # slices that do not tile w in order: one view each
         return [
             (w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl])
@@ -138,9 +138,11 @@ def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tens
     ]
 
 
-def _tiling(layers: Sequence[LayerSpec], size: int) -> list[int] | None:
-    """The piece sizes when the layers' (weight, bias) slices cover ``[0, size)`` in order (a
-    trailing remainder piece if they stop short), else ``None``."""
+def _tiling(layers: Sequence[LayerSpec]) -> list[int] | None:
+    """The piece sizes when the layers' (weight, bias) slices tile ``[0, P)`` in order from 0,
+    else ``None``. From the layers alone, not ``w``'s shape: under ``torch.jit.trace`` a shape is
+    a traced value, and comparing it would freeze a branch into the trace (a ``w`` of another
+    length makes ``torch.split`` raise: sizes must sum to ``w.shape[-1]``)."""
     sizes, at = [], 0
     for _, _, w_sl, b_sl in layers:
         for sl in (w_sl, b_sl):
@@ -148,9 +150,7 @@ def _tiling(layers: Sequence[LayerSpec], size: int) -> list[int] | None:
                 return None
             sizes.append(sl.stop - at)
             at = sl.stop
-    if at > size:
-        return None
-    return sizes + ([size - at] if at < size else [])
+    return sizes
 
 
 def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activation) -> Tensor:

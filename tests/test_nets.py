@@ -194,10 +194,26 @@ def test_unflatten_splits_once_and_matches_slicing_bitwise():
                 assert type(W.grad_fn.next_functions[0][0]).__name__.startswith("Split")
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     sizes = [fo * fi if k == 0 else fo for fi, fo, _, _ in net.layers for k in (0, 1)]
-    assert _tiling(net.layers, net.num_weights) == sizes
-    assert _tiling(net.layers, net.num_weights + 3) == sizes + [3]    # a trailing remainder
+    assert _tiling(net.layers) == sizes
     shuffled = list(reversed(net.layers))    # out of order: one view per piece
-    assert _tiling(shuffled, net.num_weights) is None
+    assert _tiling(shuffled) is None
+    with pytest.raises(RuntimeError, match="split"):    # a w of another length is refused
+        unflatten(net.layers, torch.randn(net.num_weights + 3))
     w = torch.randn(net.num_weights, generator=g)
     for (W, b), (fi, fo, ws, bs) in zip(unflatten(shuffled, w), shuffled):
         assert torch.equal(W, w[ws].reshape(fo, fi)) and torch.equal(b, w[bs])
+
+
+def test_unflatten_traces_without_a_tracer_warning_and_matches_eager_elsewhere():
+    """The split's sizes come from the layers, not from ``w``'s (traced) shape: tracing the
+    forward pass raises no TracerWarning, and the trace agrees with eager code at another point."""
+    import warnings
+
+    net = MLP(3, [5], 2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 7, 3, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(lambda w: net(x, w), (torch.randn(4, net.num_weights, generator=g),))
+    w2 = torch.randn(4, net.num_weights, generator=g) * 3
+    torch.testing.assert_close(traced(w2), net(x, w2), rtol=0, atol=0)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import sys
 
-__all__ = ["usable_cores"]
+__all__ = ["usable_cores", "retain_freed_memory"]
+
+#: glibc's ``mallopt`` parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def usable_cores() -> int:
@@ -14,3 +20,27 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Make glibc's ``malloc`` keep freed memory for reuse instead of handing it back to the OS.
+
+    A training step allocates and frees tensors of several MB (FuNN-HyVI on boston: a
+    ``(500, 200, 50)`` float tensor, 20 MB, per layer and direction). By default glibc serves such a
+    block with ``mmap`` or returns the heap's top to the OS once more than twice that is free,
+    so every step faults the same pages in again and has the kernel zero them. Raising the mmap
+    threshold to its maximum (32 MiB) and the trim threshold to 1 GiB keeps them in the heap:
+    measured on boston, interleaved 4 + 4 runs, FuNN-HyVI 78 -> 47 ms per step, NN-HyVI 54 -> 41,
+    with bitwise the same losses (allocation does not touch the numbers). The cost: a process
+    keeps its peak heap. Used by the sweep's local worker processes and by ``pyro-bnnlv``; not by
+    ``import pyro_bnnlv``, which leaves a user's process as it is.
+
+    Returns whether both settings took (``False`` off glibc, e.g. macOS or musl: nothing changes).
+    """
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:  # pragma: no cover - glibc always has it
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) & bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))

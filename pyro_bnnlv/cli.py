@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 
+from ._platform import retain_freed_memory
 from .reproduce.bench import BENCHMARKS
 from .datasets import default_data_dir, list_datasets, load_dataset, load_split
 from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
@@ -278,6 +279,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    retain_freed_memory()  # a step's large tensors stay in the heap (bench allocator)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ConnectionError, SweepLockedError) as err:

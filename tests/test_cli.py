@@ -48,6 +48,22 @@ def test_bench_knn_and_proj_print_their_ratios(capsys):
     assert "Monte-Carlo / closed-form step" in out and "closed-form" in out
 
 
+def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses():
+    """``bench allocator``: glibc's default vs retain_freed_memory, each arm its own interpreter;
+    the allocator must not change a number (the speed-up is measured by the bench, not here)."""
+    import platform
+    import sys
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    from pyro_bnnlv.reproduce.bench import allocator_bench
+
+    table = allocator_bench(steps=2, rounds=1, methods=("FuNN-HyVI",))
+    assert list(table.index.get_level_values("allocator")) == ["glibc default", "retain_freed_memory"]
+    assert table["same_loss"].all() and table.attrs["losses bitwise equal"] is True
+    assert table["ms_per_step"].gt(0).all() and "FuNN-HyVI speed-up" in table.attrs
+
+
 def test_reproduce_hyvi_smoke(tmp_path, capsys):
     out_csv = tmp_path / "uci.csv"
     assert main(["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",

@@ -334,6 +334,70 @@ def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     return table
 
 
+def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None:
+    """One arm of :func:`allocator_bench`, run in a fresh interpreter: ``steps`` SVI steps of
+    hyvi-uci's ``method`` on boston split 1 (App. E's settings), prints ``{"ms": median ms per
+    step, "loss": last loss}`` as JSON."""
+    import json
+
+    from .._platform import retain_freed_memory
+    from ..datasets import load_split
+    from ..infer import input_box
+    from .hyvi import PRIOR_SCALE, _guide, _loss
+
+    took = retain_freed_memory() if retain else False
+    torch.set_num_threads(1)
+    data = load_split("boston", 1, valid_fraction=0.0)
+    x, y = data.x_train, data.y_train
+    model = BNN(MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5,
+                learn_noise=True)  # fmt: skip
+    stamps: list[float] = []
+    with pyro.get_param_store().scope():
+        hist = fit_svi(model, _guide(method, model, seed), x, y, num_steps=steps + 11, lr=0.005, batch_size=50,
+                       seed=seed, loss=_loss(method, input_box(x), 200, 100, 500), progress=False,
+                       callback=lambda step, value: stamps.append(time.perf_counter()))  # fmt: skip
+    ms = 1e3 * statistics.median(b - a for a, b in zip(stamps[10:], stamps[11:]))
+    print(json.dumps({"ms": ms, "loss": float(hist[-1]), "retained": took}))
+
+
+def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
+                    methods: tuple[str, ...] = ("NN-HyVI", "FuNN-HyVI")) -> pd.DataFrame:
+    """``pyro-bnnlv bench allocator``: ms per hyvi-uci SVI step (boston, App. E's settings) with
+    glibc's default allocator settings vs :func:`~pyro_bnnlv._platform.retain_freed_memory`
+    (what the sweep's workers and ``pyro-bnnlv`` use). Each arm runs in a fresh interpreter
+    (the setting cannot be undone in a process), arms alternated in ``rounds``; the last losses
+    must agree bitwise (``same_loss``)."""
+    import json
+    import subprocess
+    import sys
+
+    _check_positive_int(steps, "steps")
+    rows = []
+    for method in methods:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        losses: dict[bool, set[float]] = {False: set(), True: set()}
+        for _ in range(rounds):
+            for retain in (False, True):
+                code = ("from pyro_bnnlv.reproduce.bench import _allocator_arm; "
+                        f"_allocator_arm({method!r}, {steps}, {retain}, {seed})")  # fmt: skip
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                if retain and not got["retained"]:
+                    raise RuntimeError("retain_freed_memory() did not take (not glibc?): nothing to compare")
+                times[retain].append(got["ms"])
+                losses[retain].add(got["loss"])
+        default, retained = statistics.median(times[False]), statistics.median(times[True])
+        same = len(losses[False] | losses[True]) == 1
+        rows += [(method, "glibc default", default, 1.0, same),
+                 (method, "retain_freed_memory", retained, default / retained, same)]  # fmt: skip
+    table = pd.DataFrame(rows, columns=["method", "allocator", "ms_per_step", "speed_up", "same_loss"])
+    table = table.set_index(["method", "allocator"])
+    for method in methods:
+        table.attrs[f"{method} speed-up"] = float(table.loc[(method, "retain_freed_memory"), "speed_up"])
+    table.attrs["losses bitwise equal"] = bool(table["same_loss"].all())
+    return table
+
+
 #: name -> (function, one-line description); the CLI prints the returned DataFrame.
 def _fixed_tuning_run(kernel: Any, start: dict[str, Tensor], iters: int, args: tuple) -> tuple[float, int]:
     """Seconds and leapfrog steps of ``iters`` NUTS draws with adaptation off."""
@@ -830,4 +894,5 @@ BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step on heavy-tail"),
     "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
     "proj": (proj_bench, "Proj-BNN stage-3 step on boston: closed-form vs Monte-Carlo KL terms"),
+    "allocator": (allocator_bench, "hyvi-uci step on boston: glibc's default allocator vs retain_freed_memory"),
 }

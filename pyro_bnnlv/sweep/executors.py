@@ -30,7 +30,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from datetime import datetime, timezone
 from typing import Any
 
-from .._platform import usable_cores
+from .._platform import retain_freed_memory, usable_cores
 from .store import TABLE_FIELDS
 from .task import KEY_FIELDS, Task
 
@@ -141,8 +141,16 @@ class InlineExecutor:
         pass
 
 
+def _init_worker(driver_pid: int) -> None:
+    """Pool-worker initializer: keep freed memory in the heap
+    (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, up to 1.7x faster steps
+    for the k-NN ELBOs) and end this worker when the driver is gone (:func:`_exit_with_driver`)."""
+    retain_freed_memory()
+    _exit_with_driver(driver_pid)
+
+
 def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
-    """Pool-worker initializer: end this worker when the driver process is gone.
+    """End this worker when the driver process is gone.
 
     A driver killed with SIGKILL (or by a time-out) runs no clean-up, and its
     ``ProcessPoolExecutor`` workers would wait on the task queue forever: each holds the queue's
@@ -172,7 +180,7 @@ class LocalExecutor:
 
     def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
         pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_exit_with_driver, initargs=(os.getpid(),))  # fmt: skip
+                                   initializer=_init_worker, initargs=(os.getpid(),))  # fmt: skip
         queue, inflight = list(tasks)[::-1], {}
         try:
             while queue or inflight:

@@ -12,7 +12,10 @@ of torch's thread pools or of the driver's state; tasks see only their key), the
 
 :func:`execute` pins torch to ``threads`` threads (default 1), clears Pyro's parameter store and
 seeds Python, NumPy, torch and Pyro with ``task.seed`` before calling the task function, so a
-task's numbers depend on its key only, not on the worker, the order or the worker count. (The
+task's numbers depend on its key only, not on the worker, the order or the worker count. The
+local executor's workers also keep freed memory in the heap
+(:func:`~pyro_bnnlv._platform.retain_freed_memory`; ``pyro-bnnlv bench allocator``: up to 1.75x
+faster k-NN ELBO steps, the same numbers); Ray's workers are left as the cluster sets them up. (The
 thread count is fixed rather than ``cores // workers`` because torch's results depend on it: a
 1x50 BNN fitted on yacht gives ELBOs that differ in the seventh digit with 1 and 2 threads.)
 """

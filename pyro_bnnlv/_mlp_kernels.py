@@ -123,7 +123,8 @@ def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tens
     One ``torch.split`` when the slices tile ``w`` in order (every :class:`~pyro_bnnlv.nets.MLP`):
     its backward concatenates the pieces' gradients, where one ``w[..., slice]`` per piece would
     allocate and zero-fill a ``(*B, P)`` gradient each (on Proj-BNN's stage 3, ``(20, 1, 15991)``
-    decoder draws, those fills were 45% of a step). The values and gradients are the same."""
+    decoder draws, those fills were 45% of a step). The values and gradients are the same, bit for bit
+    up to the sign of a zero gradient entry (slicing's zero-filled buffers turn -0.0 into +0.0)."""
     batch = w.shape[:-1]
     sizes = _tiling(layers)
     if sizes is None:  # slices that do not tile w in order: one view each

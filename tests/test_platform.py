@@ -41,6 +41,14 @@ _SCRIPT = "import sys; from tests.test_platform import faults_per_step, retain_f
           "took = retain_freed_memory() if sys.argv[1] == '1' else None; print(took, faults_per_step())"  # fmt: skip
 
 
+@pytest.mark.parametrize("kwargs", [{"mmap_threshold": 2**31}, {"trim_threshold": 0}, {"trim_threshold": 1.5},
+                                    {"mmap_threshold": True}])  # fmt: skip
+def test_retain_freed_memory_refuses_values_a_c_int_cannot_hold(kwargs):
+    """2**32 as a C int would wrap to 0 (trim on every free) and mallopt would report success."""
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be an int in \\[1, 2\\*\\*31\\)"):
+        retain_freed_memory(**kwargs)
+
+
 def test_usable_cores_is_a_positive_int():
     assert isinstance(usable_cores(), int) and usable_cores() >= 1
 

@@ -404,17 +404,22 @@ def test_status_reports_progress_and_remaining_time_per_method_from_the_store_al
         find_stores(tmp_path / "empty")
     with pytest.raises(ValueError, match="workers must be a positive int"):
         format_status([status], workers=0)
-    assert status.timed_datasets == ("toy",) and status.untimed_datasets == ()
-    # pending tasks on a data set none of whose tasks has finished: the report says the estimate
-    # comes from the other set
+    assert status.basis["a"] == (("toy",), ()) and status.basis["b"] == (("toy",), ())
+    # pending tasks of a method on a data set where that method has not finished a task: the
+    # report says which set its estimate comes from (per method: b timed only on big must not
+    # count as a's basis)
     mixed = tmp_path / "mixed"
-    two = [Task(name, method="a", split=0, grid={"scale": 1.0, "sleep": 0.0}, seed=0) for name in ("toy", "big")]
-    run_sweep(two, toy_fit, out_dir=mixed, executor="inline", progress=False, stop_after=0)
-    with sqlite3.connect(mixed / STORE_NAME) as conn:
-        conn.execute("UPDATE tasks SET status='done', seconds=4.0, result='{}' WHERE id=?", (two[0].id,))
+    grid = {"scale": 1.0, "sleep": 0.0}
+    four = [Task(name, method=m, split=0, grid=grid, seed=0) for m in ("a", "b") for name in ("small", "big")]
+    run_sweep(four, toy_fit, out_dir=mixed, executor="inline", progress=False, stop_after=0)
+    with sqlite3.connect(mixed / STORE_NAME) as conn:  # done: (a, small) and (b, big)
+        for t, sec in ((four[0], 4.0), (four[3], 400.0)):
+            conn.execute("UPDATE tasks SET status='done', seconds=?, result='{}' WHERE id=?", (sec, t.id))
     mixed_status = sweep_status(mixed)
-    assert (mixed_status.timed_datasets, mixed_status.untimed_datasets) == (("toy",), ("big",))
-    assert "timed on toy only; not yet on big (tasks there may take longer)" in format_status([mixed_status])
+    assert mixed_status.basis == {"a": (("small",), ("big",)), "b": (("big",), ("small",))}
+    text = format_status([mixed_status])
+    assert "a: timed on small only; not yet on big (tasks there may take longer)" in text
+    assert "b: timed on big only; not yet on small" in text
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ none of which has finished (the mean may come from smaller sets).
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import filelock
@@ -41,10 +41,10 @@ class StoreStatus:
     code_version: str | None
     running: bool
     per_method: pd.DataFrame
-    #: data sets with a finished task (the estimate's basis) and those with pending tasks but none
-    #: finished (their tasks may take longer or shorter: larger data sets run more steps per epoch)
-    timed_datasets: tuple[str, ...] = ()
-    untimed_datasets: tuple[str, ...] = ()
+    #: per method: the data sets with a finished task of that method (its estimate's basis) and
+    #: those with pending tasks of it but none finished (they may take longer or shorter: larger
+    #: data sets run more steps per epoch)
+    basis: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def remaining_hours(self) -> float:
@@ -101,11 +101,14 @@ def sweep_status(out_dir: str | Path) -> StoreStatus:
     per_method = counts.assign(mean_task_seconds=mean, remaining_hours=counts["pending"] * mean / 3600.0)
     per_method.loc[per_method["pending"] == 0, "remaining_hours"] = 0.0
     per_method.columns.name = None
-    timed = tuple(dict.fromkeys(done["dataset"].astype(str))) if "dataset" in table else ()
-    pending = table[table["status"] == "pending"]
-    untimed = tuple(d for d in dict.fromkeys(pending["dataset"].astype(str)) if d not in timed) \
-        if "dataset" in table else ()  # fmt: skip
-    return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method, timed, untimed)
+    basis = {}
+    if "dataset" in table:
+        for method in per_method.index:
+            rows = table[table["method"] == method]
+            timed = tuple(dict.fromkeys(rows.loc[rows["status"] == "done", "dataset"].astype(str)))
+            pending = dict.fromkeys(rows.loc[rows["status"] == "pending", "dataset"].astype(str))
+            basis[method] = (timed, tuple(d for d in pending if d not in timed))
+    return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method, basis)
 
 
 def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
@@ -123,9 +126,10 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
             shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
                               remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
             lines += ["  " + ln for ln in shown.to_string().splitlines()]
-            if s.untimed_datasets and s.timed_datasets:
-                lines.append(f"  timed on {', '.join(s.timed_datasets)} only; not yet on "
-                             f"{', '.join(s.untimed_datasets)} (tasks there may take longer)")  # fmt: skip
+            for method, (timed, untimed) in s.basis.items():
+                if timed and untimed:
+                    lines.append(f"  {method}: timed on {', '.join(timed)} only; not yet on {', '.join(untimed)} "
+                                 "(tasks there may take longer)")  # fmt: skip
         total += float(pm["remaining_hours"].sum())  # NaN (no estimate) skipped, said below
         unknown = unknown or not s._estimable
     hours = f"{total:.1f} core-hours, {total / workers:.1f} h on {workers} worker{'s' * (workers != 1)}"

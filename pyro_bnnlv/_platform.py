@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-__all__ = ["usable_cores", "retain_freed_memory"]
+__all__ = ["usable_cores", "retain_freed_memory", "is_glibc"]
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -20,6 +20,11 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+def is_glibc() -> bool:
+    """Whether this process runs on Linux with glibc (whose ``mallopt`` :func:`retain_freed_memory` calls)."""
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 
 def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -46,7 +51,7 @@ def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 
     for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
             raise ValueError(f"{name} must be an int in [1, 2**31) bytes (mallopt takes a C int), got {value!r}")
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if not is_glibc():
         return False
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:  # pragma: no cover - glibc always has it

@@ -51,10 +51,9 @@ def test_bench_knn_and_proj_print_their_ratios(capsys):
 def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses():
     """``bench allocator``: glibc's default vs retain_freed_memory, each arm its own interpreter;
     the allocator must not change a number (the speed-up is measured by the bench, not here)."""
-    import platform
-    import sys
+    from pyro_bnnlv._platform import is_glibc
 
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if not is_glibc():
         pytest.skip("mallopt is glibc's")
     from pyro_bnnlv.reproduce.bench import allocator_bench
 

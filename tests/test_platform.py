@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 
 import pytest
 
-from pyro_bnnlv._platform import retain_freed_memory, usable_cores
+from pyro_bnnlv._platform import is_glibc, retain_freed_memory, usable_cores
 from pyro_bnnlv.sweep import Task, run_sweep
 
-glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-                           reason="mallopt is glibc's")  # fmt: skip
+glibc = pytest.mark.skipif(not is_glibc(), reason="mallopt is glibc's")
 
 
 def faults_per_step(steps: int = 10) -> float:

@@ -1,3 +1,7 @@
+import os
+import sys
+from pathlib import Path
+
 import pyro
 import pytest
 import torch
@@ -18,3 +22,15 @@ def toy_data():
     x = torch.rand(100, 1, generator=g) * 2 - 1
     y = torch.cos(4 * (x[:, 0] + 0.2)) + 0.1 * torch.randn(100, generator=g)
     return x, y
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance per test module that asks for it; its workers import the test modules."""
+    import ray
+
+    path = os.pathsep.join([str(Path(__file__).parent)] + [p for p in sys.path if p])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+    yield ray
+    ray.shutdown()

@@ -93,8 +93,11 @@ def test_retain_freed_memory_keeps_a_steps_large_tensors_in_the_process():
 
 
 @glibc
-def test_local_sweep_workers_retain_freed_memory(tmp_path):
-    table = run_sweep([Task("toy", method="faults", seed=0)], faults_task, out_dir=tmp_path, executor="local",
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_sweep_workers_retain_freed_memory(tmp_path, executor, request):
+    if executor == "ray":
+        request.getfixturevalue("ray_instance")
+    table = run_sweep([Task("toy", method="faults", seed=0)], faults_task, out_dir=tmp_path, executor=executor,
                       workers=1, progress=False)  # fmt: skip
     assert table["status"].tolist() == ["done"], table
     assert table["handed_back_mb"].iloc[0] < 1 and table["faults"].iloc[0] < 100, table.iloc[0].to_dict()

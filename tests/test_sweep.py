@@ -69,18 +69,6 @@ def _results(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=TIMING)
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    """One local Ray instance for this module; its workers import this test module."""
-    import ray
-
-    path = os.pathsep.join([str(Path(__file__).parent)] + [p for p in sys.path if p])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 # -- tasks ----------------------------------------------------------------------------------------
 def test_task_id_is_the_hash_of_its_canonical_key_and_ignores_grid_order():
     a = Task("boston", method="MFVI", split=3, grid={"lr": 0.01, "eps": 0.5}, restart=2, seed=7)

@@ -13,9 +13,10 @@ of torch's thread pools or of the driver's state; tasks see only their key), the
 :func:`execute` pins torch to ``threads`` threads (default 1), clears Pyro's parameter store and
 seeds Python, NumPy, torch and Pyro with ``task.seed`` before calling the task function, so a
 task's numbers depend on its key only, not on the worker, the order or the worker count. The
-local executor's workers also keep freed memory in the heap
+local executor's and Ray's workers also keep freed memory in the heap
 (:func:`~pyro_bnnlv._platform.retain_freed_memory`; ``pyro-bnnlv bench allocator``: up to 1.75x
-faster k-NN ELBO steps, the same numbers); Ray's workers are left as the cluster sets them up. (The
+faster k-NN ELBO steps, the same numbers): the local pool's initializer sets it, a Ray task sets it
+before its first fit in each Ray worker process (Ray's workers belong to one driver's job). (The
 thread count is fixed rather than ``cores // workers`` because torch's results depend on it: a
 1x50 BNN fitted on yacht gives ELBOs that differ in the seventh digit with 1 and 2 threads.)
 """
@@ -109,6 +110,13 @@ def execute(fn: Callable[[Task], Mapping[str, Any]], task: Task, threads: int = 
         torch.set_num_threads(previous)
     out.update(seconds=time.perf_counter() - t0, finished=_now())
     return out
+
+
+def _execute_retaining_memory(fn: Callable[[Task], Mapping[str, Any]], task: Task, threads: int = 1) -> dict[str, Any]:
+    """:func:`execute` in a Ray worker, which keeps freed memory in the heap first (a ``mallopt``
+    call: cheap, and the same setting on every call)."""
+    retain_freed_memory()
+    return execute(fn, task, threads)
 
 
 def _failed(task: Task, err: BaseException, where: str, hint: str = "") -> dict[str, Any]:
@@ -275,7 +283,7 @@ class RayExecutor:
 
     def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
         ray = self._ray
-        remote = ray.remote(num_cpus=self.threads)(execute)
+        remote = ray.remote(num_cpus=self.threads)(_execute_retaining_memory)
         fn_ref = ray.put(fn)
         queue, inflight = list(tasks)[::-1], {}
         try:

@@ -251,4 +251,6 @@ def test_sample_quality_warnings_are_shown_once_per_elbo_not_once_per_step(funct
             pb.fit_svi(model, guide, x, y, num_steps=5, lr=0.01, loss=elbo, progress=False, seed=0)
         support = [w for w in caught if "lie outside the region" in str(w.message)]
         assert len(support) == 1, [str(w.message)[:60] for w in caught]
+        # said in the ELBO's terms: what the bias does to the fit, not only to the estimate
         assert "once per instance" in str(support[0].message)
+        assert "part of the guide's draws lie beyond the prior's" in str(support[0].message)

@@ -1,0 +1,30 @@
+"""The measurement scripts under docs/bench run and report what their docstrings say."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from pyro_bnnlv.sweep import Task
+
+BENCH = Path(__file__).parents[1] / "docs" / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("method", ["MFVI", "NN-MFVI", "NN-HyVI"])
+def test_knn_kl_width_fit_task_reports_its_diagnostics(method):
+    width = _load("knn_kl_width")
+    out = width.fit_task(Task("boston", method=method, split=0, grid={"steps": 5}, seed=0))
+    assert out["steps_run"] == 5 and 0 < out["noise_scale"] < 1 and math.isfinite(out["test_ll"])
+    assert 0 < out["sd_ratio_median"] and 0 <= out["share_wider_than_prior"] <= 1 and math.isfinite(out["knn_kl"])
+    # a mean-field guide has an exact KL to the prior; a hypernet guide has no density
+    assert math.isfinite(out["exact_kl"]) == method.endswith("MFVI")
+    if method.endswith("MFVI"):  # a guide at its init (sd 0.01) is far narrower than the prior, KL large
+        assert out["sd_ratio_median"] < 0.1 and out["exact_kl"] > 1000

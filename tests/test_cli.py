@@ -45,7 +45,7 @@ def test_bench_knn_and_proj_print_their_ratios(capsys):
     assert estimates.iloc[0] == pytest.approx(estimates.iloc[1], rel=1e-5)
     assert main(["bench", "proj", "--steps", "5"]) == 0
     out = capsys.readouterr().out
-    assert "Monte-Carlo / closed-form step" in out and "closed-form" in out
+    assert "stage 3: traced / fused step" in out and "BbB: traced / fused step" in out
 
 
 def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses():

@@ -138,3 +138,158 @@ def test_a_multi_task_site_in_a_plate_keeps_its_plate_terms():
     model_trace, guide_trace = next(elbo._get_traces(model, guide, (y,), {}))
     loc, scale = guide._get_loc_and_scale("z")
     assert float(elbo.kl_terms(model_trace, guide_trace)["z"].detach()) == pytest.approx(_kl(loc, scale, Z_SCALE), rel=1e-6)
+
+
+# --- fused steps: the same estimator as the traced ones, for the library's BNN and ProjectedBNN ---
+
+
+def _boston_like(n=60, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return x, (x[:, :1].sin() + 0.1 * torch.randn(n, 1, generator=g)).squeeze(-1)
+
+
+def _bnn(d=4, hidden=8):
+    from pyro_bnnlv.models import BNN
+    from pyro_bnnlv.nets import MLP
+
+    return BNN(MLP(d, [hidden], 1, activation="relu"), prior_scale=0.3, noise_scale=0.2)
+
+
+def _projected(d=4, fixed_phi=False):
+    from pyro_bnnlv.models import ProjectedBNN
+    from pyro_bnnlv.nets import MLP
+
+    model = ProjectedBNN(MLP(d, [8], 1, activation="relu"), latent_dim=3, decoder_hidden=[5])
+    if fixed_phi:
+        model.fixed_phi = 0.1 * torch.randn(model.num_phi, generator=torch.Generator().manual_seed(3))
+    return model
+
+
+def _fitted_guide(model, x, y, sites):
+    """An AutoNormal set up by one traced step, its parameters moved off their start."""
+    guide = AutoNormal(model, init_scale=0.05)
+    elbo = ClosedFormKLElbo(sites, num_particles=4, max_plate_nesting=1)
+    elbo.loss_and_grads(model, guide, x, y, batch_size=16)
+    with torch.no_grad():
+        for p in guide.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            p.grad = None
+    return guide, elbo
+
+
+def _step(elbo, model, guide, x, y, batch_size, seed):
+    torch.manual_seed(seed)
+    value = elbo.loss_and_grads(model, guide, x, y, batch_size=batch_size)
+    grads = [p.grad.clone() for p in guide.parameters()]
+    for p in guide.parameters():
+        p.grad = None
+    return value, grads
+
+
+@pytest.mark.parametrize("case", ["bnn", "projected", "projected-fixed-phi"])
+@pytest.mark.parametrize("batch_size", [16, None])
+def test_a_fused_step_is_the_traced_step(case, batch_size):
+    """Same parameters, same random state: the fused and the traced step give the same loss and
+    gradients (the same draws in the same order), and the fused path was taken."""
+    x, y = _boston_like()
+    model = _bnn() if case == "bnn" else _projected(fixed_phi=case.endswith("fixed-phi"))
+    sites = ("w",) if case == "bnn" else (("z",) if model.fixed_phi is not None else ("z", "phi"))
+    with pyro.get_param_store().scope():
+        guide, fused = _fitted_guide(model, x, y, sites)
+        calls = []
+        original = fused._fused_loss_and_grads
+        fused._fused_loss_and_grads = lambda *a, **k: calls.append(1) or original(*a, **k)
+        v_f, g_f = _step(fused, model, guide, x, y, batch_size, seed=11)
+        traced = ClosedFormKLElbo(sites, num_particles=4, max_plate_nesting=1, fused=False)
+        v_t, g_t = _step(traced, model, guide, x, y, batch_size, seed=11)
+    assert calls == [1]
+    assert v_f == pytest.approx(v_t, rel=1e-6)
+    for a, b in zip(g_f, g_t):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
+    # and a different random state gives a different step (the draws are not frozen)
+    v_other, _ = _step(fused, model, guide, x, y, batch_size, seed=12)
+    assert v_other != pytest.approx(v_f, rel=1e-6)
+
+
+def test_the_models_closed_form_priors_are_their_forward_priors():
+    """The hooks restate forward's priors; compared here with a trace of forward itself."""
+    x, y = _boston_like()
+    for model, names in ((_bnn(), ("w",)), (_projected(), ("phi", "z")), (_projected(fixed_phi=True), ("z",))):
+        priors = model.closed_form_priors(x.dtype)
+        trace = pyro.poutine.trace(model).get_trace(x, y)
+        latent = [n for n, s in trace.iter_stochastic_nodes() if not pyro.poutine.util.site_is_subsample(s)]
+        assert latent == list(names) == list(priors)
+        for name in names:
+            fn = trace.nodes[name]["fn"].base_dist
+            assert torch.equal(fn.loc, priors[name].loc.expand_as(fn.loc))
+            assert torch.equal(fn.scale.expand_as(fn.loc), priors[name].scale.expand_as(fn.loc))
+
+
+def test_models_and_guides_the_fused_path_does_not_describe_run_traced():
+    from pyro_bnnlv.models import BNN, ProjectedBNN
+
+    class NoisyBNN(BNN):  # another forward: the hooks may not describe it
+        def forward(self, x, y=None, batch_size=None):
+            return super().forward(x, y, batch_size)
+
+    class OwnGuide(AutoNormal):  # likewise for a guide
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    x, y = _boston_like()
+    multi = ProjectedBNN(_bnn().net, latent_dim=2, decoder_hidden=[4], num_tasks=2)
+    task = torch.arange(len(x)) % 2
+    cases = [(NoisyBNN(_bnn().net), AutoNormal, ("w",), {}), (_bnn(), OwnGuide, ("w",), {}),
+             (multi, AutoNormal, ("z", "phi"), {"task": task})]  # fmt: skip
+    for model, guide_cls, sites, kwargs in cases:
+        with pyro.get_param_store().scope():
+            guide = guide_cls(model)
+            elbo = ClosedFormKLElbo(sites, num_particles=2, max_plate_nesting=1)
+            for _ in range(2):
+                elbo.loss_and_grads(model, guide, x, y, **kwargs)
+            assert elbo._fused_sites(model, guide, (x, y), kwargs) is None, type(model).__name__
+
+
+def test_fit_svi_with_fused_steps_follows_the_traced_fit_and_a_reused_loss_trains_again():
+    """fit_svi: the first step traced (it collects the parameters), the rest fused; the losses
+    follow the traced fit's to rounding over 30 steps; the same loss object reused for a second
+    fit still trains (its first step is traced again)."""
+    from pyro_bnnlv.infer.svi import fit_svi
+
+    x, y = _boston_like()
+    model = _projected()
+    histories = {}
+    for fused in (False, True):
+        with pyro.get_param_store().scope():
+            guide = AutoNormal(model, init_scale=0.05)
+            loss = ClosedFormKLElbo(("z", "phi"), num_particles=4, max_plate_nesting=1, fused=fused)
+            histories[fused] = fit_svi(model, guide, x, y, num_steps=30, lr=0.01, batch_size=16, seed=0,
+                                       progress=False, loss=loss)  # fmt: skip
+            if fused:
+                assert loss._compiled, "the fused path was never set up"
+                before = {n: p.detach().clone() for n, p in guide.named_parameters()}
+                fit_svi(model, guide, x, y, num_steps=5, lr=0.01, batch_size=16, seed=1, progress=False, loss=loss)
+                assert all(not torch.equal(before[n], p) for n, p in guide.named_parameters())
+    assert histories[True] == pytest.approx(histories[False], rel=1e-5)
+
+
+def test_a_fused_path_that_disagrees_with_the_trace_is_caught_by_fit_svi():
+    """A model whose hook misstates its prior: fit_svi's check at step 1 warns and finishes traced."""
+    from pyro_bnnlv.infer.svi import fit_svi
+    from pyro_bnnlv.models import BNN
+
+    class WrongHook(BNN):
+        def closed_form_priors(self, dtype):
+            return {"w": dist.Normal(self.prior_loc, 10 * self.prior_scale)}
+
+    x, y = _boston_like()
+    model = WrongHook(_bnn().net, prior_scale=0.3, noise_scale=0.2)
+    with pyro.get_param_store().scope(), pytest.warns(RuntimeWarning, match="fused ClosedFormKLElbo disagrees.*step 1"):
+        fit_svi(model, AutoNormal(model), x, y, num_steps=4, lr=0.01, seed=0, progress=False,
+                loss=ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1))  # fmt: skip
+
+
+def test_fused_must_be_a_bool():
+    with pytest.raises(TypeError, match="fused must be True or False"):
+        ClosedFormKLElbo(("w",), fused="yes")

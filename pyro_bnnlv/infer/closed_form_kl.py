@@ -21,21 +21,48 @@ at 20 particles were most of a step's cost).
 The named sites must be ``Normal`` or ``Independent(Normal)`` in both the model and the guide
 (Pyro's ``AutoNormal`` and ``pyro.sample(name, dist.Normal(...).to_event(k))``), reparameterised,
 and not subsampled. Particles are vectorised (``vectorize_particles=True``).
+
+**Fused steps.** For a model of this library whose latent sites are all named here (a
+:class:`~pyro_bnnlv.models.BNN`'s ``w``; a single-task
+:class:`~pyro_bnnlv.models.ProjectedBNN`'s ``z`` and ``phi``: Bayes-by-Backprop and the projected
+BNN's stage 3) and Pyro's ``AutoNormal`` over them, ``loss_and_grads`` computes the same
+estimator without Pyro's traces,
+
+.. math::
+
+    \hat{\mathcal L} = \frac{1}{S} \sum_{s=1}^S \frac{N}{B} \sum_{n \in \mathcal B}
+        \log p(y_n \mid x_n, w^{(s)}) - \sum_{v \in \text{sites}} D_{KL}(q(v) \,\|\, p(v)),
+    \qquad w^{(s)} = \text{model.weights\_from\_latents}(\mu + \sigma \odot
+        \epsilon^{(s)}),
+
+drawing the random numbers in Pyro's order (the guide's sites in its order, ``S`` draws each,
+then the minibatch as Pyro's plate draws it), so that a fused step and a traced one give the same
+loss and gradients up to rounding. A model opts in with ``closed_form_priors(dtype)`` (its latent
+sites' priors as ``Normal`` s, ``None`` when its ``forward`` is not the one they describe) and
+``weights_from_latents(values)``. The first step of each fit runs traced (it creates the guide's
+parameters and lets :func:`~pyro_bnnlv.fit_svi` collect them); ``fit_svi`` then checks the fused
+steps against the traced twin (:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and
+1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.jit_guard.JitGuard`), and
+finishes traced on a mismatch. Anything else (another guide, model keyword arguments, a
+multi-task model) runs traced. Measured: ``pyro-bnnlv bench proj``.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
+import pyro.util
 from pyro.distributions import Delta
 from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
 from pyro.infer.util import torch_item
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
-from torch.distributions import Independent, Normal, kl_divergence
+from torch.distributions import Independent, Normal, constraints, kl_divergence
 
 __all__ = ["ClosedFormKLElbo"]
 
@@ -89,6 +116,8 @@ class ClosedFormKLElbo(Trace_ELBO):
             ``("z", "phi")`` for :class:`~pyro_bnnlv.models.ProjectedBNN`.
         num_particles: reparameterised draws for the remaining expectation (vectorised).
         max_plate_nesting: as for ``Trace_ELBO``.
+        fused: compute the steps of a library model with an ``AutoNormal`` guide without
+            Pyro's traces (module docstring, 'Fused steps'); ``False``: always traced.
 
     Example::
 
@@ -96,12 +125,86 @@ class ClosedFormKLElbo(Trace_ELBO):
         pb.fit_svi(model, guide, x, y, loss=loss)
     """
 
-    def __init__(self, sites: Sequence[str], num_particles: int = 1, max_plate_nesting: float = float("inf")) -> None:
+    def __init__(self, sites: Sequence[str], num_particles: int = 1, max_plate_nesting: float = float("inf"),
+                 fused: bool = True) -> None:  # fmt: skip
         if isinstance(sites, str) or not sites or not all(isinstance(s, str) for s in sites):
             raise ValueError(f"sites must be a non-empty sequence of site names, e.g. ('z', 'phi'); got {sites!r}")
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be True or False, got {fused!r}")
         super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
                          vectorize_particles=True)  # fmt: skip
         self.sites = frozenset(sites)
+        self.fused = fused
+        # the (model, guide) pairs a traced step has set up, as weak references; a dict named
+        # _compiled, so that jit_guard.forget_compiled (called by fit_svi) clears it: every fit
+        # starts with a traced step, which creates the parameters fit_svi collects
+        self._compiled: dict[tuple[int, int], tuple[weakref.ref, weakref.ref]] = {}
+
+    def eager_twin(self) -> "ClosedFormKLElbo":
+        """The same estimator, always computed from Pyro's traces (what fused steps are checked
+        against)."""
+        return ClosedFormKLElbo(tuple(sorted(self.sites)), num_particles=self.num_particles,
+                                max_plate_nesting=self.max_plate_nesting, fused=False)  # fmt: skip
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """``Trace_ELBO.loss_and_grads`` with the closed-form KL terms: the loss, gradients
+        accumulated in the parameters' ``.grad``; fused when possible (module docstring)."""
+        sites = self._fused_sites(model, guide, args, kwargs) if self.fused else None
+        if sites is None:
+            value = super().loss_and_grads(model, guide, *args, **kwargs)
+            if self.fused and isinstance(guide, torch.nn.Module) and isinstance(model, torch.nn.Module):
+                self._compiled[id(model), id(guide)] = (weakref.ref(model), weakref.ref(guide))
+            return value
+        return self._fused_loss_and_grads(model, guide, sites, *args, **kwargs)
+
+    def _fused_sites(self, model, guide, args, kwargs) -> list[str] | None:
+        """The guide's sites in its order if the next step can be fused, else ``None``."""
+        refs = self._compiled.get((id(model), id(guide)))
+        if refs is None or refs[0]() is not model or refs[1]() is not guide:
+            return None  # no traced step of this pair yet (or ids reused by new objects)
+        if len(args) != 2 or not isinstance(args[1], torch.Tensor) or set(kwargs) - {"batch_size"}:
+            return None
+        if not isinstance(guide, AutoNormal) or type(guide).forward is not AutoNormal.forward:
+            return None
+        priors_of = getattr(model, "closed_form_priors", None)
+        if not callable(priors_of) or not callable(getattr(model, "weights_from_latents", None)):
+            return None
+        priors = priors_of(args[0].dtype)
+        if priors is None or set(priors) != self.sites:
+            return None
+        names = []
+        for name, site in guide.prototype_trace.iter_stochastic_nodes():
+            support = site["fn"].support
+            while isinstance(support, constraints.independent):
+                support = support.base_constraint
+            if type(support) is not type(constraints.real) or any(f.vectorized for f in site["cond_indep_stack"]):
+                return None  # a constrained site (a transform in the guide) or one inside a plate
+            names.append(name)
+        return names if set(names) == self.sites else None
+
+    def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], x: Tensor, y: Tensor,
+                              batch_size: int | None = None) -> float:  # fmt: skip
+        S = self.num_particles
+        priors = model.closed_form_priors(x.dtype)
+        draws, kl = {}, 0.0
+        for name in sites:  # the guide's order, S draws each: AutoNormal's rsample in the particle plate
+            loc, scale = guide._get_loc_and_scale(name)
+            q = Normal(loc, scale, validate_args=False)  # AutoNormal's scale is positive by its constraint
+            draws[name] = q.rsample((S,))
+            kl = kl + kl_divergence(q, priors[name]).sum()
+        N = x.shape[0]
+        if batch_size is None or batch_size >= N:  # pyro.plate's subsample: all of it, or randperm[:B]
+            x_b, y_b, factor = x, y, 1.0
+        else:
+            idx = torch.randperm(N, device=x.device)[:batch_size].clone()
+            x_b, y_b, factor = x[idx], y[idx], N / batch_size
+        f = model._plate_f(x_b, model.weights_from_latents(draws))
+        log_lik = model._likelihood(f).log_prob(model._observed(y_b)).sum()
+        loss = kl - factor * log_lik / S
+        loss.backward(retain_graph=self.retain_graph)
+        value = torch_item(loss)
+        pyro.util.warn_if_nan(value, "loss")
+        return value
 
     def _get_trace(self, model, guide, args, kwargs):
         guide_sites = self.sites | {name + _AUX for name in self.sites}

@@ -43,9 +43,12 @@ def plate_shape_tracer_warnings_ignored() -> Iterator[None]:
 
 
 def is_compiled(loss: ELBO) -> bool:
-    """Whether ``loss`` compiles its objective (``jit=True`` or one of Pyro's ``Jit*`` ELBOs)."""
+    """Whether ``loss`` compiles its objective (``jit=True`` or one of Pyro's ``Jit*`` ELBOs) or
+    fuses it (``fused=True``: the same estimator computed without Pyro's traces, e.g.
+    :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`); either is checked against its
+    eager twin."""
     if hasattr(loss, "eager_twin"):
-        return bool(getattr(loss, "jit", False))
+        return bool(getattr(loss, "jit", False) or getattr(loss, "fused", False))
     return type(loss).__name__.startswith("Jit")
 
 
@@ -118,10 +121,16 @@ class JitGuard:
         if loss_gap <= self.rtol and grad_gap <= self.rtol:
             return loss, value
         self.mismatch = dict(step=step, loss_gap=loss_gap, grad_gap=grad_gap, compiled=value, eager=v_e)
+        compiled = bool(getattr(loss, "jit", not getattr(loss, "fused", False)))  # else fused
+        if compiled:
+            why = "the trace froze a value-dependent branch or a changing constant; continuing without JIT"
+        else:
+            why = ("its fused computation no longer matches the traced model and guide; continuing "
+                   "with the traced computation")
         warnings.warn(
-            f"the compiled {type(loss).__name__} disagrees with its eager twin at step {step} "
-            f"(loss {value:.6g} vs {v_e:.6g}, relative gradient difference {grad_gap:.2g}): the "
-            "trace froze a value-dependent branch or a changing constant; continuing without JIT",
+            f"the {'compiled' if compiled else 'fused'} {type(loss).__name__} disagrees "
+            f"with its eager twin at step {step} (loss {value:.6g} vs {v_e:.6g}, relative gradient "
+            f"difference {grad_gap:.2g}): {why}",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -322,6 +322,7 @@ def fit_projected_bnn(
     batch_size: int | None = None,
     z_init: str | None = None,
     kl: str = "closed-form",
+    fused: bool = True,
     callback: Callable[[int, float, AutoNormal], None] | None = None,
     seed: int | None = None,
     progress: bool = True,
@@ -354,6 +355,9 @@ def fit_projected_bnn(
             on UCI, no Monte-Carlo noise in those terms) or ``"monte-carlo"`` (``Trace_ELBO``:
             ``log p - log q`` at the particles' draws, this library's estimator before issue 17's
             paper-budget run).
+        fused: compute the closed-form steps without Pyro's traces (the same estimator and
+            random draws, checked against the traced steps during training; module docstring
+            of :mod:`~pyro_bnnlv.infer.closed_form_kl`, 'Fused steps'); ``False``: traced.
         callback: called as ``callback(step, loss, guide)`` after every step of stage 3 (the
             guide being fitted, e.g. for early stopping on validation data: raise
             ``StopIteration`` to stop).
@@ -364,6 +368,8 @@ def fit_projected_bnn(
         raise ValueError(f"variant must be 'full', 'one-stage' or 'qz-only', got {variant!r}")
     if kl not in ("closed-form", "monte-carlo"):
         raise ValueError(f"kl must be 'closed-form' (the paper's) or 'monte-carlo', got {kl!r}")
+    if not isinstance(fused, bool):
+        raise TypeError(f"fused must be True or False, got {fused!r}")
     if model.num_tasks is not None:
         raise ValueError("fit_projected_bnn is for single-task models (FGE trains one network); for "
                          "num_tasks=M use init_projected_guide(model) and fit_svi(..., "
@@ -401,7 +407,7 @@ def fit_projected_bnn(
         # the model's only plate is "data" (dim -1): said, not guessed (Pyro logs every guess)
         if kl == "closed-form":
             sites = ("z",) if model.fixed_phi is not None else ("z", "phi")
-            loss = ClosedFormKLElbo(sites, num_particles=num_particles, max_plate_nesting=1)
+            loss = ClosedFormKLElbo(sites, num_particles=num_particles, max_plate_nesting=1, fused=fused)
         else:
             loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
         losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,

@@ -258,6 +258,19 @@ class BNN(PyroModule):
             f = self._plate_f(x_b, w)
             return pyro.sample("obs", self._likelihood(f), obs=y_b)
 
+    def closed_form_priors(self, dtype: torch.dtype) -> dict[str, dist.Normal] | None:
+        """The latent sites of :meth:`forward` and their priors, for
+        :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`'s fused steps: ``{"w":
+        Normal(prior_loc, prior_scale)}`` (independent coordinates); ``None`` for a subclass
+        with its own ``forward``, which these may not describe."""
+        if type(self).forward is not BNN.forward:
+            return None
+        return {"w": dist.Normal(self.prior_loc.to(dtype), self.prior_scale.to(dtype))}
+
+    def weights_from_latents(self, values: dict[str, Tensor]) -> Tensor:
+        """The network weights ``w`` given draws ``(S, ...)`` of :meth:`closed_form_priors`' sites."""
+        return values["w"]
+
     def config(self) -> dict:
         """Constructor settings besides the state dict (see :mod:`pyro_bnnlv.serialization`)."""
         if not isinstance(self.net, MLP):

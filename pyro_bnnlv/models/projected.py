@@ -146,6 +146,22 @@ class ProjectedBNN(BNN):
                 f = self.net(x_b.unsqueeze(-2), w_n).squeeze(-2)     # (*S, B, L)
             return pyro.sample("obs", self._likelihood(f), obs=y_b)
 
+    def closed_form_priors(self, dtype: torch.dtype) -> dict[str, dist.Normal] | None:
+        """The latent sites of :meth:`forward` and their priors (``phi`` unless fixed, ``z``), for
+        :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`'s fused steps; ``None`` for
+        the multi-task model (``z`` in a plate) and for a subclass with its own ``forward``."""
+        if type(self).forward is not ProjectedBNN.forward or self.num_tasks is not None:
+            return None
+        priors = {}
+        if self.fixed_phi is None:
+            priors["phi"] = dist.Normal(torch.zeros(self.num_phi, dtype=dtype), self.phi_scale)
+        priors["z"] = dist.Normal(torch.zeros(self.latent_dim, dtype=dtype), self.latent_scale)
+        return priors
+
+    def weights_from_latents(self, values: dict[str, Tensor]) -> Tensor:
+        """``w = g_phi(z)`` for draws ``z (S, D_z)`` and ``phi (S, P_phi)`` (or the fixed ``phi``)."""
+        return self.project(values["z"], values["phi"] if self.fixed_phi is None else self.fixed_phi)
+
     def config(self) -> dict:
         """Constructor settings besides the state dict (see :mod:`pyro_bnnlv.serialization`).
 

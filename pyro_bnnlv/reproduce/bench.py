@@ -304,10 +304,13 @@ def knn_bench(steps: int = 20, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
 
 
 def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
-    """``pyro-bnnlv bench proj``: ms per stage-3 SVI step of the projected BNN on boston (1x50
-    ReLU, ``D_z = 10``, 1x20 RBF decoder, 20 particles, minibatches of 128), eq. 5's KL terms in
-    closed form (:class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`, the default) vs by
-    Monte Carlo (``Trace_ELBO``), alternated in rounds on one decoder."""
+    """``pyro-bnnlv bench proj``: ms per SVI step of proj-uci's fits on boston (1x50 ReLU, 20
+    particles, minibatches of 128): the projected BNN's stage 3 (``D_z = 10``, 1x20 RBF decoder)
+    with eq. 5's KL terms in closed form, fused (:class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`,
+    the default) and traced (``fused=False``), and by Monte Carlo (``Trace_ELBO``); BbB
+    (``AutoNormal`` on ``w``, closed-form KL) fused and traced. Arms alternated in rounds, medians
+    of the per-step times after 20 warm-up steps; ``ratio`` is to the fit's fused arm."""
+    from ..infer.closed_form_kl import ClosedFormKLElbo
     from ..infer.fge import fge
     from ..infer.projection import fit_projected_bnn, fit_projection
     from ..models.projected import PAPER_SCALE, ProjectedBNN
@@ -319,18 +322,38 @@ def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     model = ProjectedBNN(net, latent_dim=10, decoder_hidden=[20])
     cands = fge(bnn, x, y, num_candidates=40, keep=20, map_steps=300, cycle_epochs=2, seed=seed, progress=False)
     projection = fit_projection(model, cands.kept, x, y, num_steps=200, seed=seed, progress=False)
-    times: dict[str, list[float]] = {"closed-form": [], "monte-carlo": []}
+
+    def stage3(kl: str, fused: bool, r: int, stamp) -> None:
+        fit_projected_bnn(model, x, y, projection=projection, num_steps=steps + 21, batch_size=128, kl=kl,
+                          fused=fused, seed=seed + r, progress=False,
+                          callback=lambda step, value, guide: stamp())  # fmt: skip
+
+    def bbb(fused: bool, r: int, stamp) -> None:
+        with pyro.get_param_store().scope():
+            guide = AutoNormal(bnn, init_scale=0.01)
+            fit_svi(bnn, guide, x, y, num_steps=steps + 21, lr=0.001, batch_size=128, seed=seed + r, progress=False,
+                    loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1, fused=fused),
+                    callback=lambda step, value: stamp())  # fmt: skip
+
+    arms = {("Proj-BNN stage 3", "closed-form, fused"): lambda r, st: stage3("closed-form", True, r, st),
+            ("Proj-BNN stage 3", "closed-form, traced"): lambda r, st: stage3("closed-form", False, r, st),
+            ("Proj-BNN stage 3", "monte-carlo"): lambda r, st: stage3("monte-carlo", True, r, st),
+            ("BbB", "closed-form, fused"): lambda r, st: bbb(True, r, st),
+            ("BbB", "closed-form, traced"): lambda r, st: bbb(False, r, st)}  # fmt: skip
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in arms}
     for r in range(rounds):
-        for kl in times:
+        for key, run in arms.items():
             stamps: list[float] = []
-            fit_projected_bnn(model, x, y, projection=projection, num_steps=steps + 21, batch_size=128, kl=kl,
-                              seed=seed + r, progress=False,
-                              callback=lambda step, value, guide: stamps.append(time.perf_counter()))  # fmt: skip
-            times[kl].append(1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:])))
+            run(r, lambda: stamps.append(time.perf_counter()))
+            times[key].append(1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:])))
     med = {k: statistics.median(v) for k, v in times.items()}
-    table = pd.DataFrame([(k, v, v / med["closed-form"]) for k, v in med.items()],
-                         columns=["kl", "ms_per_step", "ratio_to_closed_form"]).set_index("kl")  # fmt: skip
-    table.attrs["Monte-Carlo / closed-form step"] = med["monte-carlo"] / med["closed-form"]
+    rows = [(fit, kl, v, v / med[fit, "closed-form, fused"]) for (fit, kl), v in med.items()]
+    table = pd.DataFrame(rows, columns=["fit", "kl", "ms_per_step", "ratio"]).set_index(["fit", "kl"])
+    table.attrs["stage 3: traced / fused step"] = med["Proj-BNN stage 3", "closed-form, traced"] / med[
+        "Proj-BNN stage 3", "closed-form, fused"]
+    table.attrs["stage 3: Monte-Carlo / closed-form (traced) step"] = med["Proj-BNN stage 3", "monte-carlo"] / med[
+        "Proj-BNN stage 3", "closed-form, traced"]
+    table.attrs["BbB: traced / fused step"] = med["BbB", "closed-form, traced"] / med["BbB", "closed-form, fused"]
     return table
 
 
@@ -893,6 +916,6 @@ BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
     "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step on heavy-tail"),
     "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
-    "proj": (proj_bench, "Proj-BNN stage-3 step on boston: closed-form vs Monte-Carlo KL terms"),
+    "proj": (proj_bench, "proj-uci's SVI steps on boston: fused vs traced closed-form KL, and Monte Carlo"),
     "allocator": (allocator_bench, "hyvi-uci step on boston: glibc's default allocator vs retain_freed_memory"),
 }

@@ -293,3 +293,23 @@ def test_a_fused_path_that_disagrees_with_the_trace_is_caught_by_fit_svi():
 def test_fused_must_be_a_bool():
     with pytest.raises(TypeError, match="fused must be True or False"):
         ClosedFormKLElbo(("w",), fused="yes")
+
+
+def test_a_learned_noise_scale_is_trained_by_fused_steps_as_by_traced_ones():
+    """BNN(learn_noise=True): the noise is a parameter of the model, collected by fit_svi's first
+    (traced) step; the fused steps must move it exactly as traced ones do."""
+    from pyro_bnnlv.infer.svi import fit_svi
+    from pyro_bnnlv.models import BNN
+    from pyro_bnnlv.nets import MLP
+
+    x, y = _boston_like()
+    out = {}
+    for fused in (False, True):
+        model = BNN(MLP(4, [8], 1), prior_scale=0.3, noise_scale=0.5, learn_noise=True)
+        with pyro.get_param_store().scope():
+            hist = fit_svi(model, AutoNormal(model, init_scale=0.05), x, y, num_steps=40, lr=0.02, batch_size=16,
+                           seed=0, progress=False,
+                           loss=ClosedFormKLElbo(("w",), num_particles=4, max_plate_nesting=1, fused=fused))  # fmt: skip
+        out[fused] = (float(model.noise_scale), hist)
+    assert out[True][0] != 0.5 and out[True][0] == pytest.approx(out[False][0], rel=1e-5)
+    assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)

@@ -313,3 +313,29 @@ def test_a_learned_noise_scale_is_trained_by_fused_steps_as_by_traced_ones():
         out[fused] = (float(model.noise_scale), hist)
     assert out[True][0] != 0.5 and out[True][0] == pytest.approx(out[False][0], rel=1e-5)
     assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)
+
+
+def test_pyros_own_svi_trains_with_fused_steps_as_with_traced_ones():
+    """pyro.infer.SVI collects, at every step, the parameters the step's pyro.param statements
+    touch: fused steps must issue them (read inside the modules' Pyro context), or SVI would
+    update nothing after its first step."""
+    from pyro.infer import SVI
+
+    from pyro_bnnlv.models import BNN
+    from pyro_bnnlv.nets import MLP
+
+    x, y = _boston_like()
+    out = {}
+    for fused in (False, True):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        model = BNN(MLP(4, [8], 1), prior_scale=0.3, noise_scale=0.5, learn_noise=True)
+        guide = AutoNormal(model, init_scale=0.05)
+        elbo = ClosedFormKLElbo(("w",), num_particles=4, max_plate_nesting=1, fused=fused)
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), elbo)
+        out[fused] = ([svi.step(x, y, batch_size=16) for _ in range(30)], float(model.noise_scale))
+        if fused:
+            assert elbo._compiled, "the fused path was never set up"
+    pyro.clear_param_store()
+    assert out[True][1] != 0.5 and out[True][1] == pytest.approx(out[False][1], rel=1e-5)
+    assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)

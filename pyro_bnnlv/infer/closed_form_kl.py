@@ -43,7 +43,9 @@ sites' priors as ``Normal`` s, ``None`` when its ``forward`` is not the one they
 parameters and lets :func:`~pyro_bnnlv.fit_svi` collect them); ``fit_svi`` then checks the fused
 steps against the traced twin (:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and
 1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.jit_guard.JitGuard`), and
-finishes traced on a mismatch. Anything else (another guide, model keyword arguments, a
+finishes traced on a mismatch. Parameters are read inside the modules' Pyro context
+(``pyro.nn.pyro_method``), as their ``forward`` reads them, so ``pyro.infer.SVI``, which collects
+the parameters of each step from its ``pyro.param`` statements, trains them too. Anything else (another guide, model keyword arguments, a
 multi-task model) runs traced. Measured: ``pyro-bnnlv bench proj``.
 """
 
@@ -60,6 +62,7 @@ from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.util import torch_item
+from pyro.nn import PyroModule, pyro_method
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints, kl_divergence
@@ -105,6 +108,23 @@ def _select(fn, dim: int, name: str, role: str):
             "is implemented for Normal and Independent(Normal) sites: leave it out of sites="
         )
     return Normal(fn.loc.select(dim, 0), fn.scale.select(dim, 0), validate_args=False)
+
+
+@pyro_method
+def _guide_locs_and_scales(guide: AutoNormal, sites: list[str]) -> list[tuple[Tensor, Tensor]]:
+    """``AutoNormal``'s ``(loc, scale)`` per site, read inside the guide's Pyro context as its
+    ``forward`` reads them: ``pyro.param`` statements are issued (Pyro's ``SVI`` collects the
+    parameters a step touches from them) and the param store's values are the ones used."""
+    return [guide._get_loc_and_scale(name) for name in sites]
+
+
+@pyro_method
+def _model_terms(model, draws: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[dict[str, Normal], Tensor]:
+    """The model's priors of the fused sites and ``sum_n log p(y_n | x_n, w^(s))`` over the batch
+    and the ``S`` draws, inside the model's Pyro context (a learned noise scale is a
+    ``pyro.param`` there, as in ``forward``)."""
+    f = model._plate_f(x, model.weights_from_latents(draws))
+    return model.closed_form_priors(x.dtype), model._likelihood(f).log_prob(model._observed(y)).sum()
 
 
 class ClosedFormKLElbo(Trace_ELBO):
@@ -166,6 +186,8 @@ class ClosedFormKLElbo(Trace_ELBO):
             return None
         if not isinstance(guide, AutoNormal) or type(guide).forward is not AutoNormal.forward:
             return None
+        if not isinstance(model, PyroModule):
+            return None
         priors_of = getattr(model, "closed_form_priors", None)
         if not callable(priors_of) or not callable(getattr(model, "weights_from_latents", None)):
             return None
@@ -185,21 +207,19 @@ class ClosedFormKLElbo(Trace_ELBO):
     def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], x: Tensor, y: Tensor,
                               batch_size: int | None = None) -> float:  # fmt: skip
         S = self.num_particles
-        priors = model.closed_form_priors(x.dtype)
-        draws, kl = {}, 0.0
-        for name in sites:  # the guide's order, S draws each: AutoNormal's rsample in the particle plate
-            loc, scale = guide._get_loc_and_scale(name)
-            q = Normal(loc, scale, validate_args=False)  # AutoNormal's scale is positive by its constraint
-            draws[name] = q.rsample((S,))
-            kl = kl + kl_divergence(q, priors[name]).sum()
+        draws, qs = {}, {}
+        for name, (loc, scale) in zip(sites, _guide_locs_and_scales(guide, sites)):
+            # the guide's order, S draws each: AutoNormal's rsample inside the particle plate
+            qs[name] = Normal(loc, scale, validate_args=False)  # the scale is positive by its constraint
+            draws[name] = qs[name].rsample((S,))
         N = x.shape[0]
         if batch_size is None or batch_size >= N:  # pyro.plate's subsample: all of it, or randperm[:B]
             x_b, y_b, factor = x, y, 1.0
         else:
             idx = torch.randperm(N, device=x.device)[:batch_size].clone()
             x_b, y_b, factor = x[idx], y[idx], N / batch_size
-        f = model._plate_f(x_b, model.weights_from_latents(draws))
-        log_lik = model._likelihood(f).log_prob(model._observed(y_b)).sum()
+        priors, log_lik = _model_terms(model, draws, x_b, y_b)
+        kl = sum(kl_divergence(qs[name], priors[name]).sum() for name in sites)
         loss = kl - factor * log_lik / S
         loss.backward(retain_graph=self.retain_graph)
         value = torch_item(loss)

@@ -339,3 +339,38 @@ def test_pyros_own_svi_trains_with_fused_steps_as_with_traced_ones():
     pyro.clear_param_store()
     assert out[True][1] != 0.5 and out[True][1] == pytest.approx(out[False][1], rel=1e-5)
     assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
+
+
+def test_what_a_fused_step_cannot_see_runs_traced_and_bad_input_fails_alike():
+    """Handlers around the call (a mask), forward hooks, a guide with create_plates, frozen
+    parameters and no_grad: the same loss as traced (fused where it is safe, traced where not);
+    bad data: the model's own error, fused or not."""
+    x, y = _boston_like()
+    model = _bnn()
+    keep = torch.arange(len(x)) % 3 > 0
+
+    def call(elbo, guide, **kw):
+        torch.manual_seed(7)
+        return elbo.loss_and_grads(model, guide, x, y, **kw)
+
+    with pyro.get_param_store().scope():
+        guide, fused = _fitted_guide(model, x, y, ("w",))
+        traced = fused.eager_twin()
+        assert not traced.fused and traced.num_particles == fused.num_particles
+        with pyro.poutine.mask(mask=keep):
+            assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
+        handle = model.register_forward_pre_hook(lambda m, args: (2 * args[0], *args[1:]))
+        assert fused._fused_sites(model, guide, (x, y), {}) is None
+        assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
+        handle.remove()
+        assert fused._fused_sites(model, guide, (x, y), {}) == ["w"]
+        with torch.no_grad():
+            assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
+        for bad_y, match in ((y[:1], "different numbers of rows"), (y.masked_fill(keep, float("nan")), "NaN")):
+            for elbo in (fused, traced):
+                with pytest.raises(ValueError, match=match):
+                    elbo.loss_and_grads(model, guide, x, bad_y)
+        plated = AutoNormal(model, create_plates=lambda *a, **k: pyro.plate("data", len(x), subsample_size=16))
+        elbo = ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1)
+        elbo.loss_and_grads(model, plated, x, y, batch_size=16)
+        assert elbo._fused_sites(model, plated, (x, y), {"batch_size": 16}) is None

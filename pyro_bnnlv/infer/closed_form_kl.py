@@ -45,8 +45,12 @@ steps against the traced twin (:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 
 1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.jit_guard.JitGuard`), and
 finishes traced on a mismatch. Parameters are read inside the modules' Pyro context
 (``pyro.nn.pyro_method``), as their ``forward`` reads them, so ``pyro.infer.SVI``, which collects
-the parameters of each step from its ``pyro.param`` statements, trains them too. Anything else (another guide, model keyword arguments, a
-multi-task model) runs traced. Measured: ``pyro-bnnlv bench proj``.
+the parameters of each step from its ``pyro.param`` statements, trains them too. Anything a fused step cannot see runs traced: another guide (or an
+``AutoNormal`` with ``create_plates``), model keyword arguments, a multi-task model, Pyro handlers
+around the call (``poutine.mask``, ``scale``, ``condition``, ...: only the parameter-only traces
+of ``SVI`` and ``fit_svi`` are allowed), forward hooks or a ``forward`` set on the instance, data
+off the CPU. Bad data fails as in the traced step (the model's ``check_data``). Measured:
+``pyro-bnnlv bench proj``.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.util import torch_item
 from pyro.nn import PyroModule, pyro_method
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints, kl_divergence
 
@@ -118,6 +124,21 @@ def _guide_locs_and_scales(guide: AutoNormal, sites: list[str]) -> list[tuple[Te
     return [guide._get_loc_and_scale(name) for name in sites]
 
 
+def _only_param_capture_active() -> bool:
+    """Whether Pyro's handler stack holds nothing but parameter-only traces (what ``SVI`` and
+    :func:`~pyro_bnnlv.fit_svi` wrap a step in); any other handler acts on the sites a fused step
+    never issues."""
+    return all(isinstance(h, TraceMessenger) and h.param_only for h in _PYRO_STACK)
+
+
+def _forward_replaced(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` would run more than its class's ``forward``: forward hooks
+    (the module's or global ones) or a ``forward`` assigned on the instance."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, torch.nn.modules.module._global_forward_hooks,
+             torch.nn.modules.module._global_forward_pre_hooks)  # fmt: skip
+    return "forward" in vars(module) or any(len(h) for h in hooks)
+
+
 @pyro_method
 def _model_terms(model, draws: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[dict[str, Normal], Tensor]:
     """The model's priors of the fused sites and ``sum_n log p(y_n | x_n, w^(s))`` over the batch
@@ -161,10 +182,12 @@ class ClosedFormKLElbo(Trace_ELBO):
         self._compiled: dict[tuple[int, int], tuple[weakref.ref, weakref.ref]] = {}
 
     def eager_twin(self) -> "ClosedFormKLElbo":
-        """The same estimator, always computed from Pyro's traces (what fused steps are checked
-        against)."""
-        return ClosedFormKLElbo(tuple(sorted(self.sites)), num_particles=self.num_particles,
+        """The same estimator with the same settings, always computed from Pyro's traces (what
+        fused steps are checked against)."""
+        twin = ClosedFormKLElbo(tuple(sorted(self.sites)), num_particles=self.num_particles,
                                 max_plate_nesting=self.max_plate_nesting, fused=False)  # fmt: skip
+        twin.__dict__.update({k: v for k, v in vars(self).items() if k not in ("fused", "_compiled")})
+        return twin
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         """``Trace_ELBO.loss_and_grads`` with the closed-form KL terms: the loss, gradients
@@ -173,25 +196,37 @@ class ClosedFormKLElbo(Trace_ELBO):
         if sites is None:
             value = super().loss_and_grads(model, guide, *args, **kwargs)
             if self.fused and isinstance(guide, torch.nn.Module) and isinstance(model, torch.nn.Module):
+                for key, (m, g) in list(self._compiled.items()):  # forget pairs no longer alive
+                    if m() is None or g() is None:
+                        del self._compiled[key]
                 self._compiled[id(model), id(guide)] = (weakref.ref(model), weakref.ref(guide))
             return value
         return self._fused_loss_and_grads(model, guide, sites, *args, **kwargs)
 
     def _fused_sites(self, model, guide, args, kwargs) -> list[str] | None:
-        """The guide's sites in its order if the next step can be fused, else ``None``."""
+        """The guide's sites in its order if the next step can be fused, else ``None`` (then the
+        step runs traced, which also raises Pyro's own errors on bad input)."""
         refs = self._compiled.get((id(model), id(guide)))
         if refs is None or refs[0]() is not model or refs[1]() is not guide:
             return None  # no traced step of this pair yet (or ids reused by new objects)
-        if len(args) != 2 or not isinstance(args[1], torch.Tensor) or set(kwargs) - {"batch_size"}:
+        if not _only_param_capture_active():
+            return None  # a poutine handler around the call (mask, scale, condition, ...) acts on sites
+        if len(args) != 2 or not all(isinstance(a, torch.Tensor) for a in args) or set(kwargs) - {"batch_size"}:
             return None
-        if not isinstance(guide, AutoNormal) or type(guide).forward is not AutoNormal.forward:
+        x, y = args
+        batch_size = kwargs.get("batch_size")
+        if x.device.type != "cpu" or (batch_size is not None and not 0 < batch_size <= len(x)):
+            return None  # Pyro's minibatch draw on another device; a batch size Pyro refuses
+        if not isinstance(guide, AutoNormal) or not isinstance(model, PyroModule) or guide.create_plates is not None:
+            return None  # create_plates: the guide draws the minibatch before the latents
+        if any(_forward_replaced(m) for m in (model, guide)):
             return None
-        if not isinstance(model, PyroModule):
+        if type(guide).forward is not AutoNormal.forward:
             return None
         priors_of = getattr(model, "closed_form_priors", None)
         if not callable(priors_of) or not callable(getattr(model, "weights_from_latents", None)):
             return None
-        priors = priors_of(args[0].dtype)
+        priors = priors_of(x.dtype)
         if priors is None or set(priors) != self.sites:
             return None
         names = []
@@ -206,6 +241,9 @@ class ClosedFormKLElbo(Trace_ELBO):
 
     def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], x: Tensor, y: Tensor,
                               batch_size: int | None = None) -> float:  # fmt: skip
+        model.check_data(x, y)  # what forward checks first (clear errors on bad data)
+        if callable(getattr(model, "_check_dtype", None)):
+            model._check_dtype(x)
         S = self.num_particles
         draws, qs = {}, {}
         for name, (loc, scale) in zip(sites, _guide_locs_and_scales(guide, sites)):
@@ -221,7 +259,8 @@ class ClosedFormKLElbo(Trace_ELBO):
         priors, log_lik = _model_terms(model, draws, x_b, y_b)
         kl = sum(kl_divergence(qs[name], priors[name]).sum() for name in sites)
         loss = kl - factor * log_lik / S
-        loss.backward(retain_graph=self.retain_graph)
+        if loss.requires_grad:  # as Trace_ELBO: nothing to differentiate (no_grad, frozen parameters)
+            loss.backward(retain_graph=self.retain_graph)
         value = torch_item(loss)
         pyro.util.warn_if_nan(value, "loss")
         return value

@@ -366,7 +366,7 @@ def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None
     from .._platform import retain_freed_memory
     from ..datasets import load_split
     from ..infer import input_box
-    from .hyvi import PRIOR_SCALE, _guide, _loss
+    from .hyvi import PRIOR_SCALE, _fit
 
     took = retain_freed_memory() if retain else False
     torch.set_num_threads(1)
@@ -375,12 +375,16 @@ def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None
     model = BNN(MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5,
                 learn_noise=True)  # fmt: skip
     stamps: list[float] = []
-    with pyro.get_param_store().scope():
-        hist = fit_svi(model, _guide(method, model, seed), x, y, num_steps=steps + 11, lr=0.005, batch_size=50,
-                       seed=seed, loss=_loss(method, input_box(x), 200, 100, 500), progress=False,
-                       callback=lambda step, value: stamps.append(time.perf_counter()))  # fmt: skip
+    losses: list[float] = []
+
+    def record(step: int, value: float) -> None:
+        stamps.append(time.perf_counter())
+        losses.append(value)
+
+    _fit(method, model, x, y, steps=steps + 11, lr=0.005, batch_size=50, seed=seed, input_dist=input_box(x),
+         num_inputs=200, particles=100, kl_samples=500, num_samples=1, progress=False, callback=record)  # fmt: skip
     ms = 1e3 * statistics.median(b - a for a, b in zip(stamps[10:], stamps[11:]))
-    print(json.dumps({"ms": ms, "loss": float(hist[-1]), "retained": took}))
+    print(json.dumps({"ms": ms, "loss": float(losses[-1]), "retained": took}))
 
 
 def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,

@@ -90,14 +90,14 @@ def _loss(method: str, input_dist, num_inputs: int, particles: int, kl_samples: 
 
 
 def _fit(method, model, x, y, *, steps, lr, batch_size, seed, input_dist, num_inputs, particles,
-         kl_samples, num_samples, progress, lr_schedule=None):  # fmt: skip
-    """``(weight samples, seconds, steps taken)`` of one fit."""
+         kl_samples, num_samples, progress, lr_schedule=None, callback=None):  # fmt: skip
+    """``(weight samples, seconds, steps taken)`` of one fit (``callback``: ``fit_svi``'s)."""
     with pyro.get_param_store().scope():
         guide = _guide(method, model, seed)
         t0 = time.perf_counter()
         hist = fit_svi(model, guide, x, y, num_steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                        loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
-                       progress=progress, lr_schedule=lr_schedule)  # fmt: skip
+                       progress=progress, lr_schedule=lr_schedule, callback=callback)  # fmt: skip
         seconds = time.perf_counter() - t0
         w = sample_posterior(model, guide, x, num_samples=num_samples, seed=seed)["w"]
     return w, seconds, len(hist)

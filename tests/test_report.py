@@ -125,3 +125,21 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
     table = _proj_uci([pd.DataFrame(rows)], ["x.csv"], {})
     assert "| yacht | random | -1.00 | **-0.50*** |  |" in table
     assert "| wine | random | **-0.90** | -1.20 |  |" in table
+
+
+def test_proj_four_modes_table_lists_the_seeds_and_bolds_only_fits_with_two_modes_in_every_seed():
+    from pyro_bnnlv.reproduce.report import _proj_four_modes
+
+    def census(modes_mmd, ll):
+        return pd.DataFrame([
+            dict(fit="MFVI on w", fits_three=1.0, modes=1, **{"miss -1": 0.0, "miss +1": 1.0}, test_ll=-1.3),
+            dict(fit="mmd", prior_fits_three=0.75, prior_modes=3, fits_three=0.7, modes=modes_mmd,
+                 **{"miss -1": 0.52, "miss +1": 0.48}, test_ll=ll),
+        ])  # fmt: skip
+
+    table = _proj_four_modes([census(2, 0.84), census(2, 0.61)], ["s0.csv", "s1.csv"], {})
+    assert "| **mmd** | 0.75 / 0.75 | 3 / 3 | 0.70 / 0.70 | 2 / 2 | .52/.48 | 0.84 / 0.61 |" in table
+    assert "| MFVI on w |  |  | 1.00 / 1.00 | 1 / 1 | 0/1 | -1.30 / -1.30 |" in table
+    assert "**mmd**" not in _proj_four_modes([census(2, 0.8), census(1, -1.3)], ["a", "b"], {})
+    with pytest.raises(ValueError, match="not proj-four-modes censuses"):
+        _proj_four_modes([pd.DataFrame({"fit": ["x"]})], ["bad.csv"], {})

@@ -235,6 +235,30 @@ def test_mmd_matches_the_closed_form_between_two_gaussians():
         mmd2(a, a, [0.0])
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_mmd_by_matrix_products_equals_the_mmd_of_exact_differences(dtype, tol):
+    """At the decoder stage's size (64 prior draws and 150 candidates of 751 weights, the
+    candidates' spread): the same value and gradient as with explicit pairwise differences."""
+    from pyro_bnnlv.infer.generative_decoder import median_distance, mmd2
+
+    g = torch.Generator().manual_seed(0)
+    a = (0.8 * torch.randn(64, 751, generator=g, dtype=torch.float64) + 0.3).to(dtype).requires_grad_()
+    b = torch.randn(150, 751, generator=g, dtype=torch.float64).to(dtype)
+    bandwidths = median_distance(b) * torch.tensor([0.1, 0.3, 1.0, 3.0], dtype=dtype)
+
+    def explicit(a, b):
+        x = torch.cat([a, b])
+        d2 = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist").square()  # differences, no products
+        k = torch.exp(-d2[..., None] / (2 * bandwidths.square())).sum(-1)
+        return k[:64, :64].mean() + k[64:, 64:].mean() - 2 * k[:64, 64:].mean()
+
+    fast, slow = mmd2(a, b, bandwidths), explicit(a, b)
+    (g_fast,), (g_slow,) = torch.autograd.grad(fast, a), torch.autograd.grad(slow, a)
+    assert float(slow) > 0.01
+    assert float(fast) == pytest.approx(float(slow), rel=tol)
+    assert float((g_fast - g_slow).norm() / g_slow.norm()) < 10 * tol
+
+
 def test_gaussian_kl_matches_torch():
     from pyro_bnnlv.infer.generative_decoder import gaussian_kl
 

@@ -159,6 +159,7 @@ def test_mcmc_internals_used_by_the_chain_runner():
         ("pyro.infer.mcmc.logger", "ProgressBar"),
         ("pyro.ops.integrator", "potential_grad"),
         ("pyro.poutine.util", "site_is_subsample"),
+        ("pyro.poutine.runtime", "_PYRO_STACK"),  # ClosedFormKLElbo's fused steps: handlers around the call
     ],
 )
 def test_pyro_internal_import_exists(module, name):
@@ -179,3 +180,27 @@ def test_progress_bar_interface():
         if not hasattr(bar, name):
             pytest.fail(_missing(f"ProgressBar.{name}"))
     bar.close()
+
+
+def test_what_the_fused_closed_form_steps_read_of_autonormal_and_the_trace_messenger():
+    """ClosedFormKLElbo's fused steps call AutoNormal._get_loc_and_scale(name) inside the guide's
+    Pyro context, read its prototype_trace and create_plates, and allow TraceMessengers with
+    param_only=True around the call (the ones SVI and fit_svi use)."""
+    import pyro
+    import pyro.distributions as dist
+    from pyro.infer.autoguide import AutoNormal
+    from pyro.poutine.trace_messenger import TraceMessenger
+
+    def model():
+        pyro.sample("z", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+
+    guide = AutoNormal(model, init_scale=0.3)
+    with pyro.get_param_store().scope():
+        guide()
+        loc, scale = guide._get_loc_and_scale("z")
+    if loc.shape != (2,) or not torch.allclose(scale, torch.full((2,), 0.3)):
+        pytest.fail("AutoNormal._get_loc_and_scale no longer returns (loc, scale): pin pyro-ppl or update closed_form_kl")
+    if guide.prototype_trace is None or not hasattr(guide, "create_plates"):
+        pytest.fail("AutoNormal has no prototype_trace / create_plates: pin pyro-ppl or update closed_form_kl")
+    if not TraceMessenger(param_only=True).param_only:
+        pytest.fail("TraceMessenger no longer keeps param_only: pin pyro-ppl or update closed_form_kl")

@@ -235,15 +235,18 @@ def test_mmd_matches_the_closed_form_between_two_gaussians():
         mmd2(a, a, [0.0])
 
 
+@pytest.mark.parametrize("offset", [0.0, 300.0])
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
-def test_mmd_by_matrix_products_equals_the_mmd_of_exact_differences(dtype, tol):
+def test_mmd_by_matrix_products_equals_the_mmd_of_exact_differences(dtype, tol, offset):
     """At the decoder stage's size (64 prior draws and 150 candidates of 751 weights, the
-    candidates' spread): the same value and gradient as with explicit pairwise differences."""
+    candidates' spread), also far from the origin (offset 300: |x|^2 / distance^2 ~ 5e4, where
+    uncentred products lose float32's digits): the same value and gradient as with explicit
+    pairwise differences."""
     from pyro_bnnlv.infer.generative_decoder import median_distance, mmd2
 
     g = torch.Generator().manual_seed(0)
-    a = (0.8 * torch.randn(64, 751, generator=g, dtype=torch.float64) + 0.3).to(dtype).requires_grad_()
-    b = torch.randn(150, 751, generator=g, dtype=torch.float64).to(dtype)
+    a = (0.8 * torch.randn(64, 751, generator=g, dtype=torch.float64) + 0.3 + offset).to(dtype).requires_grad_()
+    b = (torch.randn(150, 751, generator=g, dtype=torch.float64) + offset).to(dtype)
     bandwidths = median_distance(b) * torch.tensor([0.1, 0.3, 1.0, 3.0], dtype=dtype)
 
     def explicit(a, b):

@@ -248,7 +248,7 @@ def test_models_and_guides_the_fused_path_does_not_describe_run_traced():
             elbo = ClosedFormKLElbo(sites, num_particles=2, max_plate_nesting=1)
             for _ in range(2):
                 elbo.loss_and_grads(model, guide, x, y, **kwargs)
-            assert elbo._fused_sites(model, guide, (x, y), kwargs) is None, type(model).__name__
+            assert elbo._fused_plan(model, guide, (x, y), kwargs) is None, type(model).__name__
 
 
 def test_fit_svi_with_fused_steps_follows_the_traced_fit_and_a_reused_loss_trains_again():
@@ -360,10 +360,10 @@ def test_what_a_fused_step_cannot_see_runs_traced_and_bad_input_fails_alike():
         with pyro.poutine.mask(mask=keep):
             assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
         handle = model.register_forward_pre_hook(lambda m, args: (2 * args[0], *args[1:]))
-        assert fused._fused_sites(model, guide, (x, y), {}) is None
+        assert fused._fused_plan(model, guide, (x, y), {}) is None
         assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
         handle.remove()
-        assert fused._fused_sites(model, guide, (x, y), {}) == ["w"]
+        assert fused._fused_plan(model, guide, (x, y), {})[0] == ["w"]
         with torch.no_grad():
             assert call(fused, guide) == pytest.approx(call(traced, guide), rel=1e-6)
         for bad_y, match in ((y[:1], "different numbers of rows"), (y.masked_fill(keep, float("nan")), "NaN")):
@@ -373,4 +373,4 @@ def test_what_a_fused_step_cannot_see_runs_traced_and_bad_input_fails_alike():
         plated = AutoNormal(model, create_plates=lambda *a, **k: pyro.plate("data", len(x), subsample_size=16))
         elbo = ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1)
         elbo.loss_and_grads(model, plated, x, y, batch_size=16)
-        assert elbo._fused_sites(model, plated, (x, y), {"batch_size": 16}) is None
+        assert elbo._fused_plan(model, plated, (x, y), {"batch_size": 16}) is None

@@ -140,12 +140,18 @@ def _forward_replaced(module: torch.nn.Module) -> bool:
 
 
 @pyro_method
-def _model_terms(model, draws: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[dict[str, Normal], Tensor]:
-    """The model's priors of the fused sites and ``sum_n log p(y_n | x_n, w^(s))`` over the batch
-    and the ``S`` draws, inside the model's Pyro context (a learned noise scale is a
-    ``pyro.param`` there, as in ``forward``)."""
+def _model_priors(model, dtype: torch.dtype) -> dict[str, Normal] | None:
+    """``model.closed_form_priors(dtype)`` inside the model's Pyro context (a learned prior
+    parameter is a ``pyro.param`` there, as in ``forward``)."""
+    return model.closed_form_priors(dtype)
+
+
+@pyro_method
+def _model_log_lik(model, draws: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    """``sum_n log p(y_n | x_n, w^(s))`` over the batch and the ``S`` draws, inside the model's
+    Pyro context (a learned noise scale is a ``pyro.param`` there, as in ``forward``)."""
     f = model._plate_f(x, model.weights_from_latents(draws))
-    return model.closed_form_priors(x.dtype), model._likelihood(f).log_prob(model._observed(y)).sum()
+    return model._likelihood(f).log_prob(model._observed(y)).sum()
 
 
 class ClosedFormKLElbo(Trace_ELBO):
@@ -192,8 +198,8 @@ class ClosedFormKLElbo(Trace_ELBO):
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         """``Trace_ELBO.loss_and_grads`` with the closed-form KL terms: the loss, gradients
         accumulated in the parameters' ``.grad``; fused when possible (module docstring)."""
-        sites = self._fused_sites(model, guide, args, kwargs) if self.fused else None
-        if sites is None:
+        plan = self._fused_plan(model, guide, args, kwargs) if self.fused else None
+        if plan is None:
             value = super().loss_and_grads(model, guide, *args, **kwargs)
             if self.fused and isinstance(guide, torch.nn.Module) and isinstance(model, torch.nn.Module):
                 for key, (m, g) in list(self._compiled.items()):  # forget pairs no longer alive
@@ -201,11 +207,12 @@ class ClosedFormKLElbo(Trace_ELBO):
                         del self._compiled[key]
                 self._compiled[id(model), id(guide)] = (weakref.ref(model), weakref.ref(guide))
             return value
-        return self._fused_loss_and_grads(model, guide, sites, *args, **kwargs)
+        return self._fused_loss_and_grads(model, guide, *plan, *args, **kwargs)
 
-    def _fused_sites(self, model, guide, args, kwargs) -> list[str] | None:
-        """The guide's sites in its order if the next step can be fused, else ``None`` (then the
-        step runs traced, which also raises Pyro's own errors on bad input)."""
+    def _fused_plan(self, model, guide, args, kwargs) -> tuple[list[str], dict[str, Normal]] | None:
+        """The guide's sites in its order and the model's priors of them if the next step can be
+        fused, else ``None`` (then the step runs traced, which also raises Pyro's own errors on
+        bad input)."""
         refs = self._compiled.get((id(model), id(guide)))
         if refs is None or refs[0]() is not model or refs[1]() is not guide:
             return None  # no traced step of this pair yet (or ids reused by new objects)
@@ -226,7 +233,7 @@ class ClosedFormKLElbo(Trace_ELBO):
         priors_of = getattr(model, "closed_form_priors", None)
         if not callable(priors_of) or not callable(getattr(model, "weights_from_latents", None)):
             return None
-        priors = priors_of(x.dtype)
+        priors = _model_priors(model, x.dtype)
         if priors is None or set(priors) != self.sites:
             return None
         names = []
@@ -237,10 +244,10 @@ class ClosedFormKLElbo(Trace_ELBO):
             if type(support) is not type(constraints.real) or any(f.vectorized for f in site["cond_indep_stack"]):
                 return None  # a constrained site (a transform in the guide) or one inside a plate
             names.append(name)
-        return names if set(names) == self.sites else None
+        return (names, priors) if set(names) == self.sites else None
 
-    def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], x: Tensor, y: Tensor,
-                              batch_size: int | None = None) -> float:  # fmt: skip
+    def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], priors: dict[str, Normal],
+                              x: Tensor, y: Tensor, batch_size: int | None = None) -> float:  # fmt: skip
         model.check_data(x, y)  # what forward checks first (clear errors on bad data)
         if callable(getattr(model, "_check_dtype", None)):
             model._check_dtype(x)
@@ -256,7 +263,7 @@ class ClosedFormKLElbo(Trace_ELBO):
         else:
             idx = torch.randperm(N, device=x.device)[:batch_size].clone()
             x_b, y_b, factor = x[idx], y[idx], N / batch_size
-        priors, log_lik = _model_terms(model, draws, x_b, y_b)
+        log_lik = _model_log_lik(model, draws, x_b, y_b)
         kl = sum(kl_divergence(qs[name], priors[name]).sum() for name in sites)
         loss = kl - factor * log_lik / S
         if loss.requires_grad:  # as Trace_ELBO: nothing to differentiate (no_grad, frozen parameters)

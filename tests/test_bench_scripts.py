@@ -28,3 +28,21 @@ def test_knn_kl_width_fit_task_reports_its_diagnostics(method):
     assert math.isfinite(out["exact_kl"]) == method.endswith("MFVI")
     if method.endswith("MFVI"):  # a guide at its init (sd 0.01) is far narrower than the prior, KL large
         assert out["sd_ratio_median"] < 0.1 and out["exact_kl"] > 1000
+
+
+def test_proj_early_stopping_check_script_runs_and_stops_where_its_rule_says(monkeypatch, capsys, tmp_path):
+    import json
+    import sys
+
+    script = _load("proj_early_stopping_check")
+    assert script.stop_at([1.0, 2.0, 1.5, 1.9, 1.0], patience=3) == (1, 4)       # 3 checks without improvement
+    assert script.stop_at([1.0, 2.0, 3.0], patience=3) == (2, 2)                # never stops: the last check
+    out = tmp_path / "traj.json"
+    monkeypatch.setattr(sys, "argv", ["x", "yacht", "0.01", "--steps", "2500", "--out", str(out)])
+    script.main()
+    text = capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["step"] for r in rows] == list(range(100, 2600, 100))
+    for rule in script.RULES:
+        assert f"  {rule} " in text
+    assert all(math.isfinite(r[k]) for r in rows for k in (*script.RULES, "test500"))

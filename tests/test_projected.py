@@ -379,6 +379,9 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
         grid = {lr: row[f"valid_ll@lr={lr:g}"] for lr in (0.01, 0.001)}
         assert row["lr"] == max(grid, key=grid.get) and row["valid_ll"] == grid[row["lr"]]
     proj = sweep[sweep["method"] == "Proj-BNN (MMD)"]
+    # every Proj-BNN task starts from the same FGE candidates and reports them (one FGE row)
+    assert sweep.loc[sweep["method"] != "BbB", "fge_valid_ll"].nunique() == 1
+    assert (table["method"] == "FGE").sum() == 1
     chosen = table.set_index("method").loc["Proj-BNN (MMD)"]
     assert chosen["valid_ll"] == proj["valid_ll"].max() and chosen["latent_dim"] in (2, 3)
     assert table.equals(select_best(sweep))
@@ -389,6 +392,13 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
     partial = select_best(cut).set_index("method")
     assert partial.loc["Proj-BNN (MMD)", "status"] == "partial" and partial.loc["Proj-BNN (MMD)", "grid_points"] == 1
     assert partial.loc["Proj-BNN", "status"] == "done" and partial.loc["Proj-BNN", "grid_points"] == 2
+    # the eq. 6 tasks all failed: the FGE row comes from an MMD task
+    failed = sweep.copy()
+    eq6 = failed["method"] == "Proj-BNN"
+    failed.loc[eq6, ["status", "valid_ll", "fge_valid_ll"]] = ["failed", float("nan"), float("nan")]
+    kept = select_best(failed).set_index("method")
+    assert kept.loc["FGE", "valid_ll"] == table.set_index("method").loc["FGE", "valid_ll"]
+    assert kept.loc["Proj-BNN", "status"] == "failed"
     again = uci_experiment(["yacht"], ["random"], **kw)                      # resumes: nothing to run
     assert "nothing to run" in again.attrs["summary"] and again.equals(table)
     with pytest.raises(ValueError, match="overrides"):
@@ -434,3 +444,90 @@ def test_proj_uci_early_stopping_returns_the_best_checked_state():
     assert (stop.steps, stop.best_step) == (4, 2)
     stop.restore(guide)
     assert torch.equal(guide.locs.w.detach(), w_good)
+
+
+def test_proj_uci_checks_use_common_random_numbers_and_leave_the_training_draws_alone():
+    """The early-stopping check's draws (_CheckDraws): the same eps at every check (a check is a
+    function of the guide's parameters), loc + scale * eps per site, and no draw from the global
+    generator, so checking does not change the training's trajectory."""
+    from pyro_bnnlv.reproduce.projected import _CheckDraws
+
+    torch.manual_seed(0)
+    bnn = pb.BNN(pb.MLP(1, [4], 1), noise_scale=0.1)
+    x = torch.linspace(-1, 1, 40).unsqueeze(-1)
+    y = torch.sin(3 * x[:, 0])
+    guide = AutoNormal(bnn, init_scale=0.5)
+    guide(x, y)
+    draws = _CheckDraws(("w",), 2000, seed=3)
+    state = torch.get_rng_state()
+    first, again = draws(guide)["w"], draws(guide)["w"]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(first, again) and first.shape == (2000, bnn.num_weights)
+    loc, scale = guide.locs.w.detach(), guide.scales.w.detach()
+    z = (first.detach() - loc) / scale
+    assert z.mean(0).abs().max() < 0.15 and (z.std(0) - 1).abs().max() < 0.1
+    assert torch.equal(_CheckDraws(("w",), 2000, seed=3)(guide)["w"], first)       # seeded
+    assert not torch.equal(_CheckDraws(("w",), 2000, seed=4)(guide)["w"], first)
+
+    def fit(check: bool) -> list[float]:
+        with pyro.get_param_store().scope():
+            g = AutoNormal(bnn)
+            d = _CheckDraws(("w",), 50, seed=0)
+            return pb.fit_svi(bnn, g, x, y, num_steps=30, lr=0.01, seed=1, progress=False,
+                              callback=(lambda step, value: d(g)) if check else None)  # fmt: skip
+
+    assert fit(check=True) == fit(check=False)
+
+
+def test_proj_uci_a_fit_diverging_after_a_check_is_evaluated_at_its_best_checked_state(monkeypatch):
+    """App. A's early stopping would have kept the best checked state of a fit that later diverges:
+    the task evaluates that state (the same numbers as a fit stopped at that step) instead of
+    scoring the step size -inf."""
+    from pyro_bnnlv.infer.svi import NonFiniteLossError
+    from pyro_bnnlv.reproduce import projected
+    from pyro_bnnlv.sweep import Task
+
+    kw = dict(hidden=5, latent_dim=2, num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=10,
+              lr=0.01, num_samples=20, eval_every=10, patience=50)  # fmt: skip
+    task = Task("yacht", method="BbB", split="random", seed=0)
+    truncated = projected.uci_task(task, vi_steps=25, **kw)
+    real_fit_svi = projected.fit_svi
+
+    def diverging_fit_svi(model, guide, *args, callback, **kwargs):
+        def cb(step, value):
+            callback(step, value)
+            if step == 24:  # parameters gone NaN, as after an infinite gradient
+                with torch.no_grad():
+                    for p in guide.parameters():
+                        p.fill_(float("nan"))
+                raise NonFiniteLossError(step, float("nan"))
+        return real_fit_svi(model, guide, *args, callback=cb, **kwargs)
+
+    monkeypatch.setattr(projected, "fit_svi", diverging_fit_svi)
+    out = projected.uci_task(task, vi_steps=60, **kw)
+    assert out["diverged_at@lr=0.01"] == 25 and "error@lr=0.01" not in out
+    assert out["best_step"] == truncated["best_step"] <= 20
+    for key in ("valid_ll", "test_ll", "rmse"):
+        assert out[key] == truncated[key] and math.isfinite(out[key])
+
+
+def test_proj_uci_paper_budget_uses_minibatches_of_128_in_the_decoder_stage(monkeypatch):
+    """App. A: "fix the batch-size to 128" for every subtask, the decoder stage included."""
+    from pyro_bnnlv.reproduce import projected
+
+    seen = []
+    real = projected.fit_projection
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(projected, "fit_projection", recording)
+    small = dict(num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=5, vi_steps=10, num_samples=10,
+                 lrs=(0.01,), latent_dims=(2,), patience=None)  # fmt: skip
+    projected.uci_experiment(["yacht"], ["random"], methods=["Proj-BNN"], paper=True, overrides=small, hidden=4,
+                             executor="inline", progress=False)  # fmt: skip
+    projected.uci_experiment(["yacht"], ["random"], methods=["Proj-BNN"], hidden=4, executor="inline",
+                             progress=False, **small)  # fmt: skip
+    assert seen == [128, 256]
+    assert projected.PAPER_BUDGET["ae_batch"] == 128

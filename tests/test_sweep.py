@@ -352,6 +352,17 @@ def test_stop_after_zero_reads_the_store_even_while_another_driver_runs_it(tmp_p
             run_sweep(tasks, toy_fit, out_dir=tmp_path / "bad", executor="inline", progress=False, stop_after=bad)
 
 
+def test_stop_after_without_a_store_to_resume_from_is_refused(tmp_path, capsys):
+    """Instalments need a kept store: without out_dir (--out) the pending tasks would be lost."""
+    from pyro_bnnlv.cli import main
+
+    with pytest.raises(ValueError, match="give out_dir"):
+        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=None, executor="inline", progress=False, stop_after=1.0)
+    with pytest.raises(SystemExit, match="add --out DIR"):
+        main(["reproduce", "proj-uci", "--small", "--datasets", "yacht", "--stop-after", "1", "--quiet"])
+    assert not list(tmp_path.iterdir())
+
+
 def test_status_reports_progress_and_remaining_time_per_method_from_the_store_alone(tmp_path):
     from pyro_bnnlv.sweep.status import find_stores, format_status, sweep_status
 

@@ -58,8 +58,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The :func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments of parsed sweep options."""
+    """The :func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments of parsed sweep options
+    (``SystemExit`` with the fix for ``--stop-after`` without ``--out``: nothing to resume from)."""
     stop = args.stop_after
+    if stop is not None and args.out is None:
+        raise SystemExit("error: --stop-after leaves tasks to run later, but without --out DIR nothing is kept to "
+                         "resume from; add --out DIR (and run the same command again to continue)")
     return dict(executor=args.executor, workers=args.workers, address=args.address, out_dir=args.out,
                 code_version=args.code_version, stop_after=None if stop is None else stop * 3600.0)  # fmt: skip
 

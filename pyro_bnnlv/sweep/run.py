@@ -119,6 +119,9 @@ def run_sweep(
         failed task); commands built on a sweep copy these attrs onto their own tables.
     """
     tasks = _check_tasks(tasks)
+    if out_dir is None and stop_after is not None:
+        raise ValueError("stop_after leaves tasks pending to run later, but without out_dir the store is a temporary "
+                         "directory, deleted on return: give out_dir (the command's --out DIR) to resume from")
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-") as tmp:
             return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,

@@ -284,10 +284,12 @@ def test_map_initialisation_starts_chains_near_the_posterior():
 
 
 def test_models_without_fast_path_and_a_wrong_custom_potential():
-    def model(x, y=None):
-        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    noise = torch.tensor(0.5)
+
+    def model(x, y=None):  # tensors, not Python floats: traced, a float would warn (a constant)
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), torch.ones(2)).to_event(1))
         with pyro.plate("data", x.shape[0]):
-            return pyro.sample("obs", dist.Normal(x[:, 0] * w[..., :1] + w[..., 1:], 0.5), obs=y)
+            return pyro.sample("obs", dist.Normal(x[:, 0] * w[..., :1] + w[..., 1:], noise), obs=y)
 
     x, y = _linreg_data()
     x = x[:, :1]

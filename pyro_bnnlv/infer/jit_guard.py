@@ -9,8 +9,13 @@ naming the loss and the step, and training continues with the eager twin.
 
 Only branches on *shapes* are safe in a trace whose cache is keyed by shapes; Pyro's plate
 messenger has such branches (``pyro.poutine.subsample_messenger``: plate size against the
-subsample size and parameter shapes), and :func:`plate_shape_tracer_warnings_ignored` hides the
-tracer warnings of that one module while compiling. Every other tracer warning stays visible.
+subsample size and parameter shapes, and a constant zero for the subsample site's density), and
+so has ``pyro.distributions.util.broadcast_shape`` (sizes against 1, e.g. for the density of a
+``pyro.deterministic`` site inside a plate). :func:`plate_shape_tracer_warnings_ignored` hides
+the tracer warnings of those two places while compiling: every tracer warning of the first
+module, and the tensor-to-boolean conversions of the second (its only tensor comparisons are
+``broadcast_shape``'s). Every other tracer warning stays visible; the test suite turns them into
+errors (``pyproject.toml``), so library code that emits one fails it.
 """
 
 from __future__ import annotations
@@ -35,10 +40,14 @@ GUARD_STEPS = (1, 10, 100, 1000)
 
 @contextmanager
 def plate_shape_tracer_warnings_ignored() -> Iterator[None]:
-    """Hide tracer warnings raised inside ``pyro.poutine.subsample_messenger`` only (shape checks)."""
+    """Hide the tracer warnings of Pyro's shape checks only (module docstring): those raised in
+    ``pyro.poutine.subsample_messenger``, and ``broadcast_shape``'s size comparisons in
+    ``pyro.distributions.util``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
                                 module=r"pyro\.poutine\.subsample_messenger")  # fmt: skip
+        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean",
+                                category=torch.jit.TracerWarning, module=r"pyro\.distributions\.util")  # fmt: skip
         yield
 
 

@@ -62,6 +62,7 @@ from .._compiled import resolve_nuts_extension as resolve_extension
 from .._platform import usable_cores  # looked up here by run_nuts (tests patch nuts.usable_cores)
 from .._state import set_seed
 from ..models.potential import FlatPotential, mlp_regression_potential
+from .jit_guard import plate_shape_tracer_warnings_ignored
 from .nuts_chains import _chain_potentials, _InProcessMCMC, _sampling_seed
 from .nuts_init import _check_flat_potential, _initial_values, _model_sites, _resolve_potential, flat_potential
 from .nuts_kernel import FlatNUTS, TreeState, _CountingNUTS
@@ -335,7 +336,10 @@ def run_nuts(
                         initial_params=initial, num_chains=num_chains,
                         disable_progbar=not progress, mp_context=mp_context)  # fmt: skip
         if pot is None:
-            mcmc.run(x, y)
+            # Pyro traces the model's potential (jit_compile): hide only the plate messenger's
+            # shape checks, as the compiled ELBOs do (jit_guard); every other tracer warning shows
+            with plate_shape_tracer_warnings_ignored():
+                mcmc.run(x, y)
         else:
             mcmc.run()
     run_seconds = time.perf_counter() - t_run

@@ -39,7 +39,8 @@ import math
 from dataclasses import dataclass
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pyro
 import torch
@@ -205,13 +206,17 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
     themselves (a guide with no density, wrong shapes) is then raised as it is, with no word about
     the JIT. Only when the eager step works does the fallback warn, in one line, once per process
     for each model and guide class."""
+    tracer_warnings: list[warnings.WarningMessage] = []
     try:
-        with plate_shape_tracer_warnings_ignored():
-            return loss, *_loss_and_params(loss, model, guide, x, y, kwargs)
+        with _tracer_warnings_held(tracer_warnings, hold=use_default), plate_shape_tracer_warnings_ignored():
+            out = loss, *_loss_and_params(loss, model, guide, x, y, kwargs)
     except (RuntimeError, TypeError) as err:
         fallback = eager_twin(loss) if use_default else None
         if fallback is None:  # a loss the user chose, or one that is eager already
+            _reemit(tracer_warnings)
             raise
+        # the abandoned trace's tracer warnings (e.g. torch formatting a traced tensor for the
+        # error message) describe a graph that is never used: dropped
         result = _loss_and_params(fallback, model, guide, x, y, kwargs)
         key = (type(model).__qualname__, type(guide).__qualname__)
         if key not in _fallbacks_warned:
@@ -224,6 +229,40 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
                 stacklevel=3,
             )
         return fallback, *result
+    _reemit(tracer_warnings)
+    return out
+
+
+@contextmanager
+def _tracer_warnings_held(held: list[warnings.WarningMessage], hold: bool) -> Iterator[None]:
+    """Collect the tracer warnings raised inside into ``held`` instead of showing them (``hold``;
+    else nothing changes); other warnings pass as usual. :func:`_first_step` shows them with
+    :func:`_reemit` once the compiled step works and drops them when it falls back to eager."""
+    if not hold:
+        yield
+        return
+    show = warnings.showwarning
+
+    def collect(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, torch.jit.TracerWarning):
+            held.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", torch.jit.TracerWarning)  # held, so "error" waits for _reemit
+        warnings.showwarning = collect
+        yield
+
+
+def _reemit(held: list[warnings.WarningMessage]) -> None:
+    """Show held tracer warnings under the caller's filters (once per distinct location and text)."""
+    seen = set()
+    for w in held:
+        key = (w.category, w.filename, w.lineno, str(w.message))
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def fit_svi(

@@ -228,7 +228,7 @@ class BNN(PyroModule):
         dropped; the remaining batch dims are sample dims and ``f`` comes out ``(*S, N, L)``, so
         ``"obs"`` gets batch shape ``(*S, N)``, never ``(*S, S, N)``.
         """
-        if w.dim() > 1 and w.shape[-2] == 1:
+        if w.dim() > 1:  # squeeze(-2) drops dim -2 only if it is 1: no branch on a (traced) size
             w = w.squeeze(-2)
         return self.net(x, w)
 

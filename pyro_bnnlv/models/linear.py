@@ -41,6 +41,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
+from .._tracing import shape_branches
 from ..nets import as_positive_int
 from .potential import FlatPotential
 
@@ -100,13 +101,15 @@ def design_matrix(K: int, x: Tensor | None = None, N: int | None = None) -> Tens
         if N is None or N < 1:
             raise ValueError("pass x (shape (N,), (N, 1) or (N, K)) or the number of rows N")
         return torch.full((N, K), 1.0 / K, dtype=DTYPE)
-    x = torch.as_tensor(x)
+    if not isinstance(x, Tensor):  # as_tensor under the JIT warns even when x is a tensor already
+        x = torch.as_tensor(x)
     if not torch.is_floating_point(x):
         x = x.to(torch.get_default_dtype())
-    if x.dim() == 2 and x.shape[1] == K:
-        return x
-    if x.dim() == 2 and x.shape[1] == 1:
-        x = x.squeeze(-1)
+    with shape_branches():
+        if x.dim() == 2 and x.shape[1] == K:
+            return x
+        if x.dim() == 2 and x.shape[1] == 1:
+            x = x.squeeze(-1)
     if x.dim() != 1:
         raise ValueError(f"x must have shape (N,), (N, 1) or (N, {K}); got {tuple(x.shape)}")
     return x.unsqueeze(-1).expand(x.shape[0], K) / K
@@ -259,7 +262,7 @@ class OverparametrisedLinear(PyroModule):
         X = self.design_matrix(x, N=None if y is None else y.shape[0])
         if x is None and y is not None:
             X = X.to(y.dtype)
-        if y is not None and y.shape[0] != X.shape[0]:
+        if y is not None and not torch.jit.is_tracing() and y.shape[0] != X.shape[0]:  # (traced: keyed by shapes)
             raise ValueError(f"x and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
         dtype = X.dtype
         # copies, never views of the buffers: AutoNormal(init_loc_fn=init_to_mean) turns the
@@ -271,7 +274,7 @@ class OverparametrisedLinear(PyroModule):
         with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
             X_b = X if batch_size is None else X[idx]
             y_b = y if (y is None or batch_size is None) else y[idx]
-            if w.dim() > 1 and w.shape[-2] == 1:  # global w: drop the data plate's singleton
+            if w.dim() > 1:  # global w: drop the data plate's singleton (squeeze(-2) only drops a 1)
                 w = w.squeeze(-2)
             f = w @ X_b.transpose(-1, -2)  # (*S, N)
             return pyro.sample("obs", dist.Normal(f, self.noise_scale.to(dtype)), obs=y_b)

@@ -1,0 +1,91 @@
+"""Library code raises no tracer warning: compiled losses over the library's models, vectorised
+particles included, and the fallback from a model the JIT cannot trace (pyproject.toml makes any
+tracer warning in the suite an error; these tests say it where it matters)."""
+
+import warnings
+
+import pyro
+import pytest
+import torch
+
+import pyro_bnnlv as pb
+from pyro_bnnlv._tracing import shape_branches
+
+
+def _models():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 1, generator=g)
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(24, generator=g)
+    task = torch.arange(24) % 3
+    return {
+        "bnn": (pb.BNN(pb.MLP(1, [6], 1), noise_scale=0.3), x, y, {}),
+        "bnn+lv": (pb.BNNLV(pb.MLP(2, [6], 1), noise_scale=0.3), x, y, {}),
+        "linear": (pb.OverparametrisedLinear(4, noise_scale=0.5), x.double(), y.double(), {}),
+        "projected multi-task": (pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, num_tasks=3), x, y, {"task": task}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_models()))
+@pytest.mark.parametrize("particles", [1, 4])
+def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, particles):
+    from pyro.infer.autoguide import AutoNormal
+
+    model, x, y, kwargs = _models()[name]
+    loss = pb.CompiledTraceElbo(num_particles=particles, vectorize_particles=particles > 1, max_plate_nesting=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        warnings.filterwarnings("error", message=".*disagrees with its eager twin")
+        losses = pb.fit_svi(model, AutoNormal(model), x, y, num_steps=12, lr=0.01, seed=0, progress=False,
+                            loss=loss, model_kwargs=kwargs)  # fmt: skip
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_an_abandoned_trace_leaves_no_tracer_warning_but_a_kept_one_shows_its_users():
+    """A model the JIT cannot trace falls back to eager with one RuntimeWarning; the tracer
+    warnings of the trace it abandoned (torch formatting a traced tensor for its error) are
+    dropped. A trace that works shows the user's own tracer warnings (a Python float in the guide
+    becomes a constant)."""
+    from torch import nn
+
+    net = pb.ModuleNet(nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1)), 2, 1)
+    bnn = pb.BNN(net, noise_scale=0.1)
+
+    def wrapped(x, y=None):  # a plain function: fit_svi cannot see the ModuleNet and tries the JIT
+        return bnn(x, y)
+
+    x, y = torch.randn(30, 2), torch.randn(30)
+    from pyro_bnnlv.infer import svi as svi_mod
+
+    svi_mod._fallbacks_warned.clear()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        pb.fit_svi(wrapped, pb.MeanField(wrapped), x, y, num_steps=3, seed=0, progress=False)
+    kinds = [w.category for w in record if not issubclass(w.category, DeprecationWarning)]
+    assert kinds == [RuntimeWarning]
+
+    model = pb.BNN(pb.MLP(1, [3], 1))
+
+    def guide(x, y, batch_size=None):
+        loc = pyro.param("tracing_test_loc", torch.zeros(model.num_weights))
+        pyro.sample("w", pyro.distributions.Normal(loc, 0.01).to_event(1))
+
+    with pytest.warns(torch.jit.TracerWarning, match="registered as constants"):
+        pb.fit_svi(model, guide, torch.randn(10, 1), torch.randn(10), num_steps=3, progress=False)
+
+
+def test_shape_branches_hides_only_boolean_conversions_and_only_while_tracing():
+    def f(x):
+        with shape_branches():
+            out = x * 2 if x.shape[0] == 3 else x
+            return out + torch.tensor(1.0)  # a constant: still warns
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(f, (torch.ones(3),))
+    messages = [str(w.message) for w in record if issubclass(w.category, torch.jit.TracerWarning)]
+    assert messages and all("registered as constants" in m for m in messages)
+    assert torch.equal(traced(torch.ones(3)), torch.full((3,), 3.0))
+    with warnings.catch_warnings():  # eager: nothing is changed (a warning inside still shows)
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning), shape_branches():
+            warnings.warn("shown", UserWarning)

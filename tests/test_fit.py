@@ -132,14 +132,13 @@ def test_bare_pyro_params_survive_isolation():
     data = load_dataset("cosine")
     model = pb.BNN(pb.MLP(1, [5], 1))
 
+    scale = torch.tensor(0.01)  # a tensor: a Python float would make torch warn under the suite's filter
+
     def guide(x, y, batch_size=None):
         loc = pyro.param("my_loc", torch.zeros(model.num_weights))
-        pyro.sample("w", pyro.distributions.Normal(loc, 0.01).to_event(1))
+        pyro.sample("w", pyro.distributions.Normal(loc, scale).to_event(1))
 
-    # the guide's Python float becomes a constant of the compiled loss: the user's own tracer
-    # warning is shown, not hidden (the library's code raises none: pyproject.toml makes them errors)
-    with pytest.warns(torch.jit.TracerWarning, match="registered as constants"):
-        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=5, progress=False)
+    pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=5, progress=False)
     assert "my_loc" in pyro.get_param_store()
 
 

@@ -3,6 +3,7 @@ particles included, and the fallback from a model the JIT cannot trace (pyprojec
 tracer warning in the suite an error; these tests say it where it matters)."""
 
 import warnings
+from pathlib import Path
 
 import pyro
 import pytest
@@ -26,12 +27,15 @@ def _models():
 
 
 @pytest.mark.parametrize("name", list(_models()))
-@pytest.mark.parametrize("particles", [1, 4])
+@pytest.mark.parametrize("particles", [None, 1, 4])
 def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, particles):
+    """``None``: fit_svi's default loss, whose first step holds and re-emits tracer warnings."""
     from pyro.infer.autoguide import AutoNormal
 
     model, x, y, kwargs = _models()[name]
-    loss = pb.CompiledTraceElbo(num_particles=particles, vectorize_particles=particles > 1, max_plate_nesting=1)
+    loss = None
+    if particles is not None:
+        loss = pb.CompiledTraceElbo(num_particles=particles, vectorize_particles=particles > 1, max_plate_nesting=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", torch.jit.TracerWarning)
         warnings.filterwarnings("error", message=".*disagrees with its eager twin")
@@ -40,11 +44,10 @@ def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, parti
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
-def test_an_abandoned_trace_leaves_no_tracer_warning_but_a_kept_one_shows_its_users():
+def test_an_abandoned_trace_leaves_no_tracer_warning():
     """A model the JIT cannot trace falls back to eager with one RuntimeWarning; the tracer
     warnings of the trace it abandoned (torch formatting a traced tensor for its error) are
-    dropped. A trace that works shows the user's own tracer warnings (a Python float in the guide
-    becomes a constant)."""
+    dropped."""
     from torch import nn
 
     net = pb.ModuleNet(nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1)), 2, 1)
@@ -63,14 +66,53 @@ def test_an_abandoned_trace_leaves_no_tracer_warning_but_a_kept_one_shows_its_us
     kinds = [w.category for w in record if not issubclass(w.category, DeprecationWarning)]
     assert kinds == [RuntimeWarning]
 
+
+def _torch_default_filters():
+    """A script's warning filters: default actions, and torch's own filter hiding the tracer
+    warnings of torch's internals (torch.jit._trace, TracerWarning.ignore_lib_warnings)."""
+    warnings.resetwarnings()
+    warnings.simplefilter("always")
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module="torch.(?!jit)")
+
+
+def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_torchs():
+    """The first (compiled) step's tracer warnings are held and shown when the trace is kept, as
+    if raised in place: the user's own (a branch on a traced size, in this file) is shown; torch's
+    internal one (``Normal(loc, 0.01)`` makes a constant inside torch.distributions) stays hidden
+    by torch's filter; an "error" filter raises the user's, naming where; and a step that fails
+    for another reason still shows them, beside its error."""
     model = pb.BNN(pb.MLP(1, [3], 1))
+    x, y = torch.randn(10, 1), torch.randn(10)
 
     def guide(x, y, batch_size=None):
         loc = pyro.param("tracing_test_loc", torch.zeros(model.num_weights))
+        if x.shape[0] == 10:  # the user's own branch on a (traced) size
+            loc = loc + 0.0
         pyro.sample("w", pyro.distributions.Normal(loc, 0.01).to_event(1))
 
-    with pytest.warns(torch.jit.TracerWarning, match="registered as constants"):
-        pb.fit_svi(model, guide, torch.randn(10, 1), torch.randn(10), num_steps=3, progress=False)
+    with warnings.catch_warnings(record=True) as record:
+        _torch_default_filters()
+        pb.fit_svi(model, guide, x, y, num_steps=3, progress=False)
+    tracer = [w for w in record if issubclass(w.category, torch.jit.TracerWarning)]
+    assert [(Path(w.filename).name, "Python boolean" in str(w.message)) for w in tracer] == [("test_tracing.py", True)]
+
+    with warnings.catch_warnings():
+        _torch_default_filters()
+        warnings.filterwarnings("error", category=torch.jit.TracerWarning, module=__name__)
+        with pytest.raises(torch.jit.TracerWarning) as info:
+            pb.fit_svi(model, guide, x, y, num_steps=3, progress=False)
+    assert any("test_tracing.py" in note for note in info.value.__notes__)
+
+    def failing_guide(x, y, batch_size=None):  # fails while traced (eager calls come first)
+        guide(x, y, batch_size)
+        if torch.jit.is_tracing():
+            raise ValueError("the guide's own error")
+
+    with warnings.catch_warnings(record=True) as record:
+        _torch_default_filters()
+        with pytest.raises(ValueError, match="the guide's own error"):
+            pb.fit_svi(model, failing_guide, x, y, num_steps=3, progress=False)
+    assert [Path(w.filename).name for w in record if issubclass(w.category, torch.jit.TracerWarning)] == ["test_tracing.py"]
 
 
 def test_shape_branches_hides_only_boolean_conversions_and_only_while_tracing():

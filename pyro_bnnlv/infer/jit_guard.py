@@ -13,8 +13,8 @@ subsample size and parameter shapes, and a constant zero for the subsample site'
 so has ``pyro.distributions.util.broadcast_shape`` (sizes against 1, e.g. for the density of a
 ``pyro.deterministic`` site inside a plate). :func:`plate_shape_tracer_warnings_ignored` hides
 the tracer warnings of those two places while compiling: every tracer warning of the first
-module, and the tensor-to-boolean conversions of the second (its only tensor comparisons are
-``broadcast_shape``'s). Every other tracer warning stays visible; the test suite turns them into
+module, and the tensor-to-boolean conversions of the second (all of them compare sizes:
+``broadcast_shape``'s, and ``eye_like``'s ``min``; checked for pyro 1.9). Every other tracer warning stays visible; the test suite turns them into
 errors (``pyproject.toml``), so library code that emits one fails it.
 """
 

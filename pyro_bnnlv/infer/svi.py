@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 import warnings
 import weakref
@@ -213,7 +214,7 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
     except (RuntimeError, TypeError) as err:
         fallback = eager_twin(loss) if use_default else None
         if fallback is None:  # a loss the user chose, or one that is eager already
-            _reemit(tracer_warnings)
+            _reemit_beside(tracer_warnings, err)
             raise
         # the abandoned trace's tracer warnings (e.g. torch formatting a traced tensor for the
         # error message) describe a graph that is never used: dropped
@@ -229,6 +230,9 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
                 stacklevel=3,
             )
         return fallback, *result
+    except BaseException as err:  # not a fallback: the trace's warnings may explain the error
+        _reemit_beside(tracer_warnings, err)
+        raise
     _reemit(tracer_warnings)
     return out
 
@@ -256,13 +260,36 @@ def _tracer_warnings_held(held: list[warnings.WarningMessage], hold: bool) -> It
 
 
 def _reemit(held: list[warnings.WarningMessage]) -> None:
-    """Show held tracer warnings under the caller's filters (once per distinct location and text)."""
+    """Show held tracer warnings as if raised where they were: under the caller's filters with
+    the warning's own module name and registry, so module filters apply (torch's own, which hides
+    the tracer warnings of its internals, and the user's) and "default" shows each once; once per
+    distinct location and text. Under an "error" filter the raised warning names its location."""
+    by_file = {getattr(m, "__file__", None): m for m in list(sys.modules.values()) if m is not None}
     seen = set()
     for w in held:
         key = (w.category, w.filename, w.lineno, str(w.message))
-        if key not in seen:
-            seen.add(key)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
+        module = by_file.get(w.filename)
+        namespace = vars(module) if module is not None else None
+        try:
+            registry = None if namespace is None else namespace.setdefault("__warningregistry__", {})
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=registry,
+                                   module=None if module is None else module.__name__,
+                                   module_globals=namespace)  # fmt: skip
+        except Warning as raised:  # an "error" filter
+            raised.add_note(f"raised while tracing, at {w.filename}:{w.lineno}")
+            raise
+
+
+def _reemit_beside(held: list[warnings.WarningMessage], err: BaseException) -> None:
+    """:func:`_reemit` while ``err`` is on its way out: a warning that an "error" filter turns
+    into an exception becomes a note on ``err`` instead of replacing it."""
+    try:
+        _reemit(held)
+    except Warning as raised:
+        err.add_note(f"{type(raised).__name__} while tracing: {raised}")
 
 
 def fit_svi(

@@ -131,3 +131,30 @@ def test_shape_branches_hides_only_boolean_conversions_and_only_while_tracing():
         warnings.simplefilter("error")
         with pytest.raises(UserWarning), shape_branches():
             warnings.warn("shown", UserWarning)
+
+
+def test_compiled_loss_keeps_one_graph_per_argument_dtype():
+    """A graph records its inputs' dtypes: the same model and guide called with float64 data after
+    float32 data of the same shape get a graph of their own, equal to the eager loss."""
+    from pyro.infer import Trace_ELBO
+
+    model = pb.BNN(pb.MLP(1, [3], 1), noise_scale=0.5)
+    scale = torch.tensor(0.1)
+
+    def guide(x, y, batch_size=None):
+        loc = pyro.param("dtype_test_loc", torch.zeros(model.num_weights, dtype=x.dtype))
+        pyro.sample("w", pyro.distributions.Normal(loc, scale.to(x.dtype)).to_event(1))
+
+    loss = pb.CompiledTraceElbo()
+    x, y = torch.randn(8, 1), torch.randn(8)
+    with pyro.get_param_store().scope():
+        loss.differentiable_loss(model, guide, x, y)
+    model.double()
+    with pyro.get_param_store().scope():
+        loss.differentiable_loss(model, guide, x.double(), y.double())  # traces (its draws differ)
+        pyro.set_rng_seed(0)
+        compiled = loss.differentiable_loss(model, guide, x.double(), y.double())
+        pyro.set_rng_seed(0)
+        eager = Trace_ELBO().differentiable_loss(model, guide, x.double(), y.double())
+    assert len(loss._compiled) == 2 and compiled.dtype == torch.float64
+    assert torch.allclose(compiled, eager)

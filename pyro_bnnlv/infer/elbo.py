@@ -119,15 +119,15 @@ class PenalizedElbo(Trace_ELBO):
         if not self.jit:
             out = self._objective(model, guide, args, kwargs)
         else:
-            # one compiled objective per (model, guide, argument shapes): the trace may branch
-            # on shapes (Pyro's plates do), never on values
-            shape = lambda v: tuple(v.shape) if isinstance(v, Tensor) else repr(v)  # noqa: E731
+            # one compiled objective per (model, guide, argument shapes and dtypes): the trace may
+            # branch on shapes (Pyro's plates do), never on values; a graph records its dtypes
+            shape = lambda v: (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else repr(v)  # noqa: E731
             key = (id(model), id(guide), tuple(map(shape, args)),
                    tuple((k, shape(v)) for k, v in sorted(kwargs.items())))  # fmt: skip
             # the tensor state of the model and guide modules (e.g. prior scales that empirical
             # Bayes rewrites between steps) enters the trace as inputs, not as constants
             state = _module_buffers(model) + _module_buffers(guide)
-            key = key + tuple((name, tuple(t.shape)) for _, name, t in state)
+            key = key + tuple((name, tuple(t.shape), t.dtype) for _, name, t in state)
             if key not in self._compiled:
                 weakself = weakref.ref(self)
                 n_args = len(args)

@@ -14,8 +14,9 @@ so has ``pyro.distributions.util.broadcast_shape`` (sizes against 1, e.g. for th
 ``pyro.deterministic`` site inside a plate). :func:`plate_shape_tracer_warnings_ignored` hides
 the tracer warnings of those two places while compiling: every tracer warning of the first
 module, and the tensor-to-boolean conversions of the second (all of them compare sizes:
-``broadcast_shape``'s, and ``eye_like``'s ``min``; checked for pyro 1.9). Every other tracer warning stays visible; the test suite turns them into
-errors (``pyproject.toml``), so library code that emits one fails it.
+``broadcast_shape``'s, and ``eye_like``'s ``min``; checked for pyro 1.9). Every other tracer
+warning stays visible; the test suite turns them into errors (``pyproject.toml``), so library
+code that emits one fails it.
 """
 
 from __future__ import annotations

@@ -264,6 +264,8 @@ def _reemit(held: list[warnings.WarningMessage]) -> None:
     the warning's own module name and registry, so module filters apply (torch's own, which hides
     the tracer warnings of its internals, and the user's) and "default" shows each once; once per
     distinct location and text. Under an "error" filter the raised warning names its location."""
+    if not held:
+        return
     by_file = {getattr(m, "__file__", None): m for m in list(sys.modules.values()) if m is not None}
     seen = set()
     for w in held:

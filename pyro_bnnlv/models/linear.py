@@ -262,8 +262,6 @@ class OverparametrisedLinear(PyroModule):
         X = self.design_matrix(x, N=None if y is None else y.shape[0])
         if x is None and y is not None:
             X = X.to(y.dtype)
-        if y is not None and not torch.jit.is_tracing() and y.shape[0] != X.shape[0]:  # (traced: keyed by shapes)
-            raise ValueError(f"x and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
         dtype = X.dtype
         # copies, never views of the buffers: AutoNormal(init_loc_fn=init_to_mean) turns the
         # prior's mean tensor itself into its loc parameter, and Adam would then update the

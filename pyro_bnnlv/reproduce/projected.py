@@ -284,7 +284,6 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
                                         batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
                 return fit.model, fit.guide
 
-        extra: dict[str, float] = {}
         try:
             fitted, guide = run()
         except (FloatingPointError, ValueError) as err:
@@ -292,10 +291,10 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
                 raise
             # early stopping would have kept the best checked state: evaluate that one
             fitted, guide = (bnn if task.method == "BbB" else model), stop.guide
-            extra[f"diverged_at@lr={step_size:g}"] = stop.steps
+            out[f"diverged_at@lr={step_size:g}"] = stop.steps
         stop.restore(guide)
         w = sample_posterior(fitted, guide, x, num_samples=num_samples, seed=seed)["w"]
-        return {"lr": step_size, **metrics(w), "steps": stop.steps, "best_step": stop.best_step, **extra}
+        return {"lr": step_size, **metrics(w), "steps": stop.steps, "best_step": stop.best_step}
 
     best: dict[str, float] | None = None
     for step_size in step_sizes:
@@ -307,13 +306,12 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
                 raise
             out[f"valid_ll@lr={key}"], out[f"error@lr={key}"] = -math.inf, f"{type(err).__name__}: {err}"[:300]
             continue
-        out.update({k: v for k, v in result.items() if k.startswith("diverged_at@")})
         if not math.isfinite(result["valid_ll"]):
             out[f"error@lr={key}"] = f"non-finite validation log-likelihood {result['valid_ll']}"
             result["valid_ll"] = -math.inf
         out[f"valid_ll@lr={key}"] = result["valid_ll"]
         if math.isfinite(result["valid_ll"]) and (best is None or result["valid_ll"] > best["valid_ll"]):
-            best = {k: v for k, v in result.items() if not k.startswith("diverged_at@")}
+            best = result
     if best is None:
         raise FloatingPointError(f"every step size {step_sizes} diverged: {out}")
     return {**out, **best, "seconds": time.perf_counter() - t0}

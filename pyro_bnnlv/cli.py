@@ -45,6 +45,7 @@ from .reproduce.report import main as results_main
 from .stats.predictive import evaluate
 from .sweep import SweepLockedError
 from .sweep.cli import add_sweep_arguments, report, sweep_options
+from .sweep.snapshot import snapshot_stores
 from .sweep.status import find_stores, format_status, sweep_status
 
 __all__ = ["main"]
@@ -194,6 +195,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_snapshot(args: argparse.Namespace) -> int:
+    for snap in snapshot_stores(args.source, args.destination, overwrite=args.overwrite):
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(snap.counts.items()))
+        print(f"{snap.destination}: {counts}")
+    return 0
+
+
 def _cmd_results(args: argparse.Namespace) -> int:
     return results_main(check_only=args.check, root=args.root)
 
@@ -268,6 +276,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories (stores below them are found)")
     st.add_argument("--workers", type=int, default=1, help="workers for the wall-time estimate (default 1)")
     st.set_defaults(func=_cmd_status)
+
+    sn = sub.add_parser("snapshot", help="copy sweep stores consistently, also while a driver writes them")
+    sn.add_argument("source", metavar="SRC", help="a --out directory (every store below it is copied)")
+    sn.add_argument("destination", metavar="DEST", help="where the copies go, at the same relative paths")
+    sn.add_argument("--overwrite", action="store_true", help="replace stores already at DEST")
+    sn.set_defaults(func=_cmd_snapshot)
 
     res = sub.add_parser("results", help="regenerate docs/results.md from the CSVs under docs/results/")
     res.add_argument("--check", action="store_true",

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -529,3 +530,62 @@ def test_a_script_without_a_main_guard_gets_a_hint_instead_of_a_bare_broken_pool
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300).stdout
     assert "2 tasks: 0 done, 2 failed" in out and out.count('put the sweep under `if __name__ == "__main__":`') == 2
+
+
+# -- snapshots --------------------------------------------------------------------------------------
+def test_snapshot_copies_nested_stores_consistently_while_a_writer_holds_a_transaction(tmp_path):
+    from pyro_bnnlv.sweep.snapshot import snapshot_stores
+
+    tasks = _tasks(n_splits=2)
+    src = tmp_path / "src"
+    run_sweep(tasks, toy_fit, out_dir=src / "x" / "one", executor="inline", progress=False)
+    run_sweep(tasks[:2], toy_fit, out_dir=src / "y", executor="inline", progress=False, stop_after=0)
+    writer = sqlite3.connect(src / "y" / STORE_NAME, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a task's result written but not yet committed
+    writer.execute("UPDATE tasks SET status='done', result='{}' WHERE id=?", (tasks[0].id,))
+    snaps = snapshot_stores(src, tmp_path / "dst")
+    writer.execute("COMMIT")
+    writer.close()
+    assert [s.destination for s in snaps] == [tmp_path / "dst" / "x" / "one" / STORE_NAME,
+                                              tmp_path / "dst" / "y" / STORE_NAME]  # fmt: skip
+    assert [s.counts for s in snaps] == [{"done": 4}, {"pending": 2}]  # the state before the transaction
+    assert load_results(tmp_path / "dst" / "y")["status"].tolist() == ["pending", "pending"]
+    assert load_results(src / "y")["status"].tolist() == ["done", "pending"]
+    # the copy resumes as the original would: nothing left to run, the same table
+    resumed = run_sweep(tasks, toy_fit, out_dir=tmp_path / "dst" / "x" / "one", executor="inline", progress=False)
+    assert resumed.attrs["ran"] == 0
+    pd.testing.assert_frame_equal(_results(resumed), _results(load_results(src / "x" / "one")))
+    assert not list((tmp_path / "dst").rglob(".snapshot-*"))  # no temporary file left
+    # a writer in the middle of its commit (exclusive lock: the file may be half written): the
+    # snapshot waits for the commit and copies the committed state
+    writer = sqlite3.connect(src / "y" / STORE_NAME, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("UPDATE tasks SET status='done', result='{}' WHERE id=?", (tasks[1].id,))
+    committer = threading.Timer(0.5, writer.execute, ("COMMIT",))
+    committer.start()
+    t0 = time.perf_counter()
+    (snap,) = snapshot_stores(src / "y", tmp_path / "dst2")
+    committer.join()
+    writer.close()
+    assert time.perf_counter() - t0 >= 0.4 and snap.counts == {"done": 2}
+
+
+def test_snapshot_refuses_to_overwrite_or_to_copy_into_the_source(tmp_path, capsys):
+    from pyro_bnnlv.cli import main
+    from pyro_bnnlv.sweep.snapshot import snapshot_stores
+
+    tasks = _tasks(n_splits=1)
+    run_sweep(tasks, toy_fit, out_dir=tmp_path / "src", executor="inline", progress=False)
+    with pytest.raises(ValueError, match="or inside it; give a directory outside"):
+        snapshot_stores(tmp_path / "src", tmp_path / "src" / "copy")
+    assert main(["snapshot", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'dst' / STORE_NAME}: 2 done" in out
+    assert main(["snapshot", str(tmp_path / "src"), str(tmp_path / "dst")]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--overwrite" in err
+    run_sweep(tasks[:1], toy_fit, out_dir=tmp_path / "other", executor="inline", progress=False)
+    assert main(["snapshot", str(tmp_path / "other"), str(tmp_path / "dst"), "--overwrite"]) == 0
+    assert load_results(tmp_path / "dst")["method"].tolist() == ["a"]
+    assert main(["snapshot", str(tmp_path / "nothing"), str(tmp_path / "d2")]) == 2
+    assert "no directory" in capsys.readouterr().err

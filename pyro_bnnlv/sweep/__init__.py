@@ -10,7 +10,8 @@ traceback and the others go on.
 Modules: :mod:`~pyro_bnnlv.sweep.task` (keys, ids, the sweep's identity),
 :mod:`~pyro_bnnlv.sweep.store` (the SQLite store), :mod:`~pyro_bnnlv.sweep.executors`
 (inline, local processes, Ray), :mod:`~pyro_bnnlv.sweep.run` (:func:`run_sweep`),
-:mod:`~pyro_bnnlv.sweep.status` (progress and time still needed, from a store alone).
+:mod:`~pyro_bnnlv.sweep.status` (progress and time still needed, from a store alone),
+:mod:`~pyro_bnnlv.sweep.snapshot` (consistent copies of stores, also while a driver runs).
 """
 
 from .executors import EXECUTORS, check_ray_address

@@ -66,6 +66,7 @@ from .jit_guard import plate_shape_tracer_warnings_ignored
 from .nuts_chains import _chain_potentials, _InProcessMCMC, _sampling_seed
 from .nuts_init import _check_flat_potential, _initial_values, _model_sites, _resolve_potential, flat_potential
 from .nuts_kernel import FlatNUTS, TreeState, _CountingNUTS
+from .nuts_processes import chain_start_method, run_watched
 from .svi import _check_positive_int
 
 __all__ = [
@@ -219,8 +220,11 @@ def run_nuts(
             C++ core, whose trees run without the GIL; one after another otherwise, with a
             warning), ``"threads"`` (error when the potential is not compiled) or
             ``"sequential"``. The draws are the same either way.
-        mp_context: multiprocessing context for Pyro's parallel chains (traced path and
-            ``kernel="pyro"``).
+        mp_context: start method of Pyro's chain processes (traced path and ``kernel="pyro"``,
+            when there are more cores than chains): default ``"spawn"``, not the platform's
+            ``fork``, which can hang the chains (:mod:`~pyro_bnnlv.infer.nuts_processes`); spawned
+            chains need a picklable model and, in a script, ``if __name__ == "__main__":``. A
+            chain process that dies raises an error instead of hanging the run.
 
     Returns:
         the ``MCMC`` object; ``mcmc.get_samples()`` has ``"w"`` as ``(S, P)`` (and ``"z"`` as
@@ -328,6 +332,8 @@ def run_nuts(
                     "{num_chains}", str(num_chains)),
                 UserWarning, stacklevel=2,
             )  # fmt: skip
+        if method == "processes":  # fork can hang (nuts_processes)
+            mp_context = chain_start_method(mp_context, nuts, model, pot is not None and pot.compiled is not None)
         initial = unconstrained if num_chains > 1 else {k: v[0] for k, v in unconstrained.items()}
         set_seed(base + 7)
         with warnings.catch_warnings():  # said above, with the reason and the alternative
@@ -339,9 +345,9 @@ def run_nuts(
             # Pyro traces the model's potential (jit_compile): hide only the plate messenger's
             # shape checks, as the compiled ELBOs do (jit_guard); every other tracer warning shows
             with plate_shape_tracer_warnings_ignored():
-                mcmc.run(x, y)
+                run_watched(mcmc, x, y)
         else:
-            mcmc.run()
+            run_watched(mcmc)
     run_seconds = time.perf_counter() - t_run
     records = chain_records(mcmc)
     steps = [rec.get("num_steps", []) for rec in records]
@@ -372,6 +378,7 @@ def run_nuts(
         "compiled_tree": isinstance(nuts, FlatNUTS) and nuts._ext is not None,
         "compiled_potential": pot is not None and pot.compiled is not None,
         "chain_method": method,
+        "start_method": mp_context if method == "processes" else None,
         "num_chains": num_chains,
         "seeds": [base + c for c in range(num_chains)],
         "model": model_name,

@@ -113,6 +113,22 @@ def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[:6] == first.splitlines()[:6]
 
 
+def test_a_split_with_unfinished_restarts_gives_no_row_rather_than_the_best_of_some():
+    from pyro_bnnlv.reproduce.ncai import _best_per_split
+
+    rows = [  # split 1: both methods complete; split 2: NCAI_0's second restart still pending
+        ("BNN (MFVI)", 1, "done", -2.0), ("BNN (MFVI)", 1, "done", -1.5),
+        ("BNN+LV (NCAI_0)", 1, "done", -1.2), ("BNN+LV (NCAI_0)", 1, "done", -1.4),
+        ("BNN (MFVI)", 2, "done", -1.9), ("BNN (MFVI)", 2, "done", -2.1),
+        ("BNN+LV (NCAI_0)", 2, "done", -1.3), ("BNN+LV (NCAI_0)", 2, "pending", float("nan")),
+    ]  # fmt: skip
+    results = pd.DataFrame(rows, columns=["method", "split", "status", "valid_ll"])
+    best = _best_per_split(results, {"BNN+LV (NCAI_lambda)": "lambda=0"})
+    got = sorted(zip(best["method"], best["split"], best["valid_ll"]))
+    assert got == [("BNN (MFVI)", 1, -1.5), ("BNN (MFVI)", 2, -1.9), ("BNN+LV (NCAI_0)", 1, -1.2),
+                   ("BNN+LV (NCAI_lambda)", 1, -1.2)]  # fmt: skip
+
+
 def test_old_module_path_is_an_alias_and_keeps_the_store_identity():
     """``pyro_bnnlv.compare`` (deprecated) re-exports the experiment, and ``fit_task`` keeps the
     ``module:qualname`` that the committed sweep stores under docs/results/sweeps/ fingerprint."""

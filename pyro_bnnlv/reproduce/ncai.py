@@ -78,7 +78,12 @@ def _evaluation_tasks(dataset: str, cfg: CompareConfig, chosen: dict[str, str], 
 
 
 def _best_per_split(results: pd.DataFrame, chosen: dict[str, str]) -> pd.DataFrame:
-    done = results[results["status"] == "done"]
+    """Per evaluation split and method, the restart with the best validation LL; a split whose
+    restarts are not all finished (a run stopped part-way) gives no row rather than the best of
+    some restarts."""
+    group = pd.MultiIndex.from_frame(results[["split", "method"]])
+    unfinished = group.isin(group[(results["status"] == "pending").to_numpy()])
+    done = results[(results["status"] == "done").to_numpy() & ~unfinished]
     best = done.loc[done.groupby(["split", "method"])["valid_ll"].idxmax()].copy()
     if chosen.get("BNN+LV (NCAI_lambda)") == "lambda=0":
         zero = best[best["method"] == "BNN+LV (NCAI_0)"].assign(method="BNN+LV (NCAI_lambda)")

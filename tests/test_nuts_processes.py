@@ -13,6 +13,7 @@ from pyro.infer import MCMC, NUTS
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer.nuts import run_nuts
+from pyro_bnnlv.infer.nuts_kernel import _CountingNUTS
 from pyro_bnnlv.infer.nuts_processes import ChainProcessError, chain_start_method, run_watched
 
 from test_nuts import _linreg_data, _linreg_model
@@ -38,20 +39,50 @@ def test_traced_chains_run_in_spawned_processes_where_forked_ones_hung(eight_cor
 
 
 class _DyingNUTS(NUTS):
-    """A kernel whose chain process exits without reporting (as a killed or unbootable child)."""
+    """A kernel whose chain process exits without reporting (as a killed or unbootable child, or
+    one whose error could not be pickled), with exit code ``code``."""
+
+    def __init__(self, model, code):
+        super().__init__(model)
+        self.code = code
 
     def setup(self, *args, **kwargs):
-        os._exit(3)
+        os._exit(self.code)
 
 
-def test_a_chain_process_that_dies_raises_instead_of_hanging(eight_cores):
+@pytest.mark.parametrize("code", [3, 0])
+def test_a_chain_process_that_ends_without_its_draws_raises_instead_of_hanging(eight_cores, code):
     x, y = _linreg_data()
-    mcmc = MCMC(_DyingNUTS(_linreg_model()), num_samples=2, warmup_steps=2, num_chains=2,
+    mcmc = MCMC(_DyingNUTS(_linreg_model(), code), num_samples=2, warmup_steps=2, num_chains=2,
                 disable_progbar=True, mp_context="fork")  # fmt: skip
     t0 = time.perf_counter()
-    with pytest.raises(ChainProcessError, match=r"chain \d's process ended with exit code 3 .*__main__"):
-        run_watched(mcmc, x, y, every=0.2)
+    with pytest.raises(ChainProcessError, match=rf"chain \d's process ended with exit code {code} before it "
+                                                r"delivered all its draws\. The process was killed"):  # fmt: skip
+        run_watched(mcmc, x, y, start_method="fork", every=0.2)
     assert time.perf_counter() - t0 < 30
+
+
+class _ThreadCheckingNUTS(_CountingNUTS):
+    """Fails the chain unless its process runs with the torch thread count of the caller."""
+
+    def setup(self, *args, **kwargs):
+        super().setup(*args, **kwargs)
+        if torch.get_num_threads() != 1:
+            raise RuntimeError(f"the chain runs with {torch.get_num_threads()} torch threads")
+
+
+def test_spawned_chains_keep_the_callers_torch_thread_count(eight_cores):
+    """A spawned process starts with one thread per core; the chains take the caller's count."""
+    x, y = _linreg_data()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mcmc = MCMC(_ThreadCheckingNUTS(_linreg_model()), num_samples=2, warmup_steps=2, num_chains=2,
+                    disable_progbar=True, mp_context="spawn")  # fmt: skip
+        run_watched(mcmc, x, y, start_method="spawn")
+    finally:
+        torch.set_num_threads(before)
+    assert mcmc.get_samples(group_by_chain=True)["w"].shape[:2] == (2, 2)
 
 
 def _unpicklable_kernel():

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -533,11 +534,53 @@ def test_a_script_without_a_main_guard_gets_a_hint_instead_of_a_bare_broken_pool
 
 
 # -- snapshots --------------------------------------------------------------------------------------
-def test_snapshot_copies_nested_stores_consistently_while_a_writer_holds_a_transaction(tmp_path):
+def _spilling_writer(db: Path, rows: int) -> sqlite3.Connection:
+    """A writer in the middle of a transaction that has already written part of its pages into
+    the database file (a tiny page cache spills; it holds the exclusive lock): the moment at which
+    a plain file copy is torn."""
+    writer = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA cache_size=5")
+    writer.execute("BEGIN")
+    writer.execute("UPDATE tasks SET status='done', result=?", ("y" * 2000,))
+    return writer
+
+
+def _counts(db: Path) -> dict:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status").fetchall())
+
+
+def _big_store(out_dir: Path, n: int = 300) -> Path:
+    tasks = [Task("toy", method="a", split=s, grid={"scale": 1.0}, seed=s) for s in range(n)]
+    run_sweep(tasks, toy_fit, out_dir=out_dir, executor="inline", progress=False, stop_after=0)
+    with sqlite3.connect(out_dir / STORE_NAME) as conn:
+        conn.execute("UPDATE tasks SET result=?", (json.dumps({"pad": "x" * 2000}),))
+    return out_dir / STORE_NAME
+
+
+def test_snapshot_is_one_committed_state_where_a_file_copy_is_torn(tmp_path):
+    from pyro_bnnlv.sweep.snapshot import snapshot_stores
+
+    db = _big_store(tmp_path / "src" / "s")
+    writer = _spilling_writer(db, 300)
+    shutil.copy(db, tmp_path / "plain.sqlite")  # what cp or git add would take now
+    assert _counts(tmp_path / "plain.sqlite").get("done", 0) > 0  # part of an uncommitted transaction
+    rollback = threading.Timer(1.0, writer.execute, ("ROLLBACK",))
+    rollback.start()
+    t0 = time.perf_counter()
+    (snap,) = snapshot_stores(tmp_path / "src", tmp_path / "dst")
+    waited = time.perf_counter() - t0
+    rollback.join()
+    writer.close()
+    assert waited >= 0.9  # it waited for the writer
+    assert snap.counts == {"pending": 300} == _counts(tmp_path / "dst" / "s" / STORE_NAME)
+
+
+def test_snapshot_copies_nested_stores_and_the_copy_resumes(tmp_path):
     from pyro_bnnlv.sweep.snapshot import snapshot_stores
 
     tasks = _tasks(n_splits=2)
-    src = tmp_path / "src"
+    src = tmp_path / "run#1?x%20"  # characters that end or escape a SQLite URI's path
     run_sweep(tasks, toy_fit, out_dir=src / "x" / "one", executor="inline", progress=False)
     run_sweep(tasks[:2], toy_fit, out_dir=src / "y", executor="inline", progress=False, stop_after=0)
     writer = sqlite3.connect(src / "y" / STORE_NAME, isolation_level=None)
@@ -549,43 +592,59 @@ def test_snapshot_copies_nested_stores_consistently_while_a_writer_holds_a_trans
     assert [s.destination for s in snaps] == [tmp_path / "dst" / "x" / "one" / STORE_NAME,
                                               tmp_path / "dst" / "y" / STORE_NAME]  # fmt: skip
     assert [s.counts for s in snaps] == [{"done": 4}, {"pending": 2}]  # the state before the transaction
-    assert load_results(tmp_path / "dst" / "y")["status"].tolist() == ["pending", "pending"]
-    assert load_results(src / "y")["status"].tolist() == ["done", "pending"]
-    # the copy resumes as the original would: nothing left to run, the same table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", src.name]  # nothing opened beside
     resumed = run_sweep(tasks, toy_fit, out_dir=tmp_path / "dst" / "x" / "one", executor="inline", progress=False)
     assert resumed.attrs["ran"] == 0
     pd.testing.assert_frame_equal(_results(resumed), _results(load_results(src / "x" / "one")))
     assert not list((tmp_path / "dst").rglob(".snapshot-*"))  # no temporary file left
-    # a writer in the middle of its commit (exclusive lock: the file may be half written): the
-    # snapshot waits for the commit and copies the committed state
-    writer = sqlite3.connect(src / "y" / STORE_NAME, isolation_level=None, check_same_thread=False)
-    writer.execute("BEGIN EXCLUSIVE")
-    writer.execute("UPDATE tasks SET status='done', result='{}' WHERE id=?", (tasks[1].id,))
-    committer = threading.Timer(0.5, writer.execute, ("COMMIT",))
-    committer.start()
-    t0 = time.perf_counter()
-    (snap,) = snapshot_stores(src / "y", tmp_path / "dst2")
-    committer.join()
-    writer.close()
-    assert time.perf_counter() - t0 >= 0.4 and snap.counts == {"done": 2}
 
 
-def test_snapshot_refuses_to_overwrite_or_to_copy_into_the_source(tmp_path, capsys):
+def test_snapshot_of_a_store_a_killed_driver_left_mid_commit_says_to_resume_it_first(tmp_path):
+    from pyro_bnnlv.sweep.snapshot import snapshot_stores
+
+    db = _big_store(tmp_path / "src", n=200)
+    code = (f"import sqlite3, os\nc = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+            "c.execute('PRAGMA cache_size=5'); c.execute('BEGIN')\n"
+            "c.execute(\"UPDATE tasks SET status='done', result=?\", ('y' * 2000,))\nos._exit(9)\n")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=False)
+    assert (db.parent / (STORE_NAME + "-journal")).stat().st_size > 0  # a hot journal
+    with pytest.raises(ValueError, match="interrupted by a killed driver .*--stop-after 0"):
+        snapshot_stores(tmp_path / "src", tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()  # nothing left behind
+    tasks = [Task("toy", method="a", split=s, grid={"scale": 1.0}, seed=s) for s in range(200)]
+    run_sweep(tasks, toy_fit, out_dir=tmp_path / "src", executor="inline", progress=False, stop_after=0)
+    assert snapshot_stores(tmp_path / "src", tmp_path / "dst")[0].counts == {"pending": 200}
+
+
+def test_snapshot_refuses_destinations_that_would_lose_or_hide_results(tmp_path, capsys):
     from pyro_bnnlv.cli import main
     from pyro_bnnlv.sweep.snapshot import snapshot_stores
 
     tasks = _tasks(n_splits=1)
-    run_sweep(tasks, toy_fit, out_dir=tmp_path / "src", executor="inline", progress=False)
-    with pytest.raises(ValueError, match="or inside it; give a directory outside"):
-        snapshot_stores(tmp_path / "src", tmp_path / "src" / "copy")
-    assert main(["snapshot", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0
-    out = capsys.readouterr().out
-    assert f"{tmp_path / 'dst' / STORE_NAME}: 2 done" in out
-    assert main(["snapshot", str(tmp_path / "src"), str(tmp_path / "dst")]) == 2
+    root = tmp_path / "runs"
+    run_sweep(tasks, toy_fit, out_dir=root / "src", executor="inline", progress=False)
+    run_sweep(tasks[:1], toy_fit, out_dir=root / "other", executor="inline", progress=False)
+    for dest in (root / "src", root / "src" / "copy", root):  # the source, inside it, above it
+        with pytest.raises(ValueError, match="inside it or above it"):
+            snapshot_stores(root / "src", dest)
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "src").symlink_to(root / "src")  # the copy of runs/src would land on it
+    with pytest.raises(ValueError, match="leads into .* a live store would be replaced"):
+        snapshot_stores(root, tmp_path / "linked", overwrite=True)
+    assert main(["snapshot", str(root / "src"), str(tmp_path / "dst")]) == 0
+    assert f"{tmp_path / 'dst' / STORE_NAME}: 2 done" in capsys.readouterr().out
+    assert main(["snapshot", str(root / "src"), str(tmp_path / "dst")]) == 2
     err = capsys.readouterr().err
     assert "already exists" in err and "--overwrite" in err
-    run_sweep(tasks[:1], toy_fit, out_dir=tmp_path / "other", executor="inline", progress=False)
-    assert main(["snapshot", str(tmp_path / "other"), str(tmp_path / "dst"), "--overwrite"]) == 0
+    with SweepStore(tmp_path / "dst"):  # a driver runs the destination's store
+        with pytest.raises(ValueError, match="a driver is running the store"):
+            snapshot_stores(root / "other", tmp_path / "dst", overwrite=True)
+    journal = tmp_path / "dst" / (STORE_NAME + "-journal")
+    journal.write_bytes(b"x")
+    with pytest.raises(ValueError, match="journal of an interrupted commit"):
+        snapshot_stores(root / "other", tmp_path / "dst", overwrite=True)
+    journal.unlink()
+    assert main(["snapshot", str(root / "other"), str(tmp_path / "dst"), "--overwrite"]) == 0
     assert load_results(tmp_path / "dst")["method"].tolist() == ["a"]
     assert main(["snapshot", str(tmp_path / "nothing"), str(tmp_path / "d2")]) == 2
     assert "no directory" in capsys.readouterr().err

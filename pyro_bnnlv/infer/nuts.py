@@ -345,9 +345,9 @@ def run_nuts(
             # Pyro traces the model's potential (jit_compile): hide only the plate messenger's
             # shape checks, as the compiled ELBOs do (jit_guard); every other tracer warning shows
             with plate_shape_tracer_warnings_ignored():
-                run_watched(mcmc, x, y)
+                run_watched(mcmc, x, y, start_method=mp_context)
         else:
-            run_watched(mcmc)
+            run_watched(mcmc, start_method=mp_context)
     run_seconds = time.perf_counter() - t_run
     records = chain_records(mcmc)
     steps = [rec.get("num_steps", []) for rec in records]

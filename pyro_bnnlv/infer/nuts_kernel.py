@@ -86,9 +86,12 @@ class _CountingNUTS(_RecordingMixin, NUTS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._calls = 0
+        self._threads = torch.get_num_threads()  # a chain in a spawned process keeps the caller's
         self._reset_records()
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        if torch.get_num_threads() != self._threads:  # a fresh process starts with one per core
+            torch.set_num_threads(self._threads)
         super().setup(warmup_steps, *args, **kwargs)
         self._reset_records()
         inner = self.potential_fn

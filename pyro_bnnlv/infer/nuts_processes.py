@@ -13,16 +13,18 @@ the processes, so a child that dies (killed, or failing before it can report) ha
   interpreter (a few seconds of imports), which needs the kernel to pickle and, from a script,
   the ``if __name__ == "__main__":`` guard; it says so before any process starts when that
   cannot work, and keeps ``fork`` only where it was measured safe (the compiled potential);
-* :func:`run_watched` runs ``mcmc.run`` with a watchdog thread that turns a chain process that
-  exits without its results into an error in the parent, with the likely causes.
+* :func:`run_watched` runs ``mcmc.run`` so that a chain process that exits without delivering
+  its results is an error in the parent, with the likely causes;
+* the chains keep the caller's torch thread count (a spawned process would start with one
+  thread per core; :class:`~pyro_bnnlv.infer.nuts_kernel._CountingNUTS` sets it back).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import pickle
+import queue
 import sys
-import threading
 from typing import Any
 
 from pyro.infer import MCMC
@@ -71,31 +73,60 @@ class ChainProcessError(RuntimeError):
     """A chain's worker process ended without delivering its results."""
 
 
-def _watch(mcmc: MCMC, done: threading.Event, every: float) -> None:
-    sampler = mcmc.sampler
-    while not done.wait(every):
-        for chain, worker in enumerate(getattr(sampler, "workers", [])):
-            code = worker.exitcode
-            if code is None or code == 0:  # running, or finished after reporting (Pyro's worker
-                continue  # reports its own exceptions before it returns)
-            sampler.result_queue.put((chain, ChainProcessError(
-                f"run_nuts: chain {chain}'s process ended with exit code {code} before it finished. "
-                "With the 'spawn' start method (the default) the usual causes are a script without "
+def _advice(start_method: str | None) -> str:
+    if start_method in ("spawn", "forkserver"):
+        return ("With the 'spawn' start method (the default) the usual causes are a script without "
                 "`if __name__ == \"__main__\":` around the sampling (the child imports the script "
-                "again; its stderr says 'bootstrapping phase') or a model the child cannot import; "
-                "otherwise the process was killed (out of memory?)."
-            )))  # fmt: skip
-            return
+                "again; its stderr says 'bootstrapping phase'), a model the child cannot import, or "
+                "an error the child could not send; otherwise the process was killed (out of memory?).")  # fmt: skip
+    return "The process was killed (out of memory?) or exited on its own; its stderr may say why."
 
 
-def run_watched(mcmc: MCMC, *args: Any, every: float = 1.0) -> None:
-    """``mcmc.run(*args)``; a chain process that dies raises :class:`ChainProcessError` here
-    instead of leaving Pyro waiting for it forever."""
-    done = threading.Event()
-    watchdog = threading.Thread(target=_watch, args=(mcmc, done, every), daemon=True)
-    watchdog.start()
+def run_watched(mcmc: MCMC, *args: Any, start_method: str | None = None, every: float = 1.0) -> None:
+    """``mcmc.run(*args)``; a chain process that ends without delivering all its results raises
+    :class:`ChainProcessError` here instead of leaving Pyro waiting for it forever.
+
+    Pyro's parent reads its chains' results with ``result_queue.get(timeout=5)`` and retries on
+    every time-out without looking at the processes. This wraps that ``get``: it records each
+    chain's end-of-results marker (``None``), and when the queue has been empty for ``every``
+    seconds twice in a row (anything a process sent before it exited has arrived by then), a
+    chain process that has exited (any exit code) without its marker is an error, raised in the
+    parent's own thread, where Pyro's clean-up terminates the other chains. A chain that
+    delivered everything may exit as it likes.
+    """
+    sampler = mcmc.sampler
+    workers, results = getattr(sampler, "workers", None), getattr(sampler, "result_queue", None)
+    if workers is None or results is None:  # one process (Pyro's _UnarySampler): nothing to watch
+        mcmc.run(*args)
+        return
+    receive, finished, suspects = results.get, set(), set()
+
+    def get(block: bool = True, timeout: float | None = None) -> Any:
+        waited = 0.0
+        while True:
+            try:
+                item = receive(timeout=every)
+            except queue.Empty:
+                waited += every
+                dead = {c for c, w in enumerate(sampler.workers) if w.exitcode is not None and c not in finished}
+                lost = dead & suspects  # dead at two empty polls in a row
+                if lost:
+                    chain = min(lost)
+                    code = sampler.workers[chain].exitcode
+                    raise ChainProcessError(f"run_nuts: chain {chain}'s process ended with exit code {code} "
+                                            f"before it delivered all its draws. {_advice(start_method)}") from None  # fmt: skip
+                suspects.clear()
+                suspects.update(dead)
+                if not block or (timeout is not None and waited >= timeout):
+                    raise
+                continue
+            suspects.clear()
+            if item[1] is None:
+                finished.add(item[0])
+            return item
+
+    results.get = get
     try:
         mcmc.run(*args)
     finally:
-        done.set()
-        watchdog.join()
+        del results.get

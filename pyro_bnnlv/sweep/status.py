@@ -81,7 +81,8 @@ def _is_running(out_dir: Path) -> bool:
 
 
 def _code_version(out_dir: Path) -> str | None:
-    conn = sqlite3.connect(f"file:{out_dir / STORE_NAME}?mode=ro", uri=True, timeout=30)
+    uri = f"{(out_dir / STORE_NAME).resolve().as_uri()}?mode=ro"  # encoded: '#', '?' or '%' in a path
+    conn = sqlite3.connect(uri, uri=True, timeout=30)
     try:
         row = conn.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone()
     finally:

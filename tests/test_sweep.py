@@ -423,6 +423,45 @@ def test_status_reports_progress_and_remaining_time_per_method_from_the_store_al
     assert "b: timed on big only; not yet on small" in text
 
 
+
+def test_status_borrows_an_estimate_from_other_stores_for_a_method_none_of_whose_tasks_finished(tmp_path):
+    """``reproduce ncai`` keeps a store per data set and stage: a store that has not finished a
+    task of a method is estimated from that method's finished tasks elsewhere, pooled by task and
+    marked as borrowed; a method timed nowhere stays unestimated."""
+    from pyro_bnnlv.sweep.status import format_status, sweep_status
+
+    grid = {"scale": 1.0, "sleep": 0.0}
+    stores = {}
+    for name in ("done1", "done2", "new"):
+        tasks = [Task(name, method=m, split=0, grid=grid, restart=r, seed=r) for m in ("a", "b") for r in range(3)]
+        run_sweep(tasks, toy_fit, out_dir=tmp_path / name / "selection", executor="inline", progress=False,
+                  stop_after=0)  # fmt: skip
+        stores[name] = (tmp_path / name / "selection", tasks)
+    # a: 10 s x 1 task in done1, 40 s x 2 tasks in done2 -> pooled 30 s a task; b finished nowhere
+    for name, seconds in (("done1", [10.0]), ("done2", [40.0, 40.0])):
+        path, tasks = stores[name]
+        with sqlite3.connect(path / STORE_NAME) as conn:
+            for t, sec in zip(tasks, seconds):
+                conn.execute("UPDATE tasks SET status='done', seconds=?, result='{}' WHERE id=?", (sec, t.id))
+    statuses = [sweep_status(stores[name][0]) for name in ("done1", "done2", "new")]
+    assert math.isnan(statuses[2].remaining_hours)  # nothing of its own
+    text = format_status(statuses, workers=2)
+    assert "a: none finished here; 0.03 core-hours at 30.0 s a task, as in done1/selection, done2/selection" in text
+    assert "b: none finished here" not in text
+    # own a: done1 2 x 10 s, done2 1 x 40 s; borrowed a: new 3 x 30 s = 150 s of 200 s
+    assert "(0.0 core-hours of it borrowed from other stores' timings) so far, plus methods without" in text
+    # once b has a finished task anywhere, the total is complete
+    path, tasks = stores["done1"]
+    with sqlite3.connect(path / STORE_NAME) as conn:
+        conn.execute("UPDATE tasks SET status='done', seconds=3600.0, result='{}' WHERE id=?", (tasks[3].id,))
+    text = format_status([sweep_status(stores[name][0]) for name in ("done1", "done2", "new")], workers=1)
+    # own: a 2x10 + 1x40 = 60 s, b 2 x 3600 in done1; borrowed: a 3 x 30 (new), b 3 x 3600 (done2, new)
+    expected = (60 + 2 * 3600 + 90 + 6 * 3600) / 3600
+    assert text.splitlines()[-1] == (f"remaining: {expected:.1f} core-hours, {expected:.1f} h on 1 worker "
+                                     f"({(90 + 6 * 3600) / 3600:.1f} core-hours of it borrowed from other stores' "
+                                     "timings)")  # fmt: skip
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, capsys):
     from pyro_bnnlv.cli import main

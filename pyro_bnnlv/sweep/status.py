@@ -12,9 +12,13 @@ still needed is estimated per method as
     \\hat T = \\sum_{\\text{methods } m} n^{\\text{pending}}_m \\, \\bar t_m,
 
 with :math:`\\bar t_m` the mean task time of method :math:`m`'s finished tasks (one core each;
-divide by the worker count for the wall time); a method without a finished task has no estimate
-and the total says so rather than guess, and the report names the data sets with pending tasks
-none of which has finished (the mean may come from smaller sets).
+divide by the worker count for the wall time), and the report names the data sets with pending
+tasks none of which has finished (the mean may come from smaller sets). A method without a
+finished task in its own store has no estimate of its own (:attr:`StoreStatus.remaining_hours`
+is NaN); :func:`format_status`, given several stores (``reproduce ncai`` keeps one per data set
+and stage), estimates it from the same method's finished tasks in the others, pooled
+(:math:`\\sum_s n_{m,s} \\bar t_{m,s} / \\sum_s n_{m,s}`), and says which estimates are borrowed
+and from where; one that no store has timed stays unestimated and the total says so.
 """
 
 from __future__ import annotations
@@ -112,17 +116,47 @@ def sweep_status(out_dir: str | Path) -> StoreStatus:
     return StoreStatus(out_dir, _code_version(out_dir), _is_running(out_dir), per_method, basis)
 
 
+def _pooled_means(statuses: list[StoreStatus]) -> dict[str, tuple[float, list[StoreStatus]]]:
+    """Per method, the mean task time over the finished tasks of every store that has some, and
+    those stores."""
+    pooled: dict[str, tuple[float, int, list[StoreStatus]]] = {}
+    for s in statuses:
+        timed = s.per_method[(s.per_method["done"] > 0) & s.per_method["mean_task_seconds"].notna()]
+        for method, row in timed.iterrows():
+            total, n, sources = pooled.get(method, (0.0, 0, []))
+            pooled[method] = (total + row["mean_task_seconds"] * row["done"], n + int(row["done"]), sources + [s])
+    return {m: (total / n, sources) for m, (total, n, sources) in pooled.items()}
+
+
+def _store_label(s: StoreStatus) -> str:
+    return "/".join(s.path.parts[-2:])
+
+
 def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
-    """A plain-text report of ``statuses``; wall-time estimates for ``workers`` parallel workers."""
+    """A plain-text report of ``statuses``; wall-time estimates for ``workers`` parallel workers.
+
+    A method with pending tasks but none finished in its store is estimated from the same
+    method's finished tasks in the other stores (module docstring), marked as borrowed."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
-    lines, total, unknown = [], 0.0, False
+    pooled = _pooled_means(statuses)
+    lines, total, borrowed_total, unknown = [], 0.0, 0.0, False
     for s in statuses:
         pm = s.per_method
         n = {k: int(pm[k].sum()) for k in ("done", "failed", "pending")}
         state = "a driver is running it" if s.running else "idle"
         lines.append(f"{s.path} (code version {s.code_version}; {state})")
         lines.append(f"  {sum(n.values())} tasks: {n['done']} done, {n['failed']} failed, {n['pending']} pending")
+        borrowed = []
+        for method in pm.index[pm["remaining_hours"].isna() & (pm["pending"] > 0)]:
+            if method in pooled:
+                mean, sources = pooled[method]
+                hours = float(pm.loc[method, "pending"]) * mean / 3600.0
+                borrowed_total += hours
+                borrowed.append(f"  {method}: none finished here; {hours:.2f} core-hours at {mean:.1f} s a task, as in "
+                                f"{', '.join(_store_label(o) for o in sources)} (borrowed: may differ here)")  # fmt: skip
+            else:
+                unknown = True
         if n["pending"] or n["failed"]:
             shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
                               remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
@@ -131,9 +165,12 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
                 if timed and untimed:
                     lines.append(f"  {method}: timed on {', '.join(timed)} only; not yet on {', '.join(untimed)} "
                                  "(tasks there may take longer)")  # fmt: skip
+            lines += borrowed
         total += float(pm["remaining_hours"].sum())  # NaN (no estimate) skipped, said below
-        unknown = unknown or not s._estimable
+    total += borrowed_total
     hours = f"{total:.1f} core-hours, {total / workers:.1f} h on {workers} worker{'s' * (workers != 1)}"
+    if borrowed_total:
+        hours += f" ({borrowed_total:.1f} core-hours of it borrowed from other stores' timings)"
     if unknown:
         hours += " so far, plus methods without a finished task (no estimate)"
     lines.append(f"remaining: {hours}")

@@ -423,7 +423,6 @@ def test_status_reports_progress_and_remaining_time_per_method_from_the_store_al
     assert "b: timed on big only; not yet on small" in text
 
 
-
 def test_status_borrows_an_estimate_from_other_stores_for_a_method_none_of_whose_tasks_finished(tmp_path):
     """``reproduce ncai`` keeps a store per data set and stage: a store that has not finished a
     task of a method is estimated from that method's finished tasks elsewhere, pooled by task and
@@ -448,7 +447,7 @@ def test_status_borrows_an_estimate_from_other_stores_for_a_method_none_of_whose
     text = format_status(statuses, workers=2)
     assert "a: none finished here; 0.03 core-hours at 30.0 s a task, as in done1/selection, done2/selection" in text
     assert "b: none finished here" not in text
-    # own a: done1 2 x 10 s, done2 1 x 40 s; borrowed a: new 3 x 30 s = 150 s of 200 s
+    # own a: done1 2 x 10 s + done2 1 x 40 s = 60 s; borrowed a: new 3 x 30 s = 90 s (0.025 h); b: unknown
     assert "(0.0 core-hours of it borrowed from other stores' timings) so far, plus methods without" in text
     # once b has a finished task anywhere, the total is complete
     path, tasks = stores["done1"]

@@ -56,9 +56,14 @@ class StoreStatus:
         return float(self.per_method["remaining_hours"].sum(min_count=1)) if self._estimable else float("nan")
 
     @property
-    def _estimable(self) -> bool:
+    def unestimated(self) -> list[str]:
+        """The methods with pending tasks but no finished one here (no estimate of their own)."""
         pm = self.per_method
-        return not (pm["remaining_hours"].isna() & (pm["pending"] > 0)).any()
+        return list(pm.index[pm["remaining_hours"].isna() & (pm["pending"] > 0)])
+
+    @property
+    def _estimable(self) -> bool:
+        return not self.unestimated
 
 
 def find_stores(root: str | Path) -> list[Path]:
@@ -148,7 +153,7 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
         lines.append(f"{s.path} (code version {s.code_version}; {state})")
         lines.append(f"  {sum(n.values())} tasks: {n['done']} done, {n['failed']} failed, {n['pending']} pending")
         borrowed = []
-        for method in pm.index[pm["remaining_hours"].isna() & (pm["pending"] > 0)]:
+        for method in s.unestimated:
             if method in pooled:
                 mean, sources = pooled[method]
                 hours = float(pm.loc[method, "pending"]) * mean / 3600.0

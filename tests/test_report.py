@@ -143,3 +143,17 @@ def test_proj_four_modes_table_lists_the_seeds_and_bolds_only_fits_with_two_mode
     assert "**mmd**" not in _proj_four_modes([census(2, 0.8), census(1, -1.3)], ["a", "b"], {})
     with pytest.raises(ValueError, match="not proj-four-modes censuses"):
         _proj_four_modes([pd.DataFrame({"fit": ["x"]})], ["bad.csv"], {})
+
+
+def test_ncai_protocol_table_puts_each_sets_true_density_ceiling_under_it(tmp_path):
+    """The ceiling row is the set's ``E log p(y | x)`` (williams: 0.39) and only a set with a known
+    generating density gets one."""
+    methods = ["BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)"]
+    rows = pd.DataFrame({"dataset": ["williams"] * 4 + ["mine"] * 4, "method": methods * 2, "split": 1,
+                         "test_ll": [-0.1, 0.1, 0.2, 0.3] * 2, "mi_x_z": [None, 0.2, 0.3, 0.01] * 2,
+                         "hz_z": [None, 4.0, 5.0, 0.01] * 2, "selected": "noise_var=0.01"})  # fmt: skip
+    rows.to_csv(tmp_path / "n.csv", index=False)
+    lines = report.render("<!-- table: ncai-protocol n.csv -->\n", tmp_path).splitlines()
+    ceilings = [line for line in lines if "ceiling" in line]
+    assert ceilings == ["| *ceiling: the true density* | *0.39* |  |  |"]
+    assert lines.index(ceilings[0]) == lines.index(next(x for x in lines if "**mine**" in x)) - 1

@@ -19,6 +19,7 @@ from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers t
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
 from .files import UCI_FOLDERS, load_table, load_uci, uci_num_splits
+from .oracle import ORACLE_DATASETS, OracleLL, expected_test_ll, true_log_density
 from .splits import extrapolation_split, gap_split, gap_splits, interpolation_split, pooled_data
 
 __all__ = [
@@ -26,7 +27,10 @@ __all__ = [
     "MIRROR_ENV",
     "Dataset",
     "DatasetUnavailableError",
+    "ORACLE_DATASETS",
+    "OracleLL",
     "dataset_status",
+    "expected_test_ll",
     "fetch_dataset",
     "from_arrays",
     "from_frame",
@@ -41,6 +45,7 @@ __all__ = [
     "gap_splits",
     "interpolation_split",
     "pooled_data",
+    "true_log_density",
 ]
 
 

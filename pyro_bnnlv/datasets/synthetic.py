@@ -97,6 +97,14 @@ def heavy_tail(seed: int = 0, standardize: bool = False, sizes=(300, 300, 300)) 
     )  # fmt: skip
 
 
+def _f_depeweg(x, z):
+    return 7.0 * np.sin(x) + 3.0 * np.abs(np.cos(x / 2.0)) * z
+
+
+def _f_bimodal(x, z):
+    return np.where(z > 0, 10.0 * np.sin(x), 10.0 * np.cos(x))
+
+
 def _depeweg_x(rng, n):
     comp = rng.integers(0, 3, n)
     means = np.array([-4.0, 0.0, 4.0])[comp]
@@ -110,7 +118,7 @@ def depeweg(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     ``z ~ N(0, 1)``, ``sigma_eps^2 = 0.1``."""
     return _latent_gt(
         "depeweg", np.random.default_rng(check_seed(seed)), sizes, _depeweg_x,
-        lambda x, z: 7.0 * np.sin(x) + 3.0 * np.abs(np.cos(x / 2.0)) * z, 0.1, 1.0, standardize,
+        _f_depeweg, 0.1, 1.0, standardize,
         "y = 7 sin(x) + 3 |cos(x/2)| z + eps, z ~ N(0, 1), eps ~ N(0, 0.1)",
     )  # fmt: skip
 
@@ -122,7 +130,7 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     return _latent_gt(
         "bimodal", np.random.default_rng(check_seed(seed)), sizes,
         lambda rng, n: np.clip(rng.exponential(1.0 / 2.0, n) - 0.5, -0.5, 2.0),
-        lambda x, z: np.where(z > 0, 10.0 * np.sin(x), 10.0 * np.cos(x)), 1.0, 0.1, standardize,
+        _f_bimodal, 1.0, 0.1, standardize,
         "y = 10 sin(x) if z > 0 else 10 cos(x), plus eps; z ~ N(0, 0.1), eps ~ N(0, 1)",
     )  # fmt: skip
 
@@ -135,6 +143,21 @@ def _heteroscedastic(name, seed, sizes, mean_fn, var_fn, standardize, descriptio
         xs.append(x)
         ys.append(mean_fn(x) + rng.normal(0.0, 1.0, n) * np.sqrt(var_fn(x)))
     return make_dataset(name, _splits(xs, ys), standardize=standardize, description=description)
+
+
+def goldberg_mean(x):
+    """Mean of Goldberg: ``2 sin(2 pi x)``."""
+    return 2 * np.sin(2 * np.pi * x)
+
+
+def yuan_mean(x):
+    """Mean of Yuan as App. G prints it: ``2 exp(-30 (x - 0.25)^2 + sin(pi x^2)) - 2``."""
+    return 2 * np.exp(-30 * (x - 0.25) ** 2 + np.sin(np.pi * x**2)) - 2
+
+
+def williams_mean(x):
+    """Mean of Williams: ``sin(2.5 x) sin(1.5 x)``."""
+    return np.sin(2.5 * x) * np.sin(1.5 * x)
 
 
 def goldberg_var(x):
@@ -156,7 +179,7 @@ def williams_var(x):
 def goldberg(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dataset:
     """Goldberg et al. (1998): ``y = 2 sin(2 pi x) + eps``, ``eps ~ N(0, x + 0.5)``, ``x ~ U[0, 1]``."""
     return _heteroscedastic(
-        "goldberg", seed, sizes, lambda x: 2 * np.sin(2 * np.pi * x), goldberg_var, standardize,
+        "goldberg", seed, sizes, goldberg_mean, goldberg_var, standardize,
         "y = 2 sin(2 pi x) + eps, eps ~ N(0, x + 0.5), x ~ U[0, 1]",
     )  # fmt: skip
 
@@ -168,9 +191,8 @@ def yuan(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dat
     arXiv:1911.00569). Yuan & Wahba's own mean may be ``2 [exp(-30 (x - 0.25)^2) + sin(pi x^2)]
     - 2`` (a second hump near ``x = 0.7``); we follow the paper we reproduce."""
     return _heteroscedastic(
-        "yuan", seed, sizes,
-        lambda x: 2 * np.exp(-30 * (x - 0.25) ** 2 + np.sin(np.pi * x**2)) - 2, yuan_var,
-        standardize, "y = 2 exp(-30 (x-0.25)^2 + sin(pi x^2)) - 2 + eps, eps ~ N(0, exp(sin 2 pi x))",
+        "yuan", seed, sizes, yuan_mean, yuan_var, standardize,
+        "y = 2 exp(-30 (x-0.25)^2 + sin(pi x^2)) - 2 + eps, eps ~ N(0, exp(sin 2 pi x))",
     )  # fmt: skip
 
 
@@ -179,8 +201,8 @@ def williams(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) ->
     """Williams (1996): ``y = sin(2.5 x) sin(1.5 x) + eps``, ``eps ~ N(0, 0.01 + 0.25 (1 - sin(2.5 x))^2)``,
     ``x ~ U[0, 1]`` (the interval App. G states)."""
     return _heteroscedastic(
-        "williams", seed, sizes, lambda x: np.sin(2.5 * x) * np.sin(1.5 * x), williams_var,
-        standardize, "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)",
+        "williams", seed, sizes, williams_mean, williams_var, standardize,
+        "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)",
     )  # fmt: skip
 
 

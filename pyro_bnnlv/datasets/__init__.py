@@ -16,7 +16,7 @@ import pandas as pd
 
 from .._checks import check_seed
 from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
-from .base import DATA_DIR_ENV, REGISTRY, Dataset, default_data_dir, from_arrays, from_frame
+from .base import DATA_DIR_ENV, REGISTRY, Dataset, _canonical, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
 from .files import UCI_FOLDERS, load_table, load_uci, uci_num_splits
 from .oracle import ORACLE_DATASETS, OracleLL, expected_test_ll, true_log_density
@@ -47,12 +47,6 @@ __all__ = [
     "pooled_data",
     "true_log_density",
 ]
-
-
-def _canonical(name: str) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a data set name (a str, see list_datasets()), got {name!r}")
-    return name.strip().lower().replace("_", "-")
 
 
 def load_dataset(name: str, seed: int = 0, **options) -> Dataset:

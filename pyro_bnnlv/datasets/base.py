@@ -190,6 +190,13 @@ def make_dataset(
     return data
 
 
+def _canonical(name: str) -> str:
+    """A data set name as the registry spells it: lower case, hyphens (``heavy_tail`` -> ``heavy-tail``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a data set name (a str, see list_datasets()), got {name!r}")
+    return name.strip().lower().replace("_", "-")
+
+
 def _as_float_array(value: Any, name: str) -> np.ndarray:
     if isinstance(value, Tensor):
         value = value.detach().cpu().numpy()

@@ -27,37 +27,18 @@ All on the generator's raw scale (``standardize=False``, the default of these se
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from scipy import integrate, special, stats
 
 from .._checks import check_int, check_seed
-from . import synthetic
+from .base import _as_float_array, _canonical
+from .synthetic import PROCESSES, HeteroscedasticProcess, LatentProcess
 
 __all__ = ["OracleLL", "true_log_density", "expected_test_ll", "ORACLE_DATASETS"]
 
-
-class _Heteroscedastic(NamedTuple):
-    mean: Callable[[np.ndarray], np.ndarray]
-    var: Callable[[np.ndarray], np.ndarray]
-
-
-class _Latent(NamedTuple):
-    f: Callable[[np.ndarray, np.ndarray], np.ndarray]
-    noise_var: float
-    z_var: float
-
-
-_PROCESSES: dict[str, _Heteroscedastic | _Latent] = {
-    "heavy-tail": _Latent(synthetic._f_heavy_tail, 0.1, 0.01),
-    "depeweg": _Latent(synthetic._f_depeweg, 0.1, 1.0),
-    "bimodal": _Latent(synthetic._f_bimodal, 1.0, 0.1),
-    "goldberg": _Heteroscedastic(synthetic.goldberg_mean, synthetic.goldberg_var),
-    "yuan": _Heteroscedastic(synthetic.yuan_mean, synthetic.yuan_var),
-    "williams": _Heteroscedastic(synthetic.williams_mean, synthetic.williams_var),
-}
-ORACLE_DATASETS: tuple[str, ...] = tuple(_PROCESSES)
+ORACLE_DATASETS: tuple[str, ...] = tuple(PROCESSES)
 
 
 class OracleLL(NamedTuple):
@@ -67,24 +48,22 @@ class OracleLL(NamedTuple):
     stderr: float
 
 
-def _process(name: str) -> _Heteroscedastic | _Latent:
-    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
-    if key not in _PROCESSES:
+def _process(name: str) -> HeteroscedasticProcess | LatentProcess:
+    key = _canonical(name)
+    if key not in PROCESSES:
         raise ValueError(
             f"name must be one of the synthetic sets with a known generating density "
             f"{', '.join(ORACLE_DATASETS)}; got {name!r}"
         )
-    return _PROCESSES[key]
+    return PROCESSES[key]
 
 
 def _as_1d(value, arg: str) -> np.ndarray:
-    a = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value, dtype=np.float64)
+    a = _as_float_array(value, arg)
     if a.ndim == 2 and a.shape[1] == 1:
         a = a[:, 0]
     if a.ndim != 1:
         raise ValueError(f"{arg} must have shape (N,) or (N, 1) (one input dimension), got {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{arg} contains NaN or infinite values; drop or impute them first")
     return a
 
 
@@ -101,7 +80,7 @@ def true_log_density(name: str, x, y, *, nodes: int = 2000) -> np.ndarray:
     x, y = _as_1d(x, "x"), _as_1d(y, "y")
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
-    if isinstance(proc, _Heteroscedastic):
+    if isinstance(proc, HeteroscedasticProcess):
         return stats.norm.logpdf(y, proc.mean(x), np.sqrt(proc.var(x)))
     nodes = check_int(nodes, "nodes")
     if nodes % 2:
@@ -129,7 +108,7 @@ def expected_test_ll(name: str, *, num_points: int = 100_000, seed: int = 0, nod
     -1.4189
     """
     proc = _process(name)
-    if isinstance(proc, _Heteroscedastic):
+    if isinstance(proc, HeteroscedasticProcess):
         mean_log_var, _ = integrate.quad(lambda u: float(np.log(proc.var(np.array(u)))), 0.0, 1.0, limit=200)
         return OracleLL(float(-0.5 * np.log(2 * np.pi) - 0.5 - 0.5 * mean_log_var), 0.0)
     from . import load_dataset  # the registry; imported here to keep this module below the package

@@ -24,7 +24,8 @@ Synthetic sets are not standardised by default, so the true noise levels keep th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from .._checks import ArgumentTypeError, check_int, check_seed
 from .base import Dataset, make_dataset, register
 
 __all__ = [
+    "LatentProcess",
+    "HeteroscedasticProcess",
+    "PROCESSES",
     "heavy_tail",
     "depeweg",
     "bimodal",
@@ -64,17 +68,31 @@ def _splits(xs, ys):
     return {"train": (xs[0], ys[0]), "valid": (xs[1], ys[1]), "test": (xs[2], ys[2])}
 
 
-def _latent_gt(
-    name, rng, sizes, sample_x, f_gt, noise_var, z_var, standardize, description
-) -> Dataset:
+class LatentProcess(NamedTuple):
+    """``y = f(x, z) + eps``, ``z ~ N(0, z_var)``, ``eps ~ N(0, noise_var)`` (App. G.1-G.3)."""
+
+    f: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    noise_var: float
+    z_var: float
+
+
+class HeteroscedasticProcess(NamedTuple):
+    """``y = mean(x) + eps``, ``eps ~ N(0, var(x))``, ``x ~ U[0, 1]`` (App. G: goldberg, yuan,
+    williams)."""
+
+    mean: Callable[[np.ndarray], np.ndarray]
+    var: Callable[[np.ndarray], np.ndarray]
+
+
+def _latent_gt(name, rng, sizes, sample_x, process: LatentProcess, standardize, description) -> Dataset:
     xs, ys, zs = [], [], []
     for n in _check_sizes(sizes):
         x = sample_x(rng, n)
-        z = rng.normal(0.0, np.sqrt(z_var), n)
-        y = f_gt(x, z) + rng.normal(0.0, np.sqrt(noise_var), n)
+        z = rng.normal(0.0, np.sqrt(process.z_var), n)
+        y = process.f(x, z) + rng.normal(0.0, np.sqrt(process.noise_var), n)
         xs.append(x), ys.append(y), zs.append(z)
     extras = {"z_train": zs[0], "z_valid": zs[1], "z_test": zs[2]}
-    extras.update(noise_std=np.array(np.sqrt(noise_var)), z_std=np.array(np.sqrt(z_var)))
+    extras.update(noise_std=np.array(np.sqrt(process.noise_var)), z_std=np.array(np.sqrt(process.z_var)))
     return make_dataset(
         name, _splits(xs, ys), standardize=standardize, description=description, extras=extras
     )
@@ -92,7 +110,7 @@ def heavy_tail(seed: int = 0, standardize: bool = False, sizes=(300, 300, 300)) 
     """
     return _latent_gt(
         "heavy-tail", np.random.default_rng(check_seed(seed)), sizes,
-        lambda rng, n: rng.uniform(-4.0, 4.0, n), _f_heavy_tail, 0.1, 0.01, standardize,
+        lambda rng, n: rng.uniform(-4.0, 4.0, n), PROCESSES["heavy-tail"], standardize,
         "y = 6 tanh(0.1 x^3 (z+1)^6 - 10 x z^2 + z) + eps, z ~ N(0, 0.01), eps ~ N(0, 0.1)",
     )  # fmt: skip
 
@@ -118,7 +136,7 @@ def depeweg(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     ``z ~ N(0, 1)``, ``sigma_eps^2 = 0.1``."""
     return _latent_gt(
         "depeweg", np.random.default_rng(check_seed(seed)), sizes, _depeweg_x,
-        _f_depeweg, 0.1, 1.0, standardize,
+        PROCESSES["depeweg"], standardize,
         "y = 7 sin(x) + 3 |cos(x/2)| z + eps, z ~ N(0, 1), eps ~ N(0, 0.1)",
     )  # fmt: skip
 
@@ -130,18 +148,18 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     return _latent_gt(
         "bimodal", np.random.default_rng(check_seed(seed)), sizes,
         lambda rng, n: np.clip(rng.exponential(1.0 / 2.0, n) - 0.5, -0.5, 2.0),
-        _f_bimodal, 1.0, 0.1, standardize,
+        PROCESSES["bimodal"], standardize,
         "y = 10 sin(x) if z > 0 else 10 cos(x), plus eps; z ~ N(0, 0.1), eps ~ N(0, 1)",
     )  # fmt: skip
 
 
-def _heteroscedastic(name, seed, sizes, mean_fn, var_fn, standardize, description) -> Dataset:
+def _heteroscedastic(name, seed, sizes, process: HeteroscedasticProcess, standardize, description) -> Dataset:
     rng = np.random.default_rng(check_seed(seed))
     xs, ys = [], []
     for n in _check_sizes(sizes):
         x = rng.uniform(0.0, 1.0, n)
         xs.append(x)
-        ys.append(mean_fn(x) + rng.normal(0.0, 1.0, n) * np.sqrt(var_fn(x)))
+        ys.append(process.mean(x) + rng.normal(0.0, 1.0, n) * np.sqrt(process.var(x)))
     return make_dataset(name, _splits(xs, ys), standardize=standardize, description=description)
 
 
@@ -175,11 +193,23 @@ def williams_var(x):
     return 0.01 + 0.25 * (1.0 - np.sin(2.5 * x)) ** 2
 
 
+#: The generating process of each App. G set, one definition for the generators above and below
+#: and for :mod:`pyro_bnnlv.datasets.oracle` (its true conditional density).
+PROCESSES: dict[str, LatentProcess | HeteroscedasticProcess] = {
+    "heavy-tail": LatentProcess(_f_heavy_tail, noise_var=0.1, z_var=0.01),
+    "depeweg": LatentProcess(_f_depeweg, noise_var=0.1, z_var=1.0),
+    "bimodal": LatentProcess(_f_bimodal, noise_var=1.0, z_var=0.1),
+    "goldberg": HeteroscedasticProcess(goldberg_mean, goldberg_var),
+    "yuan": HeteroscedasticProcess(yuan_mean, yuan_var),
+    "williams": HeteroscedasticProcess(williams_mean, williams_var),
+}
+
+
 @register("goldberg", "synthetic", "NCAI App. G: 2 sin(2 pi x), noise var x + 0.5, 200/200/200")
 def goldberg(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dataset:
     """Goldberg et al. (1998): ``y = 2 sin(2 pi x) + eps``, ``eps ~ N(0, x + 0.5)``, ``x ~ U[0, 1]``."""
     return _heteroscedastic(
-        "goldberg", seed, sizes, goldberg_mean, goldberg_var, standardize,
+        "goldberg", seed, sizes, PROCESSES["goldberg"], standardize,
         "y = 2 sin(2 pi x) + eps, eps ~ N(0, x + 0.5), x ~ U[0, 1]",
     )  # fmt: skip
 
@@ -191,7 +221,7 @@ def yuan(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dat
     arXiv:1911.00569). Yuan & Wahba's own mean may be ``2 [exp(-30 (x - 0.25)^2) + sin(pi x^2)]
     - 2`` (a second hump near ``x = 0.7``); we follow the paper we reproduce."""
     return _heteroscedastic(
-        "yuan", seed, sizes, yuan_mean, yuan_var, standardize,
+        "yuan", seed, sizes, PROCESSES["yuan"], standardize,
         "y = 2 exp(-30 (x-0.25)^2 + sin(pi x^2)) - 2 + eps, eps ~ N(0, exp(sin 2 pi x))",
     )  # fmt: skip
 
@@ -201,7 +231,7 @@ def williams(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) ->
     """Williams (1996): ``y = sin(2.5 x) sin(1.5 x) + eps``, ``eps ~ N(0, 0.01 + 0.25 (1 - sin(2.5 x))^2)``,
     ``x ~ U[0, 1]`` (the interval App. G states)."""
     return _heteroscedastic(
-        "williams", seed, sizes, williams_mean, williams_var, standardize,
+        "williams", seed, sizes, PROCESSES["williams"], standardize,
         "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)",
     )  # fmt: skip
 

@@ -245,7 +245,7 @@ def _ncai_protocol(frames: list[pd.DataFrame], paths: list[str], options: dict[s
                 cell("mi_x_z", mi_p, i == lowest["mi_x_z"], True),
                 cell("hz_z", hz_p, i == lowest["hz_z"], True),
             ])  # fmt: skip
-        ceiling = _num(block["true_test_ll"].iloc[0]) if "true_test_ll" in block else ""
+        ceiling = _num(block["true_test_ll"].iloc[0])  # "" for a set without a known density
         if ceiling:
             out.append(["*ceiling: the true density*", f"*{ceiling}*", "", ""])
     n = ", ".join(str(s) for s in splits)

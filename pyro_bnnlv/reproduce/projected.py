@@ -449,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--paper", action="store_true",
                    help="App. A's budget: R = 500 keeping 150, up to 50,000 steps with early stopping, step "
                         "sizes (5 fits inside each task) and D_z cross-validated: per data set and scheme one "
-                        "BbB task and 4 tasks (one per D_z) per Proj-BNN method; 8-18 hours on 2 cores")
+                        "BbB task and 4 tasks (one per D_z) per Proj-BNN method; about 3 hours on 2 cores")
     p.add_argument("--small", action="store_true", help="a smoke-test size (meaningless numbers)")
     p.add_argument("--steps", type=int, help="override the (maximum) SVI steps, e.g. a smoke run of --paper's grid")
     p.add_argument("--decoder-steps", type=int, help="override the decoder stage's steps")

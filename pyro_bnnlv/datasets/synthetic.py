@@ -84,7 +84,8 @@ class HeteroscedasticProcess(NamedTuple):
     var: Callable[[np.ndarray], np.ndarray]
 
 
-def _latent_gt(name, rng, sizes, sample_x, process: LatentProcess, standardize, description) -> Dataset:
+def _latent_gt(name, rng, sizes, sample_x, standardize, description) -> Dataset:
+    process = PROCESSES[name]
     xs, ys, zs = [], [], []
     for n in _check_sizes(sizes):
         x = sample_x(rng, n)
@@ -110,7 +111,7 @@ def heavy_tail(seed: int = 0, standardize: bool = False, sizes=(300, 300, 300)) 
     """
     return _latent_gt(
         "heavy-tail", np.random.default_rng(check_seed(seed)), sizes,
-        lambda rng, n: rng.uniform(-4.0, 4.0, n), PROCESSES["heavy-tail"], standardize,
+        lambda rng, n: rng.uniform(-4.0, 4.0, n), standardize,
         "y = 6 tanh(0.1 x^3 (z+1)^6 - 10 x z^2 + z) + eps, z ~ N(0, 0.01), eps ~ N(0, 0.1)",
     )  # fmt: skip
 
@@ -136,7 +137,7 @@ def depeweg(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     ``z ~ N(0, 1)``, ``sigma_eps^2 = 0.1``."""
     return _latent_gt(
         "depeweg", np.random.default_rng(check_seed(seed)), sizes, _depeweg_x,
-        PROCESSES["depeweg"], standardize,
+        standardize,
         "y = 7 sin(x) + 3 |cos(x/2)| z + eps, z ~ N(0, 1), eps ~ N(0, 0.1)",
     )  # fmt: skip
 
@@ -148,12 +149,13 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     return _latent_gt(
         "bimodal", np.random.default_rng(check_seed(seed)), sizes,
         lambda rng, n: np.clip(rng.exponential(1.0 / 2.0, n) - 0.5, -0.5, 2.0),
-        PROCESSES["bimodal"], standardize,
+        standardize,
         "y = 10 sin(x) if z > 0 else 10 cos(x), plus eps; z ~ N(0, 0.1), eps ~ N(0, 1)",
     )  # fmt: skip
 
 
-def _heteroscedastic(name, seed, sizes, process: HeteroscedasticProcess, standardize, description) -> Dataset:
+def _heteroscedastic(name, seed, sizes, standardize, description) -> Dataset:
+    process = PROCESSES[name]
     rng = np.random.default_rng(check_seed(seed))
     xs, ys = [], []
     for n in _check_sizes(sizes):
@@ -209,7 +211,7 @@ PROCESSES: dict[str, LatentProcess | HeteroscedasticProcess] = {
 def goldberg(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dataset:
     """Goldberg et al. (1998): ``y = 2 sin(2 pi x) + eps``, ``eps ~ N(0, x + 0.5)``, ``x ~ U[0, 1]``."""
     return _heteroscedastic(
-        "goldberg", seed, sizes, PROCESSES["goldberg"], standardize,
+        "goldberg", seed, sizes, standardize,
         "y = 2 sin(2 pi x) + eps, eps ~ N(0, x + 0.5), x ~ U[0, 1]",
     )  # fmt: skip
 
@@ -221,7 +223,7 @@ def yuan(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dat
     arXiv:1911.00569). Yuan & Wahba's own mean may be ``2 [exp(-30 (x - 0.25)^2) + sin(pi x^2)]
     - 2`` (a second hump near ``x = 0.7``); we follow the paper we reproduce."""
     return _heteroscedastic(
-        "yuan", seed, sizes, PROCESSES["yuan"], standardize,
+        "yuan", seed, sizes, standardize,
         "y = 2 exp(-30 (x-0.25)^2 + sin(pi x^2)) - 2 + eps, eps ~ N(0, exp(sin 2 pi x))",
     )  # fmt: skip
 
@@ -231,7 +233,7 @@ def williams(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) ->
     """Williams (1996): ``y = sin(2.5 x) sin(1.5 x) + eps``, ``eps ~ N(0, 0.01 + 0.25 (1 - sin(2.5 x))^2)``,
     ``x ~ U[0, 1]`` (the interval App. G states)."""
     return _heteroscedastic(
-        "williams", seed, sizes, PROCESSES["williams"], standardize,
+        "williams", seed, sizes, standardize,
         "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)",
     )  # fmt: skip
 

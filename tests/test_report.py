@@ -127,6 +127,25 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
     assert "| wine | random | **-0.90** | -1.20 |  |" in table
 
 
+def test_proj_uci_table_gives_rmse_or_the_selected_step_size_and_latent_size_on_request():
+    from pyro_bnnlv.reproduce.report import _proj_uci
+
+    rows = pd.DataFrame([
+        dict(dataset="boston", scheme="random", method="BbB", lr=0.1, latent_dim=float("nan"), test_ll=-2.0,
+             rmse=0.3, status="done"),
+        dict(dataset="boston", scheme="random", method="FGE", lr=float("nan"), latent_dim=float("nan"),
+             test_ll=-2.5, rmse=0.4, status="done"),
+        dict(dataset="boston", scheme="random", method="Proj-BNN", lr=0.01, latent_dim=50.0, test_ll=-0.5,
+             rmse=0.35, status="partial"),
+    ])  # fmt: skip
+    assert "| boston | random | **0.30** | 0.40 | 0.35* |" in _proj_uci([rows], ["x.csv"], {"values": "rmse"})
+    assert "| boston | random | 0.1 |  | 0.01 / 50* |" in _proj_uci([rows], ["x.csv"], {"values": "selected"})
+    with pytest.raises(ValueError, match="values='nll'.*values=test_ll"):
+        _proj_uci([rows], ["x.csv"], {"values": "nll"})
+    with pytest.raises(KeyError, match="latent_dim"):
+        _proj_uci([rows.drop(columns="latent_dim")], ["x.csv"], {"values": "selected"})
+
+
 def test_proj_four_modes_table_lists_the_seeds_and_bolds_only_fits_with_two_modes_in_every_seed():
     from pyro_bnnlv.reproduce.report import _proj_four_modes
 

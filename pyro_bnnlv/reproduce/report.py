@@ -377,22 +377,42 @@ def _in_between(frames: list[pd.DataFrame], paths: list[str], options: dict[str,
 
 
 def _proj_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
-    """``pyro-bnnlv reproduce proj-uci --output CSV``: test LL per data set, split scheme and
-    method (standardised scale). Bold: the best per row. A CSV of a sweep under way
-    (``--stop-after``): a cell picked from a partly finished grid is marked ``*`` (status
-    ``partial``), a cell without a finished fit is empty."""
+    """``pyro-bnnlv reproduce proj-uci --output CSV``: per data set, split scheme and method the
+    test LL (``values=test_ll``, the default; bold: the best per row), the test RMSE
+    (``values=rmse``; bold: the smallest) or what validation selected (``values=selected``: the
+    step size and latent size ``D_z`` as ``lr / D_z``), all on the standardised scale. A CSV of a
+    sweep under way (``--stop-after``): a cell picked from a partly finished grid is marked ``*``
+    (status ``partial``), a cell without a finished fit is empty."""
+    values_of = options.get("values", "test_ll")
+    if values_of not in ("test_ll", "rmse", "selected"):
+        raise ValueError(f"values={values_of!r}; choose values=test_ll, values=rmse or values=selected")
     t = pd.concat(frames, ignore_index=True)
     methods = list(t["method"].drop_duplicates())
     if "status" in t:
         t = t[t["status"].isin(["done", "partial"])]
-    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values="test_ll", aggfunc="mean")
     partial = set()
     if "status" in t:
         partial = {tuple(k) for k in t.loc[t["status"] == "partial", ["dataset", "scheme", "method"]].to_numpy()}
+    if values_of == "selected":
+        for column in ("lr", "latent_dim"):
+            if column not in t:
+                raise KeyError(f"values=selected needs column {column!r}, which {', '.join(paths)} lacks")
+        chosen = {tuple(k): (lr, dz) for *k, lr, dz in t[["dataset", "scheme", "method", "lr", "latent_dim"]].to_numpy()}
+        out = []
+        for dataset, scheme in sorted({k[:2] for k in chosen}):
+            cells = []
+            for m in methods:
+                lr, dz = chosen.get((dataset, scheme, m), (float("nan"), float("nan")))
+                parts = [f"{lr:g}" if not pd.isna(lr) else "", f"{dz:g}" if not pd.isna(dz) else ""]
+                text = " / ".join(p for p in parts if p)
+                cells.append(text + ("*" if text and (dataset, scheme, m) in partial else ""))
+            out.append([dataset, scheme] + cells)
+        return _table(["data set", "split"] + methods, out)
+    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values=values_of, aggfunc="mean")
     out = []
     for (dataset, scheme), row in wide.sort_index().iterrows():
         values = [row.get(m, float("nan")) for m in methods]
-        best = _best(values, largest=True)
+        best = _best(values, largest=values_of == "test_ll")
         cells = [_bold(_num(v), i == best) + ("*" if (dataset, scheme, m) in partial else "")
                  for i, (m, v) in enumerate(zip(methods, values))]  # fmt: skip
         out.append([dataset, scheme] + cells)

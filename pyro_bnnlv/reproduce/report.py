@@ -388,33 +388,26 @@ def _proj_uci(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
         raise ValueError(f"values={values_of!r}; choose values=test_ll, values=rmse or values=selected")
     t = pd.concat(frames, ignore_index=True)
     methods = list(t["method"].drop_duplicates())
-    if "status" in t:
-        t = t[t["status"].isin(["done", "partial"])]
     partial = set()
     if "status" in t:
+        t = t[t["status"].isin(["done", "partial"])]
         partial = {tuple(k) for k in t.loc[t["status"] == "partial", ["dataset", "scheme", "method"]].to_numpy()}
-    if values_of == "selected":
+    selected = values_of == "selected"
+    if selected:
         for column in ("lr", "latent_dim"):
             if column not in t:
                 raise KeyError(f"values=selected needs column {column!r}, which {', '.join(paths)} lacks")
-        chosen = {tuple(k): (lr, dz) for *k, lr, dz in t[["dataset", "scheme", "method", "lr", "latent_dim"]].to_numpy()}
-        out = []
-        for dataset, scheme in sorted({k[:2] for k in chosen}):
-            cells = []
-            for m in methods:
-                lr, dz = chosen.get((dataset, scheme, m), (float("nan"), float("nan")))
-                parts = [f"{lr:g}" if not pd.isna(lr) else "", f"{dz:g}" if not pd.isna(dz) else ""]
-                text = " / ".join(p for p in parts if p)
-                cells.append(text + ("*" if text and (dataset, scheme, m) in partial else ""))
-            out.append([dataset, scheme] + cells)
-        return _table(["data set", "split"] + methods, out)
-    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values=values_of, aggfunc="mean")
+        t = t.assign(selected=[" / ".join(f"{v:g}" for v in pair if not pd.isna(v))
+                               for pair in zip(t["lr"], t["latent_dim"])])  # fmt: skip
+    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values=values_of,
+                         aggfunc="first" if selected else "mean")  # fmt: skip
     out = []
     for (dataset, scheme), row in wide.sort_index().iterrows():
         values = [row.get(m, float("nan")) for m in methods]
-        best = _best(values, largest=values_of == "test_ll")
-        cells = [_bold(_num(v), i == best) + ("*" if (dataset, scheme, m) in partial else "")
-                 for i, (m, v) in enumerate(zip(methods, values))]  # fmt: skip
+        texts = [v if isinstance(v, str) else "" for v in values] if selected else [_num(v) for v in values]
+        best = None if selected else _best(values, largest=values_of == "test_ll")
+        cells = [_bold(text, i == best) + ("*" if (dataset, scheme, m) in partial else "")
+                 for i, (m, text) in enumerate(zip(methods, texts))]  # fmt: skip
         out.append([dataset, scheme] + cells)
     return _table(["data set", "split"] + methods, out)
 

@@ -27,9 +27,9 @@ from .infer import (
     PlateauSchedule,
     fit_svi,
     run_nuts,
-    sample_posterior,
     train_map,
 )
+from .posterior import sample_posterior
 from .models import BNN, BNNLV, ProjectedBNN, fan_in_prior_scale
 from .models import OverparametrisedLinear
 from .nets import MLP, FlatNet, ModuleNet

@@ -21,8 +21,9 @@ import math
 import numbers
 
 import torch
+from torch import Tensor
 
-__all__ = ["check_int", "check_real", "check_seed", "ArgumentTypeError"]
+__all__ = ["ArgumentTypeError", "as_float64", "as_float64_vector", "as_positive_float64", "check_int", "check_real", "check_seed"]
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -91,3 +92,30 @@ def check_seed(value: object, name: str = "seed") -> int | None:
     if not 0 <= value < 2**32:
         raise ValueError(f"{name} must be None or an integer in [0, 2**32), got {value!r}")
     return int(value)
+
+
+def as_float64(value: object, name: str) -> Tensor:
+    """``value`` as a float64 tensor; ``ValueError`` naming ``name`` if any entry is NaN or infinite."""
+    t = torch.as_tensor(value, dtype=torch.float64)
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return t
+
+
+def as_positive_float64(value: object, name: str) -> Tensor:
+    """:func:`as_float64` with every entry > 0."""
+    t = as_float64(value, name)
+    if (t <= 0).any():
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return t
+
+
+def as_float64_vector(value: object, K: int, name: str, positive: bool = False) -> Tensor:
+    """A scalar or ``(K,)`` value as a float64 ``(K,)`` vector (:func:`as_float64`, or
+    :func:`as_positive_float64` when ``positive``)."""
+    t = as_positive_float64(value, name) if positive else as_float64(value, name)
+    if t.dim() == 0:
+        return t.expand(K).clone()
+    if t.shape != (K,):
+        raise ValueError(f"{name} must be a scalar or have shape ({K},), got {tuple(t.shape)}")
+    return t

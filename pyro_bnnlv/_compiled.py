@@ -1,7 +1,7 @@
 """Ground layer: building the package's C++ kernels on first use, safely.
 
 Two kernels are compiled with :func:`torch.utils.cpp_extension.load` the first time they are
-needed: the NUTS core (``infer/_flat_nuts.cpp``) and the NCAI pairwise statistics
+needed: the NUTS core (``infer/mcmc/_flat_nuts.cpp``) and the NCAI pairwise statistics
 (``stats/_pairwise.cpp``). :func:`build_extension` does it for both:
 
 * the build goes to ``$TORCH_EXTENSIONS_DIR`` (else torch's default root) ``/pyro_bnnlv/<name>``,
@@ -102,11 +102,11 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
     return module
 
 
-_NUTS_SOURCE = Path(__file__).parent / "infer" / "_flat_nuts.cpp"
+_NUTS_SOURCE = Path(__file__).parent / "infer" / "mcmc" / "_flat_nuts.cpp"
 
 
 def nuts_extension() -> ModuleType | None:
-    """The compiled NUTS core (``infer/_flat_nuts.cpp``: ``MLPPotential`` and ``build_tree``),
+    """The compiled NUTS core (``infer/mcmc/_flat_nuts.cpp``: ``MLPPotential`` and ``build_tree``),
     built on the first call, or ``None`` if disabled or unbuildable (warns once, not retried)."""
     return build_extension("pyro_bnnlv_flat_nuts", _NUTS_SOURCE, "compiled NUTS core",
                            "NUTS uses the pure-Python fast path (several times slower per leapfrog step: pyro-bnnlv bench nuts)")  # fmt: skip

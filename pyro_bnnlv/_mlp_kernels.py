@@ -11,17 +11,17 @@ bias slice)]`` (:attr:`pyro_bnnlv.nets.MLP.layers`: per layer the weight matrix
 * :func:`mlp_squared_error_kernel`: the sum of squared residuals and its hand-written gradient
   on preallocated buffers (the NUTS potential :func:`pyro_bnnlv.models.potential.mlp_regression_potential`);
 * :func:`mlp_jacobian`: ``J = df/dw`` by one batched backward sweep of the ``L`` one-hot output
-  cotangents (:mod:`pyro_bnnlv.infer.laplace`);
+  cotangents (:mod:`pyro_bnnlv.infer.laplace.linearized`);
 * :func:`mlp_local_reparam_sample`: moment propagation of a mean-field Gaussian through the
-  layers, sampling each pre-activation from its exact Gaussian (:mod:`pyro_bnnlv.infer.local_reparam`).
+  layers, sampling each pre-activation from its exact Gaussian (:mod:`pyro_bnnlv.infer.elbos.local_reparam`).
 
-The compiled NUTS core (``infer/_flat_nuts.cpp``) has its own forward and backward ``switch`` on
+The compiled NUTS core (``infer/mcmc/_flat_nuts.cpp``) has its own forward and backward ``switch`` on
 ``enum Activation``; :attr:`Activation.code` is the row's value there.
 
 Adding an activation: one row in :data:`ACTIVATION_TABLE` (name, value, ``backward`` from
 ``(dL/dh, a, h = value(a))``, the C++ enum name and code, a description); then, for the compiled
 NUTS core, the entry in ``enum Activation`` and one ``case`` in each of the two ``switch (act_)``
-of ``infer/_flat_nuts.cpp``. ``tests/test_nets.py`` checks every row: the derivative against
+of ``infer/mcmc/_flat_nuts.cpp``. ``tests/test_nets.py`` checks every row: the derivative against
 autograd, the forward against :class:`~pyro_bnnlv.nets.MLP`, the row's enum entry and two
 ``case`` lines in the C++ source, and the compiled potential against the Python one.
 """

@@ -4,8 +4,8 @@ Under the tracer a tensor's sizes are tensors, so ``if x.shape[1] == K`` convert
 Python boolean and warns (``TracerWarning``): the branch taken is frozen into the graph. For a
 branch on *shapes* that is what is wanted, provided the graph is only reused for inputs of the same
 shapes: the library's compiled losses key their graphs by the shapes of every argument and module
-buffer (:meth:`pyro_bnnlv.infer.elbo.CompiledTraceElbo.elbo_and_terms`), and
-:class:`~pyro_bnnlv.infer.jit_guard.JitGuard` re-checks the compiled loss against the eager one
+buffer (:meth:`pyro_bnnlv.infer.elbos.penalized.CompiledTraceElbo.elbo_and_terms`), and
+:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard` re-checks the compiled loss against the eager one
 during training. :func:`shape_branches` hides exactly that warning, only while tracing and only
 around code whose branches read shapes alone; every other tracer warning stays visible (the test
 suite turns them into errors).

@@ -5,7 +5,7 @@ r"""ArviZ export and function-space convergence diagnostics.
   ``posterior`` (``w``, ``z`` where the model has it, and ``f`` at the observed inputs),
   ``posterior_predictive`` (``obs``), ``log_likelihood`` (``obs``, pointwise, so ``az.loo`` and
   ``az.waic`` work), ``observed_data``, ``constant_data`` (``x``) and, for MCMC runs of
-  :func:`~pyro_bnnlv.infer.nuts.run_nuts`, ``sample_stats`` (``diverging``, ``n_steps``, ``lp``,
+  :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`, ``sample_stats`` (``diverging``, ``n_steps``, ``lp``,
   ``acceptance_rate``, ``tree_depth``).
 * :func:`posterior_summary` reports R-hat and ESS on function values and on the
   log-likelihood beside those of the raw weights.
@@ -41,7 +41,7 @@ from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .posterior import Posterior, _is_mcmc
+from .posterior import Posterior, posterior_kind
 from .infer.svi import set_seed
 from ._figures import finish_figure
 from .stats.posterior_kl import compare_posteriors
@@ -98,7 +98,7 @@ def _posterior_chains(
     sample statistics ``{name: (C, S)}``."""
     shapes = {name: shape for name, (shape, _) in latent.items()}
     draws = Posterior.from_any(posterior, model, x, y, shapes=shapes, num_samples=num_samples, seed=seed).draws
-    stats = _mcmc_stats(posterior, draws["w"].shape[1]) if _is_mcmc(posterior) else {}
+    stats = _mcmc_stats(posterior, draws["w"].shape[1]) if posterior_kind(posterior) == "mcmc" else {}
     return draws, stats
 
 
@@ -176,7 +176,7 @@ def to_inference_data(
     Args:
         model: the Pyro model, called as ``model(x, y)``; its observation site is ``obs_site``
             in a ``"data"`` plate (the library's convention).
-        posterior: an ``MCMC`` object (e.g. from :func:`~pyro_bnnlv.infer.nuts.run_nuts`); a
+        posterior: an ``MCMC`` object (e.g. from :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`); a
             fitted guide (``num_samples`` draws, one chain); a list of guides, e.g. several
             restarts (one chain each); samples ``{"w": (S, P), "z": (S, N, K)}`` or with a
             leading chain dimension ``(C, S, ...)``; a list of such dicts (one per chain); or a

@@ -29,7 +29,7 @@ from ._checks import ArgumentTypeError
 from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
 from ._mlp_kernels import unflatten as _unflatten
 
-__all__ = ["FlatNet", "MLP", "ModuleNet", "ACTIVATIONS"]
+__all__ = ["ACTIVATIONS", "MLP", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int"]
 
 
 def as_positive_int(value: object, name: str, role: str = "") -> int:
@@ -48,7 +48,7 @@ def as_positive_int(value: object, name: str, role: str = "") -> int:
     raise kind(f"{name} must be a positive integer{role}, got {value!r}")
 
 
-def _hidden_sizes(value: object, name: str = "hidden_sizes") -> tuple:
+def as_hidden_sizes(value: object, name: str = "hidden_sizes") -> tuple:
     """``hidden_sizes`` as a tuple: one width (an integer) or a sequence of widths; ``None``, a
     set or a dict is refused naming ``name`` (a string's characters are refused one by
     one as widths, so ``'44'`` is never read as ``[4, 4]``)."""
@@ -148,7 +148,7 @@ class MLP(FlatNet):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        hidden_sizes = _hidden_sizes(hidden_sizes)
+        hidden_sizes = as_hidden_sizes(hidden_sizes)
         sizes = [
             as_positive_int(in_features, "in_features", " (a layer width)"),
             *(as_positive_int(h, f"hidden_sizes[{i}]", " (a layer width)")

@@ -11,7 +11,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from pyro import poutine
@@ -21,13 +21,14 @@ from torch import Tensor
 from ._checks import check_int
 from ._state import isolated_param_store, set_seed
 
-__all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean", "SelfEvaluatingPosterior", "Posterior"]
+__all__ = ["Posterior", "PosteriorKind", "SelfEvaluatingPosterior", "as_sample_dict", "guide_site_mean", "posterior_kind",
+           "sample_posterior"]
 
 
 @runtime_checkable
 class SelfEvaluatingPosterior(Protocol):
     """A posterior with a closed-form predictive that computes its own metrics, such as
-    :class:`~pyro_bnnlv.infer.laplace.LinearizedLaplace` (exact Gaussian predictive): ``evaluate``
+    :class:`~pyro_bnnlv.infer.laplace.linearized.LinearizedLaplace` (exact Gaussian predictive): ``evaluate``
     hands it the data instead of drawing samples. Recognised by this method, so ``stats`` need
     not import ``infer``."""
 
@@ -119,7 +120,7 @@ def _drop_plate_dims(v: Tensor, num_samples: int, shape: torch.Size, name: str) 
 def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, an ``MCMC`` object or an
     ArviZ ``InferenceData`` (its ``w`` and, where present, ``z``, flat over chains)."""
-    if _is_inference_data(posterior):
+    if posterior_kind(posterior) == "inference_data":
         group = posterior.posterior
         shapes = {k: tuple(group[k].shape[2:]) for k in ("w", "z") if k in group}
         posterior = Posterior.from_any(posterior, shapes=shapes).flat()
@@ -176,17 +177,22 @@ def guide_site_mean(guide_trace: Any, name: str) -> Tensor:
     return mean.expand_as(value)
 
 
-def _is_mcmc(obj: Any) -> bool:
-    return hasattr(obj, "get_samples") and hasattr(obj, "num_chains")
+PosteriorKind = Literal["mcmc", "inference_data", "guide", "samples"]
 
 
-def _is_inference_data(obj: Any) -> bool:
-    return hasattr(obj, "posterior") and hasattr(obj, "groups")
-
-
-def _is_guide(obj: Any) -> bool:
-    return (callable(obj) and not isinstance(obj, (Tensor, Mapping)) and not _is_mcmc(obj)
-            and not _is_inference_data(obj))  # fmt: skip
+def posterior_kind(obj: Any) -> PosteriorKind:
+    """The form a posterior comes in, the one rule every tool of the library uses:
+    ``"mcmc"`` (a run ``MCMC``: ``get_samples`` and ``num_chains``), ``"inference_data"`` (ArviZ:
+    ``posterior`` and ``groups``), ``"guide"`` (any other callable, sampled with
+    :func:`sample_posterior`) or ``"samples"`` (a dict of draws, a weight tensor, or a list of
+    either)."""
+    if hasattr(obj, "get_samples") and hasattr(obj, "num_chains"):
+        return "mcmc"
+    if hasattr(obj, "posterior") and hasattr(obj, "groups"):
+        return "inference_data"
+    if callable(obj) and not isinstance(obj, (Tensor, Mapping)):
+        return "guide"
+    return "samples"
 
 
 def _by_chain(samples: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
@@ -273,16 +279,18 @@ class Posterior:
         * a dict of samples ``{site: (S, ...)}`` or ``(C, S, ...)``, or a list of dicts (one chain
           each), or a weight tensor ``(S, P)`` / ``(C, S, P)``.
         """
-        if _is_mcmc(posterior):
+        kind = posterior_kind(posterior)
+        if kind == "mcmc":
             samples = posterior.get_samples(group_by_chain=True)
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
-        if _is_inference_data(posterior):
+        if kind == "inference_data":
             group = posterior.posterior
             names = list(shapes) if shapes else ["w"]
             samples = {k: torch.as_tensor(group[k].values) for k in names if k in group}
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
-        guides = posterior if isinstance(posterior, Sequence) and posterior and all(map(_is_guide, posterior)) else None
-        if guides is not None or _is_guide(posterior):
+        is_guide = [posterior_kind(p) == "guide" for p in posterior] if isinstance(posterior, Sequence) else []
+        guides = posterior if is_guide and all(is_guide) else None
+        if guides is not None or kind == "guide":
             if model is None or not args:
                 raise ValueError("sampling a guide needs the model and its inputs: pass model= and x= "
                                  "(a BNN+LV's guide also the training targets y)")  # fmt: skip

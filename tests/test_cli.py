@@ -38,7 +38,7 @@ def test_bench_svi_overhead_prints_ratios(capsys):
 
 def test_bench_knn_and_proj_print_their_ratios(capsys):
     """Side-by-side benches of this round's speed-ups; the two k-NN estimates agree."""
-    from pyro_bnnlv.reproduce.bench import knn_bench
+    from pyro_bnnlv.reproduce.hyvi import knn_bench
 
     table = knn_bench(steps=1, rounds=1)
     estimates = table["estimate"]
@@ -55,7 +55,7 @@ def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses(
 
     if not is_glibc():
         pytest.skip("mallopt is glibc's")
-    from pyro_bnnlv.reproduce.bench import allocator_bench
+    from pyro_bnnlv.reproduce.hyvi import allocator_bench
 
     table = allocator_bench(steps=2, rounds=1, methods=("FuNN-HyVI",))
     assert list(table.index.get_level_values("allocator")) == ["glibc default", "retain_freed_memory"]

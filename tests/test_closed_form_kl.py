@@ -9,7 +9,7 @@ import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_bnnlv.infer.closed_form_kl import ClosedFormKLElbo
+from pyro_bnnlv.infer.elbos.closed_form_kl import ClosedFormKLElbo
 
 Z_SCALE, PHI_SCALE = 2.0, 1.5
 
@@ -112,7 +112,7 @@ def test_bad_sites_are_refused_with_the_site_named():
 def test_the_pyro_details_it_relies_on_are_there():
     """The vectorised particle plate's name and AutoNormal's auxiliary site, both Pyro internals:
     if a Pyro release renames them, this names what changed (the ELBO itself raises too)."""
-    import pyro_bnnlv.infer.closed_form_kl as cfk
+    import pyro_bnnlv.infer.elbos.closed_form_kl as cfk
 
     y, guide = _setup()
     elbo = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=1)

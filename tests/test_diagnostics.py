@@ -15,7 +15,7 @@ from pyro_bnnlv.diagnostics import (
     to_inference_data,
     weight_labels,
 )
-from pyro_bnnlv.infer.nuts import run_nuts
+from pyro_bnnlv.infer.mcmc import run_nuts
 
 az = pytest.importorskip("arviz")
 

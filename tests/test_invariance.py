@@ -88,7 +88,7 @@ def test_nuts_recovers_the_exact_posterior():
     torch.set_num_threads(1)
     table, mcmc = nuts_invariance_check(K=4, num_samples=1000, warmup_steps=500, num_chains=2,
                                         seed=0)  # fmt: skip
-    assert mcmc.run_info["path"] == "fast/flat"
+    assert mcmc.run_info.path == "fast/flat"
     assert list(table.index) == ["mean f", "var f", "mean w[0]", "var w[0]", "mean w[1]",
                                  "var w[1]", "cov w[0],w[1]"]  # fmt: skip
     assert (table.ess > 400).all(), table.ess
@@ -131,18 +131,3 @@ def test_svi_sweep_k_2_to_128_at_default_settings():
     assert df.pred_var_f_fit.iloc[-1] == pytest.approx(
         1 / (1 + 10 / (128 * FIGURE_NOISE_SCALE**2)), rel=0.02
     )
-
-
-def test_old_module_path_is_an_alias():
-    """``pyro_bnnlv.invariance`` (deprecated) still gives the same objects, including the names
-    the old module had imported."""
-    import pyro_bnnlv.invariance as old
-    import pyro_bnnlv.reproduce.invariance as new
-    from pyro_bnnlv.invariance import DEFAULT_STAGES, Gaussian, svi_invariance_experiment as f
-
-    assert f is svi_invariance_experiment and DEFAULT_STAGES is new.DEFAULT_STAGES
-    assert Gaussian is new.Gaussian
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-    with pytest.raises(AttributeError):
-        old._check_N

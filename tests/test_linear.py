@@ -14,10 +14,8 @@ from numpy.polynomial.hermite_e import hermegauss
 from pyro import poutine
 from pyro.infer import Trace_ELBO
 
-import pyro_bnnlv.models.linear as linear_module
 from pyro_bnnlv.models.linear import Gaussian, OverparametrisedLinear, design_matrix
 from pyro_bnnlv.reproduce.invariance import invariance_gap_table, plot_invariance_gap
-from pyro_bnnlv.stats import linear_closed_forms
 from pyro_bnnlv.stats.linear_closed_forms import (
     data_related_bound,
     elbo_terms,
@@ -538,21 +536,3 @@ def test_nuts_potential_equals_the_traced_potential(with_x):
         model.nuts_potential(x, torch.ones(N, 1, dtype=F64))
     with pytest.raises(ValueError, match="different numbers of rows"):
         model.nuts_potential(torch.ones(N + 1, dtype=F64), y)
-
-
-def test_moved_names_still_import_from_models_linear():
-    """Deprecated aliases: the closed forms, the figure table and the figure moved out of
-    models/linear.py (issue 15) and stay importable from it, as the same objects."""
-    from pyro_bnnlv.models.linear import FIGURE_NOISE_SCALE, invariance_gap_table as old_table
-    from pyro_bnnlv.models.linear import q0 as old_q0
-
-    import pyro_bnnlv.reproduce.invariance as experiment
-
-    assert old_q0 is q0 and old_table is invariance_gap_table
-    assert FIGURE_NOISE_SCALE == experiment.FIGURE_NOISE_SCALE == SIGMA_Y
-    for name in linear_closed_forms.__all__:
-        assert getattr(linear_module, name) is getattr(linear_closed_forms, name), name
-    assert linear_module.plot_invariance_gap is plot_invariance_gap
-    assert "q0" in dir(linear_module)
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        linear_module.not_a_name

@@ -10,7 +10,7 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.infer.local_reparam import LocalReparamELBO, local_reparam_forward
+from pyro_bnnlv.infer.elbos.local_reparam import LocalReparamELBO, local_reparam_forward
 
 
 def _guide_params(P, seed=0):

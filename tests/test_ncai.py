@@ -10,7 +10,7 @@ from pyro.infer.autoguide import AutoNormal
 import pyro_bnnlv as pb
 from pyro_bnnlv.guides.ncai_init import ncai_guide, ncai_init_weights
 from pyro_bnnlv.infer.empirical_bayes import EmpiricalBayes, eb_latent_variance, eb_weight_variance
-from pyro_bnnlv.infer.ncai_elbo import NCAIElbo, ncai_penalties, safe_exp
+from pyro_bnnlv.infer.elbos.ncai import NCAIElbo, ncai_penalties, safe_exp
 from pyro_bnnlv.models.bnnlv import BNNLV
 from pyro_bnnlv.stats.dependence import correlation_penalty, henze_zirkler
 from pyro_bnnlv.stats.hsic import normalized_hsic

@@ -12,8 +12,8 @@ from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.guides.ncai_init import ncai_guide
-from pyro_bnnlv.infer.elbo import PenalizedElbo
-from pyro_bnnlv.infer.ncai_elbo import NCAIElbo, ncai_penalties, safe_exp
+from pyro_bnnlv.infer.elbos.penalized import PenalizedElbo
+from pyro_bnnlv.infer.elbos.ncai import NCAIElbo, ncai_penalties, safe_exp
 from pyro_bnnlv.posterior import guide_site_mean
 
 
@@ -168,7 +168,7 @@ def test_compiled_objective_reads_the_models_current_buffers(heavy_tail, kind):
     """Prior scales that change after the trace (empirical Bayes rewrites them; here the buffers
     are replaced by new tensors as well as filled in place) enter the compiled graph as inputs:
     the JIT loss equals the eager loss at the new values, not at the traced ones."""
-    from pyro_bnnlv.infer.elbo import CompiledTraceElbo
+    from pyro_bnnlv.infer.elbos.penalized import CompiledTraceElbo
 
     pyro.clear_param_store()
     x, y = heavy_tail.x_train[:60], heavy_tail.y_train[:60]

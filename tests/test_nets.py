@@ -7,7 +7,7 @@ from torch import nn
 
 import pyro_bnnlv as pb
 from pyro_bnnlv._mlp_kernels import ACTIVATION_TABLE
-from pyro_bnnlv.infer import compiled
+from pyro_bnnlv import _compiled as compiled
 from pyro_bnnlv.models.potential import mlp_regression_potential
 from pyro_bnnlv.nets import ACTIVATIONS, MLP, ModuleNet
 
@@ -141,7 +141,7 @@ def test_activation_row_forward_is_mlp_forward(name):
 def test_activation_table_codes_are_the_cpp_enum():
     """Each row's (cpp_name, code) is an entry of ``enum Activation`` in the C++ core, which has
     a ``case`` for it in both the forward and the backward ``switch``."""
-    src = (Path(pb.__file__).parent / "infer" / "_flat_nuts.cpp").read_text()
+    src = (Path(pb.__file__).parent / "infer" / "mcmc" / "_flat_nuts.cpp").read_text()
     enum = re.search(r"enum Activation \{([^}]*)\}", src).group(1)
     entries = dict((k.strip(), int(v)) for k, v in (e.split("=") for e in enum.split(",")))
     assert entries == {r.cpp_name: r.code for r in ACTIVATION_TABLE.values()}
@@ -153,7 +153,7 @@ def test_activation_table_codes_are_the_cpp_enum():
 def test_activation_row_compiled_potential_matches_table(name):
     """The C++ code of each activation (forward and backward, via the compiled NUTS potential)
     against the Python potential built on the table's value and backward, float64 to 1e-10."""
-    if compiled.extension() is None:
+    if compiled.nuts_extension() is None:
         pytest.skip("no C++ toolchain")
     g = torch.Generator().manual_seed(5)
     net = MLP(2, [5, 4], 1, activation=name)

@@ -11,7 +11,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.infer.nuts import (
+from pyro_bnnlv.infer.mcmc import (
     FlatNUTS,
     FlatPotential,
     chain_records,
@@ -178,7 +178,7 @@ def test_nuts_recovers_exact_conjugate_posterior(potential, kernel):
     mcmc = run_nuts(model, x, y, num_samples=n, warmup_steps=300, seed=1, progress=False,
                     potential=potential, kernel=kernel, map_steps=300)  # fmt: skip
     expected = {"fast": "fast/" + kernel, "traced": "traced"}[potential]
-    assert mcmc.run_info["path"] == expected
+    assert mcmc.run_info.path == expected
     w = mcmc.get_samples()["w"]
     assert w.shape == (n, 3)
     _check_exact(w, x, y)
@@ -255,13 +255,13 @@ def test_run_nuts_seed_chains_and_init_options():
 
     m = run_nuts(model, x, y, num_chains=2, init="prior", seed=0, **kw)
     assert m.get_samples(group_by_chain=True)["w"].shape == (2, 20, 3)
-    assert m.run_info["init"] == "prior"
+    assert m.run_info.init == "prior"
 
     start = torch.tensor([[0.5, 0.5, 0.5], [-0.5, 0.0, 0.1]])
     m = run_nuts(model, x, y, num_chains=2, init={"w": start}, seed=0, **kw)
     assert m.get_samples(group_by_chain=True)["w"].shape == (2, 20, 3)
     m = run_nuts(model, x, y, init={"w": start[0]}, seed=0, **kw)
-    assert m.run_info["init"] == "values"
+    assert m.run_info.init == "values"
     with pytest.raises(ValueError, match="init"):
         run_nuts(model, x, y, init={"w": torch.zeros(4)}, **kw)
     with pytest.raises(ValueError, match="init"):
@@ -296,7 +296,7 @@ def test_models_without_fast_path_and_a_wrong_custom_potential():
     with pytest.raises(ValueError, match="no fast potential"):
         run_nuts(model, x, y, num_samples=5, warmup_steps=5, potential="fast", progress=False)
     m = run_nuts(model, x, y, num_samples=30, warmup_steps=30, seed=0, progress=False, map_steps=100)
-    assert m.run_info["path"] == "traced" and m.get_samples()["w"].shape == (30, 2)
+    assert m.run_info.path == "traced" and m.get_samples()["w"].shape == (30, 2)
 
     class Wrong(LatentBNN):
         def nuts_potential(self, x, y):  # forgets the latent prior's scale
@@ -316,7 +316,7 @@ def test_bnn_with_latent_inputs_samples_w_and_all_z():
     m = run_nuts(model, x, y, num_samples=15, warmup_steps=15, seed=0, progress=False, map_steps=100,
                  max_tree_depth=6)  # fmt: skip
     s = m.get_samples()
-    assert m.run_info["path"] == "fast/flat"
+    assert m.run_info.path == "fast/flat"
     assert s["w"].shape == (15, model.net.num_weights) and s["z"].shape == (15, 12, 1)
 
 
@@ -329,13 +329,13 @@ def test_library_bnnlv_traced_and_fast_paths():
     kw = dict(num_samples=10, warmup_steps=10, seed=0, progress=False, map_steps=50, max_tree_depth=5)
     m = run_nuts(model, x, y, potential="traced", **kw)
     s = m.get_samples()
-    assert m.run_info["path"] == "traced"
+    assert m.run_info.path == "traced"
     assert s["w"].shape == (10, model.net.num_weights) and s["z"].shape == (10, 10, 1)
 
     pot = flat_potential(model, x, y)
     _compare_to_traced(model, pot, x, y)
     m = run_nuts(model, x, y, **kw)
-    assert m.run_info["path"] == "fast/flat" and m.get_samples()["z"].shape == (10, 10, 1)
+    assert m.run_info.path == "fast/flat" and m.get_samples()["z"].shape == (10, 10, 1)
 
     module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     other = pb.BNNLV(pb.ModuleNet(module, 3, 1), latent_dim=2, latent_scale=0.5, noise_scale=0.3)
@@ -344,7 +344,7 @@ def test_library_bnnlv_traced_and_fast_paths():
 
 @pytest.mark.slow
 def test_nuts_benchmark_smoke():
-    from pyro_bnnlv.reproduce.bench import nuts_benchmark
+    from pyro_bnnlv.reproduce.nuts_bench import nuts_benchmark
 
     table = nuts_benchmark(steps=1, rounds=1, num_samples=20, warmup_steps=20, hidden=10, num_chains=0)
     assert len(table) == 5 and (table["ms_per_leapfrog"] > 0).all()
@@ -355,7 +355,7 @@ def test_nuts_benchmark_smoke():
 @pytest.mark.slow
 def test_nuts_chains_benchmark_smoke():
     """The multi-chain rows (and NumPyro's when it is installed) with their ratios."""
-    from pyro_bnnlv.reproduce.bench import nuts_chains_benchmark
+    from pyro_bnnlv.reproduce.nuts_bench import nuts_chains_benchmark
 
     table = nuts_chains_benchmark(num_chains=2, num_samples=10, warmup_steps=10, hidden=5)
     assert table.index[1].startswith("run_nuts, 2 chains")

@@ -7,15 +7,15 @@ import warnings
 import pyro
 import pytest
 import torch
-from pyro.infer import MCMC, NUTS
+from pyro.infer import MCMC
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.infer import compiled
-from pyro_bnnlv.infer.nuts import FlatNUTS, chain_records, flat_potential, run_nuts
+from pyro_bnnlv import _compiled as compiled
+from pyro_bnnlv.infer.mcmc import FlatNUTS, chain_records, flat_potential, run_nuts
 
 from test_nuts import _draws, _linreg_data, _linreg_model, _tiny_bnn64
 
-needs_core = pytest.mark.skipif(compiled.extension() is None, reason="no C++ toolchain")
+needs_core = pytest.mark.skipif(compiled.nuts_extension() is None, reason="no C++ toolchain")
 
 
 def _toy_bnn():
@@ -39,8 +39,8 @@ def test_chains_in_one_process_equal_separate_runs(chain_method):
     model, x, y = _toy_bnn()
     many = run_nuts(model, x, y, num_chains=3, seed=10, chain_method=chain_method, **KW)
     info = many.run_info
-    expected = "threads" if chain_method == "auto" and compiled.extension() is not None else "sequential"
-    assert info["chain_method"] == expected and info["seeds"] == [10, 11, 12]
+    expected = "threads" if chain_method == "auto" and compiled.nuts_extension() is not None else "sequential"
+    assert info.chain_method == expected and info.seeds == [10, 11, 12]
     w = many.get_samples(group_by_chain=True)["w"]
     assert w.shape == (3, 12, model.net.num_weights)
     recs = chain_records(many)
@@ -111,7 +111,7 @@ def test_saturated_tree_depth_warns_with_the_share():
     model, x, y = _toy_bnn()
     with pytest.warns(UserWarning, match=r"100% of the draws reached max_tree_depth=1 \(1 leapfrog"):
         m = run_nuts(model, x, y, seed=0, **{**KW, "max_tree_depth": 1})
-    assert m.run_info["max_tree_depth_share"] == 1.0
+    assert m.run_info.max_tree_depth_share == 1.0
 
 
 def test_a_chain_that_never_moves_is_reported():
@@ -132,14 +132,14 @@ def test_a_chain_that_never_moves_is_reported():
 
 
 def test_threaded_chains_beyond_the_cores_say_what_they_cost(monkeypatch):
-    if compiled.extension() is None:
+    if compiled.nuts_extension() is None:
         pytest.skip("threaded chains need the compiled core")
     model, x, y = _toy_bnn()
-    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 1)
+    monkeypatch.setattr("pyro_bnnlv.infer.mcmc.nuts.usable_cores", lambda: 1)
     with pytest.warns(UserWarning, match=r"2 chains share 1 core\(s\).*about 2.0x the wall time"):
         m = run_nuts(model, x, y, num_chains=2, seed=0, **KW)
-    assert m.run_info["chain_method"] == "threads"
-    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 2)
+    assert m.run_info.chain_method == "threads"
+    monkeypatch.setattr("pyro_bnnlv.infer.mcmc.nuts.usable_cores", lambda: 2)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*chains share")
         run_nuts(model, x, y, num_chains=2, seed=0, **KW)
@@ -148,10 +148,10 @@ def test_threaded_chains_beyond_the_cores_say_what_they_cost(monkeypatch):
 def test_threaded_chains_keep_the_callers_thread_limit(monkeypatch):
     """On a 16-core machine two chains would get 8 intra-op threads each; a caller who set
     torch.set_num_threads(1) keeps 1 (the chain threads come on top of it)."""
-    if compiled.extension() is None:
+    if compiled.nuts_extension() is None:
         pytest.skip("threaded chains need the compiled core")
     model, x, y = _toy_bnn()
-    monkeypatch.setattr("pyro_bnnlv.infer.nuts.usable_cores", lambda: 16)
+    monkeypatch.setattr("pyro_bnnlv.infer.mcmc.nuts.usable_cores", lambda: 16)
     before = torch.get_num_threads()
     calls = []
     real = torch.set_num_threads
@@ -168,7 +168,7 @@ def test_run_time_is_estimated_from_the_first_iterations(caplog):
     model, x, y = _toy_bnn()
     with caplog.at_level(logging.INFO, logger="pyro_bnnlv"):
         m = run_nuts(model, x, y, num_chains=2, seed=0, **KW)
-    est = m.run_info["estimated_sampling_seconds"]
+    est = m.run_info.estimated_sampling_seconds
     assert est is not None and 0 < est < math.inf
     said = [r.getMessage() for r in caplog.records if "NUTS: estimated" in r.getMessage()]
     assert len(said) == 1 and "2 chains" in said[0] and "x 24 iterations" in said[0]
@@ -180,9 +180,9 @@ def test_python_potential_chains_run_one_after_another_and_say_so():
     x, y = torch.randn(10, 1), torch.randn(10)
     with pytest.warns(UserWarning, match="one after another"):
         m = run_nuts(model, x, y, num_chains=2, seed=0, **{**KW, "num_samples": 4, "warmup_steps": 4})
-    assert m.run_info["chain_method"] == "sequential"
+    assert m.run_info.chain_method == "sequential"
     assert m.get_samples(group_by_chain=True)["w"].shape[:2] == (2, 4)
-    if compiled.extension() is not None:
+    if compiled.nuts_extension() is not None:
         with pytest.raises(ValueError, match="chain_method='threads' needs the compiled core"):
             run_nuts(model, x, y, num_chains=2, chain_method="threads", **KW)
     with pytest.raises(ValueError, match="chain_method"):

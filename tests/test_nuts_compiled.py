@@ -10,8 +10,8 @@ from pyro.infer import MCMC
 
 import pyro_bnnlv as pb
 from pyro_bnnlv import _compiled
-from pyro_bnnlv.infer import compiled
-from pyro_bnnlv.infer.nuts import (
+from pyro_bnnlv import _compiled as compiled
+from pyro_bnnlv.infer.mcmc import (
     FlatNUTS,
     FlatPotential,
     chain_records,
@@ -21,7 +21,7 @@ from pyro_bnnlv.infer.nuts import (
 
 from test_nuts import _check_exact, _draws, _linreg_data, _linreg_model, _tiny_bnn64
 
-pytestmark = pytest.mark.skipif(compiled.extension() is None, reason="no C++ toolchain")
+pytestmark = pytest.mark.skipif(compiled.nuts_extension() is None, reason="no C++ toolchain")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -135,7 +135,7 @@ def test_compiled_tree_divergence_and_nan_energy_match_python_tree():
 
 
 def test_extension_rejects_inconsistent_inputs():
-    ext = compiled.extension()
+    ext = compiled.nuts_extension()
     x, y = torch.randn(5, 1), torch.randn(5, 1)
     layers = [(1, 3, 0, 3), (3, 1, 6, 9)]  # P = 10
     ok = dict(loc=torch.zeros(10), prec=torch.ones(10), zprec=torch.ones(0))
@@ -225,7 +225,7 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path
     x, y = _linreg_data()
     model = _linreg_model()
     monkeypatch.setenv("PYRO_BNNLV_COMPILED", "0")
-    assert compiled.extension() is None
+    assert compiled.nuts_extension() is None
     pot = mlp_regression_potential(model.net, x, y, noise_scale=0.5, prior_scale=1.5)
     assert pot.compiled is None
     with pytest.raises(RuntimeError, match="compiled=True"):
@@ -233,7 +233,7 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path
     with pytest.raises(RuntimeError, match="compiled=True"):
         mlp_regression_potential(model.net, x, y, compiled=True)
     mcmc = run_nuts(model, x, y, num_samples=600, warmup_steps=300, seed=0, progress=False, map_steps=200)
-    assert not mcmc.run_info["compiled_tree"] and not mcmc.run_info["compiled_potential"]
+    assert not mcmc.run_info.compiled_tree and not mcmc.run_info.compiled_potential
     _check_exact(mcmc.get_samples()["w"], x, y)
 
     # a build that fails warns once, names the cause, and is not retried
@@ -246,10 +246,10 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
     with pytest.warns(RuntimeWarning, match="no compiler here"):
-        assert compiled.extension() is None
+        assert compiled.nuts_extension() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert compiled.extension() is None
+        assert compiled.nuts_extension() is None
 
 
 def test_a_build_killed_mid_way_does_not_hang_the_next(monkeypatch, tmp_path):
@@ -268,16 +268,16 @@ def test_a_build_killed_mid_way_does_not_hang_the_next(monkeypatch, tmp_path):
         return "module"
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
-    assert compiled.extension() == "module"
+    assert compiled.nuts_extension() == "module"
     assert seen["baton"] is False and Path(seen["directory"]) == directory
     assert torch.__version__.replace(".", "_").replace("+", "_") in seen["name"]  # never another torch's build
-    assert compiled.extension() == "module"  # remembered, not rebuilt
+    assert compiled.nuts_extension() == "module"  # remembered, not rebuilt
 
 
 def test_run_nuts_reports_the_compiled_path():
     x, y = _linreg_data()
     mcmc = run_nuts(_linreg_model(), x, y, num_samples=5, warmup_steps=5, seed=0, progress=False, map_steps=20)
-    assert mcmc.run_info["compiled_tree"] and mcmc.run_info["compiled_potential"]
+    assert mcmc.run_info.compiled_tree and mcmc.run_info.compiled_potential
 
 
 def test_baseline_isa_build_equals_python_potential():
@@ -288,7 +288,7 @@ def test_baseline_isa_build_equals_python_potential():
     import sys
     import textwrap
 
-    if compiled.extension() is None:
+    if compiled.nuts_extension() is None:
         pytest.skip("needs the compiled core")
     code = textwrap.dedent("""
         import torch

@@ -12,9 +12,9 @@ import torch.multiprocessing
 from pyro.infer import MCMC, NUTS
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.infer.nuts import run_nuts
-from pyro_bnnlv.infer.nuts_kernel import _CountingNUTS
-from pyro_bnnlv.infer.nuts_processes import ChainProcessError, chain_start_method, run_watched
+from pyro_bnnlv.infer.mcmc import run_nuts
+from pyro_bnnlv.infer.mcmc.kernel import CountingNUTS
+from pyro_bnnlv.infer.mcmc.processes import ChainProcessError, chain_start_method, run_watched
 
 from test_nuts import _linreg_data, _linreg_model
 
@@ -34,7 +34,7 @@ def test_traced_chains_run_in_spawned_processes_where_forked_ones_hung(eight_cor
     model = pb.BNNLV(pb.MLP(2, [5], 1, activation="tanh"), latent_dim=1, noise_scale=0.1)
     mcmc = run_nuts(model, x, y, num_samples=4, warmup_steps=4, num_chains=2, potential="traced",
                     map_steps=50, progress=False, seed=0)  # fmt: skip
-    assert mcmc.run_info["chain_method"] == "processes" and mcmc.run_info["start_method"] == "spawn"
+    assert mcmc.run_info.chain_method == "processes" and mcmc.run_info.start_method == "spawn"
     assert mcmc.get_samples(group_by_chain=True)["w"].shape[:2] == (2, 4)
 
 
@@ -62,7 +62,7 @@ def test_a_chain_process_that_ends_without_its_draws_raises_instead_of_hanging(e
     assert time.perf_counter() - t0 < 30
 
 
-class _ThreadCheckingNUTS(_CountingNUTS):
+class _ThreadCheckingNUTS(CountingNUTS):
     """Fails the chain unless its process runs with the torch thread count of the caller."""
 
     def setup(self, *args, **kwargs):

@@ -965,7 +965,7 @@ def _():
 @case("value: linear model log_evidence (K = 1, N = 1) is log N(y; 0, s0^2 + sy^2)",
       Value(lambda v: abs(v[0] - v[1]) < 1e-9, "to 1e-9"))
 def _():
-    from pyro_bnnlv.models.linear import log_evidence, prior_gaussian
+    from pyro_bnnlv.stats.linear_closed_forms import log_evidence, prior_gaussian
 
     y, var = 0.7, 1.5**2 + 0.5**2
     exact = -0.5 * math.log(2 * math.pi * var) - y**2 / (2 * var)
@@ -975,7 +975,7 @@ def _():
 @case("value: run_nuts on the over-parametrised linear model matches the exact posterior of f",
       Value(lambda v: abs(v[0] - v[2]) < 0.05 and abs(v[1] / v[3] - 1) < 0.3, "mean within 0.05, var within 30%"))
 def _():
-    from pyro_bnnlv.models.linear import exact_posterior
+    from pyro_bnnlv.stats.linear_closed_forms import exact_posterior
 
     model = pb.OverparametrisedLinear(2, noise_scale=0.5)
     y = torch.tensor([0.3, 0.5, 0.1, 0.4, 0.6], dtype=F64)

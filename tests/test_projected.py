@@ -9,8 +9,8 @@ from pyro.infer import Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.infer.fge import cyclic_lr, fge
-from pyro_bnnlv.infer.projection import (
+from pyro_bnnlv.infer.projection.fge import cyclic_lr, fge
+from pyro_bnnlv.infer.projection.fit import (
     _recentre_first_layer,
     fit_projected_bnn,
     fit_projection,
@@ -208,7 +208,7 @@ def _analytic_four_mode_candidates(per_mode=4, seed=0):
 
 
 def test_mmd_matches_the_closed_form_between_two_gaussians():
-    from pyro_bnnlv.infer.generative_decoder import mmd2
+    from pyro_bnnlv.infer.projection.decoder import mmd2
 
     # X ~ N(0, s^2 I_d), Y ~ N(m, s^2 I_d), k = exp(-|x - y|^2 / (2 h^2)), c = h^2 / (h^2 + 2 s^2):
     # MMD^2 = 2 c^(d/2) (1 - exp(-|m|^2 / (2 (h^2 + 2 s^2)))); the V-statistic adds the diagonal
@@ -242,7 +242,7 @@ def test_mmd_by_matrix_products_equals_the_mmd_of_exact_differences(dtype, tol, 
     candidates' spread), also far from the origin (offset 300: |x|^2 / distance^2 ~ 5e4, where
     uncentred products lose float32's digits): the same value and gradient as with explicit
     pairwise differences."""
-    from pyro_bnnlv.infer.generative_decoder import median_distance, mmd2
+    from pyro_bnnlv.infer.projection.decoder import median_distance, mmd2
 
     g = torch.Generator().manual_seed(0)
     a = (0.8 * torch.randn(64, 751, generator=g, dtype=torch.float64) + 0.3 + offset).to(dtype).requires_grad_()
@@ -263,7 +263,7 @@ def test_mmd_by_matrix_products_equals_the_mmd_of_exact_differences(dtype, tol, 
 
 
 def test_gaussian_kl_matches_torch():
-    from pyro_bnnlv.infer.generative_decoder import gaussian_kl
+    from pyro_bnnlv.infer.projection.decoder import gaussian_kl
 
     mu, log_sd = torch.randn(5, 3), 0.3 * torch.randn(5, 3)
     ref = torch.distributions.kl_divergence(torch.distributions.Normal(mu, log_sd.exp()),

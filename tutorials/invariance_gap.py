@@ -132,7 +132,7 @@ for K in size["nuts_Ks"]:
     table, mcmc = nuts_invariance_check(K=K, num_samples=size["nuts_samples"],
                                         warmup_steps=size["nuts_warmup"], num_chains=2, seed=0)
     nuts_tables[K] = table
-    print(f"K = {K}: {mcmc.run_info['path']}, {mcmc.run_info['total_seconds']:.1f} s")
+    print(f"K = {K}: {mcmc.run_info.path}, {mcmc.run_info.total_seconds:.1f} s")
     print(table.round(4).to_string())
 
 # %% [markdown]

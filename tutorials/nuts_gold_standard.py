@@ -18,7 +18,7 @@
 # Hernández-Lobato & Turner (2019), arXiv:1906.11537, sec. 3; Pequignot et al. (2020), "Implicit
 # variational inference: the parameter and the predictor space", sec. 4 and App. C). This tutorial
 #
-# 1. runs NUTS (`pyro_bnnlv.infer.nuts.run_nuts`, fast path) on the two-cluster toy with a
+# 1. runs NUTS (`pyro_bnnlv.infer.mcmc.nuts.run_nuts`, fast path) on the two-cluster toy with a
 #    1x50 tanh BNN, N(0, 1) prior and noise 0.1;
 # 2. exports it to ArviZ and checks convergence **in function space** (trace and rank plots of
 #    `f(x)`; R-hat/ESS of `f` and of the log-likelihood beside the raw weights'), and LOO;
@@ -43,7 +43,7 @@ from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.diagnostics import compare_posteriors, posterior_summary, to_inference_data
-from pyro_bnnlv.infer.nuts import chain_records, run_nuts
+from pyro_bnnlv.infer.mcmc import chain_records, run_nuts
 
 SMALL = os.environ.get("PYRO_BNNLV_TUTORIAL_SMALL", "0") == "1"
 OUT = Path(os.environ.get("PYRO_BNNLV_TUTORIAL_OUT", "."))
@@ -90,7 +90,7 @@ mcmc = run_nuts(model, x, y, num_samples=size["samples"], warmup_steps=size["war
                 map_steps=size["map_steps"], seed=0, progress=not SMALL)
 nuts_seconds = time.perf_counter() - t0
 steps = [n for rec in chain_records(mcmc) for n in rec["num_steps"]]
-print(f"{mcmc.run_info['path']}: {nuts_seconds:.1f} s, "
+print(f"{mcmc.run_info.path}: {nuts_seconds:.1f} s, "
       f"{sum(steps) / len(steps):.0f} leapfrog steps per draw")
 
 # %% [markdown]

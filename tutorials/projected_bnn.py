@@ -38,7 +38,7 @@ from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.datasets.projected_toys import four_modes_net, missed_bump_modes
-from pyro_bnnlv.infer.projection import fit_projected_bnn, fit_projection
+from pyro_bnnlv.infer.projection.fit import fit_projected_bnn, fit_projection
 from pyro_bnnlv.reproduce.projected_toy import (
     FourModesResult,
     four_modes_candidates,
@@ -93,7 +93,7 @@ with pyro.get_param_store().scope():
 # `g_phi(z)` with `z ~ p(z)` to resemble the candidates. `objective="mmd"` does: the decoded
 # prior draws must match the candidates in distribution (maximum mean discrepancy), and the
 # prediction term, weighted by `beta`, is on those decoded prior draws (see
-# `pyro_bnnlv/infer/generative_decoder.py` for the maths). Stage 3 then starts `q(z)` at `p(z)`.
+# `pyro_bnnlv/infer/projection/decoder.py` for the maths). Stage 3 then starts `q(z)` at `p(z)`.
 # We train each decoder once and run stage 3 on it twice: `q(z)` only (decoder fixed) and the full
 # `q(z) q(phi)`.
 

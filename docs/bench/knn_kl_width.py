@@ -38,7 +38,8 @@ import pyro
 import torch
 
 from pyro_bnnlv.datasets import load_split
-from pyro_bnnlv.infer import KNNElbo, fit_svi, input_box, sample_posterior
+from pyro_bnnlv import sample_posterior
+from pyro_bnnlv.infer import KNNElbo, fit_svi, input_box
 from pyro_bnnlv.infer.svi import PlateauSchedule, set_seed
 from pyro_bnnlv.models import BNN
 from pyro_bnnlv.nets import MLP

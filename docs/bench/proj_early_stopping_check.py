@@ -25,7 +25,7 @@ from pyro.infer.autoguide import AutoNormal
 
 from pyro_bnnlv.guides import init_to_network
 from pyro_bnnlv.infer import fit_svi
-from pyro_bnnlv.infer.closed_form_kl import ClosedFormKLElbo
+from pyro_bnnlv.infer.elbos.closed_form_kl import ClosedFormKLElbo
 from pyro_bnnlv.models import BNN
 from pyro_bnnlv.models.projected import PAPER_SCALE
 from pyro_bnnlv.nets import MLP

@@ -7,7 +7,7 @@ from .hypernet import HypernetGuide, ImplicitSample, hypernet_lv_guide
 from .init import init_to_network
 from .mean_field import MeanField
 from .ncai_init import ncai_guide, ncai_init_loc_fn, ncai_init_weights
-from .laplace import LaplaceGuide, SubsetNormal
+from ..infer.laplace.guide import LaplaceGuide, SubsetNormal
 
 __all__ = [
     "HypernetGuide",

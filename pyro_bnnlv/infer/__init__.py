@@ -1,47 +1,59 @@
-"""Inference: SVI / MAP fitting loops, ELBOs (NCAI), empirical Bayes, posterior sampling, NUTS."""
-from .closed_form_kl import ClosedFormKLElbo
-from .elbo import CompiledTraceElbo, PenalizedElbo
+"""Inference, one concept per sub-package or module:
+
+* :mod:`.svi`: the SVI and MAP fitting loops (:func:`fit_svi`, :func:`train_map`);
+* :mod:`.elbos`: the ELBOs (NCAI, k-NN, closed-form KL, local reparameterisation, compiled);
+* :mod:`.mcmc`: NUTS (:func:`run_nuts`, :class:`FlatNUTS`);
+* :mod:`.laplace`: linearised and sampled Laplace;
+* :mod:`.projection`: projected BNNs (FGE, decoder, latent-space inference);
+* :mod:`.empirical_bayes`: MAP-II updates of the prior variances.
+"""
+
+from .elbos import (
+    ClosedFormKLElbo,
+    CompiledTraceElbo,
+    FunctionalKNNElbo,
+    KNNElbo,
+    LocalReparamELBO,
+    NCAIElbo,
+    PenalizedElbo,
+    input_box,
+    local_reparam_forward,
+)
+from .._state import isolated_param_store, set_seed
 from .empirical_bayes import EmpiricalBayes
-from .fge import FGEResult, fge
-from .projection import fit_projected_bnn, fit_projection
-from .knn_elbo import FunctionalKNNElbo, KNNElbo, input_box
-from .ncai_elbo import NCAIElbo
-from .nuts import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
-from ..posterior import as_sample_dict, guide_site_mean, sample_posterior
-from .svi import NonFiniteLossError, PlateauSchedule, fit_svi, isolated_param_store, set_seed, train_map
-from .laplace import LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
-from .local_reparam import LocalReparamELBO, local_reparam_forward
+from .laplace import LaplaceGuide, LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
+from .mcmc import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
+from .projection import FGEResult, fge, fit_projected_bnn, fit_projection
+from .svi import NonFiniteLossError, PlateauSchedule, fit_svi, train_map
 
 __all__ = [
     "ClosedFormKLElbo",
+    "CompiledTraceElbo",
+    "EmpiricalBayes",
     "FGEResult",
+    "FlatNUTS",
+    "FlatPotential",
+    "FunctionalKNNElbo",
+    "KNNElbo",
+    "LaplaceGuide",
+    "LaplacePredictive",
+    "LinearizedLaplace",
+    "LocalReparamELBO",
+    "NCAIElbo",
+    "NonFiniteLossError",
+    "PenalizedElbo",
+    "PlateauSchedule",
     "fge",
     "fit_projected_bnn",
     "fit_projection",
-    "FunctionalKNNElbo",
-    "KNNElbo",
-    "input_box",
-    "EmpiricalBayes",
-    "FlatNUTS",
-    "FlatPotential",
-    "mlp_regression_potential",
-    "run_nuts",
-    "NCAIElbo",
-    "PenalizedElbo",
-    "CompiledTraceElbo",
-    "guide_site_mean",
-    "NonFiniteLossError",
-    "as_sample_dict",
     "fit_svi",
-    "PlateauSchedule",
+    "input_box",
     "isolated_param_store",
-    "sample_posterior",
+    "last_layer_indices",
+    "local_reparam_forward",
+    "mlp_regression_potential",
+    "network_jacobian",
+    "run_nuts",
     "set_seed",
     "train_map",
-    "LaplacePredictive",
-    "LinearizedLaplace",
-    "last_layer_indices",
-    "network_jacobian",
-    "LocalReparamELBO",
-    "local_reparam_forward",
 ]

@@ -10,12 +10,12 @@ model and guide must create all parameters on the first call (static structure, 
 requires anyway). Besides:
 
 * the default loss is a compiled ``Trace_ELBO``
-  (:class:`~pyro_bnnlv.infer.elbo.CompiledTraceElbo`): the same estimator as ``Trace_ELBO`` (tested) at a fraction
+  (:class:`~pyro_bnnlv.infer.elbos.penalized.CompiledTraceElbo`): the same estimator as ``Trace_ELBO`` (tested) at a fraction
   of the per-step cost (``pyro-bnnlv bench svi-overhead``), compiled once per model, guide and
   data shape. Pass ``loss=pyro.infer.Trace_ELBO()`` or any other ELBO to override it.
 * a compiled loss (the default, ``jit=True`` ELBOs of this library, Pyro's ``Jit*`` ELBOs) is
   cross-checked against its eager twin at steps 1, 10, 100 and 1,000 (same parameters, same
-  random draws; :class:`~pyro_bnnlv.infer.jit_guard.JitGuard`); on a mismatch ``fit_svi`` warns
+  random draws; :class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`); on a mismatch ``fit_svi`` warns
   once, naming the loss and the step, and finishes eagerly. Compiled graphs a loss holds from an
   earlier fit are dropped first, so a reused Pyro ``JitTrace_ELBO`` trains this model.
 * training runs in a fresh Pyro parameter-store scope (``ParamStoreDict.scope``) when the model
@@ -59,8 +59,8 @@ from ..nets import ModuleNet
 from ..param_names import param_fullnames
 from .._protocols import LatentModel, NetworkModel
 
-from .elbo import CompiledTraceElbo
-from .jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
+from .elbos.penalized import CompiledTraceElbo
+from .elbos.jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
 
 __all__ = ["fit_svi", "train_map", "PlateauSchedule", "NonFiniteLossError", "isolated_param_store", "set_seed"]
 
@@ -124,18 +124,6 @@ class NonFiniteLossError(FloatingPointError):
             "a smaller initial guide scale, or check the data for extreme values"
         )
         self.step, self.value = step, value
-
-
-def _check_positive_int(value: int | None, name: str, allow_none: bool = False, minimum: int = 1) -> int | None:
-    """``value`` as an ``int >= minimum`` (Python or NumPy integers, not bools):
-    :func:`pyro_bnnlv._checks.check_int`, kept under this name for its many callers."""
-    return check_int(value, name, minimum=minimum, allow_none=allow_none)
-
-
-def _check_lr(lr: object, name: str = "lr") -> float:
-    """``lr`` as a positive finite ``float`` (Python or NumPy reals; not bools, strings, NaN or
-    infinities), with errors naming ``name`` (:func:`pyro_bnnlv._checks.check_real`)."""
-    return check_real(lr, name, positive=True)
 
 
 _fitted_guides: weakref.WeakValueDictionary[str, PyroModule] = weakref.WeakValueDictionary()
@@ -340,9 +328,9 @@ def fit_svi(
     Raises:
         NonFiniteLossError: the loss became NaN/inf; the message names the step.
     """
-    _check_positive_int(num_steps, "num_steps")
-    _check_positive_int(batch_size, "batch_size", allow_none=True)
-    lr = _check_lr(lr)
+    check_int(num_steps, "num_steps")
+    check_int(batch_size, "batch_size", allow_none=True)
+    lr = check_real(lr, "lr", positive=True)
     seed = check_seed(seed)
     for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"),
                               ("guide", guide, "pb.MeanField(model)")):  # fmt: skip
@@ -427,9 +415,9 @@ def train_map(
     its ``-N log sigma`` term) and the fitted value written back to the model, as ``fit_svi``
     does; otherwise ``sigma`` is the model's fixed ``noise_scale``.
     """
-    _check_positive_int(num_steps, "num_steps")
-    _check_positive_int(batch_size, "batch_size", allow_none=True)
-    lr = _check_lr(lr)
+    check_int(num_steps, "num_steps")
+    check_int(batch_size, "batch_size", allow_none=True)
+    lr = check_real(lr, "lr", positive=True)
     seed = check_seed(seed)
     if isinstance(model, LatentModel) or not isinstance(model, NetworkModel):
         raise TypeError(

@@ -260,7 +260,7 @@ class BNN(PyroModule):
 
     def closed_form_priors(self, dtype: torch.dtype) -> dict[str, dist.Normal] | None:
         """The latent sites of :meth:`forward` and their priors, for
-        :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`'s fused steps: ``{"w":
+        :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`'s fused steps: ``{"w":
         Normal(prior_loc, prior_scale)}`` (independent coordinates); ``None`` for a subclass
         with its own ``forward``, which these may not describe."""
         if type(self).forward is not BNN.forward:

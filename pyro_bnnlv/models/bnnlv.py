@@ -192,7 +192,7 @@ class BNNLV(BNN):
         flat vector ``[w, z]`` (:class:`~pyro_bnnlv.models.potential.FlatPotential`). An
         :class:`~pyro_bnnlv.nets.MLP` gets the hand-written gradient of
         :func:`~pyro_bnnlv.models.potential.mlp_regression_potential`; any other network goes through
-        autograd on ``self.net``. :func:`~pyro_bnnlv.infer.nuts.run_nuts` checks it against
+        autograd on ``self.net``. :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts` checks it against
         Pyro's traced potential before sampling.
         """
         self.check_data(x, y)

@@ -22,18 +22,13 @@ This module holds the Pyro model (:class:`OverparametrisedLinear`, with a fast N
 gap, eq. 3's bound, ...) are in :mod:`pyro_bnnlv.stats.linear_closed_forms`; Pyro's SVI and NUTS
 are compared with them, and Fig. 1-2 drawn, in :mod:`pyro_bnnlv.reproduce.invariance`; the sec. 5
 construction for neural networks is :mod:`pyro_bnnlv.stats.invariance_gap`.
-
-Deprecated aliases: the closed forms, ``invariance_gap_table``, ``plot_invariance_gap`` and
-``FIGURE_NOISE_SCALE`` used to live here and are still importable from this module (resolved on
-first access by the module ``__getattr__``, so this module imports nothing from the layers above).
 """
 
 
 from __future__ import annotations
 
-import importlib
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pyro
 import pyro.distributions as dist
@@ -42,6 +37,7 @@ from pyro.nn import PyroModule
 from torch import Tensor
 
 from .._tracing import shape_branches
+from .._checks import as_float64_vector, as_positive_float64
 from ..nets import as_positive_int
 from .potential import FlatPotential
 
@@ -60,30 +56,6 @@ class Gaussian(NamedTuple):
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _f64(value: Any, name: str) -> Tensor:
-    t = torch.as_tensor(value, dtype=DTYPE)
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return t
-
-
-def _positive(value: Any, name: str) -> Tensor:
-    t = _f64(value, name)
-    if (t <= 0).any():
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return t
-
-
-def _vector(value: Any, K: int, name: str, positive: bool = False) -> Tensor:
-    """A scalar or ``(K,)`` value as a float64 ``(K,)`` vector."""
-    t = _positive(value, name) if positive else _f64(value, name)
-    if t.dim() == 0:
-        return t.expand(K).clone()
-    if t.shape != (K,):
-        raise ValueError(f"{name} must be a scalar or have shape ({K},), got {tuple(t.shape)}")
-    return t
 
 
 def design_matrix(K: int, x: Tensor | None = None, N: int | None = None) -> Tensor:
@@ -154,9 +126,9 @@ class OverparametrisedLinear(PyroModule):
         K = as_positive_int(K, "K")
         self.K = K
         # float64 buffers (exact closed forms via :meth:`prior`); cast to the data dtype per call
-        self.register_buffer("prior_loc", _vector(prior_loc, K, "prior_loc"))
-        self.register_buffer("prior_scale", _vector(prior_scale, K, "prior_scale", True))
-        sigma = _positive(noise_scale, "noise_scale")
+        self.register_buffer("prior_loc", as_float64_vector(prior_loc, K, "prior_loc"))
+        self.register_buffer("prior_scale", as_float64_vector(prior_scale, K, "prior_scale", True))
+        sigma = as_positive_float64(noise_scale, "noise_scale")
         if sigma.dim() != 0:
             raise ValueError(f"noise_scale must be a scalar, got shape {tuple(sigma.shape)}")
         self.register_buffer("noise_scale", sigma)
@@ -220,7 +192,7 @@ class OverparametrisedLinear(PyroModule):
         return self.f(x, samples["w"]).unsqueeze(-1), self.noise_scale.detach()
 
     def nuts_potential(self, x: Tensor | None, y: Tensor):
-        """Fast NUTS potential (the contract of :mod:`pyro_bnnlv.infer.nuts`):
+        """Fast NUTS potential (the contract of :mod:`pyro_bnnlv.infer.mcmc.nuts`):
         ``U(w) = -ln N(y; X w, sigma_y^2 I) - ln N(w; mu, K sigma_0^2 I)``, constants included.
 
         ``x`` as in :meth:`forward`; the dtype follows ``x`` (or ``y`` when ``x`` is None).
@@ -276,31 +248,3 @@ class OverparametrisedLinear(PyroModule):
                 w = w.squeeze(-2)
             f = w @ X_b.transpose(-1, -2)  # (*S, N)
             return pyro.sample("obs", dist.Normal(f, self.noise_scale.to(dtype)), obs=y_b)
-
-
-# --------------------------------------------------------------------------------------------
-# deprecated aliases: names that moved up the layers
-# --------------------------------------------------------------------------------------------
-
-_CLOSED_FORMS = "pyro_bnnlv.stats.linear_closed_forms"
-_EXPERIMENT = "pyro_bnnlv.reproduce.invariance"
-_MOVED = {
-    **{name: _CLOSED_FORMS for name in (
-        "ElboTerms", "PredictiveMoments", "prior_gaussian", "exact_posterior", "log_evidence",
-        "invariant_likelihood_precision", "q0", "qmix", "kl_gaussians", "invariance_gap",
-        "invariance_gap_isotropic", "theta_star_mix", "theta_star_0", "expected_log_likelihood",
-        "max_expected_log_likelihood", "kl_to_prior", "elbo_terms", "data_related_bound",
-        "predictive_moments")},
-    **{name: _EXPERIMENT for name in ("FIGURE_NOISE_SCALE", "invariance_gap_table", "plot_invariance_gap")},
-}  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    """``from pyro_bnnlv.models.linear import q0`` (and the other moved names) keeps working."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MOVED))

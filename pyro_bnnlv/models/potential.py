@@ -6,7 +6,7 @@
 * :func:`mlp_regression_potential`: MLP regression (BNN, BNN+LV) with a hand-written backward
   pass, and its compiled twin from the C++ core (:func:`pyro_bnnlv._compiled.nuts_extension`).
 
-:mod:`pyro_bnnlv.infer.nuts` runs NUTS on these (and re-exports both names).
+:mod:`pyro_bnnlv.infer.mcmc.nuts` runs NUTS on these (and re-exports both names).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class FlatPotential:
             overwrite).
         compiled: optional compiled twin of ``value_and_grad`` that :class:`FlatNUTS`'s compiled
             tree calls without going through Python (a ``MLPPotential`` of
-            :mod:`pyro_bnnlv.infer.compiled`); ``None`` for potentials written in Python.
+            :func:`pyro_bnnlv._compiled.nuts_extension`); ``None`` for potentials written in Python.
             Assigning a new ``value_and_grad`` (a wrapper, a tempered potential, ...) resets it
             to ``None``, so the compiled tree never bypasses the replacement.
 
@@ -180,7 +180,7 @@ def mlp_regression_potential(
         prior_loc, prior_scale: prior mean and standard deviation of ``w`` (scalars or ``(P,)``).
         noise_scale: observation noise ``sigma`` (scalar).
         latent_dim, latent_scale: ``K`` and ``sigma_z`` (scalar or ``(K,)``) of the latent inputs.
-        compiled: use the C++ twin of this function (:mod:`pyro_bnnlv.infer.compiled`, same
+        compiled: use the C++ twin of this function (:func:`pyro_bnnlv._compiled.nuts_extension`, same
             operations, faster (``pyro-bnnlv bench nuts`` times both), built on first use):
             ``None`` (default) when it builds, ``True`` to require it (error otherwise),
             ``False`` for the Python code.

@@ -35,7 +35,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from ..nets import MLP, FlatNet, _hidden_sizes, as_positive_int
+from ..nets import MLP, FlatNet, as_hidden_sizes, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
 
 __all__ = ["ProjectedBNN"]
@@ -77,7 +77,7 @@ class ProjectedBNN(BNN):
             num_tasks = as_positive_int(num_tasks, "num_tasks", " or None")
         self.latent_dim = latent_dim
         self.num_tasks = num_tasks
-        decoder_hidden = _hidden_sizes(decoder_hidden, "decoder_hidden")
+        decoder_hidden = as_hidden_sizes(decoder_hidden, "decoder_hidden")
         self.decoder = MLP(latent_dim, list(decoder_hidden), net.num_weights, activation=decoder_activation)
         self.register_buffer("latent_scale", _positive_tensor(latent_scale, "latent_scale"))
         self.register_buffer("phi_scale", _positive_tensor(phi_scale, "phi_scale"))
@@ -148,7 +148,7 @@ class ProjectedBNN(BNN):
 
     def closed_form_priors(self, dtype: torch.dtype) -> dict[str, dist.Normal] | None:
         """The latent sites of :meth:`forward` and their priors (``phi`` unless fixed, ``z``), for
-        :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`'s fused steps; ``None`` for
+        :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`'s fused steps; ``None`` for
         the multi-task model (``z`` in a plate) and for a subclass with its own ``forward``."""
         if type(self).forward is not ProjectedBNN.forward or self.num_tasks is not None:
             return None

@@ -37,7 +37,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,18 +51,23 @@ import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
+from torch import Tensor
 
+from .._checks import check_int
+from .._platform import retain_freed_memory
 from .._warning_tally import WarningTally
 from ..datasets import UCI_FOLDERS, load_dataset, load_split
 from ..stats.posterior_kl import compare_posteriors
 from ..guides import HypernetGuide, init_to_network
 from ..param_names import own_param_names
-from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box, sample_posterior
+from ..infer import FunctionalKNNElbo, KNNElbo, fit_svi, input_box
+from ..posterior import sample_posterior
 from ..infer.svi import PlateauSchedule
 from ..infer.svi import set_seed
-from ..infer.nuts import run_nuts
+from ..infer.mcmc import run_nuts
 from ..models import BNN
 from ..nets import MLP
+from ..stats.knn import knn_kl
 from ..stats.ood import ood_report
 from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
@@ -345,3 +354,98 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def _all_pairs_knn_kl(p: Tensor, q: Tensor) -> Tensor:
+    """The k = 1 Perez-Cruz estimate from explicit differences over all pairs (``cdist`` without
+    matrix products): the form :mod:`pyro_bnnlv.stats.knn` used before its two-pass search."""
+    n, d = p.shape
+    within = torch.cdist(p, p, compute_mode="donot_use_mm_for_euclid_dist")
+    rho = within.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).min(-1).values
+    nu = torch.cdist(p, q, compute_mode="donot_use_mm_for_euclid_dist").min(-1).values
+    return math.log(q.shape[0] / (n - 1)) + d * (nu.log() - rho.log()).mean()
+
+
+def knn_bench(steps: int = 20, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
+    """``pyro-bnnlv bench knn``: ms per k-NN KL estimate, forward and backward, at NN-HyVI's UCI
+    size (500 guide and 500 prior draws of boston's 751 weights): the two-pass neighbour search
+    (:mod:`pyro_bnnlv.stats.knn`, "Numerics") vs explicit differences over all pairs, alternated
+    in rounds of ``steps`` calls; the two estimates are printed too (equal to rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    guide = (0.05 * torch.randn(500, 751, generator=g) + 0.3).requires_grad_()
+    prior = 0.7 * torch.randn(500, 751, generator=g)
+    contenders = {"two-pass search (knn_kl)": lambda: knn_kl(guide, prior),
+                  "all-pairs differences": lambda: _all_pairs_knn_kl(guide, prior)}  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    values = {}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                value = fn()
+                value.backward()
+            times[name].append(1e3 * (time.perf_counter() - t0) / steps)
+            values[name] = float(value.detach())
+    fast = statistics.median(times["two-pass search (knn_kl)"])
+    rows = [(k, statistics.median(v), statistics.median(v) / fast, values[k]) for k, v in times.items()]
+    table = pd.DataFrame(rows, columns=["estimator", "ms_per_kl", "ratio_to_two_pass", "estimate"])
+    table = table.set_index("estimator")
+    table.attrs["all-pairs / two-pass"] = table["ratio_to_two_pass"].iloc[1]
+    return table
+
+
+def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None:
+    """One arm of :func:`allocator_bench`, run in a fresh interpreter: ``steps`` SVI steps of
+    hyvi-uci's ``method`` on boston split 1 (App. E's settings), prints ``{"ms": median ms per
+    step, "loss": last loss}`` as JSON."""
+    took = retain_freed_memory() if retain else False
+    torch.set_num_threads(1)
+    data = load_split("boston", 1, valid_fraction=0.0)
+    x, y = data.x_train, data.y_train
+    model = BNN(MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5,
+                learn_noise=True)  # fmt: skip
+    stamps: list[float] = []
+    losses: list[float] = []
+
+    def record(step: int, value: float) -> None:
+        stamps.append(time.perf_counter())
+        losses.append(value)
+
+    _fit(method, model, x, y, steps=steps + 11, lr=0.005, batch_size=50, seed=seed, input_dist=input_box(x),
+         num_inputs=200, particles=100, kl_samples=500, num_samples=1, progress=False, callback=record)  # fmt: skip
+    ms = 1e3 * statistics.median(b - a for a, b in zip(stamps[10:], stamps[11:]))
+    print(json.dumps({"ms": ms, "loss": float(losses[-1]), "retained": took}))
+
+
+def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
+                    methods: tuple[str, ...] = ("NN-HyVI", "FuNN-HyVI")) -> pd.DataFrame:
+    """``pyro-bnnlv bench allocator``: ms per hyvi-uci SVI step (boston, App. E's settings) with
+    glibc's default allocator settings vs :func:`~pyro_bnnlv._platform.retain_freed_memory`
+    (what the sweep's workers and ``pyro-bnnlv`` use). Each arm runs in a fresh interpreter
+    (the setting cannot be undone in a process), arms alternated in ``rounds``; the last losses
+    must agree bitwise (``same_loss``)."""
+    check_int(steps, "steps")
+    rows = []
+    for method in methods:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        losses: dict[bool, set[float]] = {False: set(), True: set()}
+        for _ in range(rounds):
+            for retain in (False, True):
+                code = ("from pyro_bnnlv.reproduce.hyvi import _allocator_arm; "
+                        f"_allocator_arm({method!r}, {steps}, {retain}, {seed})")  # fmt: skip
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                if retain and not got["retained"]:
+                    raise RuntimeError("retain_freed_memory() did not take (not glibc?): nothing to compare")
+                times[retain].append(got["ms"])
+                losses[retain].add(got["loss"])
+        default, retained = statistics.median(times[False]), statistics.median(times[True])
+        same = len(losses[False] | losses[True]) == 1
+        rows += [(method, "glibc default", default, 1.0, same),
+                 (method, "retain_freed_memory", retained, default / retained, same)]  # fmt: skip
+    table = pd.DataFrame(rows, columns=["method", "allocator", "ms_per_step", "speed_up", "same_loss"])
+    table = table.set_index(["method", "allocator"])
+    for method in methods:
+        table.attrs[f"{method} speed-up"] = float(table.loc[(method, "retain_freed_memory"), "speed_up"])
+    table.attrs["losses bitwise equal"] = bool(table["same_loss"].all())
+    return table

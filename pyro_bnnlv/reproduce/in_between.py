@@ -41,8 +41,9 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -50,12 +51,12 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 from .._warning_tally import WarningTally
-from ..datasets import Dataset, gap_split, load_dataset
+from ..datasets import Dataset, default_data_dir, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
 from ..param_names import own_param_names
-from ..infer.elbo import CompiledTraceElbo
-from ..infer.laplace import LinearizedLaplace
+from ..infer.elbos.penalized import CompiledTraceElbo
+from ..infer.laplace.linearized import LinearizedLaplace
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi, set_seed
 from ..models.bnn import BNN
@@ -63,6 +64,7 @@ from ..nets import MLP
 from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
+from .timing import median_ms
 
 __all__ = ["fit_map_learned_noise", "run_split", "split_task", "uci_table", "summary", "DATASETS", "PAPER_LL"]
 
@@ -336,3 +338,98 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------------------------
+# laplace: GGN Laplace fit + linearised predictive
+# ----------------------------------------------------------------------------------------------
+def _func_reference_laplace(net: MLP, x: torch.Tensor, xs: torch.Tensor, w: torch.Tensor,
+                            sigma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Plain ``torch.func`` full-GGN Laplace, written out: Jacobians by ``vmap(jacrev)``,
+    ``H = J^T J / sigma^2 + I``, Cholesky, predictive variance ``||C^{-1} J*^T||^2 + sigma^2``."""
+    from torch.func import jacrev, vmap
+
+    def f1(xi: torch.Tensor, ww: torch.Tensor) -> torch.Tensor:
+        return net(xi.unsqueeze(0), ww).squeeze(0)
+
+    jac = vmap(jacrev(f1, argnums=1), in_dims=(0, None))
+    J = jac(x, w).reshape(-1, w.shape[0])
+    H = J.T @ J / sigma**2 + torch.eye(w.shape[0], dtype=w.dtype)
+    C = torch.linalg.cholesky(H)
+    Js = jac(xs, w).reshape(-1, w.shape[0])
+    var = torch.linalg.solve_triangular(C, Js.T, upper=False).square().sum(0) + sigma**2
+    return net(xs, w), var
+
+
+def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
+    """``pyro-bnnlv bench laplace``: Laplace fit + linearised predictive of a 1x50 tanh network.
+
+    Cases: the two-cluster toy (100 training, 200 test points, 151 weights); 1,000 training and
+    200 test points of the same 1-D problem; the largest UCI set in the data directory (protein,
+    standard split 0: 37,041 training, 4,573 test points, 9 inputs, 551 weights). The weights are
+    a fixed random draw (the cost does not depend on them). Contenders, interleaved in ``rounds``:
+
+    * ``torch.func reference``: :func:`_func_reference_laplace` in float64 (and float32);
+    * ``LinearizedLaplace`` full / diag / last-layer, float64 (the default), and full in float32:
+      ``LinearizedLaplace(model, w, structure=...).fit(x, y).predictive(xs)``.
+
+    ``steps`` timed repetitions per contender and round (default 50 on the small cases, 3 on
+    protein); medians. Columns: ``ms``, ``ratio_to_func_ref`` (to the float64 reference, same
+    case), ``curvature_floats`` (stored curvature: ``P^2``, ``P`` or ``K^2``) and
+    ``jacobian_chunk_floats`` (the largest Jacobian block held at once).
+    """
+
+    torch.manual_seed(seed)
+    cases = []
+    for n in (100, 1000):
+        data = load_dataset("clusters", seed=seed, sizes=(n, 10, 200))
+        cases.append((f"clusters toy, N={n}", data.x_train, data.y_train, data.x_test, 50))
+    if (default_data_dir() / "uci" / "protein-tertiary-structure").exists():
+        data = load_dataset("protein", split=0)
+        cases.append(("protein (largest UCI), N=%d" % len(data.x_train), data.x_train, data.y_train,
+                      data.x_test, 3))  # fmt: skip
+    rows, attrs = [], {}
+    for label, x, y, xs, default_steps in cases:
+        n_steps = default_steps if steps is None else int(steps)
+        net = MLP(x.shape[1], [50], 1, activation="tanh")
+        w = net.init_weights(torch.Generator().manual_seed(seed))
+        model = BNN(net, prior_scale=1.0, noise_scale=0.1)
+        sigma = float(model.noise_scale)  # the float32 0.1 the model uses, so both sides agree
+        P = net.num_weights
+        x64, xs64, w64 = x.double(), xs.double(), w.double()
+        contenders: dict[str, Callable[[], object]] = {
+            "torch.func reference, full, float64": lambda: _func_reference_laplace(net, x64, xs64, w64, sigma),
+            "torch.func reference, full, float32": lambda: _func_reference_laplace(net, x, xs, w, sigma),
+            "LinearizedLaplace full (float64)": lambda: LinearizedLaplace(model, w).fit(x, y).predictive(xs),
+            "LinearizedLaplace full, float32": lambda: LinearizedLaplace(
+                model, w, dtype=torch.float32).fit(x, y).predictive(xs),
+            "LinearizedLaplace diag (float64)": lambda: LinearizedLaplace(
+                model, w, structure="diag").fit(x, y).predictive(xs),
+            "LinearizedLaplace last_layer (float64)": lambda: LinearizedLaplace(
+                model, w, structure="last_layer").fit(x, y).predictive(xs),
+        }  # fmt: skip
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                times[name].append(median_ms(fn, n_steps, warmup=5 if n_steps > 5 else 1))
+        # equal answers: ours vs the reference
+        _, v_ref = _func_reference_laplace(net, x64, xs64, w64, sigma)
+        v_ours = LinearizedLaplace(model, w).fit(x, y).predictive(xs).var[:, 0]
+        agree = float(((v_ours - v_ref).abs() / v_ref).max())
+        ref = statistics.median(times["torch.func reference, full, float64"])
+        la = LinearizedLaplace(model, w)
+        K = 51
+        chunk = {"full": min(len(x), la._chunk(1)) * P, "diag": min(len(x), la._chunk(1)) * P,
+                 "last_layer": min(len(x), 4_000_000 // K) * K}  # fmt: skip
+        for name in contenders:
+            struct = "diag" if "diag" in name else "last_layer" if "last_layer" in name else "full"
+            stored = {"full": P * P, "diag": P, "last_layer": K * K}[struct]
+            work = len(x) * P if "reference" in name else chunk[struct]
+            med = statistics.median(times[name])
+            rows.append((label, name, med, med / ref, stored, work))
+        attrs[f"max_rel_diff_var_vs_reference [{label}]"] = agree
+    table = pd.DataFrame(rows, columns=["case", "contender", "ms", "ratio_to_func_ref",
+                                        "curvature_floats", "jacobian_chunk_floats"])  # fmt: skip
+    table = table.set_index(["case", "contender"])
+    table.attrs.update(attrs)
+    return table

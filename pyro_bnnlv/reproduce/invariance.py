@@ -10,7 +10,7 @@ module runs Pyro's own inference on that model and compares it with the closed f
   for a sweep of ``K``; the fitted ``loc``/``scale`` against the mean-field optimum
   ``q_0(theta_0*)`` (eq. 17b, 19), and the fitted predictive variance against the closed form,
   the exact posterior's and the prior's (Fig. 2d: it reverts to the prior as ``K`` grows).
-* :func:`nuts_invariance_check`: NUTS (:func:`~pyro_bnnlv.infer.nuts.run_nuts`, fast path through
+* :func:`nuts_invariance_check`: NUTS (:func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`, fast path through
   :meth:`OverparametrisedLinear.nuts_potential`) against the exact posterior (eq. 13), with
   Monte-Carlo standard errors from the effective sample size.
 * :func:`invariance_gap_table`, :func:`plot_invariance_gap`, :func:`write_invariance_gap_figure`:
@@ -42,7 +42,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_mean
 from torch import Tensor
 
 from .._figures import finish_figure
-from ..infer.nuts import run_nuts
+from ..infer.mcmc import run_nuts
 from ..infer.svi import fit_svi
 from ..models.linear import DTYPE, Gaussian, OverparametrisedLinear
 from ..param_names import own_param_names
@@ -303,7 +303,7 @@ def nuts_invariance_check(
 ):
     r"""NUTS on the over-parametrised linear model against the exact posterior (eq. 13).
 
-    Runs :func:`~pyro_bnnlv.infer.nuts.run_nuts` (fast path via
+    Runs :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts` (fast path via
     :meth:`OverparametrisedLinear.nuts_potential`, MAP initialisation, ``full_mass`` dense mass
     matrix: the posterior is a diagonal-plus-rank-one Gaussian whose long axes lie in
     ``1^perp``, poorly conditioned for a diagonal mass matrix when ``N/sigma_y^2`` is large) on

@@ -61,7 +61,7 @@ from ..datasets.base import REGISTRY
 from ..guides.mean_field import MeanField
 from ..guides.ncai_init import ncai_guide
 from ..infer.empirical_bayes import EmpiricalBayes
-from ..infer.ncai_elbo import NCAIElbo
+from ..infer.elbos.ncai import NCAIElbo
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi
 from ..models.bnn import BNN

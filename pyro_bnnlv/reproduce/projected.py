@@ -17,7 +17,7 @@ network, noise fixed at ``sigma_y = 0.1``, priors ``N(0, 0.1)`` (sec. 5.2):
   autoencoder, mean-field VI over ``z`` and ``phi`` with eq. 5's KL terms in closed form, as the
   paper computes them), decoder one layer of 20 RBF units;
 * **Proj-BNN (MMD)**: the same with the generative MMD decoder
-  (:mod:`~pyro_bnnlv.infer.generative_decoder`, issue 17) and ``q(z)`` started at ``p(z)``.
+  (:mod:`~pyro_bnnlv.infer.projection.decoder`, issue 17) and ``q(z)`` started at ``p(z)``.
 
 Every fit is a task of :func:`pyro_bnnlv.sweep.run_sweep` (``--out`` store, ``--workers``,
 resumable): per data set and scheme one BbB task and, per Proj-BNN method, one task per latent
@@ -46,8 +46,8 @@ Our readings and deviations from App. A, all budgets:
   applies both to "each optimization subtask");
 * the decoder's objective: eq. 6 with prediction weight beta = 1 and input noise of sd 1 on the
   standardised candidates' scale, or the MMD decoder at beta = 0.01 (the value measured on the
-  four-mode toy) -- :mod:`~pyro_bnnlv.infer.projection` and
-  :mod:`~pyro_bnnlv.infer.generative_decoder` give the maths;
+  four-mode toy) -- :mod:`~pyro_bnnlv.infer.projection.fit` and
+  :mod:`~pyro_bnnlv.infer.projection.decoder` give the maths;
 * the priors ``N(0, 0.1)`` on ``w``, ``z`` and ``phi`` read as variance 0.1 (sd 0.32,
   :data:`~pyro_bnnlv.models.projected.PAPER_SCALE`);
 * the MAP fit that starts FGE is a fixed 3,000 Adam steps; BbB's guide starts at a randomly
@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,12 +77,13 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 from torch import Tensor
 
-from ..datasets import extrapolation_split, interpolation_split, load_split
+from ..datasets import extrapolation_split, interpolation_split, load_dataset, load_split
 from ..guides import init_to_network
-from ..infer import fit_svi, sample_posterior
-from ..infer.closed_form_kl import ClosedFormKLElbo
-from ..infer.fge import fge
-from ..infer.projection import fit_projected_bnn, fit_projection
+from ..infer import fit_svi
+from ..posterior import sample_posterior
+from ..infer.elbos.closed_form_kl import ClosedFormKLElbo
+from ..infer.projection.fge import fge
+from ..infer.projection.fit import fit_projected_bnn, fit_projection
 from ..infer.svi import set_seed
 from ..models import BNN, ProjectedBNN
 from ..models.projected import PAPER_SCALE
@@ -483,3 +485,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
+    """``pyro-bnnlv bench proj``: ms per SVI step of proj-uci's fits on boston (1x50 ReLU, 20
+    particles, minibatches of 128): the projected BNN's stage 3 (``D_z = 10``, 1x20 RBF decoder)
+    with eq. 5's KL terms in closed form, fused (:class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`,
+    the default) and traced (``fused=False``), and by Monte Carlo (``Trace_ELBO``); BbB
+    (``AutoNormal`` on ``w``, closed-form KL) fused and traced. Arms alternated in rounds, medians
+    of the per-step times after 20 warm-up steps; ``ratio`` is to the fit's fused arm."""
+    data = load_dataset("boston", seed=seed)
+    x, y = data.x_train, data.y_train
+    net = MLP(data.input_dim, [50], 1, activation="relu")
+    bnn = BNN(net, prior_scale=PAPER_SCALE, noise_scale=0.1)
+    model = ProjectedBNN(net, latent_dim=10, decoder_hidden=[20])
+    cands = fge(bnn, x, y, num_candidates=40, keep=20, map_steps=300, cycle_epochs=2, seed=seed, progress=False)
+    projection = fit_projection(model, cands.kept, x, y, num_steps=200, seed=seed, progress=False)
+
+    def stage3(kl: str, fused: bool, r: int, stamp) -> None:
+        fit_projected_bnn(model, x, y, projection=projection, num_steps=steps + 21, batch_size=128, kl=kl,
+                          fused=fused, seed=seed + r, progress=False,
+                          callback=lambda step, value, guide: stamp())  # fmt: skip
+
+    def bbb(fused: bool, r: int, stamp) -> None:
+        with pyro.get_param_store().scope():
+            guide = AutoNormal(bnn, init_scale=0.01)
+            fit_svi(bnn, guide, x, y, num_steps=steps + 21, lr=0.001, batch_size=128, seed=seed + r, progress=False,
+                    loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1, fused=fused),
+                    callback=lambda step, value: stamp())  # fmt: skip
+
+    arms = {("Proj-BNN stage 3", "closed-form, fused"): lambda r, st: stage3("closed-form", True, r, st),
+            ("Proj-BNN stage 3", "closed-form, traced"): lambda r, st: stage3("closed-form", False, r, st),
+            ("Proj-BNN stage 3", "monte-carlo"): lambda r, st: stage3("monte-carlo", True, r, st),
+            ("BbB", "closed-form, fused"): lambda r, st: bbb(True, r, st),
+            ("BbB", "closed-form, traced"): lambda r, st: bbb(False, r, st)}  # fmt: skip
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in arms}
+    for r in range(rounds):
+        for key, run in arms.items():
+            stamps: list[float] = []
+            run(r, lambda: stamps.append(time.perf_counter()))
+            times[key].append(1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:])))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = [(fit, kl, v, v / med[fit, "closed-form, fused"]) for (fit, kl), v in med.items()]
+    table = pd.DataFrame(rows, columns=["fit", "kl", "ms_per_step", "ratio"]).set_index(["fit", "kl"])
+    table.attrs["stage 3: traced / fused step"] = med["Proj-BNN stage 3", "closed-form, traced"] / med[
+        "Proj-BNN stage 3", "closed-form, fused"]
+    table.attrs["stage 3: Monte-Carlo / closed-form (traced) step"] = med["Proj-BNN stage 3", "monte-carlo"] / med[
+        "Proj-BNN stage 3", "closed-form, traced"]
+    table.attrs["BbB: traced / fused step"] = med["BbB", "closed-form, traced"] / med["BbB", "closed-form, fused"]
+    return table

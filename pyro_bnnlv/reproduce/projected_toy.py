@@ -14,7 +14,7 @@ construction, whose two best modes are exactly equally likely):
    (:func:`~pyro_bnnlv.datasets.projected_toys.canonical_rbf_units`);
 2. mean-field VI on ``w`` (``AutoNormal``) from the best candidate;
 3. the projected BNN (Alg. 1 from stage 2: ``fit_projected_bnn(candidates=...)``) with each
-   decoder objective of :func:`~pyro_bnnlv.infer.projection.fit_projection` (eq. 6's
+   decoder objective of :func:`~pyro_bnnlv.infer.projection.fit.fit_projection` (eq. 6's
    autoencoder, the VAE, the MMD) and each variant (``q(z)`` only, ``q(z) q(phi)``).
 
 For every fit it reports the share of 2,000 prior draws of ``z`` whose decoded weights fit three
@@ -49,9 +49,10 @@ from ..datasets.projected_toys import (
     missed_bump_modes,
 )
 from ..guides import init_to_network
-from ..infer import fit_svi, sample_posterior
-from ..infer.generative_decoder import DEFAULT_BETA
-from ..infer.projection import fit_projected_bnn, fit_projection
+from ..infer import fit_svi
+from ..posterior import sample_posterior
+from ..infer.projection.decoder import DEFAULT_BETA
+from ..infer.projection.fit import fit_projected_bnn, fit_projection
 from ..models import BNN, ProjectedBNN
 from ..stats.predictive import evaluate
 
@@ -142,7 +143,7 @@ def four_modes_experiment(
     progress: bool = False,
 ) -> FourModesResult:
     """The Fig. 2 experiment (module docstring). ``betas`` overrides
-    :data:`~pyro_bnnlv.infer.generative_decoder.DEFAULT_BETA` per objective."""
+    :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_BETA` per objective."""
     betas = {**DEFAULT_BETA, **(betas or {})}
     data = load_dataset("four-modes")
     x, y = data.x_train, data.y_train

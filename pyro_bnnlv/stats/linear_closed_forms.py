@@ -74,7 +74,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..models.linear import DTYPE, Gaussian, _f64, _positive, _vector
+from .._checks import as_float64, as_float64_vector, as_positive_float64
+from ..models.linear import DTYPE, Gaussian
 
 __all__ = [
     "Gaussian",
@@ -122,7 +123,7 @@ class PredictiveMoments(NamedTuple):
 
 
 def _data(y: Any) -> Tensor:
-    y = _f64(y, "y")
+    y = as_float64(y, "y")
     if y.dim() != 1 or y.shape[0] == 0:
         raise ValueError(f"y must have shape (N,) with N >= 1, got {tuple(y.shape)}")
     return y
@@ -130,7 +131,7 @@ def _data(y: Any) -> Tensor:
 
 def _diag_prior(prior: Gaussian) -> tuple[Tensor, Tensor]:
     """``(mu, sigma^2)`` of a mean-field prior; the invariance constructions need a diagonal one."""
-    mu, cov = _f64(prior.loc, "prior.loc"), _f64(prior.cov, "prior.cov")
+    mu, cov = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
     sigma2 = torch.diagonal(cov)
     if not torch.equal(cov, torch.diag(sigma2)):
         raise ValueError("prior.cov must be diagonal (mean-field prior, sec. 3 of the paper)")
@@ -142,7 +143,7 @@ def _diag_prior(prior: Gaussian) -> tuple[Tensor, Tensor]:
 def _design(X: Any, K: int, N: int) -> Tensor:
     if X is None:
         return torch.full((N, K), 1.0 / K, dtype=DTYPE)
-    X = _f64(X, "X")
+    X = as_float64(X, "X")
     if X.shape != (N, K):
         raise ValueError(f"X must have shape (N, K) = ({N}, {K}), got {tuple(X.shape)}")
     return X
@@ -155,8 +156,8 @@ def _design(X: Any, K: int, N: int) -> Tensor:
 
 def prior_gaussian(K: int, prior_loc: Any = 0.0, prior_scale: Any = 1.0) -> Gaussian:
     """Prior ``N(mu, Diag(sigma^2))`` with ``sigma^2 = K sigma_0^2`` (sec. 4, "Prior")."""
-    mu = _vector(prior_loc, K, "prior_loc")
-    sigma2 = K * _vector(prior_scale, K, "prior_scale", positive=True) ** 2
+    mu = as_float64_vector(prior_loc, K, "prior_loc")
+    sigma2 = K * as_float64_vector(prior_scale, K, "prior_scale", positive=True) ** 2
     return Gaussian(mu, torch.diag(sigma2))
 
 
@@ -173,9 +174,9 @@ def exact_posterior(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) ->
     ``Sigma^{-1} mu`` term (exact for ``mu = 0`` only). ``prior`` may be full-covariance here.
     """
     y = _data(y)
-    mu, Sigma = _f64(prior.loc, "prior.loc"), _f64(prior.cov, "prior.cov")
+    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
     X = _design(X, mu.shape[0], y.shape[0])
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     prior_prec = torch.cholesky_inverse(torch.linalg.cholesky(Sigma))
     prec = prior_prec + X.T @ X / s2
     L = torch.linalg.cholesky(prec)
@@ -187,9 +188,9 @@ def exact_posterior(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) ->
 def log_evidence(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Tensor:
     """``ln p(y) = ln N(y; X mu, X Sigma X^T + sigma_y^2 I)``; equals ``ELBO(q_mix(theta_mix*))``."""
     y = _data(y)
-    mu, Sigma = _f64(prior.loc, "prior.loc"), _f64(prior.cov, "prior.cov")
+    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
     X = _design(X, mu.shape[0], y.shape[0])
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     cov = X @ Sigma @ X.T + s2 * torch.eye(y.shape[0], dtype=DTYPE)
     return torch.distributions.MultivariateNormal(X @ mu, covariance_matrix=cov).log_prob(y)
 
@@ -207,7 +208,7 @@ def invariant_likelihood_precision(lam: Any) -> Tensor:
     (Derivation: the limit of ``(Diag(lambda) + beta^2 B B^T)^{-1}`` annihilates ``range(B) =
     1^perp``, so it is ``c 1 1^T``; testing it on ``Diag(lambda) 1`` gives ``c = 1/1^T lambda``.)
     """
-    lam = _positive(lam, "lam")
+    lam = as_positive_float64(lam, "lam")
     if lam.dim() != 1:
         raise ValueError(f"lam must have shape (K,), got {tuple(lam.shape)}")
     K = lam.shape[0]
@@ -217,7 +218,7 @@ def invariant_likelihood_precision(lam: Any) -> Tensor:
 def _theta(prior: Gaussian, m: Any, lam: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     mu, sigma2 = _diag_prior(prior)
     K = mu.shape[0]
-    return mu, sigma2, _vector(m, K, "m"), _vector(lam, K, "lam", positive=True)
+    return mu, sigma2, as_float64_vector(m, K, "m"), as_float64_vector(lam, K, "lam", positive=True)
 
 
 def q0(prior: Gaussian, m: Any, lam: Any) -> Gaussian:
@@ -260,11 +261,11 @@ def qmix(prior: Gaussian, m: Any, lam: Any) -> Gaussian:
 
 def kl_gaussians(q: Gaussian, p: Gaussian) -> Tensor:
     """``KL[N(q.loc, q.cov) || N(p.loc, p.cov)]`` for full covariances (float64)."""
-    Lq = torch.linalg.cholesky(_f64(q.cov, "q.cov"))
-    Lp = torch.linalg.cholesky(_f64(p.cov, "p.cov"))
+    Lq = torch.linalg.cholesky(as_float64(q.cov, "q.cov"))
+    Lp = torch.linalg.cholesky(as_float64(p.cov, "p.cov"))
     K = Lq.shape[0]
     A = torch.linalg.solve_triangular(Lp, Lq, upper=False)
-    diff = _f64(p.loc, "p.loc") - _f64(q.loc, "q.loc")
+    diff = as_float64(p.loc, "p.loc") - as_float64(q.loc, "q.loc")
     b = torch.linalg.solve_triangular(Lp, diff.unsqueeze(-1), upper=False).squeeze(-1)
     logdet = 2 * (torch.log(torch.diagonal(Lp)).sum() - torch.log(torch.diagonal(Lq)).sum())
     return 0.5 * ((A**2).sum() + (b**2).sum() - K + logdet)
@@ -293,7 +294,7 @@ def invariance_gap_isotropic(K: int, sigma2: Any, lam: Any) -> Tensor:
     along ``1``; on ``1^perp`` q_mix keeps the prior variance ``sigma^2``, hence ``K - 1`` equal
     terms. Independent of ``m`` and ``mu``.) Verified against :func:`invariance_gap`.
     """
-    sigma2, lam = _positive(sigma2, "sigma2"), _positive(lam, "lam")
+    sigma2, lam = as_positive_float64(sigma2, "sigma2"), as_positive_float64(lam, "lam")
     u = sigma2 / lam  # phi - 1; written with log1p to stay accurate as phi -> 1 (large K)
     return 0.5 * (K - 1) * (torch.log1p(u) - u / (1.0 + u))
 
@@ -314,7 +315,7 @@ def theta_star_mix(y: Any, K: int, noise_scale: Any) -> tuple[Tensor, Tensor]:
     symmetric one.
     """
     y = _data(y)
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     N = y.shape[0]
     return y.mean() * torch.ones(K, dtype=DTYPE), (K * s2 / N) * torch.ones(K, dtype=DTYPE)
 
@@ -341,7 +342,7 @@ def theta_star_0(
     y = _data(y)
     mu, sigma2 = _diag_prior(prior)
     K, N = mu.shape[0], y.shape[0]
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     lam = (K**2 * s2 / N) * torch.ones(K, dtype=DTYPE)
     if as_printed:
         return y.mean() * torch.ones(K, dtype=DTYPE), lam
@@ -363,9 +364,9 @@ def expected_log_likelihood(q: Gaussian, y: Any, noise_scale: Any, X: Any = None
         - \frac{\lVert y - X m_q \rVert^2 + \operatorname{tr}(X S_q X^T)}{2 \sigma_y^2}.
     """
     y = _data(y)
-    loc, cov = _f64(q.loc, "q.loc"), _f64(q.cov, "q.cov")
+    loc, cov = as_float64(q.loc, "q.loc"), as_float64(q.cov, "q.cov")
     X = _design(X, loc.shape[0], y.shape[0])
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     N = y.shape[0]
     resid = y - X @ loc
     tr = ((X @ cov) * X).sum()
@@ -375,7 +376,7 @@ def expected_log_likelihood(q: Gaussian, y: Any, noise_scale: Any, X: Any = None
 def max_expected_log_likelihood(y: Any, noise_scale: Any) -> Tensor:
     """``ELL(q*) = -N/2 ln(2 pi sigma_y^2)``: the supremum of the ELL (exact fit, eq. 3)."""
     y = _data(y)
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     return -0.5 * y.shape[0] * torch.log(2 * math.pi * s2)
 
 
@@ -404,9 +405,9 @@ def data_related_bound(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None)
     ``KL[q_0||q_mix] <= KL[q_0||p]`` of the ``q_0`` optimum.
     """
     y = _data(y)
-    mu, Sigma = _f64(prior.loc, "prior.loc"), _f64(prior.cov, "prior.cov")
+    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
     X = _design(X, mu.shape[0], y.shape[0])
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     var_f = ((X @ Sigma) * X).sum(-1)
     return ((var_f + (y - X @ mu) ** 2) / (2 * s2)).sum()
 
@@ -417,12 +418,12 @@ def predictive_moments(q: Gaussian, noise_scale: Any, x_star: Any = 1.0) -> Pred
     ``x_star`` is a scalar input (row ``x_star/K 1^T``, the paper's model at ``x = x_star``) or a
     ``(K,)`` design row.
     """
-    loc, cov = _f64(q.loc, "q.loc"), _f64(q.cov, "q.cov")
+    loc, cov = as_float64(q.loc, "q.loc"), as_float64(q.cov, "q.cov")
     K = loc.shape[0]
-    x = _f64(x_star, "x_star")
+    x = as_float64(x_star, "x_star")
     row = (x / K) * torch.ones(K, dtype=DTYPE) if x.dim() == 0 else x
     if row.shape != (K,):
         raise ValueError(f"x_star must be a scalar or have shape ({K},), got {tuple(x.shape)}")
-    s2 = _positive(noise_scale, "noise_scale") ** 2
+    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
     var_f = row @ cov @ row
     return PredictiveMoments(row @ loc, var_f, var_f + s2)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._state import set_seed
-from ..posterior import Posterior, _is_guide
+from ..posterior import Posterior, posterior_kind
 from .knn import functional_knn_kl, input_sampler, knn_kl, predictor_space_samples
 
 __all__ = ["compare_posteriors"]
@@ -25,7 +25,7 @@ __all__ = ["compare_posteriors"]
 def _weight_samples(post: Any, model: Any, x: Tensor | None, num_samples: int, seed: int | None) -> Tensor:
     """``(S, P)`` weight samples of any supported posterior (:meth:`Posterior.from_any`), evenly
     thinned to ``num_samples``."""
-    if _is_guide(post) and x is None:
+    if posterior_kind(post) == "guide" and x is None:
         raise ValueError("sampling a guide needs the model's inputs: pass x=")
     args = () if x is None else (x,)
     return Posterior.from_any(post, model, *args, num_samples=num_samples, seed=seed).weights(num_samples)

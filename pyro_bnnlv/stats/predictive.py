@@ -28,7 +28,6 @@ import inspect
 import math
 import numbers
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_int, check_seed
 from ..datasets.base import Dataset, standardized_source
-from ..posterior import SelfEvaluatingPosterior, _is_inference_data, as_sample_dict, sample_posterior
+from ..posterior import SelfEvaluatingPosterior, as_sample_dict, posterior_kind, sample_posterior
 from .._protocols import LatentModel, RegressionModel
 
 __all__ = [
@@ -187,11 +186,6 @@ def _is_dataset(obj: Any) -> bool:
     return isinstance(obj, Dataset)
 
 
-def _is_guide(obj: Any) -> bool:
-    return (callable(obj) and not isinstance(obj, (Tensor, Mapping))
-            and not hasattr(obj, "get_samples"))  # fmt: skip
-
-
 def posterior_sample_dict(
     model: Any,
     posterior: Any,
@@ -204,7 +198,7 @@ def posterior_sample_dict(
     """``{"w": (S, P), ...}`` from samples, an ``MCMC`` run, an ``InferenceData`` or a fitted guide (``num_samples``
     draws of ``"w"``; a guide with per-datapoint latents needs ``train_data``, the points it is
     indexed by; a global-only guide is called with ``x``)."""
-    if _is_guide(posterior):
+    if posterior_kind(posterior) == "guide":
         if isinstance(model, LatentModel) and train_data is None:
             raise ValueError(
                 f"{type(model).__name__} has per-datapoint latents, so its guide is indexed by the "
@@ -212,7 +206,7 @@ def posterior_sample_dict(
             )
         args = tuple(train_data) if train_data is not None else (x,)
         posterior = sample_posterior(model, posterior, *args, num_samples=num_samples, seed=seed)
-    if _is_inference_data(posterior):  # ArviZ stores every draw as float64: back to the data's dtype
+    if posterior_kind(posterior) == "inference_data":  # ArviZ stores every draw as float64: back to the data's dtype
         return {k: v.to(x.dtype) for k, v in as_sample_dict(posterior).items()}
     return as_sample_dict(posterior)
 

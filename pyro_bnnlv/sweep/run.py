@@ -103,7 +103,7 @@ def run_sweep(
             torch and Pyro versions).
         retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
         prepare: called once in this process before any worker starts, e.g.
-            ``pyro_bnnlv.infer.compiled.extension`` so the NUTS core is compiled once and every
+            ``pyro_bnnlv._compiled.nuts_extension`` so the NUTS core is compiled once and every
             worker loads the cached build instead of compiling it.
         progress: one tqdm bar over the tasks (done / running / failed, ETA).
         stop_after: seconds after which no task starts (running tasks finish; the others stay

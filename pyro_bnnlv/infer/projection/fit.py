@@ -3,12 +3,12 @@ arXiv:1811.07006).
 
 Three stages, each callable on its own, and :func:`fit_projected_bnn` running all three:
 
-1. :func:`~pyro_bnnlv.infer.fge.fge`: candidate weights ``{w_c^(r)}`` by Fast Geometric Ensembling
+1. :func:`~pyro_bnnlv.infer.projection.fge.fge`: candidate weights ``{w_c^(r)}`` by Fast Geometric Ensembling
    on a BNN with the same network, ``N(0, 0.1)`` weight prior and noise (sec. 5.2).
 2. :func:`fit_projection`: the prediction-constrained autoencoder (eq. 6), giving the point
    estimate ``phi*`` of the decoder; or (``objective="vae"`` / ``"mmd"``) a generative decoder
    of the candidates under ``p(z)`` with the prediction constraint on decoded prior draws
-   (:mod:`~pyro_bnnlv.infer.generative_decoder`, issue 17: eq. 6 does not make ``g_phi(z)``,
+   (:mod:`~pyro_bnnlv.infer.projection.decoder`, issue 17: eq. 6 does not make ``g_phi(z)``,
    ``z ~ p(z)``, cover the candidates' modes, which Fig. 2 needs).
 3. Mean-field VI over ``z`` and ``phi`` (eq. 5) with Pyro's ``AutoNormal``: ``phi``'s variational
    mean starts at ``phi*``, ``log sigma_phi ~ N(-9, 0.1)`` (footnote 4), ``q(z)`` at random
@@ -57,14 +57,14 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..models.bnn import BNN
-from ..models.projected import PAPER_SCALE, ProjectedBNN
-from ..nets import MLP, as_positive_int
-from ..param_names import own_param_names
-from .closed_form_kl import ClosedFormKLElbo
+from ...models.bnn import BNN
+from ...models.projected import PAPER_SCALE, ProjectedBNN
+from ...nets import MLP, as_positive_int
+from ...param_names import own_param_names
+from ..elbos.closed_form_kl import ClosedFormKLElbo
 from .fge import FGEResult, fge
-from .generative_decoder import DEFAULT_BETA, GENERATIVE_OBJECTIVES, median_distance, mmd2, vae_terms
-from .svi import fit_svi, set_seed
+from .decoder import DEFAULT_BETA, GENERATIVE_OBJECTIVES, median_distance, mmd2, vae_terms
+from ..svi import fit_svi, set_seed
 
 __all__ = ["ProjectionFit", "fit_projection", "ProjectedFit", "fit_projected_bnn", "init_projected_guide"]
 
@@ -145,7 +145,7 @@ def fit_projection(
     reading in the module docstring); ``phi*`` is re-centred (module docstring).
     ``objective="vae"`` / ``"mmd"``: a generative decoder of the candidates under the model's
     ``p(z)`` with the prediction constraint on decoded prior draws
-    (:mod:`~pyro_bnnlv.infer.generative_decoder` gives the maths); ``phi*`` is not re-centred,
+    (:mod:`~pyro_bnnlv.infer.projection.decoder` gives the maths); ``phi*`` is not re-centred,
     the objective already puts the candidates' codes under ``p(z)``.
     ``model`` is not modified. ``encoder_hidden`` defaults to the decoder's hidden widths
     reversed; the encoder uses the decoder's activation.
@@ -155,7 +155,7 @@ def fit_projection(
         candidates: ``(R, P)`` candidate weights (e.g. ``fge(...).kept``).
         x, y: training data for the prediction term.
         objective: ``"autoencoder"`` (eq. 6), ``"vae"`` or ``"mmd"``.
-        beta: weight of the prediction term; ``None``: :data:`~pyro_bnnlv.infer.generative_decoder.DEFAULT_BETA`
+        beta: weight of the prediction term; ``None``: :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_BETA`
             (1 for eq. 6; for the generative objectives the value measured on the four-mode
             toy, where the MMD's posterior covered two modes at 0.01 but not at 0.03).
         input_noise: standard deviation of ``gamma`` on the standardised scale (paper: 1;
@@ -342,7 +342,7 @@ def fit_projected_bnn(
         projection: a :func:`fit_projection` result for this model to reuse (stages 1 and 2 are
             skipped; e.g. several stage-3 step sizes on one decoder). Its ``objective`` picks the
             default ``z_init``.
-        fge_kwargs, projection_kwargs: options of :func:`~pyro_bnnlv.infer.fge.fge` and
+        fge_kwargs, projection_kwargs: options of :func:`~pyro_bnnlv.infer.projection.fge.fge` and
             :func:`fit_projection`.
         num_steps, lr, num_particles, batch_size: stage 3's SVI (paper: 20 reparameterisation
             samples).
@@ -351,13 +351,13 @@ def fit_projected_bnn(
             ``"mmd"``), ``"random"`` otherwise.
         kl: stage 3's KL terms of ``z`` and ``phi``: ``"closed-form"`` (the paper, below eq. 6:
             "the KL-divergence terms in Eq. (5) can be computed in closed form";
-            :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`, about 2x faster per step
+            :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`, about 2x faster per step
             on UCI, no Monte-Carlo noise in those terms) or ``"monte-carlo"`` (``Trace_ELBO``:
             ``log p - log q`` at the particles' draws, this library's estimator before issue 17's
             paper-budget run).
         fused: compute the closed-form steps without Pyro's traces (the same estimator and
             random draws, checked against the traced steps during training; module docstring
-            of :mod:`~pyro_bnnlv.infer.closed_form_kl`, 'Fused steps'); ``False``: traced.
+            of :mod:`~pyro_bnnlv.infer.elbos.closed_form_kl`, 'Fused steps'); ``False``: traced.
         callback: called as ``callback(step, loss, guide)`` after every step of stage 3 (the
             guide being fitted, e.g. for early stopping on validation data: raise
             ``StopIteration`` to stop).

@@ -81,9 +81,8 @@ from pyro.infer.elbo import ELBO
 from pyro.poutine.util import prune_subsample_sites
 from torch import Tensor
 
-from .._checks import check_real
-from ..stats.knn import functional_knn_kl, input_sampler, knn_kl
-from .svi import _check_positive_int
+from ..._checks import check_int, check_real
+from ...stats.knn import functional_knn_kl, input_sampler, knn_kl
 
 __all__ = ["KNNElbo", "FunctionalKNNElbo", "input_box"]
 
@@ -149,10 +148,10 @@ class KNNElbo(ELBO):
         prior_sampler: Callable[[int], Tensor] | None = None,
         max_plate_nesting: float = float("inf"),
     ) -> None:
-        _check_positive_int(num_particles, "num_particles")
-        _check_positive_int(k, "k")
-        _check_positive_int(num_kl_samples, "num_kl_samples", minimum=k + 1)
-        _check_positive_int(num_prior_samples, "num_prior_samples", minimum=k + 1)
+        check_int(num_particles, "num_particles")
+        check_int(k, "k")
+        check_int(num_kl_samples, "num_kl_samples", minimum=k + 1)
+        check_int(num_prior_samples, "num_prior_samples", minimum=k + 1)
         if prior_sampler is not None and not callable(prior_sampler):
             raise ValueError("prior_sampler must be a callable n -> (n, ...) samples")
         super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
@@ -377,8 +376,8 @@ class FunctionalKNNElbo(KNNElbo):
         super().__init__(num_particles=num_particles, num_kl_samples=num_kl_samples,
                          num_prior_samples=num_prior_samples, k=k, site=site,
                          prior_sampler=prior_sampler, max_plate_nesting=max_plate_nesting)  # fmt: skip
-        _check_positive_int(num_inputs, "num_inputs")
-        _check_positive_int(num_input_draws, "num_input_draws")
+        check_int(num_inputs, "num_inputs")
+        check_int(num_input_draws, "num_input_draws")
         self.num_inputs = num_inputs
         self.num_input_draws = num_input_draws
         if not 0.0 <= check_real(train_fraction, "train_fraction") <= 1.0:

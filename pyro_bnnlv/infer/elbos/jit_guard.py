@@ -55,7 +55,7 @@ def plate_shape_tracer_warnings_ignored() -> Iterator[None]:
 def is_compiled(loss: ELBO) -> bool:
     """Whether ``loss`` compiles its objective (``jit=True`` or one of Pyro's ``Jit*`` ELBOs) or
     fuses it (``fused=True``: the same estimator computed without Pyro's traces, e.g.
-    :class:`~pyro_bnnlv.infer.closed_form_kl.ClosedFormKLElbo`); either is checked against its
+    :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`); either is checked against its
     eager twin."""
     if hasattr(loss, "eager_twin"):
         return bool(getattr(loss, "jit", False) or getattr(loss, "fused", False))

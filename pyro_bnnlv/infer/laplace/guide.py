@@ -32,7 +32,7 @@ from pyro.nn import PyroModule
 from torch import Tensor
 from torch.distributions import constraints
 
-from .._checks import check_int, check_seed
+from ..._checks import check_int, check_seed
 
 __all__ = ["LaplaceGuide", "SubsetNormal"]
 

@@ -31,7 +31,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .svi import _check_positive_int, map_objective, set_seed, train_map
+from ..._checks import check_int
+from ..._state import set_seed
+from ..svi import map_objective, train_map
 
 __all__ = ["FGEResult", "fge", "cyclic_lr"]
 
@@ -95,7 +97,7 @@ def fge(
     """
     for name, v in (("num_candidates", num_candidates), ("keep", keep), ("map_steps", map_steps),
                     ("batch_size", batch_size)):  # fmt: skip
-        _check_positive_int(v, name)
+        check_int(v, name)
     if keep > num_candidates:
         raise ValueError(f"keep={keep} exceeds num_candidates={num_candidates}")
     if not 0 < lr_min < lr_max:

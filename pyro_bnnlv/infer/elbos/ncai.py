@@ -65,12 +65,12 @@ from pyro.poutine import Trace
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
 
-from .._checks import ArgumentTypeError, check_int, check_real
-from ..stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ..stats._pairwise import ncai_statistics
-from ..stats.hsic import normalized_hsic
-from .elbo import PenalizedElbo
-from ..posterior import guide_site_mean
+from ..._checks import ArgumentTypeError, check_int, check_real
+from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
+from ...stats._pairwise import ncai_statistics
+from ...stats.hsic import normalized_hsic
+from .penalized import PenalizedElbo
+from ...posterior import guide_site_mean
 
 __all__ = ["NCAIElbo", "safe_exp", "ncai_penalties"]
 
@@ -199,7 +199,7 @@ class NCAIElbo(PenalizedElbo):
             ``jit=True`` to compile the statistics.
 
     Every training step appends the ELBO loss, the raw statistics and the weighted penalty to
-    :attr:`history` (see :class:`~pyro_bnnlv.infer.elbo.PenalizedElbo`).
+    :attr:`history` (see :class:`~pyro_bnnlv.infer.elbos.penalized.PenalizedElbo`).
     """
 
     def __init__(

@@ -42,7 +42,7 @@ sites' priors as ``Normal`` s, ``None`` when its ``forward`` is not the one they
 ``weights_from_latents(values)``. The first step of each fit runs traced (it creates the guide's
 parameters and lets :func:`~pyro_bnnlv.fit_svi` collect them); ``fit_svi`` then checks the fused
 steps against the traced twin (:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and
-1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.jit_guard.JitGuard`), and
+1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`), and
 finishes traced on a mismatch. Parameters are read inside the modules' Pyro context
 (``pyro.nn.pyro_method``), as their ``forward`` reads them, so ``pyro.infer.SVI``, which collects
 the parameters of each step from its ``pyro.param`` statements, trains them too. Anything a fused step cannot see runs traced: another guide (or an
@@ -317,7 +317,7 @@ class ClosedFormKLElbo(Trace_ELBO):
                 raise RuntimeError(
                     f"ClosedFormKLElbo: site {name!r}'s KL has {kl.numel()} terms where its plates give "
                     f"{other_plates}: the vectorised particle plate {_PARTICLE_PLATE!r} of this Pyro "
-                    "version was not recognised; pin pyro-ppl or update pyro_bnnlv.infer.closed_form_kl"
+                    "version was not recognised; pin pyro-ppl or update pyro_bnnlv.infer.elbos.closed_form_kl"
                 )
             out[name] = kl.sum()
         return out

@@ -77,13 +77,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .._checks import ArgumentTypeError, check_int
-from .._mlp_kernels import mlp_jacobian
-from .laplace_guide import LaplaceGuide
-from ..nets import MLP, FlatNet, ModuleNet
-from ..models.bnn import BNN
-from ..stats.predictive import predictive_metrics
-from .._protocols import LatentModel, NetworkModel
+from ..._checks import ArgumentTypeError, check_int
+from ..._mlp_kernels import mlp_jacobian
+from .guide import LaplaceGuide
+from ...nets import MLP, FlatNet, ModuleNet
+from ...models.bnn import BNN
+from ...stats.predictive import predictive_metrics
+from ..._protocols import LatentModel, NetworkModel
 
 __all__ = [
     "LinearizedLaplace",
@@ -688,7 +688,7 @@ class LinearizedLaplace:
     # -- sampled Laplace ---------------------------------------------------------------------------
     def as_guide(self, dtype: torch.dtype | None = None) -> LaplaceGuide:
         """Sampled Laplace: ``q(w) = N(w*, Sigma)`` as a Pyro guide on ``"w"``
-        (:class:`~pyro_bnnlv.infer.laplace_guide.LaplaceGuide`), in ``dtype`` (default: the model's,
+        (:class:`~pyro_bnnlv.infer.laplace.guide.LaplaceGuide`), in ``dtype`` (default: the model's,
         so the guide's draws fit a ``model.double()``)."""
         self._check_fitted()
         if dtype is not None and dtype not in (torch.float32, torch.float64):

@@ -16,7 +16,7 @@ the processes, so a child that dies (killed, or failing before it can report) ha
 * :func:`run_watched` runs ``mcmc.run`` so that a chain process that exits without delivering
   its results is an error in the parent, with the likely causes;
 * the chains keep the caller's torch thread count (a spawned process would start with one
-  thread per core; :class:`~pyro_bnnlv.infer.nuts_kernel._CountingNUTS` sets it back).
+  thread per core; :class:`~pyro_bnnlv.infer.mcmc.kernel.CountingNUTS` sets it back).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def chain_start_method(mp_context: str | None, kernel: Any, model: Any, compiled
     method = mp_context or "spawn"
     fix = ("run the chains in this process instead (num_chains=1 per call; or the fast path's "
            "default kernel='flat', whose chains run in threads), define the model in a module or "
-           "script file, or pass mp_context='fork' (it can hang: pyro_bnnlv.infer.nuts_processes "
+           "script file, or pass mp_context='fork' (it can hang: pyro_bnnlv.infer.mcmc.processes "
            "says why)")  # fmt: skip
     main = sys.modules.get("__main__")
     defined_in = getattr(model, "__module__", None) or type(model).__module__

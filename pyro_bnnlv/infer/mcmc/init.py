@@ -51,11 +51,11 @@ from pyro.ops.integrator import potential_grad
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .._state import set_seed
-from ..models.bnn import BNN
-from ..models.potential import FlatPotential, mlp_regression_potential
-from ..nets import MLP
-from .svi import fit_svi, train_map
+from ..._state import set_seed
+from ...models.bnn import BNN
+from ...models.potential import FlatPotential, mlp_regression_potential
+from ...nets import MLP
+from ..svi import fit_svi, train_map
 
 __all__ = ["flat_potential", "_check_flat_potential", "_initial_values", "_model_sites", "_resolve_potential"]
 
@@ -196,7 +196,7 @@ def _check_flat_potential(pot: FlatPotential, traced_potential: Callable, params
 
 
 def _resolve_potential(model: Any, x: Tensor, y: Tensor, potential: Any) -> FlatPotential | None:
-    """The fast potential :func:`~pyro_bnnlv.infer.nuts.run_nuts` uses for ``potential=``, or
+    """The fast potential :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts` uses for ``potential=``, or
     ``None`` for the traced path."""
     model_name = type(model).__name__
     if isinstance(potential, FlatPotential):
@@ -206,7 +206,7 @@ def _resolve_potential(model: Any, x: Tensor, y: Tensor, potential: Any) -> Flat
         if pot is None and potential == "fast":
             raise ValueError(
                 f"{model_name} has no fast potential: define {model_name}.nuts_potential(x, y) "
-                "returning a pyro_bnnlv.infer.nuts.FlatPotential, or use potential='traced'"
+                "returning a pyro_bnnlv.infer.mcmc.nuts.FlatPotential, or use potential='traced'"
             )
     elif potential == "traced":
         pot = None

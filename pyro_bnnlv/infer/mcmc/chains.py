@@ -1,7 +1,7 @@
-r"""Several :class:`~pyro_bnnlv.infer.nuts_kernel.FlatNUTS` chains in one process.
+r"""Several :class:`~pyro_bnnlv.infer.mcmc.kernel.FlatNUTS` chains in one process.
 
 ``run_nuts(num_chains=K)`` on the flat kernel runs all chains in the calling process, each with
-its own :class:`~pyro_bnnlv.infer.nuts_kernel.FlatNUTS` (so its own step-size and mass-matrix
+its own :class:`~pyro_bnnlv.infer.mcmc.kernel.FlatNUTS` (so its own step-size and mass-matrix
 adaptation, Pyro's ``WarmupAdapter``), its own ``torch.Generator`` (seeded by
 :func:`_sampling_seed`) and, for a compiled potential, its own ``MLPPotential.clone()``
 (:func:`_chain_potentials`). The compiled tree releases the GIL, so the chains run in parallel
@@ -33,9 +33,9 @@ from pyro.infer.mcmc.api import AbstractMCMC
 from pyro.infer.mcmc.logger import ProgressBar
 from tqdm import tqdm
 
-from .._platform import usable_cores
-from ..models.potential import FlatPotential
-from .nuts_kernel import FlatNUTS
+from ..._platform import usable_cores
+from ...models.potential import FlatPotential
+from .kernel import FlatNUTS
 
 __all__ = ["_ChainRunner", "_InProcessMCMC", "_chain_potentials", "_format_seconds", "_sampling_seed"]
 

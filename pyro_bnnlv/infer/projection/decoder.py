@@ -1,5 +1,5 @@
 r"""Generative objectives for the projected BNN's decoder (issue 17; an option of
-:func:`~pyro_bnnlv.infer.projection.fit_projection`).
+:func:`~pyro_bnnlv.infer.projection.fit.fit_projection`).
 
 Pradier, Pan, Yao, Ghosh & Doshi-Velez (2018), "Projected BNNs: avoiding weight-space pathologies by
 learning latent representations of neural network weights", arXiv:1811.07006. Stage 2 of Alg. 1
@@ -11,7 +11,7 @@ decoder ``g_phi`` that maps an isotropic 2-D Gaussian to weights that we sampled
 set". The two objectives here make ``g_phi`` a generative model of the candidates ``{w_r}_{r=1}^R``
 under the model's own prior ``p(z) = N(0, sigma_z^2 I)``, and keep eq. 6's prediction constraint,
 now on *decoded prior draws*. With ``u = (w - m) / s`` the candidates standardised as in eq. 6's
-reading (:mod:`~pyro_bnnlv.infer.projection`) and
+reading (:mod:`~pyro_bnnlv.infer.projection.fit`) and
 ``pred(phi) = E_{z ~ p(z)} [ -(1/N) sum_n log p(y_n | x_n, g_phi(z)) ]`` (``M`` draws of ``z`` per
 step, data minibatches):
 
@@ -65,11 +65,11 @@ from torch import Tensor
 
 __all__ = ["GENERATIVE_OBJECTIVES", "DEFAULT_BETA", "mmd2", "median_distance", "gaussian_kl", "vae_terms"]
 
-#: the generative decoder objectives of :func:`~pyro_bnnlv.infer.projection.fit_projection`
+#: the generative decoder objectives of :func:`~pyro_bnnlv.infer.projection.fit.fit_projection`
 GENERATIVE_OBJECTIVES = ("vae", "mmd")
 
 #: the prediction weight ``beta`` per objective when none is given: eq. 6 at 1 (its reading in
-#: :mod:`~pyro_bnnlv.infer.projection`); the generative objectives at the value measured on the
+#: :mod:`~pyro_bnnlv.infer.projection.fit`); the generative objectives at the value measured on the
 #: four-mode toy (:mod:`pyro_bnnlv.reproduce.projected_toy`; for the MMD, ``beta`` = 0.01 covered
 #: two or three modes with both variants for seeds 0, 1, 2, while 0.03 left both variants in one
 #: mode and 0.003 the full ``q(z) q(phi)``; the VAE stayed in one mode at 0.01, 0.03 and 0.1)

@@ -1,11 +1,11 @@
 r"""The NUTS kernels: :class:`FlatNUTS` (Pyro's multinomial NUTS on one flat tensor, its tree built in
-C++ or by the Python twin of the same recursion) and ``_CountingNUTS`` (Pyro's stock ``NUTS`` that
+C++ or by the Python twin of the same recursion) and ``CountingNUTS`` (Pyro's stock ``NUTS`` that
 counts leapfrog steps), both recording per-draw statistics (``_RecordingMixin``).
 
 A (sub)tree of the Python builder is a :class:`TreeState` (the fields of Pyro's ``_TreeInfo``);
 the compiled core returns the same 17 values in the same order.
 
-* ``kernel="pyro"`` of :func:`~pyro_bnnlv.infer.nuts.run_nuts`: Pyro's stock
+* ``kernel="pyro"`` of :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`: Pyro's stock
   ``NUTS(potential_fn=...)``. Its tree building works on dicts of tensors with 0-dim tensor
   arithmetic and a ``pyro.sample`` per tree merge; on the 1x50 BNN that costs many times the
   potential's own cost per leapfrog step, on top of it (``pyro-bnnlv bench nuts``).
@@ -14,7 +14,7 @@ the compiled core returns the same 17 values in the same order.
   divergence threshold, the same random draws in the same order, and Pyro's own step-size and
   mass-matrix adaptation (``WarmupAdapter``) -- but keeps the state in one flat tensor and the
   scalar bookkeeping in plain floats, and builds each tree in C++ (the compiled core of
-  :mod:`pyro_bnnlv.infer.compiled`, built on first use; a Python twin of the same recursion is
+  :func:`pyro_bnnlv._compiled.nuts_extension`, built on first use; a Python twin of the same recursion is
   the fallback). With a float64 potential it reproduces Pyro's ``NUTS(potential_fn=...)`` draw
   for draw up to rounding, with either tree (tested).
 
@@ -37,10 +37,10 @@ from pyro.infer import NUTS
 from pyro.ops.integrator import potential_grad
 from torch import Tensor
 
-from .._compiled import resolve_nuts_extension as resolve_extension
-from ..models.potential import FlatPotential
+from ..._compiled import resolve_nuts_extension as resolve_extension
+from ...models.potential import FlatPotential
 
-__all__ = ["FlatNUTS", "TreeState", "_CountingNUTS"]
+__all__ = ["CountingNUTS", "FlatNUTS", "TreeState"]
 
 
 class _RecordingMixin:
@@ -80,7 +80,7 @@ class _RecordingMixin:
         return out
 
 
-class _CountingNUTS(_RecordingMixin, NUTS):
+class CountingNUTS(_RecordingMixin, NUTS):
     """Pyro's stock ``NUTS`` that counts leapfrog steps (potential evaluations) per draw."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -115,7 +115,7 @@ class _CountingNUTS(_RecordingMixin, NUTS):
 class TreeState(NamedTuple):
     """A NUTS (sub)tree over flat tensors: the fields of Pyro's ``_TreeInfo``, in its order.
 
-    The compiled core (``build_tree`` of :mod:`pyro_bnnlv.infer.compiled`) returns the same 17
+    The compiled core (``build_tree`` of :func:`pyro_bnnlv._compiled.nuts_extension`) returns the same 17
     values as a plain tuple in this order; :meth:`FlatNUTS._flat_sample` wraps it with
     ``TreeState._make``.
     """
@@ -162,7 +162,7 @@ class FlatNUTS(_RecordingMixin, NUTS):
       ``pyro.sample(dist.Bernoulli(...))`` (the same draw).
 
     The tree recursion (leapfrog steps, merges, U-turn tests, the per-merge Bernoulli draw) runs
-    in C++ (``build_tree`` of :mod:`pyro_bnnlv.infer.compiled`, the line-for-line twin of
+    in C++ (``build_tree`` of :func:`pyro_bnnlv._compiled.nuts_extension`, the line-for-line twin of
     :meth:`_build_tree_flat`) when the compiled core builds; it calls the potential's compiled
     twin (:attr:`FlatPotential.compiled`) directly, or its Python ``value_and_grad`` otherwise.
     The top level of each draw (direction and acceptance draws through ``pyro.sample``) and all

@@ -1,7 +1,7 @@
-// Compiled core of pyro_bnnlv.infer.nuts: the MLP-regression potential and FlatNUTS's tree.
+// Compiled core of pyro_bnnlv.infer.mcmc.nuts: the MLP-regression potential and FlatNUTS's tree.
 //
-// Built on first use by pyro_bnnlv/infer/compiled.py (torch.utils.cpp_extension.load); the
-// Python code in nuts.py is the reference implementation and the fallback when no compiler is
+// Built on first use by pyro_bnnlv/_compiled.py (torch.utils.cpp_extension.load); the
+// Python code in infer/mcmc/kernel.py is the reference implementation and the fallback when no compiler is
 // available. Both compute the same quantities with the same operations, except that the C++
 // sums the energy terms in double (the Python in the tensor's dtype) and does not fuse
 // r + alpha * g, so float64 results agree to ~1e-14 and float32 energies to ~1e-5 relative:
@@ -692,7 +692,7 @@ py::tuple build_tree(py::object potential, Tensor q, Tensor r, Tensor g, int dir
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Compiled core of pyro_bnnlv's FlatNUTS (see pyro_bnnlv/infer/compiled.py)";
+  m.doc() = "Compiled core of pyro_bnnlv's FlatNUTS (see pyro_bnnlv/_compiled.py)";
   py::class_<MLPPotential>(m, "MLPPotential")
       .def(py::init<Tensor, Tensor, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>, int64_t,
                     Tensor, Tensor, bool, double, double, int64_t, Tensor>())

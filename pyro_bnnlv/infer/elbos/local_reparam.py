@@ -48,8 +48,8 @@ from pyro.infer.elbo import ELBO
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .._mlp_kernels import mlp_local_reparam_sample
-from ..nets import MLP
+from ..._mlp_kernels import mlp_local_reparam_sample
+from ...nets import MLP
 
 __all__ = ["LocalReparamELBO", "local_reparam_forward"]
 

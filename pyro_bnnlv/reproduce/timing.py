@@ -1,0 +1,39 @@
+"""Timing for the benchmarks (``pyro-bnnlv bench NAME``): medians of interleaved measurements.
+
+Times on shared machines are noisy; ratios of interleaved measurements are not (much). Every
+benchmark alternates its contenders in rounds and reports medians over steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from ..infer.svi import fit_svi
+
+__all__ = ["median_ms", "fit_step_ms"]
+
+
+def median_ms(fn: Callable[[], None], steps: int, warmup: int = 20) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``steps`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def fit_step_ms(model: Any, guide: Any, x: Tensor, y: Tensor, steps: int, **fit_kwargs: Any) -> float:
+    """Median ms per ``fit_svi`` step over ``steps`` steps, stamped by its callback; the first 20
+    steps (compilation, warm-up, the JIT guard's checks at steps 1 and 10) are not timed."""
+    stamps: list[float] = []
+    fit_svi(model, guide, x, y, num_steps=steps + 21, progress=False,
+            callback=lambda step, value: stamps.append(time.perf_counter()), **fit_kwargs)  # fmt: skip
+    return 1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:]))

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pyro_bnnlv.cli import main
-from pyro_bnnlv.reproduce import report
+from pyro_bnnlv.reproduce import report, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,9 +74,9 @@ def test_unknown_table_and_bad_column_are_clear_errors(tmp_path):
 
 def test_rendering_rounds_like_the_old_readme(tmp_path):
     """Two decimals, no ``-0.00``; the paper's printed decimals rounded half-up."""
-    assert report._num(-0.004) == "0.00" and report._num(2.345678) == "2.35"
-    assert report._paper(-1.055) == "-1.06" and report._printed(0.243) == "0.243"
-    assert report._printed(4.7) == "4.70"
+    assert tables.num(-0.004) == "0.00" and tables.num(2.345678) == "2.35"
+    assert tables.paper_value(-1.055) == "-1.06" and tables.as_printed(0.243) == "0.243"
+    assert tables.as_printed(4.7) == "4.70"
     rows = pd.DataFrame({"dataset": ["d"] * 3, "scheme": ["random"] * 3, "method": ["A", "B", "C"],
                          "test_ll": [-1.0, -0.5, -2.0]})  # fmt: skip
     rows.to_csv(tmp_path / "p.csv", index=False)
@@ -88,7 +88,7 @@ def test_rendering_rounds_like_the_old_readme(tmp_path):
 def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_failures():
     """Table 5 reports mean ± standard error over 10 splits: so does the table of a paper run; a
     one-split CSV keeps its plain cells; failed fits do not enter the means."""
-    from pyro_bnnlv.reproduce.report import _hyvi_uci
+    from pyro_bnnlv.reproduce.hyvi import uci_table as _hyvi_uci
 
     rows = [dict(dataset="boston", split=s, method="MFVI", rmse=2.0 + s, test_ll=-2.0 - s, auroc_ood=0.9,
                  status="done") for s in range(3)]  # fmt: skip
@@ -115,7 +115,7 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
     """A proj-uci CSV written while its sweep is under way (--stop-after): a cell whose grid is
     partly finished is marked, a cell without a finished fit is empty and takes no part in the
     row's best."""
-    from pyro_bnnlv.reproduce.report import _proj_uci
+    from pyro_bnnlv.reproduce.projected import uci_table as _proj_uci
 
     rows = [dict(dataset="yacht", scheme="random", method="BbB", test_ll=-1.0, status="done"),
             dict(dataset="yacht", scheme="random", method="Proj-BNN", test_ll=-0.5, status="partial"),
@@ -128,7 +128,7 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
 
 
 def test_proj_uci_table_gives_rmse_or_the_selected_step_size_and_latent_size_on_request():
-    from pyro_bnnlv.reproduce.report import _proj_uci
+    from pyro_bnnlv.reproduce.projected import uci_table as _proj_uci
 
     rows = pd.DataFrame([
         dict(dataset="boston", scheme="random", method="BbB", lr=0.1, latent_dim=float("nan"), test_ll=-2.0,
@@ -147,7 +147,7 @@ def test_proj_uci_table_gives_rmse_or_the_selected_step_size_and_latent_size_on_
 
 
 def test_proj_four_modes_table_lists_the_seeds_and_bolds_only_fits_with_two_modes_in_every_seed():
-    from pyro_bnnlv.reproduce.report import _proj_four_modes
+    from pyro_bnnlv.reproduce.projected_toy import four_modes_table as _proj_four_modes
 
     def census(modes_mmd, ll):
         return pd.DataFrame([

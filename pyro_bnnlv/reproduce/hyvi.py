@@ -72,6 +72,7 @@ from ..stats.ood import ood_report
 from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
+from . import tables
 
 __all__ = ["cosine_experiment", "uci_experiment", "uci_task", "main"]
 
@@ -449,3 +450,89 @@ def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
         table.attrs[f"{method} speed-up"] = float(table.loc[(method, "retain_freed_memory"), "speed_up"])
     table.attrs["losses bitwise equal"] = bool(table["same_loss"].all())
     return table
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+#: Pequignot et al. (2020), "Implicit variational inference: the parameter and the predictor space",
+#: App. D, Table 5 (UCI, 10 splits): mean test RMSE and log predictive probability per method
+#: and data set, as printed.
+HYVI_PAPER = {
+    "rmse": {
+        "MFVI": {"boston": 3.696, "concrete": 5.425, "energy": 0.46, "wine": 0.645, "yacht": 0.791},
+        "NN-HyVI": {"boston": 3.729, "concrete": 4.48, "energy": 0.452, "wine": 0.721, "yacht": 0.652},
+        "FuNN-HyVI": {"boston": 4.33, "concrete": 4.779, "energy": 0.437, "wine": 0.82, "yacht": 0.863},
+    },
+    "test_ll": {
+        "MFVI": {"boston": -2.969, "concrete": -3.121, "energy": -0.666, "wine": -0.981, "yacht": -3.348},
+        "NN-HyVI": {"boston": -4.342, "concrete": -3.165, "energy": -0.611, "wine": -1.342, "yacht": -0.976},
+        "FuNN-HyVI": {"boston": -10.631, "concrete": -3.463, "energy": -0.811, "wine": -2.167, "yacht": -2.056},
+    },
+}  # fmt: skip
+
+
+def cosine_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv reproduce hyvi-cosine --output CSV``. Bold: the method with the smallest
+    predictor-space KL (sum of both directions)."""
+    (t,) = frames
+    kl = lambda row, space: (  # noqa: E731
+        "" if math.isnan(row[f"kl_{space}_q_nuts"])
+        else f"{row[f'kl_{space}_q_nuts']:.0f} / {row[f'kl_{space}_nuts_q']:.0f}")  # fmt: skip
+    best = tables.best(list(t["kl_predictor_q_nuts"] + t["kl_predictor_nuts_q"]), largest=False)
+    out = []
+    for i, row in t.iterrows():
+        out.append([tables.bold(row["method"], i == best), tables.num(row["sd_data"], 3), tables.num(row["sd_gap"]),
+                    tables.num(row["sd_far"]), tables.num(row["test_ll"]), kl(row, "parameter"),
+                    tables.bold(kl(row, "predictor"), i == best)])  # fmt: skip
+    header = ["method", "sd data", "sd gap", "sd far", "test LL", "KL param (q‖NUTS / NUTS‖q)",
+              "KL pred (q‖NUTS / NUTS‖q)"]  # fmt: skip
+    return tables.table(header, out)
+
+
+def uci_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv reproduce hyvi-uci --output CSV``: RMSE / test LL / AUROC per data set and
+    method (mean over the splits in the CSV, with its standard error ``± se`` when there are
+    several, as Table 5 reports), the paper's Table 5 in brackets. The ``splits`` column counts
+    the finished fits per method (a CSV of a sweep under way, ``--stop-after``, has ``pending``
+    rows; failed and pending fits do not enter the means); "(k capped)": fits that reached the
+    step cap before the learning-rate schedule ran out."""
+    t = pd.concat(frames, ignore_index=True)
+    planned = t.groupby("dataset", sort=False)["split"].nunique() if "split" in t else None
+    if "status" in t:
+        t = t[t["status"] == "done"]
+    cols = ["rmse", "test_ll", "auroc_ood"]
+    groups = t.groupby(["dataset", "method"], sort=False)[cols]
+    agg, se = groups.mean(), groups.std() / groups.count().pow(0.5)
+    several = groups.count()["rmse"] > 1
+
+    def value(key, col: str) -> str:
+        return tables.num(agg.loc[key, col]) + (f" ± {tables.num(se.loc[key, col])}" if several.loc[key] else "")
+
+    methods = list(t["method"].drop_duplicates())
+    out = []
+    for dataset in t["dataset"].drop_duplicates():
+        counts = [int(groups.count().loc[(dataset, m), "rmse"]) if (dataset, m) in agg.index else 0 for m in methods]
+        of = f" of {planned.loc[dataset]}" if planned is not None else ""
+        capped = int(t.loc[t["dataset"] == dataset, "capped"].astype(bool).sum()) if "capped" in t else 0
+        of += f" ({capped} capped)" if capped else ""
+        cells = [dataset, (str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))) + of]
+        for m in methods:
+            if (dataset, m) not in agg.index:
+                cells.append("")
+                continue
+            key = (dataset, m)
+            rmse_p = HYVI_PAPER["rmse"].get(m, {}).get(dataset, float("nan"))
+            ll_p = HYVI_PAPER["test_ll"].get(m, {}).get(dataset, float("nan"))
+            cells.append(f"{tables.with_paper(value(key, 'rmse'), rmse_p)} / {tables.with_paper(value(key, 'test_ll'), ll_p)}"
+                         f" / {value(key, 'auroc_ood')}")  # fmt: skip
+        out.append(cells)
+    return tables.table(["data set", "splits"] + [f"{m} RMSE / LL / AUROC" for m in methods], out)
+
+
+def knn_presets_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``python docs/bench/knn_elbo_presets.py``: cost per step and the cosine-toy fit."""
+    (t,) = frames
+    out = [[row["setting"], tables.num(row["ms_per_step"], 1), tables.num(row["cost_vs_mfvi"], 1), tables.num(row["sd_data"], 3),
+            tables.num(row["sd_gap"]), tables.num(row["sd_far"]), tables.num(row["test_ll"])] for _, row in t.iterrows()]  # fmt: skip
+    return tables.table(["setting", "ms / step", "cost vs MFVI", "sd data", "sd gap", "sd far", "test LL"], out)

@@ -65,6 +65,7 @@ from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .timing import median_ms
+from . import tables
 
 __all__ = ["fit_map_learned_noise", "run_split", "split_task", "uci_table", "summary", "DATASETS", "PAPER_LL"]
 
@@ -433,3 +434,48 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
     table = table.set_index(["case", "contender"])
     table.attrs.update(attrs)
     return table
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+_IB_LABELS = {"MAP": "MAP", "MFVI": "MFVI", "LL": "linearised Laplace", "LL-valid": "LL, validation hyper-params",
+              "SL": "sampled Laplace"}  # fmt: skip
+
+
+def in_between_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv reproduce in-between --output CSV``: mean ± standard error of the test LL over
+    the splits, the paper's Tables 1-2 in brackets (``hidden_layers=2``: its 2HL rows). One table
+    per split kind; a CSV with a single method gives one table with a row per kind."""
+    hidden = int(options.get("hidden_layers", 1))
+    t = pd.concat(frames, ignore_index=True)
+    summ = summary(t, hidden)
+    datasets = list(summ["dataset"].drop_duplicates())
+    methods = [m for m in METHODS if m in set(summ["method"])]
+    kinds = list(summ["kind"].drop_duplicates())
+    idx = summ.set_index(["kind", "method", "dataset"])
+
+    def cell(kind: str, method: str, dataset: str) -> str:
+        if (kind, method, dataset) not in idx.index:
+            return ""
+        r = idx.loc[(kind, method, dataset)]
+        return tables.with_paper(tables.mean_se(r["mean"], r["se"]), r["paper"])
+
+    def counts(kind: str) -> str:
+        n = summ[(summ["kind"] == kind)].drop_duplicates("dataset").set_index("dataset")["n_splits"]
+        return ", ".join(f"{d} {int(n[d])}" for d in datasets if d in n.index)
+
+    if len(methods) == 1:
+        (m,) = methods
+        rows = []
+        for kind in kinds:
+            ns = set(summ[summ["kind"] == kind]["n_splits"])
+            label = f"{kind} ({ns.pop()} splits)" if len(ns) == 1 else kind
+            rows.append([label] + [cell(kind, m, d) for d in datasets])
+        return f"splits: {'; '.join(f'{k} ({counts(k)})' for k in kinds)}\n\n" + tables.table(
+            [f"{_IB_LABELS.get(m, m)}"] + datasets, rows)  # fmt: skip
+    parts = []
+    for kind in kinds:
+        rows = [[_IB_LABELS.get(m, m)] + [cell(kind, m, d) for d in datasets] for m in methods]
+        parts.append(f"{kind} splits ({counts(kind)})\n\n" + tables.table([""] + datasets, rows))
+    return "\n\n".join(parts)

@@ -43,6 +43,7 @@ from ..models.bnnlv import BNNLV
 from ..nets import MLP
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
+from . import tables
 from .timing import fit_step_ms
 from .ncai_compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 
@@ -271,3 +272,124 @@ def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     table = pd.DataFrame(rows, columns=["loss", "ms_per_step", "ratio_to_mfvi"]).set_index("loss")
     table.attrs["NCAIElbo (JIT) / MFVI step, target <= 1.5"] = med["ncai-jit"] / med["mfvi"]
     return table
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+#: the order of ``ncai.PAPER``'s tuples
+_NCAI_ORDER = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)")
+
+
+_NCAI_LABELS = {
+    "BNN (MFVI)": "BNN MFVI",
+    "BNN+LV (MFVI)": "BNN+LV MFVI",
+    "BNN+LV (NCAI_0)": "BNN+LV NCAI_0",
+    "BNN+LV (NCAI_lambda)": "BNN+LV NCAI_lambda",
+}
+
+
+def _ncai_paper(dataset: str, method: str) -> tuple[float, float, float]:
+    """The NCAI paper's (test LL, I(x; mu_z), HZ(mu_z)) for one method; NaN where it has none."""
+    nan = float("nan")
+    ll = PAPER["test_ll"].get(dataset)
+    ll = ll[_NCAI_ORDER.index(method)] if ll and method in _NCAI_ORDER else nan
+    pos = {"BNN+LV (MFVI)": 0, "BNN+LV (NCAI_lambda)": 1}.get(method)
+    mi = PAPER["mi_x_z"].get(dataset, (nan, nan))[pos] if pos is not None else nan
+    hz = PAPER["hz_z"].get(dataset, (nan, nan))[pos] if pos is not None else nan
+    return ll, mi, hz
+
+
+def compare_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv compare DATASET --output CSV``: one row per method (best restart of split 0);
+    further CSVs (the ``--independence pc`` run) add their NCAI_lambda row. Bold: the best test LL
+    among the BNN+LV rows, and NCAI_lambda's I and HZ where no other BNN+LV row is lower."""
+    dataset = options.get("dataset") or Path(paths[0]).stem.removeprefix("compare-").removesuffix("-pc")
+    rows: list[tuple[str, str, pd.Series, bool]] = []  # label, method, row, with paper values
+    for i, (frame, path) in enumerate(zip(frames, paths)):
+        term = "printed PC term (`--independence pc`)" if Path(path).stem.endswith("-pc") else "HSIC term"
+        for _, row in frame.iterrows():
+            method = row["method"]
+            if i > 0 and method != "BNN+LV (NCAI_lambda)":
+                continue
+            label = _NCAI_LABELS.get(method, method)
+            if method == "BNN+LV (NCAI_lambda)" and len(frames) > 1:
+                label += f", {term}"
+            rows.append((label, method, row, i == 0))
+    lv = [k for k, (_, m, _, _) in enumerate(rows) if m.startswith("BNN+LV")]
+    best_ll = tables.best([rows[k][2]["test_ll"] for k in lv], largest=True)
+    best_ll = lv[best_ll] if best_ll is not None else None
+    lowest = {}
+    for col in ("mi_x_z", "hz_z"):
+        k = tables.best([rows[j][2][col] for j in lv], largest=False)
+        lowest[col] = lv[k] if k is not None and rows[lv[k]][1] == "BNN+LV (NCAI_lambda)" else None
+    out = []
+    for k, (label, method, row, paper) in enumerate(rows):
+        ll_p, mi_p, hz_p = _ncai_paper(dataset, method) if paper else (float("nan"),) * 3
+        out.append([
+            label,
+            tables.with_paper(tables.bold(tables.num(row["test_ll"]), k == best_ll), ll_p),
+            tables.with_paper(tables.bold(tables.num(row["mi_x_z"]), k == lowest["mi_x_z"]), mi_p, printed=True),
+            tables.with_paper(tables.bold(tables.num(row["hz_z"]), k == lowest["hz_z"]), hz_p, printed=True),
+        ])  # fmt: skip
+    header = [f"{dataset}, split 0", "test LL (paper Table 4)", "`I(x; mu_z)` (paper Table 2)",
+              "`HZ(mu_z)` (paper Table 3)"]  # fmt: skip
+    return tables.table(header, out)
+
+
+def _setting_label(selected: str) -> str:
+    """``"noise_var=0.1, eps_T=0.01, eps_x=1"`` -> ``"eps_T 0.01, eps_x 1"``."""
+    if selected == "lambda=0":
+        return "lambda = 0"
+    parts = [p.strip().replace("=", " ") for p in str(selected).split(",") if not p.strip().startswith("noise_var")]
+    return ", ".join(parts)
+
+
+def protocol_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv reproduce ncai --output CSV``: mean over the evaluation splits per data set
+    and method (the test LL's sd in brackets), then the paper's value in brackets. Bold: the best
+    test LL per data set, and NCAI_lambda's I and HZ where no other BNN+LV method is lower. In
+    italics under each set: its test-LL ceiling, the expected LL of the true conditional density
+    (:func:`pyro_bnnlv.reproduce.ncai.true_test_ll`)."""
+    table = pd.concat(frames, ignore_index=True)
+    summ = summary(table)
+    selected = table.groupby(["dataset", "method"], sort=False)["selected"].first()
+    splits = sorted(set(summ["splits"]))
+    out = []
+    for dataset in summ.index.get_level_values(0).unique():
+        block = summ.loc[dataset]
+        methods = list(block.index)
+        best_ll = tables.best(list(block["test_ll_mean"]), largest=True)
+        lv = [i for i, m in enumerate(methods) if m.startswith("BNN+LV")]
+        lowest = {}
+        for col in ("mi_x_z", "hz_z"):
+            k = tables.best([block[f"{col}_mean"].iloc[i] for i in lv], largest=False)
+            lowest[col] = lv[k] if k is not None and methods[lv[k]] == "BNN+LV (NCAI_lambda)" else None
+        for i, method in enumerate(methods):
+            r = block.loc[method]
+            ll_p, mi_p, hz_p = _ncai_paper(dataset, method)
+            label = _NCAI_LABELS.get(method, method)
+            if method == "BNN+LV (NCAI_lambda)":
+                label += f" ({_setting_label(selected[(dataset, method)])})"
+            if i == 0:
+                label = f"**{dataset}** {label}"
+
+            def cell(col: str, paper: float, bold: bool, printed: bool, sd: bool = False) -> str:
+                mean = tables.num(r[f"{col}_mean"])
+                if not mean:
+                    return ""
+                text = tables.bold(mean, bold) + (f" ({tables.num(r[f'{col}_std'])})" if sd else "")
+                return tables.with_paper(text, paper, printed)
+
+            out.append([
+                label,
+                cell("test_ll", ll_p, i == best_ll, False, sd=True),
+                cell("mi_x_z", mi_p, i == lowest["mi_x_z"], True),
+                cell("hz_z", hz_p, i == lowest["hz_z"], True),
+            ])  # fmt: skip
+        ceiling = tables.num(block["true_test_ll"].iloc[0])  # "" for a set without a known density
+        if ceiling:
+            out.append(["*ceiling: the true density*", f"*{ceiling}*", "", ""])
+    n = ", ".join(str(s) for s in splits)
+    header = [f"{n} splits, mean", "test LL (sd) (paper)", "`I(x; mu_z)` (paper)", "`HZ(mu_z)` (paper)"]
+    return tables.table(header, out)

@@ -91,6 +91,7 @@ from ..nets import MLP
 from ..stats.predictive import evaluate
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
+from . import tables
 
 __all__ = ["uci_experiment", "uci_task", "uci_tasks", "select_best", "main", "METHODS", "PAPER_BUDGET"]
 
@@ -534,3 +535,42 @@ def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
         "Proj-BNN stage 3", "closed-form, traced"]
     table.attrs["BbB: traced / fused step"] = med["BbB", "closed-form, traced"] / med["BbB", "closed-form, fused"]
     return table
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+def uci_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """``pyro-bnnlv reproduce proj-uci --output CSV``: per data set, split scheme and method the
+    test LL (``values=test_ll``, the default; bold: the best per row), the test RMSE
+    (``values=rmse``; bold: the smallest) or what validation selected (``values=selected``: the
+    step size and latent size ``D_z`` as ``lr / D_z``), all on the standardised scale. A CSV of a
+    sweep under way (``--stop-after``): a cell picked from a partly finished grid is marked ``*``
+    (status ``partial``), a cell without a finished fit is empty."""
+    values_of = options.get("values", "test_ll")
+    if values_of not in ("test_ll", "rmse", "selected"):
+        raise ValueError(f"values={values_of!r}; choose values=test_ll, values=rmse or values=selected")
+    t = pd.concat(frames, ignore_index=True)
+    methods = list(t["method"].drop_duplicates())
+    partial = set()
+    if "status" in t:
+        t = t[t["status"].isin(["done", "partial"])]
+        partial = {tuple(k) for k in t.loc[t["status"] == "partial", ["dataset", "scheme", "method"]].to_numpy()}
+    selected = values_of == "selected"
+    if selected:
+        for column in ("lr", "latent_dim"):
+            if column not in t:
+                raise KeyError(f"values=selected needs column {column!r}, which {', '.join(paths)} lacks")
+        t = t.assign(selected=[" / ".join(f"{v:g}" for v in pair if not pd.isna(v))
+                               for pair in zip(t["lr"], t["latent_dim"])])  # fmt: skip
+    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values=values_of,
+                         aggfunc="first" if selected else "mean")  # fmt: skip
+    out = []
+    for (dataset, scheme), row in wide.sort_index().iterrows():
+        values = [row.get(m, float("nan")) for m in methods]
+        texts = [v if isinstance(v, str) else "" for v in values] if selected else [tables.num(v) for v in values]
+        best = None if selected else tables.best(values, largest=values_of == "test_ll")
+        cells = [tables.bold(text, i == best) + ("*" if (dataset, scheme, m) in partial else "")
+                 for i, (m, text) in enumerate(zip(methods, texts))]  # fmt: skip
+        out.append([dataset, scheme] + cells)
+    return tables.table(["data set", "split"] + methods, out)

@@ -55,6 +55,7 @@ from ..infer.projection.decoder import DEFAULT_BETA
 from ..infer.projection.fit import fit_projected_bnn, fit_projection
 from ..models import BNN, ProjectedBNN
 from ..stats.predictive import evaluate
+from . import tables
 
 __all__ = ["four_modes_candidates", "four_modes_census", "FourModesResult", "four_modes_experiment", "plot_four_modes", "FIGURE_FITS",
            "main"]
@@ -274,3 +275,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+def four_modes_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """The four-mode toy's census (``pyro-bnnlv reproduce proj-four-modes --output CSV``), one CSV
+    per seed: each cell lists the seeds' values in the order given ("a / b / c"); the
+    missed-bump shares are the first seed's. Bold: a fit whose samples cover at least two modes
+    in every seed."""
+    missing = [p for f, p in zip(frames, paths) if "modes" not in f.columns or "fit" not in f.columns]
+    if missing:
+        raise ValueError(f"{missing} are not proj-four-modes censuses (columns fit, modes, ...)")
+    censuses = [f.set_index("fit") for f in frames]
+
+    def cell(fit: str, column: str, decimals: int) -> str:
+        values = [t.loc[fit, column] if fit in t.index else float("nan") for t in censuses]
+        texts = [tables.num(v, decimals) for v in values]
+        return "" if not any(texts) else " / ".join(t or "-" for t in texts)
+
+    shares = [c for c in censuses[0].columns if c.startswith("miss ")]
+    rows = []
+    for fit in censuses[0].index:
+        covers = all(fit in t.index and t.loc[fit, "modes"] >= 2 for t in censuses)
+        share = "/".join(tables.share(censuses[0].loc[fit, c]) for c in shares)
+        rows.append([tables.bold(str(fit), covers and fit != "candidates"), cell(fit, "prior_fits_three", 2),
+                     cell(fit, "prior_modes", 0), cell(fit, "fits_three", 2), cell(fit, "modes", 0), share,
+                     cell(fit, "test_ll", 2)])  # fmt: skip
+    header = ["fit", "prior draws fitting 3", "prior modes", "samples fitting 3", "modes",
+              "missed-bump shares (" + " / ".join(s.removeprefix("miss ") for s in shares) + "; first seed)", "test LL"]
+    return tables.table(header, rows)

@@ -1,0 +1,96 @@
+"""Cells and tables of ``docs/results.md`` (:mod:`.report`): the formatting every paper's table
+builder shares.
+
+Rounding follows the tables the README showed before they moved to the results page: our values
+to 2 decimals, the papers' log-likelihoods and RMSEs rounded half-up to 2 decimals, their ``I``
+and ``HZ`` values as printed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from decimal import ROUND_HALF_UP, Decimal
+
+__all__ = ["auto", "best", "bold", "mean_se", "num", "paper_value", "as_printed", "share", "table", "with_paper"]
+
+
+def num(value: float, decimals: int = 2) -> str:
+    """``value`` to ``decimals`` places; empty for NaN; no ``-0.00``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = f"{float(value):.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def paper_value(value: float, decimals: int = 2) -> str:
+    """A paper's printed decimal rounded half-up (-1.055 -> -1.06, as on paper, not -1.05 as
+    binary floating point rounds it); empty for NaN."""
+    if value is None or math.isnan(value):
+        return ""
+    return str(Decimal(str(value)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
+def as_printed(value: float) -> str:
+    """A paper's value as printed: up to 3 decimals, at least 2 (0.036, 4.70, 0.243)."""
+    text = f"{value:.3f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+def auto(value) -> str:
+    """A benchmark cell: about 3 significant digits, integers with thousands separators."""
+    if isinstance(value, (bool, str)):
+        return str(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    value = float(value)
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    if size >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def bold(text: str, on: bool) -> str:
+    return f"**{text}**" if on and text else text
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def best(values: Sequence[float], *, largest: bool) -> int | None:
+    """Index of the strictly best finite value (None on a tie or without values)."""
+    finite = [(v, i) for i, v in enumerate(values) if v is not None and not math.isnan(v)]
+    if not finite:
+        return None
+    ranked = sorted(finite, reverse=largest)
+    if len(ranked) > 1 and ranked[0][0] == ranked[1][0]:
+        return None
+    return ranked[0][1]
+
+
+def with_paper(cell: str, paper: float, printed: bool = False) -> str:
+    if not cell or math.isnan(paper):
+        return cell
+    return f"{cell} ({as_printed(paper) if printed else paper_value(paper)})"
+
+
+def mean_se(mean: float, se: float) -> str:
+    if abs(mean) >= 100:
+        return f"{mean:.0f}±{se:.0f}"
+    return f"{num(mean)}±{num(se)}"
+
+
+def share(value: float) -> str:
+    """A share as ``0``, ``1`` or ``.37``."""
+    text = num(value)
+    return text if not text else ("0" if float(text) == 0 else "1" if float(text) == 1 else text.lstrip("0"))

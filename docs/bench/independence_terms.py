@@ -1,7 +1,7 @@
 """Validation of the independence terms of :mod:`pyro_bnnlv.stats.independence` against KSG
 (issue 37, item 2).
 
-    python docs/bench/independence_terms.py [--n 350] [--draws 5] [--reference-n 20000]
+    python docs/bench/independence_terms.py [--n 350] [--draws 3] [--reference-n 20000] [--null-reps 100]
 
 Each candidate of :func:`~pyro_bnnlv.stats.independence.independence_statistic` ALONE, on
 :data:`PATTERNS`: 31 synthetic dependence patterns of a 1-D latent ``z`` on ``x`` (monotone,
@@ -15,7 +15,7 @@ strengths; two independent patterns). Per pattern:
   full-batch size on the issue's ``from_arrays`` set; bimodal trains on 750).
 
 Printed: the table, each candidate's Spearman rank correlation with the reference over the
-patterns, and its null (``z`` independent of ``x``): mean and 95% quantile over 200 batches at
+patterns, and its null (``z`` independent of ``x``): mean and 95% quantile over --null-reps batches at
 ``n`` in 64, 128, 350, 750. All draws are seeded.
 """
 
@@ -122,9 +122,9 @@ def spearman(reference: dict[str, float], values: dict[str, float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=350)
-    parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--reference-n", type=int, default=20000)
-    parser.add_argument("--null-reps", type=int, default=200)
+    parser.add_argument("--null-reps", type=int, default=100)
     args = parser.parse_args()
     torch.manual_seed(0)
     reference, values = validate(args.n, args.draws, args.reference_n)

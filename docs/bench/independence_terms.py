@@ -78,6 +78,9 @@ PATTERNS: dict[str, Sampler] = {
     "3-D sines": _three_d(lambda x, e: np.sin(2 * x[:, 0]) + np.sin(2 * x[:, 1]) + np.sin(2 * x[:, 2]) + 0.5 * e),
 }
 
+#: The patterns with 1-D ``x``.
+ONE_D: list[str] = [p for p in PATTERNS if not p.startswith("3-D") and p != "independent 3-D"]
+
 #: The candidates validated, with their options (``hsic-multiscale`` at its default scales).
 CANDIDATES: dict[str, dict] = {kind: {"kind": kind} for kind in KINDS}
 
@@ -114,8 +117,10 @@ def null_quantiles(n: int, reps: int, seed: int = 0, dims: int = 1,
     return out
 
 
-def spearman(reference: dict[str, float], values: dict[str, float]) -> float:
-    names = list(reference)
+def spearman(reference: dict[str, float], values: dict[str, float], names: list[str] | None = None) -> float:
+    """Spearman rank correlation of a candidate's values with the reference over ``names``
+    (default: every pattern)."""
+    names = list(reference) if names is None else names
     return float(spearmanr([reference[p] for p in names], [values[p] for p in names]).statistic)
 
 
@@ -135,6 +140,9 @@ def main() -> None:
     for p in sorted(reference, key=reference.get):
         print(f"{p:<22}{reference[p]:>8.3f}" + "".join(f"{values[c][p]:>17.4f}" for c in cands))
     print(f"{'Spearman vs KSG':<30}" + "".join(f"{spearman(reference, values[c]):>17.3f}" for c in cands))
+    for label, names in (("1-D x", ONE_D), ("3-D x", [p for p in reference if p not in ONE_D])):
+        print(f"{f'  on the {len(names)} with {label}':<30}"
+              + "".join(f"{spearman(reference, values[c], names):>17.3f}" for c in cands))  # fmt: skip
     for n in (64, 128, 350, 750):
         null = null_quantiles(n, args.null_reps)
         print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>8.4f} /{null[c][1]:>7.4f}" for c in cands))

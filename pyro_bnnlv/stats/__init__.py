@@ -5,6 +5,9 @@
 * ``knn``: k-nearest-neighbour entropy and KL estimators, in parameter and predictor space;
 * ``dependence``: Henze-Zirkler normality statistic, correlation penalties, KSG mutual
   information, Kolmogorov-Smirnov statistic (the NCAI paper's proxies and metrics);
+* ``independence``: differentiable dependence statistics of ``x`` and ``mu_z`` behind one API,
+  :func:`independence_statistic` (multiscale HSIC, a k-NN mutual information, distance
+  correlation, today's HSIC, the paper's PC);
 * ``ood``: epistemic entropy per input, OOD-vs-test AUROC, histograms (HyVI paper sec. 4);
 * ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
 * ``invariance``: invariance gap of a mean-field BNN, per unit of every layer (invariances paper,
@@ -19,6 +22,7 @@ from .dependence import (
     offdiag_cov_norm,
     pearson_correlation,
 )
+from .independence import independence_statistic
 from .knn import (
     functional_knn_entropy,
     functional_knn_kl,
@@ -66,6 +70,7 @@ __all__ = [
     "input_sampler",
     "henze_zirkler",
     "henze_zirkler_pvalue",
+    "independence_statistic",
     "knn_entropy",
     "knn_kl",
     "ks_statistic",

@@ -1,0 +1,223 @@
+r"""Differentiable statistics of the dependence between inputs ``x`` and latent means ``mu_z``.
+
+The NCAI constraint (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, eq. 9-10, 13) is
+``I(x; z) = 0``; the paper penalises a proxy (eq. 23-24, the Pearson correlation ``PC``) and
+names the proxy as its limitation (sec. 8). :func:`independence_statistic` offers, behind one
+API, the proxies a penalty can use, each differentiable in ``mu_z``:
+
+* ``"hsic-multiscale"`` -- the normalised HSIC (centred kernel alignment) averaged over a grid of
+  Gaussian bandwidths ``c h_x`` and ``c h_z`` for ``c`` in ``scales`` (all pairs), where ``h_x``,
+  ``h_z`` are the median heuristics (median pairwise distance of the batch, no gradient):
+
+  .. math::
+
+      T(x, \mu) = \frac{1}{|C|^2}\sum_{c, c' \in C}
+          \frac{\operatorname{tr}(\tilde K_c \tilde L_{c'})}
+               {\lVert\tilde K_c\rVert_F \lVert\tilde L_{c'}\rVert_F},
+      \quad K_c = \exp\!\big(-\lVert x_i - x_j\rVert^2 / (2 c^2 h_x^2)\big),\
+      \tilde K = HKH .
+
+  One bandwidth of the order of the sample's spread (today's ``"hsic"``) sees dependence at that
+  scale only: a latent mean that oscillates with ``x`` on a scale much finer than the spread of
+  ``x``, or whose spread changes with ``x``, moves the wide Gram matrices little. Small ``c``
+  resolves those; every term is in ``[0, 1]`` and invariant to rescaling either sample, and the
+  Gaussian kernel is characteristic, so ``T = 0`` in the population iff ``x`` and ``mu_z`` are
+  independent (Gretton et al. 2005; Cortes, Mohri & Rostamizadeh 2012).
+* ``"knn-mi"`` -- a differentiable k-nearest-neighbour estimate of ``I(x; mu_z)`` in nats
+  (:func:`knn_mutual_information`): how much closer each ``mu_n`` is to the ``mu`` of its
+  ``x``-neighbours than to the ``mu`` of random points. ``x`` is fixed data, so its
+  neighbourhoods are data, not parameters; the gradient moves each ``mu_n`` relative to them.
+* ``"dcor"`` -- the squared distance correlation (Szekely, Rizzo & Bakirov 2007, eq. 2.7-2.9, the
+  V-statistic), in ``[0, 1]``, 0 in the population iff independent.
+* ``"hsic"`` -- today's NCAI term, :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (one
+  bandwidth, ``h^2 = sum_d Var``).
+* ``"pc"`` -- the paper's printed proxy for ``x``, eq. 24 in magnitude
+  (:func:`~pyro_bnnlv.stats.dependence.correlation_penalty`); the paper's second factor, the
+  correlation with ``y``, is the caller's (it needs ``y`` and its own ``eps_y``).
+
+``docs/bench/independence_terms.py`` validates them against KSG on synthetic dependence patterns
+and states their null distributions (``tests/test_stats_independence.py`` checks the same at a
+smaller size).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor
+
+from .._checks import check_int, check_real
+from ._inputs import _as_tensor_2d, _check_same_n
+from ._pairwise import _centre
+from .dependence import correlation_penalty
+from .hsic import _sq_dists, normalized_hsic
+
+__all__ = ["independence_statistic", "multiscale_hsic", "distance_correlation", "knn_mutual_information",
+           "KINDS", "DEFAULT_SCALES"]  # fmt: skip
+
+Kind = Literal["hsic-multiscale", "knn-mi", "dcor", "hsic", "pc"]
+#: The statistics :func:`independence_statistic` computes.
+KINDS: tuple[str, ...] = ("hsic-multiscale", "knn-mi", "dcor", "hsic", "pc")
+#: Bandwidth multiples of the median heuristic used by ``"hsic-multiscale"``.
+DEFAULT_SCALES: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def _median_distance_sq(d2: Tensor) -> Tensor:
+    """Squared median heuristic: the median of the off-diagonal squared distances (no grad),
+    floored so that a constant sample gives a finite bandwidth."""
+    n = d2.shape[0]
+    off = d2.detach()[~torch.eye(n, dtype=torch.bool, device=d2.device)]
+    med = off.median()
+    return torch.where(med > 0, med, off.mean() + 1e-12)
+
+
+def _check_scales(scales: Sequence[float]) -> tuple[float, ...]:
+    if isinstance(scales, (str, bytes)) or not hasattr(scales, "__len__") or len(scales) == 0:
+        raise ValueError(f"scales must be a non-empty sequence of positive numbers, got {scales!r}")
+    return tuple(check_real(c, f"scales[{i}]", positive=True) for i, c in enumerate(scales))
+
+
+def _unbiased_hsic(k: Tensor, l_: Tensor) -> Tensor:
+    """Song et al. (2012, JMLR 13, eq. 5) unbiased HSIC of Grams with zeroed diagonals."""
+    n = k.shape[0]
+    cross = (k * l_).sum() + k.sum() * l_.sum() / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * (k.sum(1) @ l_.sum(1))
+    return cross / (n * (n - 3))
+
+
+def multiscale_hsic(x: Tensor, mu_z: Tensor, scales: Sequence[float] = DEFAULT_SCALES) -> Tensor:
+    r"""Debiased normalised HSIC averaged over all pairs of bandwidths ``(c h_x, c' h_z)``,
+    ``c, c'`` in ``scales`` (median heuristics ``h``); the formula is in the module docstring,
+    with each ``tr(K~ L~)`` replaced by the unbiased HSIC of Song et al. (2012, eq. 5) (so a
+    near-diagonal Gram at a small bandwidth does not inflate the norms, and the null mean is 0;
+    the value can be slightly negative). Differentiable in both samples (bandwidths carry no
+    gradient); needs ``n >= 4``; ``O(|scales|^2 n^2)``."""
+    a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
+    _check_same_n("x", a, "mu_z", b)
+    if a.shape[0] < 4:
+        raise ValueError(f"hsic-multiscale needs at least 4 rows, got {a.shape[0]}")
+    scales = _check_scales(scales)
+    a = a.to(b.dtype)
+    off = (~torch.eye(a.shape[0], dtype=torch.bool, device=a.device)).to(b.dtype)
+    grams = []
+    for sample in (a, b):
+        d2 = _sq_dists(sample)
+        m2 = _median_distance_sq(d2)
+        grams.append([torch.exp(-d2 / (2.0 * c * c * m2)) * off for c in scales])
+    self_x = [_unbiased_hsic(k, k) for k in grams[0]]
+    self_z = [_unbiased_hsic(l_, l_) for l_ in grams[1]]
+    terms = [_unbiased_hsic(k, l_) / (sx * sz).clamp(min=1e-24).sqrt()
+             for k, sx in zip(grams[0], self_x) for l_, sz in zip(grams[1], self_z)]  # fmt: skip
+    return torch.stack(terms).mean()
+
+
+def distance_correlation(x: Tensor, mu_z: Tensor, eps: float = 1e-12) -> Tensor:
+    r"""Squared distance correlation (V-statistic) of Szekely, Rizzo & Bakirov (2007):
+
+    .. math::  \mathrm{dCor}^2 = \frac{\langle A, B\rangle}{\lVert A\rVert_F \lVert B\rVert_F},
+               \quad A = H D^x H,\ B = H D^\mu H,\ D_{ij} = \lVert a_i - a_j\rVert,
+
+    in ``[0, 1]``. Distances are ``sqrt(d^2 + eps)`` off the diagonal (0 on it), so the
+    gradient is finite where two points coincide."""
+    a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
+    _check_same_n("x", a, "mu_z", b)
+    a = a.to(b.dtype)
+    off = ~torch.eye(a.shape[0], dtype=torch.bool, device=a.device)
+    cents = []
+    for sample in (a, b):
+        dist = torch.where(off, (_sq_dists(sample) + eps).sqrt(), torch.zeros((), dtype=b.dtype))
+        cents.append(_centre(dist))
+    num = (cents[0] * cents[1]).sum()
+    return num / ((cents[0].square().sum() * cents[1].square().sum()).sqrt() + eps)
+
+
+def _standardise(a: Tensor) -> Tensor:
+    sd = a.detach().std(0, unbiased=False)
+    return a / torch.where(sd > 0, sd, torch.ones_like(sd))
+
+
+def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4,
+                           seed: int = 0) -> Tensor:  # fmt: skip
+    r"""Differentiable k-NN estimate of ``I(x; mu_z)`` in nats, from ``x``-neighbourhoods.
+
+    ``I(x; z) = H(z) - E_x H(z | x)``. With the Kozachenko-Leonenko estimate of each entropy
+    from the ``k``-th nearest-neighbour distance of ``mu_i`` (``K`` = its dimension), the
+    unknown constants cancel between a conditional sample and a marginal sample *of the same
+    size*:
+
+    .. math::
+
+        \hat I = \frac{K}{n} \sum_i \Big( \frac1R \sum_{r=1}^R \log \rho_k(\mu_i; S_{i,r})
+                 - \log \rho_k(\mu_i; N_m(x_i)) \Big),
+
+    where ``N_m(x_i)`` are the ``m`` nearest neighbours of ``x_i`` in ``x`` (the points whose
+    ``mu`` should share ``x_i``'s conditional law; columns of ``x`` standardised, no gradient),
+    ``S_{i,r}`` are ``R = subsets`` random sets of ``m`` other points (drawn with ``seed``:
+    samples of the marginal), and ``rho_k(mu_i; S)`` is the Euclidean distance from ``mu_i`` to
+    its ``k``-th nearest neighbour in ``{mu_j: j in S}`` (``mu`` standardised per column with
+    standard deviations without gradient). Under independence both terms have the same
+    distribution, so the estimate is centred at 0 at every ``n``, ``k``, ``m`` (no digamma
+    correction whose small-sample bias would not cancel); when ``mu`` depends on ``x``, the
+    ``x``-neighbours' ``mu`` are closer, ``log`` of their ratio estimating the log density ratio
+    ``log p(mu | x) / p(mu)`` as in Kraskov, Stoegbauer & Grassberger (2004). The neighbour
+    identities are piecewise constant, the distances differentiable in ``mu``. Not clipped at 0.
+    """
+    a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
+    _check_same_n("x", a, "mu_z", b)
+    k, m, subsets = check_int(k, "k"), check_int(m, "m"), check_int(subsets, "subsets")
+    n = a.shape[0]
+    if not k <= m <= n - 1:
+        raise ValueError(f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
+                         f"larger batch, or a smaller m (neighbourhood size) or k")  # fmt: skip
+    generator = torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
+    xs = _standardise(a.detach().to(torch.float64))
+    eye = torch.eye(n, dtype=torch.bool, device=a.device)
+    neighbours = _sq_dists(xs).masked_fill(eye, float("inf")).topk(m, largest=False).indices
+    # random m-subsets of the other points: the i-th row of a random permutation of the others
+    keys = torch.rand(subsets, n, n, generator=generator).to(a.device).masked_fill(eye, float("inf"))
+    randoms = keys.topk(m, dim=-1, largest=False).indices  # (R, n, m), never i itself
+    mu = _standardise(b)
+    dist = (_sq_dists(mu) + 1e-24).sqrt()
+    local = torch.gather(dist, 1, neighbours).kthvalue(k, dim=1).values.log()
+    marginal = torch.gather(dist.expand(subsets, n, n), 2, randoms).kthvalue(k, dim=2).values.log()
+    return b.shape[1] * (marginal.mean(0) - local).mean()
+
+
+def independence_statistic(
+    x: Tensor,
+    mu_z: Tensor,
+    kind: Kind = "hsic-multiscale",
+    *,
+    scales: Sequence[float] = DEFAULT_SCALES,
+    k: int = 3,
+    m: int = 15,
+    subsets: int = 4,
+    seed: int = 0,
+) -> Tensor:
+    """A differentiable statistic of the dependence of ``mu_z`` ``(n, K)`` on ``x`` ``(n, D)``,
+    0-dim, in ``mu_z``'s dtype, near 0 when they are independent (see the module docstring).
+
+    Args:
+        x: inputs of the batch, ``(n, D)`` or ``(n,)``.
+        mu_z: the guide's latent means of the same rows, ``(n, K)`` or ``(n,)``.
+        kind: one of :data:`KINDS`: ``"hsic-multiscale"`` (default), ``"knn-mi"``, ``"dcor"``,
+            ``"hsic"`` (today's NCAI term), ``"pc"`` (the paper's eq. 24 for ``x``).
+        scales: bandwidth multiples of the median heuristic (``"hsic-multiscale"`` only).
+        k, m, subsets, seed: ``"knn-mi"`` only: neighbour order, neighbourhood size, number of
+            random reference sets and their seed (:func:`knn_mutual_information`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
+    _check_same_n("x", a, "mu_z", b)
+    if a.shape[0] < 3:
+        raise ValueError(f"x and mu_z need at least 3 rows (datapoints), got {a.shape[0]}")
+    if kind == "hsic-multiscale":
+        return multiscale_hsic(a, b, scales)
+    if kind == "knn-mi":
+        return knn_mutual_information(a, b, k, m, subsets, seed)
+    if kind == "dcor":
+        return distance_correlation(a, b)
+    if kind == "hsic":
+        return normalized_hsic(a, b)
+    return correlation_penalty(a, b)

@@ -1,18 +1,27 @@
-"""Ground layer: building the package's C++ kernels on first use, safely.
+"""Ground layer: building the package's C++ kernels on first use, once, safely.
 
 Two kernels are compiled with :func:`torch.utils.cpp_extension.load` the first time they are
 needed: the NUTS core (``infer/mcmc/_flat_nuts.cpp``) and the NCAI pairwise statistics
-(``stats/_pairwise.cpp``). :func:`build_extension` does it for both:
+(``stats/_pairwise.cpp``). ``pyro-bnnlv build`` builds both ahead of time. :func:`build_extension`
+does it for both:
 
-* the build goes to ``$TORCH_EXTENSIONS_DIR`` (else torch's default root) ``/pyro_bnnlv/<name>``,
-  where ``<name>`` carries the torch and Python versions, so a build for another torch or Python
-  is never loaded;
+* **one build per source and toolchain.** The build directory,
+  ``$TORCH_EXTENSIONS_DIR`` (else torch's default root) ``/pyro_bnnlv/<name>-<key>``, is keyed by
+  a hash of the source, the torch and Python versions, the compiler (``$CXX``, else ``c++``,
+  resolved to its real path, with its ``--version`` line) and the flags. A finished build holds a
+  ``BUILT`` marker and is loaded directly from its ``.so``: no ninja runs, so no ninja (the
+  virtualenv's or the system's, whichever the caller's ``PATH`` finds first) can decide the build
+  is stale and rebuild it;
+* **never replaced under a running process.** A build runs in a child process, in a temporary
+  directory beside the final one, with this environment's ``ninja`` (the ``ninja`` dependency's,
+  not the caller's ``PATH``'s); the finished directory is then renamed into place in one step.
+  A directory with its marker is never written again, so a process that loaded its ``.so`` keeps
+  the file it loaded;
 * builds of one extension are serialised by an operating-system file lock
-  (:class:`filelock.FileLock`), which the kernel releases when its holder dies. Torch's own lock
-  (a ``lock`` file created with ``O_EXCL`` in the build directory) is *not* released when a build
-  is killed (Ctrl-C, ``kill -9``, a CI time-out), and every later ``load`` would then wait on it
-  forever. Holding our lock, no other process of ours is building, so a torch ``lock`` file
-  found there is stale and is removed (with a log line);
+  (:class:`filelock.FileLock`), which the kernel releases when its holder dies; a process that
+  finds the lock taken says that it waits for another process's build. A temporary directory
+  left by a killed build is removed by the next build;
+* before a build, one line on standard error says what is built, why and about how long it takes;
 * a build that fails (no compiler, no Python headers) warns once per process with the
   compiler's first error line, and the caller falls back to its pure-Python twin.
 
@@ -21,9 +30,14 @@ needed: the NUTS core (``infer/mcmc/_flat_nuts.cpp``) and the NCAI pairwise stat
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import logging
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 import warnings
@@ -33,10 +47,12 @@ from types import ModuleType
 import filelock
 import torch
 
-__all__ = ["ENV", "compiled_enabled", "build_directory", "build_extension", "nuts_extension",
-           "resolve_nuts_extension"]
+__all__ = ["ENV", "build_all", "build_directory", "build_extension", "compiled_enabled", "nuts_extension",
+           "resolve_nuts_extension", "toolchain"]
 
 ENV = "PYRO_BNNLV_COMPILED"
+_FLAGS = ("-O3", "-fopenmp-simd")
+_MARKER = "BUILT"
 _log = logging.getLogger("pyro_bnnlv")
 _built: dict[str, ModuleType | None] = {}
 
@@ -51,21 +67,94 @@ def _versioned(prefix: str) -> str:
     return prefix + "_" + re.sub(r"\W", "_", tag)
 
 
-def build_directory(prefix: str) -> Path:
-    """Where the extension ``prefix`` is built for this torch and Python."""
+@functools.cache
+def toolchain() -> str:
+    """The C++ compiler torch's builder runs (``$CXX``, else ``c++``), as its real path and the
+    first line of its ``--version`` output (``"?"`` where it cannot be run)."""
+    name = os.environ.get("CXX", "c++")
+    found = shutil.which(name)
+    path = os.path.realpath(found) if found else name
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        version = (out.stdout.strip().splitlines() or ["?"])[0]
+    except (OSError, subprocess.SubprocessError):
+        version = "?"
+    return f"{path} ({version})"
+
+
+def build_directory(prefix: str, source: Path) -> Path:
+    """Where ``source`` is built as the extension ``prefix`` for this torch, Python and
+    compiler (see the module docstring)."""
     from torch.utils.cpp_extension import get_default_build_root
 
+    key = hashlib.sha256(b"\0".join([Path(source).read_bytes(), _versioned(prefix).encode(), toolchain().encode(),
+                                      " ".join(_FLAGS).encode()])).hexdigest()[:12]  # fmt: skip
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    return Path(root) / "pyro_bnnlv" / _versioned(prefix)
+    return Path(root) / "pyro_bnnlv" / f"{_versioned(prefix)}-{key}"
+
+
+def _compile(name: str, source: Path, directory: Path) -> None:
+    """Build ``source`` into ``directory`` in a child process (so this process imports the
+    module only once, from its final place), with the ``ninja`` of this environment first on
+    the child's ``PATH``; ``RuntimeError`` with the compiler's output when it fails."""
+    env = dict(os.environ)
+    try:
+        import ninja
+
+        env["PATH"] = ninja.BIN_DIR + os.pathsep + env.get("PATH", "")
+    except ImportError:  # pragma: no cover - ninja is a dependency
+        pass
+    code = ("import sys; from torch.utils.cpp_extension import load; "
+            "load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3], "
+            f"extra_cflags={list(_FLAGS)!r}, verbose=False)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, name, str(source), str(directory)], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip() or out.stdout.strip() or f"the build exited with {out.returncode}")
+
+
+def _load(name: str, directory: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, directory / f"{name}.so")
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {directory / (name + '.so')}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
+    """Build into ``directory`` unless a finished build is there; one builder at a time."""
+    lock = filelock.FileLock(str(directory) + ".build.lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        print(f"pyro_bnnlv: waiting for another process that is building the {what} ...", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        if (directory / _MARKER).exists():
+            return
+        print(f"pyro_bnnlv: building the {what} from {source.name} with {toolchain()} (once per "
+              "machine, source and compiler; about 1-2 minutes; `pyro-bnnlv build` does it ahead of time)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        t0 = time.perf_counter()
+        scratch = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
+        shutil.rmtree(directory, ignore_errors=True)  # no marker: nobody loaded it
+        scratch.mkdir(parents=True)
+        _compile(name, source, scratch)
+        (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(_FLAGS)}\n")
+        os.rename(scratch, directory)
+        print(f"pyro_bnnlv: {what} built in {time.perf_counter() - t0:.0f} s ({directory})", file=sys.stderr, flush=True)
+    finally:
+        lock.release()
 
 
 def build_extension(prefix: str, source: Path, what: str, fallback: str) -> ModuleType | None:
-    """Compile (or load the cached build of) ``source`` as the module ``prefix``; ``None`` when
-    disabled or unbuildable.
+    """The compiled module of ``source`` (built on the first call on this machine, see the
+    module docstring); ``None`` when disabled or unbuildable.
 
-    ``what`` names the kernel in log lines and the warning ("compiled NUTS core"); ``fallback``
-    says what is used instead (for NUTS, the pure-Python fast path; ``pyro-bnnlv bench nuts``
-    measures how much slower it is). The result is remembered per process: a failed build is not
+    ``what`` names the kernel in the notice and the warning ("compiled NUTS core"); ``fallback``
+    says what is used instead. The result is remembered per process: a failed build is not
     retried.
     """
     if not compiled_enabled():
@@ -74,20 +163,11 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
         return _built[prefix]
     module: ModuleType | None
     try:
-        from torch.utils.cpp_extension import load
-
-        directory = build_directory(prefix)
-        directory.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        with filelock.FileLock(str(directory) + ".build.lock"):
-            stale = directory / "lock"
-            if stale.exists():  # torch's baton, left by a build that was killed
-                _log.warning("pyro_bnnlv: removing the stale build lock %s (a build was interrupted)", stale)
-                stale.unlink(missing_ok=True)
-            _log.info("pyro_bnnlv: loading or building the %s (a build runs once per machine and source version)", what)
-            module = load(name=_versioned(prefix), sources=[str(source)], build_directory=str(directory),
-                          extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)  # fmt: skip
-        _log.info("pyro_bnnlv: %s ready after %.1f s", what, time.perf_counter() - t0)
+        directory = build_directory(prefix, source)
+        if not (directory / _MARKER).exists():
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            _build_once(_versioned(prefix), Path(source), directory, what)
+        module = _load(_versioned(prefix), directory)
     except Exception as err:  # any build failure: the caller falls back to Python
         lines = str(err).strip().splitlines()
         first = [ln for ln in lines if "error" in ln.lower() and "Error building" not in ln][:1] or lines[:1]
@@ -123,3 +203,10 @@ def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:
             f"{ENV}=0 is set)"
         )
     return module
+
+
+def build_all() -> dict[str, ModuleType | None]:
+    """Build (or find built) every compiled kernel: ``pyro-bnnlv build``."""
+    from .stats._pairwise import pairwise_extension  # the pairwise kernels' source lives beside its twin
+
+    return {"compiled NUTS core": nuts_extension(), "compiled pairwise kernels": pairwise_extension()}

@@ -180,6 +180,7 @@ REPRODUCTIONS = {
     "in-between": ("pyro_bnnlv.reproduce.in_between", []),
     "proj-uci": ("pyro_bnnlv.reproduce.projected", []),
     "proj-four-modes": ("pyro_bnnlv.reproduce.projected_toy", []),
+    "ncai-family": ("pyro_bnnlv.reproduce.ncai_family", []),
     "ncai": ("pyro_bnnlv.reproduce.ncai", []),
 }
 
@@ -200,6 +201,18 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(snap.counts.items()))
         print(f"{snap.destination}: {counts}")
     return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from ._compiled import build_all, compiled_enabled
+
+    if not compiled_enabled():
+        print("PYRO_BNNLV_COMPILED=0 is set: nothing to build", file=sys.stderr)
+        return 1
+    built = build_all()
+    for what, module in built.items():
+        print(f"{what}: {module.__file__ if module is not None else 'unavailable (see the warning above)'}")
+    return 0 if all(m is not None for m in built.values()) else 1
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
@@ -282,6 +295,10 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("destination", metavar="DEST", help="where the copies go, at the same relative paths")
     sn.add_argument("--overwrite", action="store_true", help="replace stores already at DEST")
     sn.set_defaults(func=_cmd_snapshot)
+
+    bu = sub.add_parser("build", help="build the C++ kernels (NUTS core, NCAI pairwise statistics) now, "
+                        "not on first use (once per machine, source and compiler; 1-2 minutes)")
+    bu.set_defaults(func=_cmd_build)
 
     res = sub.add_parser("results", help="regenerate docs/results.md from the CSVs under docs/results/")
     res.add_argument("--check", action="store_true",

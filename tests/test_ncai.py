@@ -64,7 +64,7 @@ def test_penalty_value_matches_eq_27_by_hand(setup):
     assert total - base == pytest.approx(by_hand, rel=1e-4)
 
 
-@pytest.mark.parametrize("independence, term", [("pc", "pc_x"), ("hsic", "hsic_x")])
+@pytest.mark.parametrize("independence, term", [("pc", "pc_x"), ("hsic", "hsic_x"), ("knn-mi", "indep_x")])
 def test_svi_step_descends_the_penalties(setup, independence, term):
     """Descending NCAIElbo lowers the dependence term and HZ(mu_z) on a planted example where
     the latent means memorise x (the non-identifiable solution of sec. 4)."""
@@ -203,3 +203,34 @@ def test_weighting_node_equals_composed_safe_exp(independence, scale):
     value.backward(), ref.backward()
     for k in names:
         assert terms[k].grad.item() == pytest.approx(ref_terms[k].grad.item(), rel=1e-12), k
+
+
+@pytest.mark.parametrize("kind", ["knn-mi", "hsic-multiscale", "dcor"])
+def test_independence_statistics_as_the_penalty_by_hand(setup, kind):
+    """independence=KIND penalises lambda3 N exp(T / eps_x) with T = independence_statistic(x, mu_z,
+    kind) (issue 37's terms that track I(x; mu_z)), on top of the same HZ and covariance terms."""
+    from pyro_bnnlv.stats import independence_statistic
+
+    data, model, guide = setup
+    with torch.no_grad():
+        guide.locs.z.copy_(data.x_train * 0.05 + 0.01 * torch.randn(120, 1))
+    elbo = NCAIElbo(lambda1=0.7, lambda2=0.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, independence=kind)
+    pyro.set_rng_seed(0)
+    total = elbo.loss(model, guide, data.x_train, data.y_train)
+    pyro.set_rng_seed(0)
+    base = Trace_ELBO().loss(model, guide, data.x_train, data.y_train)
+    mu, N = guide.locs.z.detach(), 120
+    T = independence_statistic(data.x_train, mu, kind=kind)
+    by_hand = 0.7 * N * math.exp(henze_zirkler(mu) / N / 0.5) + 0.3 * N * math.exp(float(T) / 0.5)
+    assert float(T) > 0.05  # the planted mu_z = 0.05 x + noise is dependent
+    assert total - base == pytest.approx(by_hand, rel=1e-4)
+
+
+def test_knn_mi_term_needs_batches_of_16(setup):
+    data, model, guide = setup
+    elbo = NCAIElbo(independence="knn-mi")
+    with pytest.raises(ValueError, match="at least 16 points per step.*batch_size >= 16"):
+        elbo.loss(model, guide, data.x_train, data.y_train, batch_size=10)
+    with pytest.raises(ValueError, match="'knn-mi'"):
+        NCAIElbo(independence="knn_mi")
+

@@ -1,5 +1,6 @@
 """The compiled NUTS core (C++) against its Python twin: same potential, same draws, same errors."""
 
+import os
 import warnings
 from pathlib import Path
 
@@ -244,7 +245,7 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path
     def broken(*args, **kwargs):
         raise RuntimeError("Error building extension\nfoo.cpp:1: error: no compiler here")
 
-    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    monkeypatch.setattr(_compiled, "_compile", broken)
     with pytest.warns(RuntimeWarning, match="no compiler here"):
         assert compiled.nuts_extension() is None
     with warnings.catch_warnings():
@@ -252,26 +253,98 @@ def test_disabled_or_unbuildable_core_falls_back_to_python(monkeypatch, tmp_path
         assert compiled.nuts_extension() is None
 
 
-def test_a_build_killed_mid_way_does_not_hang_the_next(monkeypatch, tmp_path):
-    """torch's build baton (an O_EXCL ``lock`` file) outlives a killed build and every later
-    ``load`` would wait on it forever; ours holds an OS lock and clears the stale baton."""
+def test_a_build_killed_mid_way_does_not_hang_or_poison_the_next(monkeypatch, tmp_path, capsys):
+    """A killed build leaves its scratch directory (with torch's O_EXCL ``lock`` baton, on which
+    a later ``load`` would wait forever); the next build clears it, builds in a fresh scratch
+    directory, says so on stderr, and publishes the result with its marker in one rename."""
     monkeypatch.setattr(_compiled, "_built", {})
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    directory = _compiled.build_directory("pyro_bnnlv_flat_nuts")
-    directory.mkdir(parents=True)
-    (directory / "lock").touch()  # what a build killed with SIGKILL leaves behind
+    directory = _compiled.build_directory("pyro_bnnlv_flat_nuts", _compiled._NUTS_SOURCE)
+    scratch = directory.with_name(directory.name + ".tmp")
+    scratch.mkdir(parents=True)
+    (scratch / "lock").touch()  # what a build killed with SIGKILL leaves behind
     seen = {}
 
-    def fake_load(name, sources, build_directory, **kwargs):  # torch.utils.cpp_extension.load
-        seen["baton"] = (Path(build_directory) / "lock").exists()  # torch would wait here forever
-        seen["name"], seen["directory"] = name, build_directory
-        return "module"
+    def fake_compile(name, source, build_directory):
+        seen["baton"] = (Path(build_directory) / "lock").exists()
+        seen["name"], seen["directory"] = name, Path(build_directory)
+        assert not directory.exists()  # nothing is published before the build has finished
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
 
-    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
-    assert compiled.nuts_extension() == "module"
-    assert seen["baton"] is False and Path(seen["directory"]) == directory
+    monkeypatch.setattr(_compiled, "_compile", fake_compile)
+    monkeypatch.setattr(_compiled, "_load", lambda name, d: ("module", d))
+    assert compiled.nuts_extension() == ("module", directory)
+    assert seen["baton"] is False and seen["directory"] == scratch
     assert torch.__version__.replace(".", "_").replace("+", "_") in seen["name"]  # never another torch's build
-    assert compiled.nuts_extension() == "module"  # remembered, not rebuilt
+    assert (directory / "BUILT").exists() and not scratch.exists()
+    assert "building the compiled NUTS core" in capsys.readouterr().err
+    assert compiled.nuts_extension() == ("module", directory)  # remembered, not rebuilt
+
+
+def test_a_finished_build_is_never_rebuilt_or_replaced(monkeypatch, tmp_path):
+    """Once a build has its marker, a process finds it and loads its ``.so`` without running the
+    builder, whatever its ``PATH`` (issue 39: the venv's and the system's ninja each saw the
+    other's build as stale)."""
+    monkeypatch.setattr(_compiled, "_built", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    builds = []
+
+    def fake_compile(name, source, build_directory):
+        builds.append(name)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(_compiled, "_compile", fake_compile)
+    monkeypatch.setattr(_compiled, "_load", lambda name, d: d)
+    first = compiled.nuts_extension()
+    stamp = (first / "BUILT").stat().st_mtime_ns
+    for path in ("/usr/bin:/bin", os.environ["PATH"]):  # another PATH, another process
+        monkeypatch.setenv("PATH", path)
+        monkeypatch.setattr(_compiled, "_built", {})
+        assert compiled.nuts_extension() == first
+    assert len(builds) == 1 and (first / "BUILT").stat().st_mtime_ns == stamp
+
+
+def test_build_directory_is_keyed_by_source_torch_and_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    source = tmp_path / "k.cpp"
+    source.write_text("// one\n")
+    base = _compiled.build_directory("k", source)
+    assert base == _compiled.build_directory("k", source)  # stable
+    source.write_text("// two\n")
+    assert _compiled.build_directory("k", source) != base  # another source
+    source.write_text("// one\n")
+    fake = tmp_path / "fake-cxx"
+    fake.write_text("#!/bin/sh\necho 'fake c++ 99.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    _compiled.toolchain.cache_clear()
+    try:
+        assert "fake c++ 99.0" in _compiled.toolchain()
+        assert _compiled.build_directory("k", source) != base  # another compiler
+    finally:
+        monkeypatch.delenv("CXX")
+        _compiled.toolchain.cache_clear()
+    assert _compiled.build_directory("k", source) == base
+
+
+def test_the_real_build_loads_in_a_process_without_the_builder_on_path(tmp_path):
+    """The driver's finished build loads in a fresh process whose PATH has no ninja and whose
+    builder would fail: the same file, not rebuilt."""
+    import subprocess
+    import sys
+
+    if compiled.nuts_extension() is None:
+        pytest.skip("needs the compiled core")
+    so = compiled.nuts_extension().__file__
+    before = os.stat(so).st_mtime_ns
+    code = ("import pyro_bnnlv._compiled as c\n"
+            "def no(*a, **k): raise SystemExit('the builder ran')\n"
+            "c._compile = no\n"
+            "print(c.nuts_extension().__file__)\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == so and os.stat(so).st_mtime_ns == before
 
 
 def test_run_nuts_reports_the_compiled_path():
@@ -312,3 +385,15 @@ def test_baseline_isa_build_equals_python_potential():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_build_command_builds_both_kernels(capsys):
+    """``pyro-bnnlv build``: the NUTS core and the pairwise kernels, ahead of first use."""
+    from pyro_bnnlv.cli import main
+
+    if compiled.nuts_extension() is None:
+        pytest.skip("needs the compiled core")
+    assert main(["build"]) == 0
+    out = capsys.readouterr().out
+    assert f"compiled NUTS core: {compiled.nuts_extension().__file__}" in out
+    assert "compiled pairwise kernels: " in out and out.count(".so") == 2

@@ -15,7 +15,7 @@ import warnings
 import pandas as pd
 
 from .._checks import check_seed
-from . import synthetic, files, projected_toys  # noqa: F401, I001  (registers the loaders, synthetic first)
+from . import synthetic, files, projected_toys, ncai_family  # noqa: F401, I001  (registers the loaders, synthetic first)
 from .base import DATA_DIR_ENV, REGISTRY, Dataset, _canonical, default_data_dir, from_arrays, from_frame
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
 from .files import UCI_FOLDERS, load_table, load_uci, uci_num_splits

@@ -16,9 +16,12 @@ class of your own to the allow-list, from your code (a file cannot do it).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import pickle
 import re
+import secrets
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -184,7 +187,41 @@ def save_fit(
         "model_kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in model_kwargs.items()},
     }
     _check_readable(payload, model, guide)
-    torch.save(payload, path)
+    _write_atomically(payload, path)
+
+
+def _write_atomically(payload: dict[str, Any], path: Path) -> None:
+    """``torch.save(payload, path)`` all or nothing: the bytes go to a temporary file in the same
+    directory, which is flushed, ``fsync``-ed and then renamed over ``path`` (``os.replace`` is
+    atomic on one file system). A write that fails part-way (disk full, a file-size limit)
+    removes the temporary file and leaves whatever was at ``path`` as it was."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        # os.open with mode 0o666 applies the umask, as torch.save(path) would (mkstemp gives 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError) and err.strerror:
+            cause = err.strerror
+        else:
+            cause = "the write stopped part-way (a full disk or a file-size limit?)"
+        message = (f"save_fit could not write {str(path)!r}: {cause}. "
+                   f"Nothing was changed at that path (the fit is written to a temporary file first and "
+                   f"renamed into place only when complete); free disk space, raise the file-size limit "
+                   f"(ulimit -f) or pick another directory, and call save_fit again")  # fmt: skip
+        raise (OSError(err.errno, message) if isinstance(err, OSError) and err.errno else OSError(message)) from err
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _check_save_path(path: Any) -> Path:

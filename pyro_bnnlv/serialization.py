@@ -1,8 +1,8 @@
 """Save a fitted model + guide to one file and rebuild them exactly, safely.
 
 The file (``torch.save``) holds only plain data and tensors: state dicts plus what is needed to
-rebuild the objects: the model's class name and ``config()``, the guide's class name and
-constructor keyword arguments, and the shapes and dtype of the training data (the guide's
+rebuild the objects: the model's registered class name (``"BNN"``; :func:`register_class`) and
+``config()``, the guide's registered class name and constructor keyword arguments, and the shapes and dtype of the training data (the guide's
 parameters can depend on the number of data points, e.g. per-datapoint latents). No global
 parameter-store names are involved, so several fits can be loaded side by side.
 
@@ -43,26 +43,27 @@ from .models import BNN, BNNLV, OverparametrisedLinear, ProjectedBNN
 
 __all__ = ["save_fit", "load_fit", "register_class"]
 
-_FORMAT = 2
-_READABLE_FORMATS = (1, 2)  # format 1: no y_shape when saved without y, no guide config
+_FORMAT = 3
+# format 1: no y_shape when saved without y, no guide config; formats 1-2 name classes
+# "module:Qualname"; format 3 by their registered name
+_READABLE_FORMATS = (1, 2, 3)
 
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-_MODELS: dict[str, type] = {_qualname(c): c for c in (BNN, BNNLV, ProjectedBNN, OverparametrisedLinear)}
+# registered name -> class; a file names a class by its registered name, so moving a class to
+# another module does not break the files written before
+_MODELS: dict[str, type] = {c.__name__: c for c in (BNN, BNNLV, ProjectedBNN, OverparametrisedLinear)}
 _GUIDES: dict[str, type] = {
-    _qualname(c): c
+    c.__name__: c
     for c in (AutoNormal, MeanField, AutoMultivariateNormal, AutoDiagonalNormal, AutoLowRankMultivariateNormal,
               AutoDelta, HypernetGuide, HypernetLVGuide, LaplaceGuide)
 }  # fmt: skip
-# classes that moved: files written before the move name them by their old module
-_GUIDES["pyro_bnnlv.guides.laplace:LaplaceGuide"] = LaplaceGuide
 
 
-def register_class(cls: type, kind: str) -> None:
+def register_class(cls: type, kind: str, name: str | None = None) -> None:
     """Allow :func:`load_fit` to rebuild ``cls`` (``kind`` ``"model"`` or ``"guide"``).
+
+    Files name the class by ``name`` (default ``cls.__name__``), not by its module, so the class
+    may move between modules without breaking saved fits; register it under the same name
+    before loading. A name already taken by another class is refused: pass another ``name``.
 
     A model class needs ``config()`` and ``from_config(config)`` (or a constructor taking
     ``**config``); a guide class is rebuilt as ``cls(model, **guide_kwargs)`` and then set up by
@@ -72,17 +73,36 @@ def register_class(cls: type, kind: str) -> None:
         raise TypeError(f"cls must be a class, got {cls!r}")
     if kind not in ("model", "guide"):
         raise ValueError(f"kind must be 'model' or 'guide', got {kind!r}")
-    (_MODELS if kind == "model" else _GUIDES)[_qualname(cls)] = cls
+    name = cls.__name__ if name is None else name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be a Python identifier such as {cls.__name__!r}, got {name!r}")
+    table = _MODELS if kind == "model" else _GUIDES
+    taken = table.get(name, cls)
+    if taken is not cls:
+        raise ValueError(f"the {kind} name {name!r} is already registered for {taken.__module__}."
+                         f"{taken.__qualname__}; register {cls.__qualname__} under another name: "
+                         f"register_class(cls, {kind!r}, name='My{name}')")  # fmt: skip
+    table[name] = cls
 
 
-def _lookup(table: dict[str, type], name: Any, what: str, path: Path) -> type:
-    if not isinstance(name, str) or name not in table:
+def _registered_name(cls: type, table: dict[str, type]) -> str | None:
+    return next((name for name, c in table.items() if c is cls), None)
+
+
+def _lookup(table: dict[str, type], name: Any, what: str, path: Path, fmt: Any) -> type:
+    """The class a file names: its registered name (format 3), or the last component of the
+    ``"module:Qualname"`` formats 1-2 wrote (classes that moved since still load; nothing is
+    imported, so ``"os:system"`` names no registered class and is refused)."""
+    key = name
+    if isinstance(name, str) and fmt in (1, 2):
+        key = name.rpartition(":")[2].rpartition(".")[2]
+    if not isinstance(key, str) or key not in table:
         raise ValueError(
             f"{path} names the {what} class {name!r}, which is not one load_fit rebuilds "
-            f"({', '.join(sorted(n.rpartition(':')[2] for n in table))}); it was not imported. "
+            f"({', '.join(sorted(table))}); it was not imported. "
             f"For a class of your own call pyro_bnnlv.serialization.register_class(cls, {what!r}) first"
         )
-    return table[name]
+    return table[key]
 
 
 def _check_plain(value: Any, name: str) -> None:
@@ -158,11 +178,11 @@ def save_fit(
     refused with a ``ValueError`` naming the problem.
     """
     path = _check_save_path(path)
-    model_name, guide_name = _qualname(type(model)), _qualname(type(guide))
-    if model_name not in _MODELS:
+    model_name, guide_name = _registered_name(type(model), _MODELS), _registered_name(type(guide), _GUIDES)
+    if model_name is None:
         raise TypeError(f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
                         "pyro_bnnlv.serialization.register_class(cls, 'model') first")  # fmt: skip
-    if guide_name not in _GUIDES:
+    if guide_name is None:
         raise TypeError(f"guide {type(guide).__name__} is not a class load_fit rebuilds; register it with "
                         "pyro_bnnlv.serialization.register_class(cls, 'guide') first")  # fmt: skip
     model_kwargs = dict(model_kwargs or {})
@@ -418,8 +438,8 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     """
     path = Path(path)
     payload = _read(path)
-    model_cls = _lookup(_MODELS, payload["model_class"], "model", path)
-    guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path)
+    model_cls = _lookup(_MODELS, payload["model_class"], "model", path, payload["format"])
+    guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path, payload["format"])
     _check_fields(payload, path)
     try:
         model = _build_model(model_cls, payload["model_config"], payload["model_state"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import pickle
 import re
@@ -40,6 +41,7 @@ from .guides import HypernetGuide, LaplaceGuide, MeanField
 from .guides.hypernet import HypernetLVGuide
 from .infer.svi import isolated_param_store
 from .models import BNN, BNNLV, OverparametrisedLinear, ProjectedBNN
+from .nets import MLP
 
 __all__ = ["save_fit", "load_fit", "register_class"]
 
@@ -271,6 +273,7 @@ class _StateMismatch(Exception):
 
 
 def _load_state(module: torch.nn.Module, state: Any, what: str) -> None:
+    _check_state_dtypes(module, state, what)
     try:
         module.load_state_dict(state)
     except RuntimeError as err:
@@ -311,7 +314,7 @@ def _check_readable(payload: dict[str, Any], model: torch.nn.Module, guide: torc
 
 
 def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payload: dict[str, Any],
-                            guide_name: str, model_name: str) -> None:  # fmt: skip
+                            guide_name: str, model_name: str, prefix: str = "save_fit") -> None:  # fmt: skip
     """Run the rebuilt guide and replay the rebuilt model against it on data of the saved shapes
     (a guide whose draws the model cannot take, e.g. a LaplaceGuide of another network, fails here)."""
     x, y = _dummy_data(model, payload)
@@ -321,7 +324,7 @@ def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payl
             guide_trace = poutine.trace(guide).get_trace(x, y, **kwargs)
             poutine.replay(model, trace=guide_trace)(x, y, **kwargs)
     except (ValueError, RuntimeError) as err:
-        raise ValueError(f"save_fit: the {guide_name} does not fit this {model_name} (was it built for "
+        raise ValueError(f"{prefix}: the {guide_name} does not fit this {model_name} (was it built for "
                          f"another model?): {type(err).__name__}: {err}") from None  # fmt: skip
 
 
@@ -380,11 +383,205 @@ def _read(path: Path) -> dict[str, Any]:
     return payload
 
 
-def _check_fields(payload: dict[str, Any], path: Path) -> None:
-    """The fields rebuilt from are dicts (checked after the class names: those refusals come first)."""
-    for key in ("model_config", "model_state", "guide_state", "guide_kwargs"):
-        if key in payload and not isinstance(payload[key], dict) and not (key == "guide_kwargs" and payload[key] is None):
-            raise ValueError(f"{path} is damaged: its {key!r} is a {type(payload[key]).__name__}, not a dict")
+#: the most values ``x`` or ``y`` of a saved fit may hold: load_fit allocates data of the saved
+#: shapes to set the guide up, so a tampered shape must not ask for terabytes (2**28 float32
+#: values are 1 GiB; the data sets a fit trains on in memory are far smaller)
+_MAX_DATA_VALUES = 2**28
+#: state entries (last component of the key) that are scales: positive wherever they appear
+_POSITIVE_STATE = ("noise_scale", "prior_scale", "latent_scale", "phi_scale", "scale")
+
+
+class _Damaged(ValueError):
+    """A field of a fit file that save_fit never writes."""
+
+    def __init__(self, path: Path, field: str, problem: str) -> None:
+        super().__init__(f"{path} is damaged or was not written by save_fit: {field} {problem}; "
+                         f"write the fit again with save_fit")  # fmt: skip
+
+
+def _validate(payload: dict[str, Any], path: Path, guide_cls: type) -> None:
+    """Every field load_fit reads, checked before anything is built (issue 39, item 7): the
+    types; data shapes of positive sizes that fit in memory; a floating ``x_dtype``; finite
+    state tensors of float32 / float64 (scales positive, Cholesky factors with a positive
+    diagonal); guide options the guide class takes; and sizes in the configuration no larger
+    than the file's own parameters (the network ``model_config['net']`` describes has exactly as
+    many weights as ``model_state['prior_loc']``). A size that does not match therefore never
+    reaches the allocator."""
+    for key in ("model_config", "model_state", "guide_state", "guide_kwargs", "model_kwargs"):
+        value = payload.get(key)
+        if key in payload and not isinstance(value, dict) and not (key == "guide_kwargs" and value is None):
+            raise _Damaged(path, repr(key), f"is a {type(value).__name__}, not a dict")
+    for key in ("model_config", "guide_kwargs", "model_kwargs"):
+        _check_file_plain(payload.get(key) or {}, key, path)
+    _check_file_dtype(payload["x_dtype"], path)
+    total = sum(_check_state(payload[key], key, path) for key in ("model_state", "guide_state"))
+    x_shape = _check_file_shape(payload["x_shape"], "x_shape", path)
+    y_shape = payload.get("y_shape")
+    if y_shape is not None:
+        y_shape = _check_file_shape(y_shape, "y_shape", path)
+        if y_shape[0] != x_shape[0]:
+            raise _Damaged(path, "y_shape", f"{y_shape} has another number of rows than x_shape {x_shape}")
+    _check_sizes(payload["model_config"], "model_config", total, path)
+    _check_sizes(payload.get("guide_kwargs") or {}, "guide_kwargs", total, path)
+    _check_network(payload, path, total, guide_cls)
+    _check_guide_options(payload.get("guide_kwargs") or {}, guide_cls, path)
+
+
+def _check_file_plain(value: Any, name: str, path: Path) -> None:
+    """Plain data (as :func:`_check_plain`) with finite numbers, positive where the name is a scale."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _Damaged(path, name, f"has a non-string key {k!r}")
+            _check_file_plain(v, f"{name}[{k!r}]", path)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_file_plain(v, f"{name}[{i}]", path)
+        return
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise _Damaged(path, name, f"is {value!r}, not a finite number")
+        if _is_scale(name) and not value > 0:
+            raise _Damaged(path, name, f"is {value!r}: a scale must be positive")
+        return
+    if torch.is_tensor(value) and name.startswith("model_kwargs"):
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise _Damaged(path, name, "contains NaN or infinite values")
+        return
+    raise _Damaged(path, name, f"is a {type(value).__name__}; save_fit writes numbers, strings and lists/dicts of them")
+
+
+def _is_scale(name: str) -> bool:
+    last = re.sub(r"\[\d+\]$", "", name).rpartition("[")[2].strip("'\"]").rpartition(".")[2]
+    return last in _POSITIVE_STATE or last == "init_scale"
+
+
+def _check_file_dtype(name: Any, path: Path) -> torch.dtype:
+    dtype = getattr(torch, str(name).removeprefix("torch."), None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.float64):
+        raise _Damaged(path, "x_dtype", f"{name!r} is not a floating-point torch dtype (torch.float32 or torch.float64)")
+    return dtype
+
+
+def _check_file_shape(shape: Any, name: str, path: Path) -> tuple[int, ...]:
+    if (not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)):  # fmt: skip
+        raise _Damaged(path, name, f"is {shape!r}, not the shape (N, D) or (N,) of the data")
+    if any(n < 1 for n in shape):
+        raise _Damaged(path, name, f"{tuple(shape)} has a size below 1")
+    if math.prod(shape) > _MAX_DATA_VALUES:
+        raise _Damaged(path, name, f"{tuple(shape)} describes {math.prod(shape):.3g} values, more than a fit is "
+                                   f"trained on in memory (load_fit allows {_MAX_DATA_VALUES})")  # fmt: skip
+    return tuple(shape)
+
+
+def _check_state(state: dict[str, Any], name: str, path: Path) -> int:
+    """Tensors only, float32 / float64 (integer index tensors allowed), finite, scales positive,
+    Cholesky factors with a positive diagonal; returns the number of values."""
+    total = 0
+    for key, t in state.items():
+        field = f"{name}[{key!r}]"
+        if not isinstance(key, str) or not torch.is_tensor(t):
+            raise _Damaged(path, field, f"is a {type(t).__name__}, not a tensor")
+        if t.is_floating_point():
+            if t.dtype not in (torch.float32, torch.float64):
+                raise _Damaged(path, field, f"has dtype {t.dtype}; save_fit writes float32 or float64")
+            if not torch.isfinite(t).all():
+                raise _Damaged(path, field, "contains NaN or infinite values")
+            last = key.rpartition(".")[2]
+            if last in _POSITIVE_STATE and not (t > 0).all():
+                raise _Damaged(path, field, f"has a value <= 0 ({t.min().item():.3g}): a scale must be positive")
+            if last == "scale_tril" and (t.dim() != 2 or not (t.diagonal() > 0).all()):
+                raise _Damaged(path, field, "is not a Cholesky factor (a square matrix with a positive diagonal)")
+        elif t.dtype in (torch.bool, torch.complex64, torch.complex128) or key.rpartition(".")[2] != "indices":
+            raise _Damaged(path, field, f"has dtype {t.dtype}; save_fit writes float32 or float64 here")
+        total += t.numel()
+    return total
+
+
+def _check_sizes(value: Any, name: str, total: int, path: Path) -> None:
+    """Sizes in a configuration are bounded by the file's own parameters: no integer, and no
+    layer chain's weight count (sum of products of neighbouring widths), exceeds ``total``."""
+    if isinstance(value, dict):
+        hidden = value.get("hidden_sizes")  # a hypernet's layers start at noise_dim
+        chain = [value["noise_dim"], *hidden] if "noise_dim" in value and isinstance(hidden, (list, tuple)) else None
+        for k, v in value.items():
+            _check_sizes(v, f"{name}[{k!r}]", total, path)
+        if chain is not None:
+            _check_sizes(chain, f"{name}['noise_dim', 'hidden_sizes']", total, path)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_sizes(v, f"{name}[{i}]", total, path)
+        ints = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+        if len(ints) == len(value) and sum(a * b for a, b in zip(ints, ints[1:])) > total:
+            raise _Damaged(path, name, f"{list(value)} describes layers of more weights than the file's "
+                                       f"{total} parameter values")  # fmt: skip
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value > total:
+        raise _Damaged(path, name, f"is {value}, larger than the file's {total} parameter values: no fit has that size")
+
+
+def _check_network(payload: dict[str, Any], path: Path, total: int, guide_cls: type) -> None:
+    """The network ``model_config['net']`` describes (an :class:`~pyro_bnnlv.nets.MLP`, whose
+    construction is arithmetic only) has as many weights as ``model_state['prior_loc']`` (and a
+    Laplace guide's ``loc`` over ``w``)."""
+    net = payload["model_config"].get("net")
+    if not isinstance(net, dict):
+        return
+    try:
+        mlp = MLP(**net)
+    except (TypeError, ValueError) as err:
+        raise _Damaged(path, "model_config['net']", f"does not describe a network: {err}") from None
+    prior_loc = payload["model_state"].get("prior_loc")
+    if torch.is_tensor(prior_loc) and tuple(prior_loc.shape) != (mlp.num_weights,):
+        raise ValueError(
+            f"{path} is inconsistent (damaged or edited): its model_state does not match the "
+            f"{payload['model_class']} its model_config rebuilds: model_config['net'] describes a network "
+            f"of {mlp.num_weights} weights but model_state['prior_loc'] has shape {tuple(prior_loc.shape)}; "
+            f"write the fit again with save_fit"
+        )
+    loc, kwargs = payload["guide_state"].get("loc"), payload.get("guide_kwargs") or {}
+    if (guide_cls is LaplaceGuide and kwargs.get("site", "w") == "w" and torch.is_tensor(loc)
+            and tuple(loc.shape) != (mlp.num_weights,)):  # fmt: skip
+        raise _Damaged(path, "guide_state['loc']", f"has shape {tuple(loc.shape)} but the network of model_config['net'] "
+                                                   f"has {mlp.num_weights} weights")  # fmt: skip
+    rank = kwargs.get("rank")
+    if isinstance(rank, int) and rank * mlp.num_weights > total:
+        raise _Damaged(path, "guide_kwargs['rank']", f"is {rank}: a ({mlp.num_weights}, {rank}) covariance factor "
+                                                     f"holds more values than the file's {total}")  # fmt: skip
+
+
+def _guide_options(cls: type) -> set[str] | None:
+    """The keyword options a guide class is rebuilt with (``None``: any)."""
+    if cls is LaplaceGuide:
+        return {"site"}  # its tensors come from the state dict
+    if cls is HypernetLVGuide:
+        cls = HypernetGuide  # forwards its options to the hypernet
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n, p in list(params.items())[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _check_guide_options(kwargs: dict[str, Any], cls: type, path: Path) -> None:
+    options = _guide_options(cls)
+    unknown = sorted(set(kwargs) - options) if options is not None else []
+    if unknown:
+        raise _Damaged(path, "guide_kwargs", f"has the option(s) {unknown}, which {cls.__name__} does not take "
+                                             f"(it takes {sorted(options)})")  # fmt: skip
+
+
+def _check_state_dtypes(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict`` casts silently: a state entry of another dtype than the module's is refused."""
+    own = module.state_dict()
+    for key, t in state.items():
+        if key in own and torch.is_tensor(t) and t.dtype != own[key].dtype:
+            raise _StateMismatch(what, type(module).__name__, RuntimeError(
+                f"\n{what}[{key!r}] has dtype {t.dtype} but the rebuilt {type(module).__name__} holds {own[key].dtype}"))
 
 
 def _build_model(cls: type, config: dict[str, Any], state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -440,7 +637,7 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     payload = _read(path)
     model_cls = _lookup(_MODELS, payload["model_class"], "model", path, payload["format"])
     guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path, payload["format"])
-    _check_fields(payload, path)
+    _validate(payload, path, guide_cls)
     try:
         model = _build_model(model_cls, payload["model_config"], payload["model_state"])
     except _StateMismatch as err:
@@ -449,10 +646,24 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{path} is inconsistent (damaged or edited): its model_config does not rebuild a "
                          f"{model_cls.__name__}: {type(err).__name__}: {err}") from None  # fmt: skip
+    if callable(getattr(model, "check_data", None)):
+        x, y = _dummy_data(model, payload)
+        try:
+            model.check_data(x, y, **payload.get("model_kwargs", {}))
+        except (TypeError, ValueError) as err:
+            raise _Damaged(path, "x_shape / y_shape", f"{tuple(x.shape)} / {tuple(y.shape)} do not fit the "
+                                                      f"{model_cls.__name__}: {err}") from None  # fmt: skip
     try:
         guide = _build_guide(guide_cls, model, payload)
     except _StateMismatch as err:
         raise ValueError(f"{path} is inconsistent (damaged or edited): its guide_state does not match the "
                          f"{err.target} rebuilt from its guide_class, guide_kwargs and x_shape: {err.detail}") from None  # fmt: skip
+    except (TypeError, ValueError, KeyError, RuntimeError) as err:
+        # a LaplaceGuide is built from its state's tensors, any other guide from its options
+        field = "guide_state" if guide_cls is LaplaceGuide else f"guide_kwargs {payload.get('guide_kwargs')!r}"
+        raise _Damaged(path, field, f"do not rebuild a {guide_cls.__name__} for this {model_cls.__name__}: "
+                                    f"{type(err).__name__}: {err}") from None  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        _check_guide_fits_model(guide, model, payload, guide_cls.__name__, model_cls.__name__,
+                                f"{path} is inconsistent (damaged or edited)")  # fmt: skip
     return model, guide
-

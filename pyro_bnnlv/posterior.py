@@ -61,7 +61,11 @@ def sample_posterior(
         pred = Predictive(
             model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites)
         )
-        out = pred(*args, **kwargs)
+        try:
+            out = pred(*args, **kwargs)
+        except ValueError as err:
+            _explain_local_latents(model, guide, args, kwargs, err)
+            raise
         with poutine.block():
             model_trace = poutine.trace(model).get_trace(*args, **kwargs)
         missing = [s for s in sites if s not in out]
@@ -70,6 +74,36 @@ def sample_posterior(
             raise ValueError(f"sites {missing} not found in the model; available: {available}")
         shapes = {name: model_trace.nodes[name]["value"].shape for name in out}
     return {k: _drop_plate_dims(v, num_samples, shapes[k], k) for k, v in out.items()}
+
+
+def _explain_local_latents(model: Callable, guide: Callable, args: tuple, kwargs: dict, err: ValueError) -> None:
+    """When sampling failed and the guide cannot even run on these inputs while the model has
+    per-datapoint latent sites (a BNN+LV's ``"z"``), raise the reason: such a guide holds one
+    latent per *training* point, so it runs only on the training inputs."""
+    if guide is None or not args or not isinstance(args[0], Tensor):
+        return
+    with poutine.block(), torch.random.fork_rng(devices=[]):
+        try:
+            poutine.trace(guide).get_trace(*args, **kwargs)
+            return  # the guide runs: the failure is something else
+        except ValueError:
+            pass
+        try:
+            model_trace = poutine.trace(model).get_trace(*args, **kwargs)
+        except (ValueError, RuntimeError, TypeError):
+            return
+    N = args[0].shape[0]
+    local = [name for name, site in model_trace.nodes.items()
+             if site["type"] == "sample" and not site["is_observed"] and name != "obs"  # obs: y not given
+             and any(f.size == N and f.name == "data" for f in site["cond_indep_stack"])]  # fmt: skip
+    if local:
+        raise ValueError(
+            f"the guide's per-datapoint latents {local} do not fit x of {N} rows: a guide of a model with "
+            f"local latents (BNN+LV) holds one latent per training point, so sample_posterior needs the "
+            f"training inputs (and targets), all of them, in their order; take a slice of the result "
+            f"(samples['z'][:, idx]) instead of slicing x. For new inputs the latent comes from the prior: "
+            f"use pb.evaluate or model.predictive_components"
+        ) from err
 
 
 def _check_sites(sites: Any) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """Save a fitted model + guide to one file and rebuild them exactly, safely.
 
 The file (``torch.save``) holds only plain data and tensors: state dicts plus what is needed to
-rebuild the objects: the model's class name and ``config()``, the guide's class name and
-constructor keyword arguments, and the shapes and dtype of the training data (the guide's
+rebuild the objects: the model's registered class name (``"BNN"``; :func:`register_class`) and
+``config()``, the guide's registered class name and constructor keyword arguments, and the shapes and dtype of the training data (the guide's
 parameters can depend on the number of data points, e.g. per-datapoint latents). No global
 parameter-store names are involved, so several fits can be loaded side by side.
 
@@ -16,9 +16,13 @@ class of your own to the allow-list, from your code (a file cannot do it).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import math
+import os
 import pickle
 import re
+import secrets
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -37,29 +41,31 @@ from .guides import HypernetGuide, LaplaceGuide, MeanField
 from .guides.hypernet import HypernetLVGuide
 from .infer.svi import isolated_param_store
 from .models import BNN, BNNLV, OverparametrisedLinear, ProjectedBNN
+from .nets import MLP
 
 __all__ = ["save_fit", "load_fit", "register_class"]
 
-_FORMAT = 2
-_READABLE_FORMATS = (1, 2)  # format 1: no y_shape when saved without y, no guide config
+_FORMAT = 3
+# format 1: no y_shape when saved without y, no guide config; formats 1-2 name classes
+# "module:Qualname"; format 3 by their registered name
+_READABLE_FORMATS = (1, 2, 3)
 
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-_MODELS: dict[str, type] = {_qualname(c): c for c in (BNN, BNNLV, ProjectedBNN, OverparametrisedLinear)}
+# registered name -> class; a file names a class by its registered name, so moving a class to
+# another module does not break the files written before
+_MODELS: dict[str, type] = {c.__name__: c for c in (BNN, BNNLV, ProjectedBNN, OverparametrisedLinear)}
 _GUIDES: dict[str, type] = {
-    _qualname(c): c
+    c.__name__: c
     for c in (AutoNormal, MeanField, AutoMultivariateNormal, AutoDiagonalNormal, AutoLowRankMultivariateNormal,
               AutoDelta, HypernetGuide, HypernetLVGuide, LaplaceGuide)
 }  # fmt: skip
-# classes that moved: files written before the move name them by their old module
-_GUIDES["pyro_bnnlv.guides.laplace:LaplaceGuide"] = LaplaceGuide
 
 
-def register_class(cls: type, kind: str) -> None:
+def register_class(cls: type, kind: str, name: str | None = None) -> None:
     """Allow :func:`load_fit` to rebuild ``cls`` (``kind`` ``"model"`` or ``"guide"``).
+
+    Files name the class by ``name`` (default ``cls.__name__``), not by its module, so the class
+    may move between modules without breaking saved fits; register it under the same name
+    before loading. A name already taken by another class is refused: pass another ``name``.
 
     A model class needs ``config()`` and ``from_config(config)`` (or a constructor taking
     ``**config``); a guide class is rebuilt as ``cls(model, **guide_kwargs)`` and then set up by
@@ -69,17 +75,36 @@ def register_class(cls: type, kind: str) -> None:
         raise TypeError(f"cls must be a class, got {cls!r}")
     if kind not in ("model", "guide"):
         raise ValueError(f"kind must be 'model' or 'guide', got {kind!r}")
-    (_MODELS if kind == "model" else _GUIDES)[_qualname(cls)] = cls
+    name = cls.__name__ if name is None else name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be a Python identifier such as {cls.__name__!r}, got {name!r}")
+    table = _MODELS if kind == "model" else _GUIDES
+    taken = table.get(name, cls)
+    if taken is not cls:
+        raise ValueError(f"the {kind} name {name!r} is already registered for {taken.__module__}."
+                         f"{taken.__qualname__}; register {cls.__qualname__} under another name: "
+                         f"register_class(cls, {kind!r}, name='My{name}')")  # fmt: skip
+    table[name] = cls
 
 
-def _lookup(table: dict[str, type], name: Any, what: str, path: Path) -> type:
-    if not isinstance(name, str) or name not in table:
+def _registered_name(cls: type, table: dict[str, type]) -> str | None:
+    return next((name for name, c in table.items() if c is cls), None)
+
+
+def _lookup(table: dict[str, type], name: Any, what: str, path: Path, fmt: Any) -> type:
+    """The class a file names: its registered name (format 3), or the last component of the
+    ``"module:Qualname"`` formats 1-2 wrote (classes that moved since still load; nothing is
+    imported, so ``"os:system"`` names no registered class and is refused)."""
+    key = name
+    if isinstance(name, str) and fmt in (1, 2):
+        key = name.rpartition(":")[2].rpartition(".")[2]
+    if not isinstance(key, str) or key not in table:
         raise ValueError(
             f"{path} names the {what} class {name!r}, which is not one load_fit rebuilds "
-            f"({', '.join(sorted(n.rpartition(':')[2] for n in table))}); it was not imported. "
+            f"({', '.join(sorted(table))}); it was not imported. "
             f"For a class of your own call pyro_bnnlv.serialization.register_class(cls, {what!r}) first"
         )
-    return table[name]
+    return table[key]
 
 
 def _check_plain(value: Any, name: str) -> None:
@@ -155,11 +180,11 @@ def save_fit(
     refused with a ``ValueError`` naming the problem.
     """
     path = _check_save_path(path)
-    model_name, guide_name = _qualname(type(model)), _qualname(type(guide))
-    if model_name not in _MODELS:
+    model_name, guide_name = _registered_name(type(model), _MODELS), _registered_name(type(guide), _GUIDES)
+    if model_name is None:
         raise TypeError(f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
                         "pyro_bnnlv.serialization.register_class(cls, 'model') first")  # fmt: skip
-    if guide_name not in _GUIDES:
+    if guide_name is None:
         raise TypeError(f"guide {type(guide).__name__} is not a class load_fit rebuilds; register it with "
                         "pyro_bnnlv.serialization.register_class(cls, 'guide') first")  # fmt: skip
     model_kwargs = dict(model_kwargs or {})
@@ -184,7 +209,41 @@ def save_fit(
         "model_kwargs": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in model_kwargs.items()},
     }
     _check_readable(payload, model, guide)
-    torch.save(payload, path)
+    _write_atomically(payload, path)
+
+
+def _write_atomically(payload: dict[str, Any], path: Path) -> None:
+    """``torch.save(payload, path)`` all or nothing: the bytes go to a temporary file in the same
+    directory, which is flushed, ``fsync``-ed and then renamed over ``path`` (``os.replace`` is
+    atomic on one file system). A write that fails part-way (disk full, a file-size limit)
+    removes the temporary file and leaves whatever was at ``path`` as it was."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        # os.open with mode 0o666 applies the umask, as torch.save(path) would (mkstemp gives 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError) and err.strerror:
+            cause = err.strerror
+        else:
+            cause = "the write stopped part-way (a full disk or a file-size limit?)"
+        message = (f"save_fit could not write {str(path)!r}: {cause}. "
+                   f"Nothing was changed at that path (the fit is written to a temporary file first and "
+                   f"renamed into place only when complete); free disk space, raise the file-size limit "
+                   f"(ulimit -f) or pick another directory, and call save_fit again")  # fmt: skip
+        raise (OSError(err.errno, message) if isinstance(err, OSError) and err.errno else OSError(message)) from err
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _check_save_path(path: Any) -> Path:
@@ -214,6 +273,7 @@ class _StateMismatch(Exception):
 
 
 def _load_state(module: torch.nn.Module, state: Any, what: str) -> None:
+    _check_state_dtypes(module, state, what)
     try:
         module.load_state_dict(state)
     except RuntimeError as err:
@@ -254,7 +314,7 @@ def _check_readable(payload: dict[str, Any], model: torch.nn.Module, guide: torc
 
 
 def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payload: dict[str, Any],
-                            guide_name: str, model_name: str) -> None:  # fmt: skip
+                            guide_name: str, model_name: str, prefix: str = "save_fit") -> None:  # fmt: skip
     """Run the rebuilt guide and replay the rebuilt model against it on data of the saved shapes
     (a guide whose draws the model cannot take, e.g. a LaplaceGuide of another network, fails here)."""
     x, y = _dummy_data(model, payload)
@@ -264,7 +324,7 @@ def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payl
             guide_trace = poutine.trace(guide).get_trace(x, y, **kwargs)
             poutine.replay(model, trace=guide_trace)(x, y, **kwargs)
     except (ValueError, RuntimeError) as err:
-        raise ValueError(f"save_fit: the {guide_name} does not fit this {model_name} (was it built for "
+        raise ValueError(f"{prefix}: the {guide_name} does not fit this {model_name} (was it built for "
                          f"another model?): {type(err).__name__}: {err}") from None  # fmt: skip
 
 
@@ -323,11 +383,205 @@ def _read(path: Path) -> dict[str, Any]:
     return payload
 
 
-def _check_fields(payload: dict[str, Any], path: Path) -> None:
-    """The fields rebuilt from are dicts (checked after the class names: those refusals come first)."""
-    for key in ("model_config", "model_state", "guide_state", "guide_kwargs"):
-        if key in payload and not isinstance(payload[key], dict) and not (key == "guide_kwargs" and payload[key] is None):
-            raise ValueError(f"{path} is damaged: its {key!r} is a {type(payload[key]).__name__}, not a dict")
+#: the most values ``x`` or ``y`` of a saved fit may hold: load_fit allocates data of the saved
+#: shapes to set the guide up, so a tampered shape must not ask for terabytes (2**28 float32
+#: values are 1 GiB; the data sets a fit trains on in memory are far smaller)
+_MAX_DATA_VALUES = 2**28
+#: state entries (last component of the key) that are scales: positive wherever they appear
+_POSITIVE_STATE = ("noise_scale", "prior_scale", "latent_scale", "phi_scale", "scale")
+
+
+class _Damaged(ValueError):
+    """A field of a fit file that save_fit never writes."""
+
+    def __init__(self, path: Path, field: str, problem: str) -> None:
+        super().__init__(f"{path} is damaged or was not written by save_fit: {field} {problem}; "
+                         f"write the fit again with save_fit")  # fmt: skip
+
+
+def _validate(payload: dict[str, Any], path: Path, guide_cls: type) -> None:
+    """Every field load_fit reads, checked before anything is built (issue 39, item 7): the
+    types; data shapes of positive sizes that fit in memory; a floating ``x_dtype``; finite
+    state tensors of float32 / float64 (scales positive, Cholesky factors with a positive
+    diagonal); guide options the guide class takes; and sizes in the configuration no larger
+    than the file's own parameters (the network ``model_config['net']`` describes has exactly as
+    many weights as ``model_state['prior_loc']``). A size that does not match therefore never
+    reaches the allocator."""
+    for key in ("model_config", "model_state", "guide_state", "guide_kwargs", "model_kwargs"):
+        value = payload.get(key)
+        if key in payload and not isinstance(value, dict) and not (key == "guide_kwargs" and value is None):
+            raise _Damaged(path, repr(key), f"is a {type(value).__name__}, not a dict")
+    for key in ("model_config", "guide_kwargs", "model_kwargs"):
+        _check_file_plain(payload.get(key) or {}, key, path)
+    _check_file_dtype(payload["x_dtype"], path)
+    total = sum(_check_state(payload[key], key, path) for key in ("model_state", "guide_state"))
+    x_shape = _check_file_shape(payload["x_shape"], "x_shape", path)
+    y_shape = payload.get("y_shape")
+    if y_shape is not None:
+        y_shape = _check_file_shape(y_shape, "y_shape", path)
+        if y_shape[0] != x_shape[0]:
+            raise _Damaged(path, "y_shape", f"{y_shape} has another number of rows than x_shape {x_shape}")
+    _check_sizes(payload["model_config"], "model_config", total, path)
+    _check_sizes(payload.get("guide_kwargs") or {}, "guide_kwargs", total, path)
+    _check_network(payload, path, total, guide_cls)
+    _check_guide_options(payload.get("guide_kwargs") or {}, guide_cls, path)
+
+
+def _check_file_plain(value: Any, name: str, path: Path) -> None:
+    """Plain data (as :func:`_check_plain`) with finite numbers, positive where the name is a scale."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _Damaged(path, name, f"has a non-string key {k!r}")
+            _check_file_plain(v, f"{name}[{k!r}]", path)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_file_plain(v, f"{name}[{i}]", path)
+        return
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise _Damaged(path, name, f"is {value!r}, not a finite number")
+        if _is_scale(name) and not value > 0:
+            raise _Damaged(path, name, f"is {value!r}: a scale must be positive")
+        return
+    if torch.is_tensor(value) and name.startswith("model_kwargs"):
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise _Damaged(path, name, "contains NaN or infinite values")
+        return
+    raise _Damaged(path, name, f"is a {type(value).__name__}; save_fit writes numbers, strings and lists/dicts of them")
+
+
+def _is_scale(name: str) -> bool:
+    last = re.sub(r"\[\d+\]$", "", name).rpartition("[")[2].strip("'\"]").rpartition(".")[2]
+    return last in _POSITIVE_STATE or last == "init_scale"
+
+
+def _check_file_dtype(name: Any, path: Path) -> torch.dtype:
+    dtype = getattr(torch, str(name).removeprefix("torch."), None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.float64):
+        raise _Damaged(path, "x_dtype", f"{name!r} is not a floating-point torch dtype (torch.float32 or torch.float64)")
+    return dtype
+
+
+def _check_file_shape(shape: Any, name: str, path: Path) -> tuple[int, ...]:
+    if (not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)):  # fmt: skip
+        raise _Damaged(path, name, f"is {shape!r}, not the shape (N, D) or (N,) of the data")
+    if any(n < 1 for n in shape):
+        raise _Damaged(path, name, f"{tuple(shape)} has a size below 1")
+    if math.prod(shape) > _MAX_DATA_VALUES:
+        raise _Damaged(path, name, f"{tuple(shape)} describes {math.prod(shape):.3g} values, more than a fit is "
+                                   f"trained on in memory (load_fit allows {_MAX_DATA_VALUES})")  # fmt: skip
+    return tuple(shape)
+
+
+def _check_state(state: dict[str, Any], name: str, path: Path) -> int:
+    """Tensors only, float32 / float64 (integer index tensors allowed), finite, scales positive,
+    Cholesky factors with a positive diagonal; returns the number of values."""
+    total = 0
+    for key, t in state.items():
+        field = f"{name}[{key!r}]"
+        if not isinstance(key, str) or not torch.is_tensor(t):
+            raise _Damaged(path, field, f"is a {type(t).__name__}, not a tensor")
+        if t.is_floating_point():
+            if t.dtype not in (torch.float32, torch.float64):
+                raise _Damaged(path, field, f"has dtype {t.dtype}; save_fit writes float32 or float64")
+            if not torch.isfinite(t).all():
+                raise _Damaged(path, field, "contains NaN or infinite values")
+            last = key.rpartition(".")[2]
+            if last in _POSITIVE_STATE and not (t > 0).all():
+                raise _Damaged(path, field, f"has a value <= 0 ({t.min().item():.3g}): a scale must be positive")
+            if last == "scale_tril" and (t.dim() != 2 or not (t.diagonal() > 0).all()):
+                raise _Damaged(path, field, "is not a Cholesky factor (a square matrix with a positive diagonal)")
+        elif t.dtype in (torch.bool, torch.complex64, torch.complex128) or key.rpartition(".")[2] != "indices":
+            raise _Damaged(path, field, f"has dtype {t.dtype}; save_fit writes float32 or float64 here")
+        total += t.numel()
+    return total
+
+
+def _check_sizes(value: Any, name: str, total: int, path: Path) -> None:
+    """Sizes in a configuration are bounded by the file's own parameters: no integer, and no
+    layer chain's weight count (sum of products of neighbouring widths), exceeds ``total``."""
+    if isinstance(value, dict):
+        hidden = value.get("hidden_sizes")  # a hypernet's layers start at noise_dim
+        chain = [value["noise_dim"], *hidden] if "noise_dim" in value and isinstance(hidden, (list, tuple)) else None
+        for k, v in value.items():
+            _check_sizes(v, f"{name}[{k!r}]", total, path)
+        if chain is not None:
+            _check_sizes(chain, f"{name}['noise_dim', 'hidden_sizes']", total, path)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_sizes(v, f"{name}[{i}]", total, path)
+        ints = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+        if len(ints) == len(value) and sum(a * b for a, b in zip(ints, ints[1:])) > total:
+            raise _Damaged(path, name, f"{list(value)} describes layers of more weights than the file's "
+                                       f"{total} parameter values")  # fmt: skip
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value > total:
+        raise _Damaged(path, name, f"is {value}, larger than the file's {total} parameter values: no fit has that size")
+
+
+def _check_network(payload: dict[str, Any], path: Path, total: int, guide_cls: type) -> None:
+    """The network ``model_config['net']`` describes (an :class:`~pyro_bnnlv.nets.MLP`, whose
+    construction is arithmetic only) has as many weights as ``model_state['prior_loc']`` (and a
+    Laplace guide's ``loc`` over ``w``)."""
+    net = payload["model_config"].get("net")
+    if not isinstance(net, dict):
+        return
+    try:
+        mlp = MLP(**net)
+    except (TypeError, ValueError) as err:
+        raise _Damaged(path, "model_config['net']", f"does not describe a network: {err}") from None
+    prior_loc = payload["model_state"].get("prior_loc")
+    if torch.is_tensor(prior_loc) and tuple(prior_loc.shape) != (mlp.num_weights,):
+        raise ValueError(
+            f"{path} is inconsistent (damaged or edited): its model_state does not match the "
+            f"{payload['model_class']} its model_config rebuilds: model_config['net'] describes a network "
+            f"of {mlp.num_weights} weights but model_state['prior_loc'] has shape {tuple(prior_loc.shape)}; "
+            f"write the fit again with save_fit"
+        )
+    loc, kwargs = payload["guide_state"].get("loc"), payload.get("guide_kwargs") or {}
+    if (guide_cls is LaplaceGuide and kwargs.get("site", "w") == "w" and torch.is_tensor(loc)
+            and tuple(loc.shape) != (mlp.num_weights,)):  # fmt: skip
+        raise _Damaged(path, "guide_state['loc']", f"has shape {tuple(loc.shape)} but the network of model_config['net'] "
+                                                   f"has {mlp.num_weights} weights")  # fmt: skip
+    rank = kwargs.get("rank")
+    if isinstance(rank, int) and rank * mlp.num_weights > total:
+        raise _Damaged(path, "guide_kwargs['rank']", f"is {rank}: a ({mlp.num_weights}, {rank}) covariance factor "
+                                                     f"holds more values than the file's {total}")  # fmt: skip
+
+
+def _guide_options(cls: type) -> set[str] | None:
+    """The keyword options a guide class is rebuilt with (``None``: any)."""
+    if cls is LaplaceGuide:
+        return {"site"}  # its tensors come from the state dict
+    if cls is HypernetLVGuide:
+        cls = HypernetGuide  # forwards its options to the hypernet
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n, p in list(params.items())[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _check_guide_options(kwargs: dict[str, Any], cls: type, path: Path) -> None:
+    options = _guide_options(cls)
+    unknown = sorted(set(kwargs) - options) if options is not None else []
+    if unknown:
+        raise _Damaged(path, "guide_kwargs", f"has the option(s) {unknown}, which {cls.__name__} does not take "
+                                             f"(it takes {sorted(options)})")  # fmt: skip
+
+
+def _check_state_dtypes(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict`` casts silently: a state entry of another dtype than the module's is refused."""
+    own = module.state_dict()
+    for key, t in state.items():
+        if key in own and torch.is_tensor(t) and t.dtype != own[key].dtype:
+            raise _StateMismatch(what, type(module).__name__, RuntimeError(
+                f"\n{what}[{key!r}] has dtype {t.dtype} but the rebuilt {type(module).__name__} holds {own[key].dtype}"))
 
 
 def _build_model(cls: type, config: dict[str, Any], state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -381,9 +635,9 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     """
     path = Path(path)
     payload = _read(path)
-    model_cls = _lookup(_MODELS, payload["model_class"], "model", path)
-    guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path)
-    _check_fields(payload, path)
+    model_cls = _lookup(_MODELS, payload["model_class"], "model", path, payload["format"])
+    guide_cls = _lookup(_GUIDES, payload.get("guide_class"), "guide", path, payload["format"])
+    _validate(payload, path, guide_cls)
     try:
         model = _build_model(model_cls, payload["model_config"], payload["model_state"])
     except _StateMismatch as err:
@@ -392,10 +646,24 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{path} is inconsistent (damaged or edited): its model_config does not rebuild a "
                          f"{model_cls.__name__}: {type(err).__name__}: {err}") from None  # fmt: skip
+    if callable(getattr(model, "check_data", None)):
+        x, y = _dummy_data(model, payload)
+        try:
+            model.check_data(x, y, **payload.get("model_kwargs", {}))
+        except (TypeError, ValueError) as err:
+            raise _Damaged(path, "x_shape / y_shape", f"{tuple(x.shape)} / {tuple(y.shape)} do not fit the "
+                                                      f"{model_cls.__name__}: {err}") from None  # fmt: skip
     try:
         guide = _build_guide(guide_cls, model, payload)
     except _StateMismatch as err:
         raise ValueError(f"{path} is inconsistent (damaged or edited): its guide_state does not match the "
                          f"{err.target} rebuilt from its guide_class, guide_kwargs and x_shape: {err.detail}") from None  # fmt: skip
+    except (TypeError, ValueError, KeyError, RuntimeError) as err:
+        # a LaplaceGuide is built from its state's tensors, any other guide from its options
+        field = "guide_state" if guide_cls is LaplaceGuide else f"guide_kwargs {payload.get('guide_kwargs')!r}"
+        raise _Damaged(path, field, f"do not rebuild a {guide_cls.__name__} for this {model_cls.__name__}: "
+                                    f"{type(err).__name__}: {err}") from None  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        _check_guide_fits_model(guide, model, payload, guide_cls.__name__, model_cls.__name__,
+                                f"{path} is inconsistent (damaged or edited)")  # fmt: skip
     return model, guide
-

@@ -187,3 +187,32 @@ def test_every_model_satisfies_the_protocols_it_claims():
         pb.evaluate(plain, torch.randn(4, 10), x, y)
     with pytest.raises(TypeError, match="train_map fits the weights of a BNN"):
         pb.train_map(pb.BNNLV(pb.MLP(2, [3], 1), latent_dim=1), x, y)
+
+
+def test_f_converts_numpy_arrays_to_the_other_arguments_dtype():
+    """Issue 39: ``model.f`` given a NumPy array (was torch's matmul TypeError)."""
+    import numpy as np
+
+    model = pb.BNN(pb.MLP(1, [4], 1))
+    w = torch.randn(2, model.num_weights)
+    x = np.linspace(-1, 1, 5)[:, None]  # float64, as NumPy makes it
+    expected = model.f(torch.as_tensor(x, dtype=torch.float32), w)
+    torch.testing.assert_close(model.f(x, w), expected, rtol=0, atol=0)
+    torch.testing.assert_close(model.f(torch.as_tensor(x, dtype=torch.float32), w.numpy()), expected, rtol=0, atol=0)
+    assert model.f(x, w.numpy()).dtype == torch.float32  # both arrays: the model's dtype
+    with pytest.raises(TypeError, match="x must be a torch.Tensor or a NumPy array, got list"):
+        model.f([[0.0]], w)
+    linear = pb.OverparametrisedLinear(3)
+    torch.testing.assert_close(linear.f(np.ones(4), np.ones((2, 3))), linear.f(torch.ones(4), torch.ones(2, 3)))
+
+
+def test_evaluate_on_an_empty_validation_split_names_it():
+    """Issue 39: a 3-row data set has no validation point; evaluate(split="valid") says so."""
+    import numpy as np
+
+    data = pb.datasets.from_arrays(np.arange(3.0)[:, None], np.arange(3.0))
+    model = pb.BNN(pb.MLP(1, [4], 1))
+    w = torch.zeros(4, model.num_weights)
+    with pytest.raises(ValueError, match=r"split='valid': the data set 'data' has no valid points \(sizes \(2, 0, 1\)\)"):
+        pb.evaluate(model, w, data, split="valid")
+    assert np.isfinite(pb.evaluate(model, w, data, split="test")["test_ll"])

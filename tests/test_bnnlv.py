@@ -122,3 +122,25 @@ def test_save_and_load_bnnlv(tmp_path, data):
     a = pb.sample_posterior(model, guide, x, y, num_samples=5, sites=("w", "z"), seed=3)
     b = pb.sample_posterior(model2, guide2, x, y, num_samples=5, sites=("w", "z"), seed=3)
     torch.testing.assert_close(a["z"], b["z"])
+
+
+def test_sample_posterior_of_a_loaded_fit_on_a_slice_of_x_says_to_pass_the_training_data(tmp_path):
+    """Issue 39: the guide's z is indexed by training point, so a slice of x cannot be sampled;
+    the error says so (was Pyro's shape table), and the full data gives the original's draws."""
+    from pyro_bnnlv.serialization import load_fit, save_fit
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 1, generator=g), torch.randn(20, generator=g)
+    model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1)
+    guide = pb.MeanField(model)
+    pb.fit_svi(model, guide, x, y, num_steps=3, seed=0, progress=False)
+    save_fit(tmp_path / "fit.pt", model, guide, x, y)
+    model2, guide2 = load_fit(tmp_path / "fit.pt")
+    for args in ((x[:5],), (x[:5], y[:5])):
+        with pytest.raises(ValueError, match=r"the guide's per-datapoint latents \['z'\] do not fit x of 5 rows: .*"
+                                             r"needs the training inputs .*samples\['z'\]\[:, idx\]"):
+            pb.sample_posterior(model2, guide2, *args, num_samples=3, sites=("w", "z"))
+    a = pb.sample_posterior(model, guide, x, y, num_samples=3, sites=("w", "z"), seed=1)
+    b = pb.sample_posterior(model2, guide2, x, y, num_samples=3, sites=("w", "z"), seed=1)
+    assert b["z"].shape == (3, 20, 1)
+    torch.testing.assert_close(a["z"], b["z"], rtol=0, atol=0)

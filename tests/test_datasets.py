@@ -162,3 +162,42 @@ def test_tables_random_splits(name, n, D):
     back = d.y_train * d.y_std + d.y_mean  # original scale recovered
     raw = load_dataset(name, seed=3, standardize=False)
     torch.testing.assert_close(back, raw.y_train, rtol=1e-5, atol=1e-5)
+
+
+def test_from_frame_refuses_the_target_among_the_features():
+    """Issue 39: ``features=["a", "y"]`` with ``target="y"`` would put y among the inputs."""
+    import pandas as pd
+
+    from pyro_bnnlv.datasets import from_frame
+
+    frame = pd.DataFrame({"a": np.arange(20.0), "b": np.ones(20), "y": np.arange(20.0) ** 2})
+    with pytest.raises(ValueError, match=r"features includes the target column 'y'.*leave it out of features="):
+        from_frame(frame, target="y", features=["a", "y"])
+    with pytest.raises(ValueError, match=r"features names the columns \['a'\] more than once"):
+        from_frame(frame, target="y", features=["a", "b", "a"])
+    assert from_frame(frame, target="y", features=["a"]).input_dim == 1
+
+
+def test_from_arrays_standardises_a_column_near_the_float64_maximum():
+    """Issue 39: a column near 1e307 was zeroed (x - mean overflowed). In float64 it is
+    standardised exactly; in float32, whose range the statistics exceed, it is refused by column."""
+    from pyro_bnnlv.datasets import from_arrays
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 2))
+    x[:, 1] = 1e307 * (1.0 + 0.1 * rng.normal(size=50))
+    y = rng.normal(size=50)
+    with pytest.raises(ValueError, match=r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"):
+        from_arrays(x, y)
+    with pytest.raises(ValueError, match=r"x column 1 of the train split has values beyond what torch.float32 holds"):
+        from_arrays(x, y, standardize=False)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        data = from_arrays(x, y)
+        small = from_arrays(np.stack([x[:, 0], x[:, 1] / 1e307], 1), y)  # the same column, rescaled
+    finally:
+        torch.set_default_dtype(default)
+    torch.testing.assert_close(data.x_train, small.x_train, rtol=1e-6, atol=1e-6)
+    assert data.x_train[:, 1].std() > 0.9
+    torch.testing.assert_close(data.x_mean[1] / 1e307, small.x_mean[1], rtol=1e-6, atol=0)

@@ -81,3 +81,29 @@ def test_oracle_errors_name_the_argument():
         true_log_density("bimodal", np.zeros(2), np.zeros(2), nodes=7)
     assert set(ORACLE_DATASETS) == {"heavy-tail", "depeweg", "bimodal", "goldberg", "yuan", "williams"}
     assert expected_test_ll("heavy_tail", num_points=50, nodes=10).stderr > 0  # underscore alias
+
+
+def test_standardised_tensors_need_the_data_set_and_give_the_standardised_density():
+    """Issue 39: on a standardised set's tensors the oracle refuses without ``data=``, and with it
+    returns ``log p(y_raw | x_raw) + log y_std``, the density of the standardised target."""
+    raw = load_dataset("yuan", seed=0)
+    std = load_dataset("yuan", seed=0, standardize=True)
+    with pytest.raises(ValueError, match=r"y is the y_test of the standardised data set 'yuan'.*pass data="):
+        true_log_density("yuan", std.x_test, std.y_test)
+    expected = true_log_density("yuan", raw.x_test.double(), raw.y_test.double()) + np.log(float(std.y_std))
+    np.testing.assert_allclose(true_log_density("yuan", std.x_test, std.y_test, data=std), expected, atol=1e-5)
+    lat_raw, lat_std = load_dataset("bimodal", seed=1), load_dataset("bimodal", seed=1, standardize=True)
+    expected = true_log_density("bimodal", lat_raw.x_test.double(), lat_raw.y_test.double()) + np.log(float(lat_std.y_std))
+    np.testing.assert_allclose(true_log_density("bimodal", lat_std.x_test, lat_std.y_test, data=lat_std), expected, atol=1e-4)
+    # a raw set passed as data changes nothing
+    np.testing.assert_array_equal(true_log_density("yuan", raw.x_test, raw.y_test, data=raw),
+                                  true_log_density("yuan", raw.x_test, raw.y_test))
+    with pytest.raises(ValueError, match=r"data is the data set 'yuan' but name is 'goldberg'"):
+        true_log_density("goldberg", std.x_test, std.y_test, data=std)
+
+
+def test_no_density_where_the_noise_variance_is_not_positive():
+    """goldberg's v(x) = x + 0.5 is <= 0 for x <= -0.5: no density there (was NaN)."""
+    with pytest.raises(ValueError, match=r"x\[1\] = -0.7: the noise variance of 'goldberg' is not positive there"):
+        true_log_density("goldberg", np.array([0.2, -0.7, 0.5]), np.zeros(3))
+    assert np.isfinite(true_log_density("goldberg", np.array([-0.4, 1.5]), np.zeros(2))).all()

@@ -1606,6 +1606,161 @@ def _():
 
 
 # ----------------------------------------------------------------------------------------------
+# issue 39: partial writes, tampered fit files, user-data helpers and the oracle
+# ----------------------------------------------------------------------------------------------
+def _save_over_a_good_fit_failing_part_way():
+    """save_fit over a good fit with torch's writer failing part-way: (error, bytes kept, files)."""
+    from unittest import mock
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "fit.pt")
+        _saved_fit(path)
+        before = open(path, "rb").read()
+        model = _bnn()
+        guide = pb.MeanField(model)
+        guide(_X1, _Y1)
+
+        def fails(obj, f, *args, **kwargs):
+            f.write(b"PK\x03\x04 partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file")
+
+        with mock.patch.object(torch, "save", fails):
+            try:
+                serialization.save_fit(path, model, guide, _X1, _Y1)
+            except OSError as err:
+                return str(err), open(path, "rb").read() == before, sorted(os.listdir(d))
+        return "saved", False, sorted(os.listdir(d))
+
+
+@case("39.2 save_fit failing part-way raises OSError naming the path and the fix",
+      Value(lambda v: "save_fit could not write" in v[0] and "Nothing was changed" in v[0] and "enforce" not in v[0],
+            "an OSError naming the path, without torch's writer message"))
+def _():
+    return _save_over_a_good_fit_failing_part_way()
+
+
+@case("39.2 save_fit failing part-way keeps the previous fit and leaves no temporary file",
+      Value(lambda v: v[1] and v[2] == ["fit.pt"], "the old bytes at the path, no other file"))
+def _():
+    return _save_over_a_good_fit_failing_part_way()
+
+
+_DAMAGED = r"is damaged or was not written by save_fit: "
+
+
+@case("39.7 load_fit: negative x_shape names x_shape", Raises(ValueError, _DAMAGED + r"x_shape \(-5, 1\) has a size below 1"))
+def _():
+    return _tampered(lambda p: p.update(x_shape=(-5, 1)))
+
+
+@case("39.7 load_fit: huge x_shape refused before allocating", Raises(ValueError, _DAMAGED + r"x_shape .* describes 1e\+12 values"))
+def _():
+    return _tampered(lambda p: p.update(x_shape=(10**12, 1)))
+
+
+@case("39.7 load_fit: huge hidden sizes refused before allocating",
+      Raises(ValueError, _DAMAGED + r"model_config\['net'\]\['hidden_sizes'\]\[0\] is 1000000, larger than"))
+def _():
+    return _tampered(lambda p: p["model_config"]["net"].update(hidden_sizes=[10**6, 10**6]))
+
+
+@case("39.7 load_fit: unknown guide option names it", Raises(ValueError, _DAMAGED + r"guide_kwargs has the option\(s\) \['bogus'\]"))
+def _():
+    return _tampered(lambda p: p.update(guide_kwargs={"bogus": 1}))
+
+
+@case("39.7 load_fit: NaN location names the entry", Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] contains NaN"))
+def _():
+    return _tampered(lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"] * math.nan}))
+
+
+@case("39.7 load_fit: negative noise names it", Raises(ValueError, _DAMAGED + r"model_state\['noise_scale'\] has a value <= 0"))
+def _():
+    return _tampered(lambda p: p["model_state"].update(noise_scale=torch.tensor(-0.1)))
+
+
+@case("39.7 load_fit: integer state names the dtype", Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] has dtype torch.int64"))
+def _():
+    return _tampered(lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"].long()}))
+
+
+@case("39.7 load_fit: a format-2 file naming an old module path loads",
+      Value(lambda v: type(v[0]) is pb.BNN and type(v[1]) is pb.MeanField, "(BNN, MeanField)"))
+def _():
+    return _tampered(lambda p: p.update(format=2, model_class="pyro_bnnlv.old.place:BNN",
+                                        guide_class="pyro_bnnlv.old.guides:MeanField"))
+
+
+@case("39.6 from_frame(target among features) names the target",
+      Raises(ValueError, r"features includes the target column 'y'"))
+def _():
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": np.arange(20.0), "y": np.arange(20.0) ** 2})
+    return pb.datasets.from_frame(frame, target="y", features=["a", "y"])
+
+
+@case("39.6 from_arrays with a column near 1e307 (float32) names the column",
+      Raises(ValueError, r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"))
+def _():
+    x = np.stack([np.arange(30.0), 1e307 * (1 + 0.01 * np.arange(30.0))], 1)
+    return pb.datasets.from_arrays(x, np.arange(30.0))
+
+
+@case("39.6 true_log_density on a standardised set's y without data= refuses",
+      Raises(ValueError, r"y is the y_test of the standardised data set 'yuan'.*pass data="))
+def _():
+    data = pb.datasets.load_dataset("yuan", standardize=True)
+    return pb.datasets.true_log_density("yuan", data.x_test, data.y_test)
+
+
+@case("39.6 true_log_density(data=standardised set) is the raw density + log y_std",
+      Value(lambda v: float(np.abs(v[0] - v[1]).max()) < 1e-5, "log p(y_raw | x_raw) + log y_std"))
+def _():
+    raw, std = pb.datasets.load_dataset("yuan"), pb.datasets.load_dataset("yuan", standardize=True)
+    return (pb.datasets.true_log_density("yuan", std.x_test, std.y_test, data=std),
+            pb.datasets.true_log_density("yuan", raw.x_test.double(), raw.y_test.double()) + np.log(float(std.y_std)))
+
+
+@case("39.6 true_log_density where the noise variance is not positive refuses (was NaN)",
+      Raises(ValueError, r"x\[0\] = -0.7: the noise variance of 'goldberg' is not positive"))
+def _():
+    return pb.datasets.true_log_density("goldberg", np.array([-0.7]), np.zeros(1))
+
+
+@case("39.6 henze_zirkler with n <= k refuses", Raises(ValueError, r"`x` has n=4 rows and k=5 columns"))
+def _():
+    return henze_zirkler(torch.randn(4, 5, generator=_gen()))
+
+
+@case("39 model.f(NumPy x, w) converts", Value(lambda v: torch.equal(v[0], v[1]), "the tensor result"))
+def _():
+    model, w = _bnn(), torch.randn(2, 10, generator=_gen())
+    return model.f(_X1.numpy().astype(np.float64), w), model.f(_X1, w)
+
+
+@case("39 evaluate(split='valid') on a 3-row data set names the empty split",
+      Raises(ValueError, r"split='valid': the data set 'data' has no valid points"))
+def _():
+    data = pb.datasets.from_arrays(np.arange(3.0)[:, None], np.arange(3.0))
+    return pb.evaluate(_bnn(), torch.zeros(3, 10), data, split="valid")
+
+
+@case("39 sample_posterior(loaded BNN+LV fit, slice of x, sites=('w', 'z')) says to pass the training data",
+      Raises(ValueError, r"per-datapoint latents \['z'\] do not fit x of 5 rows"))
+def _():
+    model = _LV()
+    guide = pb.MeanField(model)
+    x, y = torch.randn(12, 1, generator=_gen()), torch.randn(12, generator=_gen(1))
+    _fit(model, guide, x, y)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "fit.pt")
+        serialization.save_fit(path, model, guide, x, y)
+        model2, guide2 = serialization.load_fit(path)
+    return pb.sample_posterior(model2, guide2, x[:5], num_samples=2, sites=("w", "z"))
+
+
+# ----------------------------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------------------------
 def _params():

@@ -118,18 +118,39 @@ def test_hypernet_activation_by_name():
         pb.HypernetGuide(model, activation="os.system")
 
 
-def test_a_laplace_fit_saved_before_the_guide_moved_still_loads(tmp_path):
-    """LaplaceGuide moved from pyro_bnnlv.infer.laplace.guide to pyro_bnnlv.infer.laplace.guide
-    (issue 15); files name guide classes by module, so the old name must still be accepted."""
+@pytest.mark.parametrize("model_class, guide_class", [
+    ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.guides.laplace:LaplaceGuide"),  # before issue 15's move
+    ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.infer.laplace_guide:LaplaceGuide"),  # as format 2 wrote
+    ("pyro_bnnlv.models.deep.somewhere:BNN", "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"),  # a later move
+])  # fmt: skip
+def test_a_format_2_file_naming_old_module_paths_still_loads(model_class, guide_class, tmp_path):
+    """Formats 1-2 named classes ``module:Qualname``; they are read by the last component, so a
+    class moved to another module (LaplaceGuide into ``infer``'s sub-packages) keeps loading.
+    Format 3 names classes by their registered name."""
     model = pb.BNN(pb.MLP(1, [4], 1), noise_scale=0.3)
     x, y = _data(1)
     guide = _laplace("full")(model, x, y)
     path = tmp_path / "fit.pt"
     save_fit(path, model, guide, x, y)
     payload = torch.load(path, weights_only=True)
-    assert payload["guide_class"] == "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"
-    payload["guide_class"] = "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"  # as written before the move
+    assert (payload["format"], payload["model_class"], payload["guide_class"]) == (3, "BNN", "LaplaceGuide")
+    payload.update(format=2, model_class=model_class, guide_class=guide_class)  # written by hand, as format 2 was
     torch.save(payload, path)
-    _, guide2 = load_fit(path)
-    assert isinstance(guide2, pb.LaplaceGuide)
+    model2, guide2 = load_fit(path)
+    assert type(model2) is pb.BNN and isinstance(guide2, pb.LaplaceGuide)
     torch.testing.assert_close(guide2.loc, guide.loc, rtol=0, atol=0)
+    torch.testing.assert_close(guide2.scale_tril, guide.scale_tril, rtol=0, atol=0)
+
+
+def test_format_3_names_classes_only_by_registered_name(tmp_path):
+    model = BNN()
+    x, y = _data(1)
+    guide = _fit(model, pb.MeanField(model), x, y)
+    path = tmp_path / "fit.pt"
+    save_fit(path, model, guide, x, y)
+    payload = torch.load(path, weights_only=True)
+    payload["guide_class"] = "pyro_bnnlv.guides.mean_field:MeanField"  # not a registered name
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match=r"names the guide class 'pyro_bnnlv.guides.mean_field:MeanField', which is "
+                                         r"not one load_fit rebuilds \(AutoDelta, .*MeanField"):
+        load_fit(path)

@@ -153,8 +153,32 @@ def test_register_class_admits_a_users_own_guide(tmp_path, monkeypatch):
     save_fit(tmp_path / "mine.pt", model, guide, x, y)
     _, guide2 = load_fit(tmp_path / "mine.pt")
     assert type(guide2) is MyGuide
+    assert torch.load(tmp_path / "mine.pt", weights_only=True)["guide_class"] == "MyGuide"
     with pytest.raises(ValueError, match="kind must be"):
         register_class(MyGuide, "loss")
+
+
+def test_register_class_refuses_a_name_taken_by_another_class(tmp_path, monkeypatch):
+    """Files name classes by registered name: two classes may not share one."""
+    monkeypatch.setattr(serialization, "_GUIDES", dict(serialization._GUIDES))
+
+    class MeanField(AutoNormal):  # a user's class named like the library's
+        pass
+
+    with pytest.raises(ValueError, match=r"the guide name 'MeanField' is already registered for "
+                                         r"pyro_bnnlv.guides.mean_field.MeanField; .*name='MyMeanField'"):
+        register_class(MeanField, "guide")
+    with pytest.raises(ValueError, match=r"name must be a Python identifier"):
+        register_class(MeanField, "guide", name="my:guide")
+    register_class(MeanField, "guide", name="UsersMeanField")
+    register_class(MeanField, "guide", name="UsersMeanField")  # the same class again: fine
+    model = pb.BNN(pb.MLP(1, [4], 1))
+    x, y = torch.randn(10, 1), torch.randn(10)
+    guide = MeanField(model)
+    guide(x, y)
+    save_fit(tmp_path / "mine.pt", model, guide, x, y)
+    assert torch.load(tmp_path / "mine.pt", weights_only=True)["guide_class"] == "UsersMeanField"
+    assert type(load_fit(tmp_path / "mine.pt")[1]) is MeanField
 
 
 def test_load_fit_leaves_the_random_stream_alone(fit_file):

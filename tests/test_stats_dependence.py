@@ -447,3 +447,13 @@ def test_bad_shapes_and_values_raise_naming_the_argument():
         ks_statistic(np.zeros((10, 2)), np.zeros(10))
     with pytest.raises(ValueError, match="`prior_samples`.*shape"):
         ks_statistic(np.zeros(10), np.zeros((2, 2, 2)))
+
+
+@pytest.mark.parametrize("n, k", [(3, 3), (4, 5), (5, 5)])
+def test_hz_refuses_no_more_rows_than_columns(n, k):
+    """``n <= k`` points have a singular covariance whatever their law (issue 39): an error, not
+    an ordinary-looking value; ``n = k + 1`` is fine."""
+    x = torch.from_numpy(_sample("gauss", n, k, 0))
+    with pytest.raises(ValueError, match=rf"`x` has n={n} rows and k={k} columns: .*pass more rows than columns"):
+        henze_zirkler(x)
+    assert torch.isfinite(henze_zirkler(torch.from_numpy(_sample("gauss", k + 1, k, 0))))

@@ -3,7 +3,6 @@
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

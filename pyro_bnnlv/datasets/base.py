@@ -150,20 +150,23 @@ def make_dataset(
         x_tr = x_tr[:, None]
     D = x_tr.shape[1]
     if standardize:
-        x_mean, x_std = x_tr.mean(0), x_tr.std(0)
+        x_mean, x_std = _mean_std(x_tr)
         # constant columns: std is 0 up to rounding (naval's 0.998 column gives ~1e-16)
         x_std = np.where(x_std > 1e-10 * np.maximum(1.0, np.abs(x_mean)), x_std, 1.0)
-        y_mean, y_std = float(y_tr.mean()), float(y_tr.std())
+        y_mean, y_std = (float(v[0]) for v in _mean_std(y_tr.reshape(-1, 1)))
         if y_std <= 0:
             raise ValueError(f"dataset {name!r}: training targets are constant")
     else:
         x_mean, x_std, y_mean, y_std = np.zeros(D), np.ones(D), 0.0, 1.0
+    _check_representable(name, x_mean, x_std, y_mean, y_std, standardize)
     out = {}
     for split in ("train", "valid", "test"):
         x, y = (np.asarray(a, dtype=np.float64) for a in splits[split])
         x = x.reshape(len(x), D)
-        out[f"x_{split}"] = _to_tensor((x - x_mean) / x_std)
-        out[f"y_{split}"] = _to_tensor((y.reshape(-1) - y_mean) / y_std)
+        out[f"x_{split}"] = _to_tensor(_standardise(x, x_mean, x_std))
+        out[f"y_{split}"] = _to_tensor(_standardise(y.reshape(-1), y_mean, y_std))
+        if not standardize:
+            _check_representable_values(name, split, x, y)
     ext = {}
     for key, value in (extras or {}).items():
         value = np.asarray(value, dtype=np.float64)
@@ -188,6 +191,50 @@ def make_dataset(
     if standardize:
         _mark_standardized(data)
     return data
+
+
+def _mean_std(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and (population) standard deviations of ``a (N, D)`` without overflow: each
+    column is divided by its largest magnitude first (``mean = m * mean(a / m)``), so a column
+    near the float64 maximum (``1e307``) has a finite mean and std instead of ``inf``."""
+    m = np.abs(a).max(axis=0)
+    m = np.where(m > 0, m, 1.0)
+    scaled = a / m
+    return m * scaled.mean(0), m * scaled.std(0)
+
+
+def _standardise(a: np.ndarray, mean: np.ndarray | float, std: np.ndarray | float) -> np.ndarray:
+    """``(a - mean) / std`` computed as ``(a / std) - (mean / std)``: no overflow in ``a - mean``
+    for values near the float64 maximum."""
+    return a / std - np.asarray(mean) / std
+
+
+def _check_representable(name: str, x_mean: np.ndarray, x_std: np.ndarray, y_mean: float, y_std: float,
+                         standardize: bool) -> None:  # fmt: skip
+    """The statistics are stored as tensors of the default dtype: refuse (naming the column) what
+    that dtype cannot hold instead of storing ``inf``."""
+    if not standardize:
+        return
+    big = torch.finfo(torch.get_default_dtype()).max
+    for what, values in (("x", np.stack([x_mean, x_std], 1)), ("y", np.array([[y_mean, y_std]]))):
+        bad = np.flatnonzero(~(np.abs(values) <= big).all(1))
+        if bad.size:
+            column = f"x column {bad[0]}" if what == "x" else "y"
+            raise ValueError(f"dataset {name!r}: {column} has a mean or standard deviation beyond what "
+                             f"{torch.get_default_dtype()} holds ({big:.3g}), so its standardisation cannot be "
+                             f"stored; rescale it first (e.g. divide by a power of 10), or call "
+                             f"torch.set_default_dtype(torch.float64) before loading")  # fmt: skip
+
+
+def _check_representable_values(name: str, split: str, x: np.ndarray, y: np.ndarray) -> None:
+    """Unstandardised values are stored as given: refuse a column the default dtype cannot hold."""
+    big = torch.finfo(torch.get_default_dtype()).max
+    bad = np.flatnonzero(~(np.abs(x) <= big).all(0)) if x.size else []
+    if len(bad) or (y.size and not (np.abs(y) <= big).all()):
+        column = f"x column {bad[0]}" if len(bad) else "y"
+        raise ValueError(f"dataset {name!r}: {column} of the {split} split has values beyond what "
+                         f"{torch.get_default_dtype()} holds ({big:.3g}); rescale it first (e.g. divide by a power "
+                         f"of 10), or call torch.set_default_dtype(torch.float64) before loading")  # fmt: skip
 
 
 def _canonical(name: str) -> str:
@@ -288,6 +335,12 @@ def from_frame(
     if target not in frame.columns:
         raise ValueError(f"target column {target!r} not in the frame; columns: {list(frame.columns)}")
     features = [c for c in frame.columns if c != target] if features is None else list(features)
+    if target in features:
+        raise ValueError(f"features includes the target column {target!r}, which would put y among the "
+                         f"inputs: leave it out of features= (or omit features= for every other column)")  # fmt: skip
+    repeated = sorted({c for c in features if features.count(c) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"features names the columns {repeated} more than once; list each feature once")
     missing = [c for c in features if c not in frame.columns]
     if missing or not features:
         raise ValueError(f"features {missing or features} not usable; columns: {list(frame.columns)}")

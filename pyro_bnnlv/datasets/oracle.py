@@ -22,7 +22,8 @@ the papers' tables cannot do when their levels are on another scale.
   symmetric about 0, gives bimodal's two branches exactly half the mass each. ``LL*`` is a
   Monte Carlo mean over points drawn by the data set's own generator, with its standard error.
 
-All on the generator's raw scale (``standardize=False``, the default of these sets).
+All on the generator's raw scale (``standardize=False``, the default of these sets);
+:func:`true_log_density` takes ``data=`` for a standardised set's tensors.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from scipy import integrate, special, stats
 
 from .._checks import check_int, check_seed
-from .base import _as_float_array, _canonical
+from .base import Dataset, _as_float_array, _canonical, standardized_source
 from .synthetic import PROCESSES, HeteroscedasticProcess, LatentProcess
 
 __all__ = ["OracleLL", "true_log_density", "expected_test_ll", "ORACLE_DATASETS"]
@@ -67,21 +68,55 @@ def _as_1d(value, arg: str) -> np.ndarray:
     return a
 
 
-def true_log_density(name: str, x, y, *, nodes: int = 2000) -> np.ndarray:
+def true_log_density(name: str, x, y, *, nodes: int = 2000, data: Dataset | None = None) -> np.ndarray:
     """``log p(y_n | x_n)`` under data set ``name``'s generating process, shape ``(N,)``.
 
     Args:
         name: one of :data:`ORACLE_DATASETS`.
-        x, y: inputs and targets on the raw scale, shapes ``(N,)`` or ``(N, 1)`` and ``(N,)``.
+        x, y: inputs and targets, shapes ``(N,)`` or ``(N, 1)`` and ``(N,)``: on the generator's
+            raw scale, or, with ``data``, on the scale of that data set's tensors.
         nodes: ``K``, the cells of the integral over the latent input (latent-input sets only;
             even, so that no node sits on ``z = 0``, where bimodal's ``f`` jumps).
+        data: the :class:`~pyro_bnnlv.datasets.Dataset` that ``x, y`` come from. For a
+            standardised one (``standardize=True``) ``x, y`` are mapped back to the raw scale,
+            ``x_raw = x x_std + x_mean``, ``y_raw = y y_std + y_mean``, and the result is the log
+            density of the *standardised* target, ``log p(y_raw | x_raw) + log y_std`` (change of
+            variables), comparable with a test LL computed on that scale (subtract
+            ``log y_std`` for the raw scale).
+
+    Raises ``ValueError`` when ``y`` is the very target tensor of a standardised data set
+    (``data.y_test``) and ``data`` is not given (the numbers would be on the wrong scale), and
+    where the process has no density: a heteroscedastic set whose noise variance ``v(x)`` is not
+    positive at an input (goldberg's ``x + 0.5`` for ``x <= -0.5``; its generator draws ``x`` from
+    ``U[0, 1]``).
     """
     proc = _process(name)
+    source = standardized_source(y)
+    if data is None and source is not None:
+        raise ValueError(f"y is the {source}, but true_log_density works on the generator's raw scale: pass "
+                         f"data=<that data set> to get the log density of the standardised y, or load the set "
+                         f"with standardize=False")  # fmt: skip
     x, y = _as_1d(x, "x"), _as_1d(y, "y")
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
+    log_jacobian = 0.0
+    if data is not None:
+        if not isinstance(data, Dataset):
+            raise TypeError(f"data must be the pyro_bnnlv Dataset x and y come from, got {type(data).__name__}")
+        if _canonical(data.name) != _canonical(name):
+            raise ValueError(f"data is the data set {data.name!r} but name is {name!r}: pass the set x and y come from")
+        if data.standardized:
+            x = x * float(data.x_std.reshape(-1)[0]) + float(data.x_mean.reshape(-1)[0])
+            y = y * float(data.y_std) + float(data.y_mean)
+            log_jacobian = float(np.log(float(data.y_std)))
     if isinstance(proc, HeteroscedasticProcess):
-        return stats.norm.logpdf(y, proc.mean(x), np.sqrt(proc.var(x)))
+        var = proc.var(x)
+        bad = np.flatnonzero(~(var > 0))
+        if bad.size:
+            raise ValueError(f"x[{bad[0]}] = {x[bad[0]]:.6g}: the noise variance of {name!r} is not positive there "
+                             f"({var[bad[0]]:.3g}), so p(y | x) does not exist; its generator draws x from U[0, 1] "
+                             f"({bad.size} of {len(x)} inputs affected)")  # fmt: skip
+        return stats.norm.logpdf(y, proc.mean(x), np.sqrt(var)) + log_jacobian
     nodes = check_int(nodes, "nodes")
     if nodes % 2:
         raise ValueError(f"nodes must be even (a rule symmetric about z = 0), got {nodes}")
@@ -94,7 +129,7 @@ def true_log_density(name: str, x, y, *, nodes: int = 2000) -> np.ndarray:
         xs, ys = x[s : s + chunk, None], y[s : s + chunk, None]
         logp = stats.norm.logpdf(ys, proc.f(xs, z[None, :]), np.sqrt(proc.noise_var))
         out[s : s + chunk] = special.logsumexp(logp + log_w[None, :], axis=1)
-    return out
+    return out + log_jacobian
 
 
 def expected_test_ll(name: str, *, num_points: int = 100_000, seed: int = 0, nodes: int = 2000) -> OracleLL:

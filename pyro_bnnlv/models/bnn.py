@@ -34,7 +34,7 @@ from torch.distributions import constraints
 from .._checks import ArgumentTypeError, check_real
 from ..nets import FlatNet, MLP
 
-__all__ = ["BNN", "fan_in_prior_scale", "check_xy"]
+__all__ = ["BNN", "fan_in_prior_scale", "check_xy", "as_tensor_args"]
 
 
 def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:
@@ -81,6 +81,22 @@ def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None
     if shape is not None and t.dim() > 0 and t.shape != shape:
         raise ValueError(f"{name} must be a scalar or have shape {shape}, got {tuple(t.shape)}")
     return t
+
+
+def as_tensor_args(x: Any, w: Any, dtype: torch.dtype) -> tuple[Any, Tensor]:
+    """``x`` and ``w`` of a model's ``f`` as tensors: a NumPy array becomes a tensor of the other
+    argument's dtype when that one is a floating tensor, else of ``dtype`` (the model's); a
+    tensor (or ``None`` for ``x``) is returned as is; anything else is a ``TypeError`` naming
+    the argument."""
+    def convert(value: Any, name: str, other: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            like = other.dtype if isinstance(other, Tensor) and other.is_floating_point() else dtype
+            return torch.as_tensor(value, dtype=like)
+        if isinstance(value, Tensor) or (value is None and name == "x"):
+            return value
+        raise TypeError(f"{name} must be a torch.Tensor or a NumPy array, got {type(value).__name__}")
+
+    return convert(x, "x", w), convert(w, "w", x)
 
 
 def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -> None:
@@ -187,8 +203,11 @@ class BNN(PyroModule):
     def num_weights(self) -> int:
         return self.net.num_weights
 
-    def f(self, x: Tensor, w: Tensor) -> Tensor:
-        """Network output ``f(x; w)``: ``w (*B, P)`` -> ``(*B, N, L)`` (see :class:`FlatNet`)."""
+    def f(self, x: Tensor | np.ndarray, w: Tensor | np.ndarray) -> Tensor:
+        """Network output ``f(x; w)``: ``w (*B, P)`` -> ``(*B, N, L)`` (see :class:`FlatNet`).
+
+        NumPy arrays are converted (see :func:`as_tensor_args`)."""
+        x, w = as_tensor_args(x, w, self.prior_loc.dtype)
         return self.net(x, w)
 
     def check_data(self, x: Tensor, y: Tensor | None = None) -> None:

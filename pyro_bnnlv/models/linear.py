@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
@@ -38,6 +39,7 @@ from torch import Tensor
 
 from .._tracing import shape_branches
 from .._checks import as_float64_vector, as_positive_float64
+from .bnn import as_tensor_args
 from ..nets import as_positive_int
 from .potential import FlatPotential
 
@@ -142,11 +144,13 @@ class OverparametrisedLinear(PyroModule):
         """See :func:`design_matrix`."""
         return design_matrix(self.K, x, N)
 
-    def f(self, x: Tensor | None, w: Tensor) -> Tensor:
+    def f(self, x: Tensor | np.ndarray | None, w: Tensor | np.ndarray) -> Tensor:
         """Mean function ``f(x; w) = X w`` for a batch of weights: ``w (*B, K) -> (*B, N)``.
 
         ``x`` as in :func:`design_matrix` (``None`` needs ``w`` only for ``N = 1``: pass ``x``).
+        NumPy arrays are converted (:func:`~pyro_bnnlv.models.bnn.as_tensor_args`).
         """
+        x, w = as_tensor_args(x, w, torch.get_default_dtype())
         if w.shape[-1:] != (self.K,):
             raise ValueError(f"w must have shape (*B, {self.K}), got {tuple(w.shape)}")
         X = self.design_matrix(x, N=1).to(w.dtype)

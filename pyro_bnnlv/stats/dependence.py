@@ -99,7 +99,7 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
       ``delta = ridge`` (``1e-12`` by default), and the computation runs in float64 whatever
       the input dtype (the result is cast back). A nearly collinear float32 sample therefore
       gets its float64 value (not a fallback), and a sample whose covariance is exactly
-      singular (a constant column, all points equal, ``n <= k``) gets a large finite value --
+      singular (a constant column, all points equal) gets a large finite value --
       the points collapse onto the mean along the null directions -- instead of Henze &
       Zirkler's convention ``4 n`` (pingouin returns ``4 n`` there). For a sample of identical
       points the value is ``n (1 - 2(1+beta^2)^{-k/2} + (1+2beta^2)^{-k/2})`` (0.46 n for
@@ -112,7 +112,9 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
     sum has an analytic gradient (first-order only), see ``compiled`` below.
 
     Args:
-        x: sample of shape ``(n, k)`` (or ``(n,)``, treated as ``k = 1``), ``n >= 3``.
+        x: sample of shape ``(n, k)`` (or ``(n,)``, treated as ``k = 1``), ``n >= 3`` and ``n > k``
+            (``n <= k`` points have a singular covariance whatever their distribution: a
+            ``ValueError``, not the large finite value a collapsed sample gets).
         ridge: relative ridge ``delta`` added to the covariance (``>= 0``).
         compiled: ``None`` (default) computes the statistic and its gradient in one call of the
             compiled kernel (:func:`~pyro_bnnlv.stats._pairwise.compiled_henze_zirkler`, built on
@@ -128,6 +130,12 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
         x = _as_tensor_2d("x", x)
         if x.shape[0] < 3:
             raise ValueError(f"`x` must have at least 3 rows (datapoints), got {x.shape[0]}")
+        if x.shape[0] <= x.shape[1]:
+            raise ValueError(
+                f"`x` has n={x.shape[0]} rows and k={x.shape[1]} columns: the sample covariance of n <= k "
+                f"points has rank at most n - 1 < k, so HZ (which whitens by its inverse) is not defined; "
+                f"pass more rows than columns (n > k), e.g. a larger batch or fewer latent dimensions"
+            )
         try:
             ridge = check_real(ridge, "`ridge`", nonnegative=True)
         except ValueError as err:  # a non-number stays an ArgumentTypeError (also a TypeError)

@@ -288,6 +288,10 @@ def evaluate(
         if split not in ("test", "valid"):
             raise ValueError(f"split must be 'test' or 'valid', got {split!r}")
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+        if x.shape[0] == 0:
+            raise ValueError(f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
+                             f"{data.sizes}); evaluate another split, or make the data set with more rows or "
+                             f"a larger {split}_fraction")  # fmt: skip
         if data.standardized and y_mean is None and y_std is None:
             y_mean, y_std = data.y_mean, data.y_std
         if train_data is None:

@@ -73,9 +73,14 @@ def select(results: pd.DataFrame) -> pd.DataFrame:
                 g.loc[arm] = kept
         rows.append(g.reset_index())
     out = pd.concat(rows, ignore_index=True)
-    ceilings = {p.name: ceiling(p)[0] for p in FAMILY}
+    ceilings = {p.name: _ceiling(p.index) for p in FAMILY if p.name in set(out["dataset"])}
     out["ceiling"] = out["dataset"].map(ceilings)
     return out[["dataset", "arm", "test_ll", "rmse", "mi_x_z", "hz_z", "valid_ll", "lambda0", "setting", "ceiling"]]
+
+
+@functools.cache
+def _ceiling(index: int) -> float:
+    return ceiling(FAMILY[index])[0]
 
 
 def _wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:

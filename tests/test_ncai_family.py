@@ -1,0 +1,111 @@
+"""Issue 37's family of BNN+LV problems and its benchmark's bookkeeping (selection, win rates)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import special, stats
+
+import pyro_bnnlv as pb
+from pyro_bnnlv.datasets import ncai_family as fam
+from pyro_bnnlv.reproduce.ncai_compare import CompareConfig, compare_tasks
+from pyro_bnnlv.reproduce.ncai_family import _wilson, family_tasks, select, win_rates
+
+
+def test_the_family_spans_effects_dimensions_and_sizes():
+    problems = fam.FAMILY
+    assert len(problems) == 24 and len({p.name for p in problems}) == 24
+    for effect in fam.EFFECTS:
+        dims = [p.input_dim for p in problems if p.effect == effect]
+        assert len(dims) >= 4 and set(dims) == {1, 2}, effect
+    assert all(200 <= p.n_train <= 2000 for p in problems)
+    assert min(p.n_train for p in problems) < 400 and max(p.n_train for p in problems) > 1200
+    again = fam.family_problem(7)
+    assert np.array_equal(again.omega, problems[7].omega) and again.noise_var == problems[7].noise_var
+    with pytest.raises(ValueError, match="index must be below 24"):
+        fam.family_problem(24)
+
+
+def test_a_problem_loads_reproducibly_on_its_raw_scale():
+    p = fam.FAMILY[6]
+    a, b = pb.load_dataset(p.name, seed=3), pb.load_dataset(p.name, seed=3)
+    assert a.x_train.equal(b.x_train) and a.y_test.equal(b.y_test)
+    assert not pb.load_dataset(p.name, seed=4).x_train.equal(a.x_train)
+    assert tuple(a.x_train.shape) == (p.n_train, p.input_dim) and len(a.y_test) == 1000
+    assert len(a.y_valid) == max(100, p.n_train // 4)
+    # raw scale: y is f(x) + g(x, z) + eps with the stored z
+    x, z = a.x_train.double().numpy(), np.asarray(a.extras["z_train"])
+    resid = a.y_train.double().numpy() - p.mean(x, z)
+    assert abs(resid.std() - math.sqrt(p.noise_var)) < 0.15 * math.sqrt(p.noise_var)
+
+
+@pytest.mark.parametrize("index", range(5))  # one problem of each effect
+def test_true_density_matches_monte_carlo_over_z(index):
+    p = fam.FAMILY[index]
+    rng = np.random.default_rng(index)
+    x = rng.uniform(-2, 2, (4, p.input_dim))
+    y = p.mean(x, rng.normal(size=4)) + rng.normal(0, math.sqrt(p.noise_var), 4)
+    z = rng.normal(size=400_000)
+    mc = [special.logsumexp(stats.norm.logpdf(y[i], p.mean(x[i][None, :], z), math.sqrt(p.noise_var))) - math.log(len(z))
+          for i in range(4)]  # fmt: skip
+    assert np.allclose(fam.log_density(p, x, y), mc, atol=0.02)
+
+
+def test_ceiling_is_the_mean_true_log_density_of_fresh_points():
+    p = fam.FAMILY[3]
+    value, se = fam.ceiling(p, num_points=4000)
+    data = pb.load_dataset(p.name, seed=11)
+    test = fam.log_density(p, data.x_test.double().numpy(), data.y_test.double().numpy()).mean()
+    assert 0 < se < 0.05 and abs(test - value) < 5 * math.hypot(se, 0.05)
+
+
+def test_family_tasks_run_ncai_lambda_once_per_term():
+    cfg = CompareConfig()
+    names = [p.name for p in fam.FAMILY[:2]]
+    tasks = family_tasks(names, cfg, ("hsic", "knn-mi"))
+    base = [t for n in names for t in compare_tasks(n, cfg)]
+    lam = [t for t in base if t.method == "BNN+LV (NCAI_lambda)"]
+    assert len(tasks) == len(base) + len(lam)
+    terms = sorted(t.params["independence"] for t in tasks if t.method == "BNN+LV (NCAI_lambda)")
+    assert terms == sorted(["hsic", "knn-mi"] * len(lam))
+    assert len({t.id for t in tasks}) == len(tasks)
+
+
+def _results() -> pd.DataFrame:
+    rows = []
+    for i, name in enumerate(["ncai-family-00", "ncai-family-01", "ncai-family-02"]):
+        def row(method, valid, test, mi, term=None):
+            return dict(dataset=name, method=method, status="done", valid_ll=valid, test_ll=test, rmse=1.0,
+                        mi_x_z=mi, hz_z=0.1, setting="s", independence=term)  # fmt: skip
+        rows += [row("BNN (MFVI)", -2.0, -2.0, math.nan), row("BNN+LV (MFVI)", -1.5, -1.5, 0.5),
+                 row("BNN+LV (MFVI)", -1.6, -0.9, 0.1),  # a worse restart by validation: not kept
+                 row("BNN+LV (NCAI_0)", -1.4 + (i == 2), -1.45, 0.4),
+                 row("BNN+LV (NCAI_lambda)", -1.3, -1.2 - 0.5 * (i == 1), 0.1, "knn-mi"),
+                 row("BNN+LV (NCAI_lambda)", -1.45, -1.0, 0.05, "hsic")]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_selection_keeps_the_validation_best_and_lambda0_where_it_validates_better():
+    chosen = select(_results()).set_index(["dataset", "arm"])
+    assert chosen.loc[("ncai-family-00", "BNN+LV (MFVI)"), "test_ll"] == -1.5
+    # hsic's NCAI_lambda (valid -1.45) loses to NCAI_0 (-1.4) on problems 0 and 1: lambda = 0 kept
+    assert chosen.loc[("ncai-family-00", "NCAI_lambda (hsic)"), "lambda0"]
+    assert chosen.loc[("ncai-family-00", "NCAI_lambda (hsic)"), "test_ll"] == -1.45
+    # on problem 2 NCAI_0 validates at -0.4 and beats both terms
+    assert chosen.loc[("ncai-family-02", "NCAI_lambda (knn-mi)"), "lambda0"]
+    assert not chosen.loc[("ncai-family-00", "NCAI_lambda (knn-mi)"), "lambda0"]
+    assert np.isfinite(chosen["ceiling"]).all()
+
+
+def test_win_rates_with_wilson_intervals_and_paired_differences():
+    rates = win_rates(select(_results())).set_index("arm")
+    knn = rates.loc["NCAI_lambda (knn-mi)"]
+    # test LL against MFVI's -1.5: -1.2 (win), -1.7 (loss), -1.45 via lambda = 0 (win)
+    assert knn["problems"] == 3 and knn["ll_win_rate"] == pytest.approx(2 / 3)
+    d = np.array([0.3, -0.2, 0.05])
+    assert knn["ll_diff_mean"] == pytest.approx(d.mean()) and knn["ll_diff_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
+    assert knn["mi_win_rate"] == 1.0 and knn["lambda0_kept"] == 1
+    lo, hi = _wilson(2, 3)
+    assert knn["ll_win_ci"] == f"[{lo:.2f}, {hi:.2f}]" and 0.2 < lo < 2 / 3 < hi < 1
+    assert _wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and _wilson(10, 10)[1] == pytest.approx(1.0)

@@ -6,9 +6,13 @@ same in every process, on every machine and in every Python version, and it does
 the order in which a grid was written (the grid point is stored as a sorted tuple of items).
 
 A sweep's identity (:func:`sweep_identity`) is what a results store must agree on before it may
-be resumed: the task function (its qualified name and, for a ``functools.partial``, its bound
-arguments), the user's ``sweep_meta`` and the sorted task ids. The code version
-(:func:`code_version`) is checked separately so the error can say which of the two differs.
+be resumed: the task function (its name and, for a ``functools.partial``, its bound arguments),
+the user's ``sweep_meta`` and the sorted task ids. The code version (:func:`code_version`) is
+checked separately so the error can say which of the two differs.
+
+A task function's name in a store is the one given to :func:`task_function` (the library's
+experiments register theirs, e.g. ``"ncai-compare/fit"``, so a store does not depend on the module
+a function lives in) and ``module:qualname`` for any other function.
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import math
 import pickle
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
-__all__ = ["Task", "canonical_json", "digest", "describe_fn", "sweep_identity", "code_version", "KEY_FIELDS"]
+__all__ = ["Task", "canonical_json", "digest", "describe_fn", "sweep_identity", "code_version", "task_function",
+           "KEY_FIELDS"]  # fmt: skip
 
 Scalar = Union[str, int, float, bool, None]
 #: the columns a task contributes to a results table, in order (grid items follow ``method``)
@@ -130,14 +137,79 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
+#: registered task-function names -> the ``module:qualname`` of the function holding the name
+_REGISTERED: dict[str, str] = {}
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _where(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def task_function(name: str) -> Callable[[F], F]:
+    """Register a sweep task function under a stable ``name`` (a decorator).
+
+    A results store records its task function by this name instead of ``module:qualname``, so the
+    function can move to another module without orphaning the stores made with it (worker
+    processes still import it from where it is). ``name`` is lower-case words of letters, digits,
+    ``.``, ``_`` or ``-`` separated by ``/`` (``"ncai-compare/fit"``); it has no ``:``, so it never
+    equals an unregistered function's ``module:qualname``. One name, one function: registering a
+    second function under a taken name raises ``ValueError``.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"task_function name must be lower-case words of letters, digits, '.', '_' or '-' "
+                         f"separated by '/' (like 'ncai-compare/fit'), got {name!r}")  # fmt: skip
+
+    def register(fn: F) -> F:
+        where = _where(fn)
+        if _REGISTERED.get(name, where) != where:
+            raise ValueError(f"the task-function name {name!r} is taken by {_REGISTERED[name]}; "
+                             f"give {where} another name")  # fmt: skip
+        _REGISTERED[name] = where
+        fn.__sweep_name__ = name  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def _function_name(fn: Callable) -> str:
+    """The registered name of ``fn`` (:func:`task_function`), else its ``module:qualname``."""
+    name = getattr(fn, "__sweep_name__", None)
+    where = _where(fn)
+    return name if name is not None and _REGISTERED.get(name) == where else where
+
+
+def _describe_value(value: Any) -> Any:
+    """A bound argument as stable JSON: itself if JSON-able; a function, class or partial by its name
+    (:func:`describe_fn`; their repr holds a memory address, different in every process); another
+    object by its repr, or by its type and the hash of its pickle if that repr holds an address
+    (``TypeError`` if it does not pickle either)."""
+    if isinstance(value, functools.partial):
+        return {"callable": describe_fn(value)}
+    if inspect.isroutine(value) or isinstance(value, type):
+        return {"callable": _function_name(value)}
+    described = _jsonable(value)
+    if isinstance(described, str) and described is not value and _ADDRESS.search(described):
+        try:
+            return {"object": _where(type(value)), "pickle": hashlib.sha256(pickle.dumps(value)).hexdigest()[:16]}
+        except Exception:
+            raise TypeError(f"the task function binds {described}, which has no stable description (its repr "
+                            "holds a memory address and it cannot be pickled), so its store could never be "
+                            "resumed: bind JSON-able settings (or a module-level function) instead") from None
+    return described
+
+
 def describe_fn(fn: Callable) -> dict[str, Any]:
-    """The task function as JSON: ``module:qualname``, and the bound arguments of a partial."""
+    """The task function as JSON: its name (:func:`task_function`, else ``module:qualname``), and the
+    bound arguments of a partial (callables among them by name)."""
     out: dict[str, Any] = {}
     while isinstance(fn, functools.partial):
-        out.setdefault("args", []).extend(_jsonable(a) for a in fn.args)
-        out.setdefault("kwargs", {}).update({k: _jsonable(v) for k, v in sorted(fn.keywords.items())})
+        out.setdefault("args", []).extend(_describe_value(a) for a in fn.args)
+        out.setdefault("kwargs", {}).update({k: _describe_value(v) for k, v in sorted(fn.keywords.items())})
         fn = fn.func
-    out["function"] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    out["function"] = _function_name(fn)
     return out
 
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -257,7 +258,7 @@ def test_a_different_sweep_in_the_same_directory_is_an_error_and_overwrites_noth
     with pytest.raises(SweepMismatchError, match="task function"):
         run_sweep(tasks, _returns_array, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
                   progress=False)  # fmt: skip
-    with pytest.raises(SweepMismatchError, match="computed by other code.*pin a version label"):
+    with pytest.raises(SweepMismatchError, match="computed by other code.*resume them with code_version='pyro_bnnlv"):
         run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
                   code_version="other", progress=False)  # fmt: skip
     assert (tmp_path / STORE_NAME).read_bytes() == stored
@@ -739,3 +740,71 @@ def test_a_partial_holding_a_function_resumes(tmp_path):
     with pytest.raises(SweepMismatchError, match="transform"):
         run_sweep(_tasks(2), functools.partial(with_transform, transform=math.log1p), out_dir=tmp_path,
                   executor="inline", progress=False)  # fmt: skip
+
+
+_USER_FIT = '''
+def fit_one(task):
+    if task.split >= 2:
+        raise ValueError("a bug in fit_one")
+    return {"value": 1.0}
+'''
+
+
+def _user_module(tmp_path: Path, source: str, monkeypatch):
+    """A task function in a module file of the user's (outside the package), imported afresh."""
+    import importlib
+
+    name = f"user_fit_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def test_an_edited_task_function_is_refused_instead_of_mixing_its_results_with_the_stored_ones(tmp_path, monkeypatch):
+    """Issue 39's scenario: two tasks fail, the user fixes fit_one's body and reruns."""
+    import importlib
+
+    from pyro_bnnlv.sweep.task import code_version
+
+    tasks, out = [Task("toy", method="m", split=s) for s in range(4)], tmp_path / "out"
+    module = _user_module(tmp_path, _USER_FIT, monkeypatch)
+    first = run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False)
+    assert first["status"].tolist() == ["done", "done", "failed", "failed"]
+    stored = code_version(module.fit_one)
+    assert stored.startswith(code_version()) and f"; task source {module.__name__} " in stored
+    (tmp_path / f"{module.__name__}.py").write_text("def fit_one(task):\n    return {'value': 2.0}\n")
+    module = importlib.reload(module)
+    with pytest.raises(SweepMismatchError, match=rf"task function's source changed \({module.__name__} differs.*"
+                                                 rf"another output directory.*code_version='.*{module.__name__}"):
+        run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False)
+    assert load_results(out)["value"].tolist()[:2] == [1.0, 1.0]  # the store is untouched
+    assert run_sweep(tasks, module.fit_one, out_dir=tmp_path / "v2", executor="inline",
+                     progress=False)["value"].tolist() == [2.0] * 4  # fmt: skip
+    # the explicit way to keep the stored results: resume with their label
+    kept = run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False, code_version=stored)
+    assert kept.attrs["ran"] == 2 and kept["value"].tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+def test_a_task_function_without_readable_source_needs_a_pinned_code_version(tmp_path, monkeypatch):
+    import types
+
+    module = types.ModuleType("typed_in_at_a_prompt")
+    exec("def fit(task):\n    return {'value': 1.0}\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(TypeError, match="typed_in_at_a_prompt:fit cannot be read.*code_version="):
+        run_sweep(_tasks(1), module.fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert not (tmp_path / STORE_NAME).exists()
+    table = run_sweep(_tasks(1), module.fit, out_dir=tmp_path, executor="inline", progress=False, code_version="mine")
+    assert table["value"].tolist() == [1.0, 1.0]
+
+
+def test_the_code_version_covers_the_task_source_outside_the_package_only(monkeypatch):
+    from pyro_bnnlv.reproduce.ncai_compare import fit_task
+    from pyro_bnnlv.sweep.task import code_version
+
+    assert code_version(functools.partial(fit_task, config={})) == code_version()
+    this = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    both = functools.partial(with_transform, transform=toy_fit)  # two functions of this file: one entry
+    assert code_version(both) == code_version(toy_fit) == f"{code_version()}; task source {__name__} {this}"

@@ -28,7 +28,7 @@ from typing import Any
 import filelock
 import pandas as pd
 
-from .task import KEY_FIELDS, Task, canonical_json, digest
+from .task import KEY_FIELDS, Task, canonical_json, describe_version_change, digest
 
 __all__ = ["SweepStore", "SweepMismatchError", "SweepLockedError", "STORE_NAME", "TABLE_FIELDS"]
 
@@ -129,9 +129,9 @@ class SweepStore:
             )
         if stored.get("code_version") != code_version:
             raise SweepMismatchError(
-                f"{str(self.out_dir)!r} holds results computed by other code: stored code version "
-                f"{stored.get('code_version')!r}, now {code_version!r}; {fix}, or pin a version "
-                "label with code_version= when the change cannot affect the results"
+                f"{str(self.out_dir)!r}: {describe_version_change(stored['code_version'], code_version)}; "
+                f"start a new version: {fix}; or, if the change cannot affect the stored results, resume them "
+                f"with code_version={stored['code_version']!r} (--code-version)"
             )
 
     def _difference(self, stored: Mapping[str, Any], identity: Mapping[str, Any]) -> str:

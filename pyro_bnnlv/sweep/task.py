@@ -25,6 +25,7 @@ import json
 import math
 import pickle
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,23 +236,88 @@ def sweep_identity(tasks: Iterable[Task], fn: Callable, sweep_meta: Mapping[str,
     return {"fn": describe_fn(fn), "meta": meta, "tasks": sorted(t.id for t in tasks)}
 
 
-@functools.cache
-def code_version() -> str:
-    """``pyro_bnnlv`` version, a hash of its source files (``*.py``, ``*.cpp``), torch and Pyro versions.
+_ROOT = Path(__file__).resolve().parents[1]
+#: separates the package's part of a code version from the task function's source part
+_TASK_SOURCE = "; task source "
 
-    Any edit to the package's source changes it, so a store is never silently completed by other
-    code; pass ``code_version=`` to :func:`~pyro_bnnlv.sweep.run_sweep` to pin a label instead
-    when a change is known not to affect the results.
-    """
+
+@functools.cache
+def _package_version() -> str:
     import pyro
     import torch
 
-    root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for path in sorted(p for ext in ("*.py", "*.cpp") for p in root.rglob(ext)):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(p for ext in ("*.py", "*.cpp") for p in _ROOT.rglob(ext)):
+        h.update(path.relative_to(_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     try:
         version = importlib.metadata.version("pyro_bnnlv")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
         version = "unknown"
     return f"pyro_bnnlv {version} src {h.hexdigest()[:12]}, torch {torch.__version__}, pyro {pyro.__version__}"
+
+
+def _callables(fn: Callable) -> list[Callable]:
+    """``fn`` and, through ``functools.partial`` layers, the functions and classes it binds."""
+    out = []
+    while isinstance(fn, functools.partial):
+        for value in (*fn.args, *fn.keywords.values()):
+            if isinstance(value, functools.partial):
+                out += _callables(value)
+            elif inspect.isroutine(value) or isinstance(value, type):
+                out.append(value)
+        fn = fn.func
+    return [fn, *out]
+
+
+def _source_digest(fn: Callable) -> tuple[str, str] | None:
+    """``(label, hash)`` of the source that defines ``fn``: its module's file (so helpers in that file
+    count too), else the function's own source (a notebook cell); ``None`` for the package's own
+    code (covered by :func:`code_version`). ``TypeError`` naming the fix if neither can be read."""
+    target = fn if inspect.isroutine(fn) or isinstance(fn, type) else type(fn)
+    target = getattr(target, "__func__", target)  # a bound method: its function
+    module_name = getattr(target, "__module__", None) or "?"
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if path and Path(path).is_file():
+        path = Path(path).resolve()
+        if _ROOT in path.parents:
+            return None
+        label = path.name if module_name == "__main__" else module_name
+        return label, hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        raise TypeError(
+            f"the source of the task function {_where(target)} cannot be read (its module has no file: a "
+            "script read from standard input?), so a store could not tell its results from those of an "
+            "edited version; pass code_version='a label of your own' and change the label whenever you "
+            "change the function"
+        ) from None
+    return _where(target), hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def code_version(fn: Callable | None = None) -> str:
+    """The label of the code that computes a sweep's results (what its store must agree on).
+
+    ``pyro_bnnlv`` version, a hash of its source files (``*.py``, ``*.cpp``), torch and Pyro
+    versions; given the task function ``fn``, followed by ``; task source MODULE HASH`` for each
+    function defined outside the package (``fn`` itself, or functions a ``functools.partial``
+    binds): a hash of its module's file (helpers in that file count too) or, without a file (a
+    notebook cell), of the function's own source. So any edit to the package or to the user's task
+    code changes it and a store is never silently completed by other code; pass ``code_version=``
+    to :func:`~pyro_bnnlv.sweep.run_sweep` to pin a label instead (see there).
+    """
+    version = _package_version()
+    if fn is None:
+        return version
+    sources = dict.fromkeys(d for f in _callables(fn) if (d := _source_digest(f)) is not None)
+    return version + "".join(f"{_TASK_SOURCE}{label} {h}" for label, h in sources)
+
+
+def describe_version_change(stored: str, now: str) -> str:
+    """What differs between two :func:`code_version` labels, in words."""
+    old_src, new_src = stored.split(_TASK_SOURCE)[1:], now.split(_TASK_SOURCE)[1:]
+    changed = [s for s in new_src if s not in old_src]
+    if stored.split(_TASK_SOURCE)[0] == now.split(_TASK_SOURCE)[0] and changed:
+        names = ", ".join(s.rsplit(" ", 1)[0] for s in changed)
+        return f"the task function's source changed ({names} differs from the code that computed the stored results)"
+    return f"the stored results were computed by other code: stored code version {stored!r}, now {now!r}"

@@ -808,3 +808,132 @@ def test_the_code_version_covers_the_task_source_outside_the_package_only(monkey
     this = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     both = functools.partial(with_transform, transform=toy_fit)  # two functions of this file: one entry
     assert code_version(both) == code_version(toy_fit) == f"{code_version()}; task source {__name__} {this}"
+
+
+def _sqlite_foreign(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE people (name TEXT)")
+        conn.execute("INSERT INTO people VALUES ('ada')")
+
+
+def test_a_foreign_sqlite_file_named_like_the_store_is_refused_and_left_untouched(tmp_path):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    _sqlite_foreign(tmp_path / STORE_NAME)
+    before = (tmp_path / STORE_NAME).read_bytes()
+    with pytest.raises(SweepStoreError, match=r"is an SQLite database but not a sweep store \(its tables: people\)"):
+        run_sweep(_tasks(1), toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert (tmp_path / STORE_NAME).read_bytes() == before
+
+
+def _damage(kind: str, store: Path) -> None:
+    if kind == "random bytes":
+        store.write_bytes(np.random.default_rng(0).bytes(8192))
+    elif kind == "truncated":
+        store.write_bytes(store.read_bytes()[: store.stat().st_size // 2])
+    else:
+        with sqlite3.connect(store) as conn:
+            if kind == "meta rows deleted":
+                conn.execute("DELETE FROM meta")
+            else:  # a result with cut JSON
+                conn.execute("UPDATE tasks SET result = substr(result, 1, 7) WHERE position = 1")
+
+
+DAMAGE = {"random bytes": "not a sweep store SQLite can read", "truncated": "not a sweep store SQLite can read",
+          "meta rows deleted": r"damaged: its meta table lacks \['fingerprint'",
+          "cut JSON": r"damaged: task [0-9a-f]{16}'s stored result is not valid JSON.*UPDATE tasks SET"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_a_damaged_store_is_named_with_the_fix_before_any_task_runs(tmp_path, monkeypatch, kind):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    out = tmp_path / "out"
+    tasks = _tasks(2)
+    run_sweep(tasks[:3], toy_fit, out_dir=out, executor="inline", progress=False)
+    _damage(kind, out / STORE_NAME)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(MARKS_ENV, str(marks))
+    with pytest.raises(SweepStoreError, match=rf"{re.escape(str(out / STORE_NAME))}'? .*{DAMAGE[kind]}.*"):
+        run_sweep(tasks[:3], toy_fit, out_dir=out, executor="inline", progress=False)
+    assert not list(marks.iterdir())  # no task ran
+    with pytest.raises(SweepStoreError, match=DAMAGE[kind]):
+        load_results(out)
+
+
+def test_status_reports_damaged_and_foreign_stores_beside_the_good_ones(tmp_path, capsys):
+    from pyro_bnnlv.cli import main
+
+    run_sweep(_tasks(1), toy_fit, out_dir=tmp_path / "good", executor="inline", progress=False)
+    for kind in DAMAGE:
+        run_sweep(_tasks(1), toy_fit, out_dir=tmp_path / kind.replace(" ", "-"), executor="inline", progress=False)
+        _damage(kind, tmp_path / kind.replace(" ", "-") / STORE_NAME)
+    (tmp_path / "foreign").mkdir()
+    _sqlite_foreign(tmp_path / "foreign" / STORE_NAME)
+    assert main(["status", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "good (code version" in out and "2 tasks: 2 done" in out
+    for kind, match in [*DAMAGE.items(), ("foreign", "not a sweep store")]:
+        line = next(ln for ln in err.splitlines() if ln.startswith(f"{tmp_path / kind.replace(' ', '-')} (unusable)"))
+        assert re.search(match, line), line
+
+
+def _make_read_only(path: Path) -> None:
+    """A store SQLite cannot write: mode 0444 for an ordinary user; for root (who writes any mode)
+    the immutable attribute."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("running as root without chattr +i: no way to make a file read-only")
+
+
+def test_a_read_only_store_is_refused_before_any_task_runs(tmp_path, monkeypatch):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    out = tmp_path / "out"
+    run_sweep(_tasks(2), toy_fit, out_dir=out, executor="inline", progress=False, stop_after=0)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(MARKS_ENV, str(marks))
+    _make_read_only(out / STORE_NAME)
+    try:
+        with pytest.raises(SweepStoreError, match="cannot be written.*make the store and its directory writable"):
+            run_sweep(_tasks(2), toy_fit, out_dir=out, executor="inline", progress=False)
+        assert not list(marks.iterdir())  # no task ran
+        assert run_sweep(_tasks(2), toy_fit, out_dir=out, progress=False, stop_after=0).attrs["pending"] == 4
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(out / STORE_NAME)])
+
+
+def exits_its_worker(task: Task) -> dict:
+    time.sleep(task.params["sleep"])
+    if task.method == "exit":
+        os._exit(7)
+    return {"value": float(task.split)}
+
+
+def test_a_task_that_kills_its_worker_is_named_and_the_others_complete(tmp_path):
+    tasks = [Task("toy", method="ok", grid={"sleep": 1.0}), Task("toy", method="exit", grid={"sleep": 0.2}),
+             Task("toy", method="ok", split=1, grid={"sleep": 0.0})]  # fmt: skip
+    table = run_sweep(tasks, exits_its_worker, out_dir=tmp_path, workers=2, progress=False)
+    assert table["status"].tolist() == ["done", "failed", "done"] and table["value"].tolist()[::2] == [0.0, 1.0]
+    assert "This task ended its worker process" in table["error"][1]
+    assert "ended its worker" not in table.attrs["summary"].splitlines()[0]
+    assert f"FAILED {tasks[1].id}" in table.attrs["summary"]
+
+
+def test_compare_output_in_a_missing_directory_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    import pyro_bnnlv.cli as cli
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(cli, "run_compare", no_run)
+    missing = tmp_path / "missing" / "dir" / "t.csv"
+    assert cli.main(["compare", "heavy-tail", "--no-plot", "--executor", "inline", "--output", str(missing)]) == 2
+    assert f"--output '{missing}': the directory '{missing.parent}' does not exist" in capsys.readouterr().err
+    assert cli.main(["compare", "heavy-tail", "--no-plot", "--output", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

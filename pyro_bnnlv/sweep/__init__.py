@@ -17,7 +17,7 @@ Modules: :mod:`~pyro_bnnlv.sweep.task` (keys, ids, the sweep's identity),
 
 from .executors import EXECUTORS, check_ray_address
 from .run import failures, load_results, run_sweep, summarize
-from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore
+from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore, SweepStoreError
 from .task import Task, code_version, task_function
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "check_ray_address",
     "SweepStore",
     "SweepMismatchError",
+    "SweepStoreError",
     "SweepLockedError",
     "STORE_NAME",
     "EXECUTORS",

@@ -151,7 +151,7 @@ def run_sweep(
     note, ran = "nothing to run", 0
     try:
         try:
-            store.open()
+            store.open(write=stop_after != 0 or not store.path.exists())
         except SweepLockedError:
             if stop_after != 0:
                 raise

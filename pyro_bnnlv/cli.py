@@ -43,8 +43,8 @@ from .posterior import sample_posterior
 from .reproduce.ncai_compare import CompareConfig, load_compare_data, run_compare
 from .reproduce.report import main as results_main
 from .stats.predictive import evaluate
-from .sweep import SweepLockedError
-from .sweep.cli import add_sweep_arguments, report, sweep_options
+from .sweep import SweepLockedError, SweepStoreError
+from .sweep.cli import add_sweep_arguments, check_output_file, report, sweep_options
 from .sweep.snapshot import snapshot_stores
 from .sweep.status import find_stores, format_status, sweep_status
 
@@ -150,8 +150,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     figure = None
     if data.input_dim == 1 and not args.no_plot:
         figure = Path(args.figure or f"compare-{data.name}.png")
+        check_output_file(figure, "--figure")
+    options = sweep_options(args)  # checks --output before the run
     table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, return_fits=False,
-                           **sweep_options(args))  # fmt: skip
+                           **options)  # fmt: skip
     print(table.to_string(index=False, float_format="%.3f"))
     if figure is not None:
         print(f"wrote {figure}")
@@ -191,9 +193,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    statuses = [sweep_status(d) for root in args.dirs for d in find_stores(root)]
-    print(format_status(statuses, workers=args.workers))
-    return 0
+    statuses, unusable = [], []
+    for directory in [d for root in args.dirs for d in find_stores(root)]:
+        try:
+            statuses.append(sweep_status(directory))
+        except SweepStoreError as err:  # damaged or not a store: said, the others still reported
+            unusable.append(f"{directory} (unusable): {err}")
+    if statuses:
+        print(format_status(statuses, workers=args.workers))
+    for line in unusable:
+        print(line, file=sys.stderr)
+    return 1 if unusable else 0
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:

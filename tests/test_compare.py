@@ -129,18 +129,18 @@ def test_a_split_with_unfinished_restarts_gives_no_row_rather_than_the_best_of_s
                    ("BNN+LV (NCAI_lambda)", 1, -1.2)]  # fmt: skip
 
 
-def test_old_module_path_is_an_alias_and_keeps_the_store_identity():
-    """``pyro_bnnlv.compare`` (deprecated) re-exports the experiment, and ``fit_task`` keeps the
-    ``module:qualname`` that the committed sweep stores under docs/results/sweeps/ fingerprint."""
+def test_fit_task_is_stored_under_its_registered_name_and_pickles_from_its_module():
+    """Stores record ``fit_task`` as ``ncai-compare/fit`` (not a module path, so no alias module is
+    needed to resume them), and worker processes unpickle it from its real module."""
     import functools
     import pickle
+    from pathlib import Path
 
-    import pyro_bnnlv.compare as old
-    import pyro_bnnlv.reproduce.ncai_compare as new
+    import pyro_bnnlv.reproduce.ncai_compare as compare
     from pyro_bnnlv.sweep.task import describe_fn
 
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-    fn = functools.partial(new.fit_task, config={"steps": 1})
-    assert describe_fn(fn)["function"] == "pyro_bnnlv.compare:fit_task"
-    assert pickle.loads(pickle.dumps(fn)).func is new.fit_task
+    fn = functools.partial(compare.fit_task, config={"steps": 1})
+    assert describe_fn(fn) == {"args": [], "kwargs": {"config": {"steps": 1}}, "function": "ncai-compare/fit"}
+    assert compare.fit_task.__module__ == "pyro_bnnlv.reproduce.ncai_compare"
+    assert pickle.loads(pickle.dumps(fn)).func is compare.fit_task
+    assert not (Path(compare.__file__).parents[1] / "compare.py").exists()  # no alias module

@@ -1,9 +1,11 @@
 """The sweep layer: task ids, the SQLite store, executors (inline, local processes, Ray), resume."""
 
+import functools
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -256,7 +258,7 @@ def test_a_different_sweep_in_the_same_directory_is_an_error_and_overwrites_noth
     with pytest.raises(SweepMismatchError, match="task function"):
         run_sweep(tasks, _returns_array, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
                   progress=False)  # fmt: skip
-    with pytest.raises(SweepMismatchError, match="computed by other code.*pin a version label"):
+    with pytest.raises(SweepMismatchError, match="computed by other code.*resume them with code_version='pyro_bnnlv"):
         run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
                   code_version="other", progress=False)  # fmt: skip
     assert (tmp_path / STORE_NAME).read_bytes() == stored
@@ -686,3 +688,252 @@ def test_snapshot_refuses_destinations_that_would_lose_or_hide_results(tmp_path,
     assert load_results(tmp_path / "dst")["method"].tolist() == ["a"]
     assert main(["snapshot", str(tmp_path / "nothing"), str(tmp_path / "d2")]) == 2
     assert "no directory" in capsys.readouterr().err
+
+
+# -- probe family: sweep stores and task functions (issues 38 and 39) ----------------------------
+def test_library_task_functions_are_stored_under_registered_names_others_under_module_qualname():
+    from pyro_bnnlv.reproduce import hyvi, in_between, ncai_compare, projected
+    from pyro_bnnlv.sweep import task_function
+    from pyro_bnnlv.sweep.task import describe_fn
+
+    names = {describe_fn(f)["function"] for f in (hyvi.uci_task, in_between.split_task, ncai_compare.fit_task,
+                                                  projected.uci_task)}  # fmt: skip
+    assert names == {"hyvi/uci", "in-between/split", "ncai-compare/fit", "projected/uci"}
+    assert describe_fn(toy_fit)["function"] == f"{__name__}:toy_fit"
+    with pytest.raises(ValueError, match="'ncai-compare/fit' is taken by pyro_bnnlv.reproduce.ncai_compare:fit_task"):
+        task_function("ncai-compare/fit")(toy_fit)
+    for bad in ("", "Fit", "a:b", "/fit", 3):
+        with pytest.raises(ValueError, match="task_function name must be"):
+            task_function(bad)
+    assert describe_fn(toy_fit)["function"] == f"{__name__}:toy_fit"  # the refused name was not attached
+
+
+def test_committed_stores_hold_their_fingerprint_and_registered_task_names():
+    """The stores under docs/results/sweeps/ (migrated once from module paths to registered names):
+    each fingerprint is the digest of its stored identity, and each library task function is named
+    by its registered name, so the commands that made them resume them (checked by hand with
+    --stop-after 0 in the migration's commit)."""
+    from pyro_bnnlv.sweep.task import _REGISTERED, digest
+
+    stores = sorted((Path(__file__).parents[1] / "docs" / "results" / "sweeps").rglob(STORE_NAME))
+    assert len(stores) >= 20
+    for path in stores:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as conn:
+            meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+            ids = sorted(r[0] for r in conn.execute("SELECT id FROM tasks"))
+        identity = {"fn": meta["fn"], "meta": meta["sweep_meta"], "tasks": ids}
+        assert digest(identity, 32) == meta["fingerprint"], path
+        name = meta["fn"]["function"]
+        assert name in _REGISTERED or name.startswith("__main__:"), (path, name)
+
+
+def with_transform(task: Task, *, transform) -> dict:
+    return {"value": float(transform(float(task.split)))}
+
+
+def test_a_partial_holding_a_function_resumes(tmp_path):
+    fn = functools.partial(with_transform, transform=math.exp)
+    first = run_sweep(_tasks(2), fn, out_dir=tmp_path, executor="inline", progress=False)
+    again = run_sweep(_tasks(2), functools.partial(with_transform, transform=math.exp), out_dir=tmp_path,
+                      executor="inline", progress=False)  # fmt: skip
+    assert again.attrs["ran"] == 0 and first["value"].tolist() == again["value"].tolist() == [1.0, math.e] * 2
+    with pytest.raises(SweepMismatchError, match="transform"):
+        run_sweep(_tasks(2), functools.partial(with_transform, transform=math.log1p), out_dir=tmp_path,
+                  executor="inline", progress=False)  # fmt: skip
+
+
+_USER_FIT = '''
+def fit_one(task):
+    if task.split >= 2:
+        raise ValueError("a bug in fit_one")
+    return {"value": 1.0}
+'''
+
+
+def _user_module(tmp_path: Path, source: str, monkeypatch):
+    """A task function in a module file of the user's (outside the package), imported afresh."""
+    import importlib
+
+    name = f"user_fit_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def test_an_edited_task_function_is_refused_instead_of_mixing_its_results_with_the_stored_ones(tmp_path, monkeypatch):
+    """Issue 39's scenario: two tasks fail, the user fixes fit_one's body and reruns."""
+    import importlib
+
+    from pyro_bnnlv.sweep.task import code_version
+
+    tasks, out = [Task("toy", method="m", split=s) for s in range(4)], tmp_path / "out"
+    module = _user_module(tmp_path, _USER_FIT, monkeypatch)
+    first = run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False)
+    assert first["status"].tolist() == ["done", "done", "failed", "failed"]
+    stored = code_version(module.fit_one)
+    assert stored.startswith(code_version()) and f"; task source {module.__name__} " in stored
+    (tmp_path / f"{module.__name__}.py").write_text("def fit_one(task):\n    return {'value': 2.0}\n")
+    module = importlib.reload(module)
+    with pytest.raises(SweepMismatchError, match=rf"task function's source changed \({module.__name__} differs.*"
+                                                 rf"another output directory.*code_version='.*{module.__name__}"):
+        run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False)
+    assert load_results(out)["value"].tolist()[:2] == [1.0, 1.0]  # the store is untouched
+    assert run_sweep(tasks, module.fit_one, out_dir=tmp_path / "v2", executor="inline",
+                     progress=False)["value"].tolist() == [2.0] * 4  # fmt: skip
+    # the explicit way to keep the stored results: resume with their label
+    kept = run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False, code_version=stored)
+    assert kept.attrs["ran"] == 2 and kept["value"].tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+def test_a_task_function_without_readable_source_needs_a_pinned_code_version(tmp_path, monkeypatch):
+    import types
+
+    module = types.ModuleType("typed_in_at_a_prompt")
+    exec("def fit(task):\n    return {'value': 1.0}\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(TypeError, match="typed_in_at_a_prompt:fit cannot be read.*code_version="):
+        run_sweep(_tasks(1), module.fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert not (tmp_path / STORE_NAME).exists()
+    table = run_sweep(_tasks(1), module.fit, out_dir=tmp_path, executor="inline", progress=False, code_version="mine")
+    assert table["value"].tolist() == [1.0, 1.0]
+
+
+def test_the_code_version_covers_the_task_source_outside_the_package_only(monkeypatch):
+    from pyro_bnnlv.reproduce.ncai_compare import fit_task
+    from pyro_bnnlv.sweep.task import code_version
+
+    assert code_version(functools.partial(fit_task, config={})) == code_version()
+    this = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    both = functools.partial(with_transform, transform=toy_fit)  # two functions of this file: one entry
+    assert code_version(both) == code_version(toy_fit) == f"{code_version()}; task source {__name__} {this}"
+
+
+def _sqlite_foreign(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE people (name TEXT)")
+        conn.execute("INSERT INTO people VALUES ('ada')")
+
+
+def test_a_foreign_sqlite_file_named_like_the_store_is_refused_and_left_untouched(tmp_path):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    _sqlite_foreign(tmp_path / STORE_NAME)
+    before = (tmp_path / STORE_NAME).read_bytes()
+    with pytest.raises(SweepStoreError, match=r"is an SQLite database but not a sweep store \(its tables: people\)"):
+        run_sweep(_tasks(1), toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert (tmp_path / STORE_NAME).read_bytes() == before
+
+
+def _damage(kind: str, store: Path) -> None:
+    if kind == "random bytes":
+        store.write_bytes(np.random.default_rng(0).bytes(8192))
+    elif kind == "truncated":
+        store.write_bytes(store.read_bytes()[: store.stat().st_size // 2])
+    else:
+        with sqlite3.connect(store) as conn:
+            if kind == "meta rows deleted":
+                conn.execute("DELETE FROM meta")
+            else:  # a result with cut JSON
+                conn.execute("UPDATE tasks SET result = substr(result, 1, 7) WHERE position = 1")
+
+
+DAMAGE = {"random bytes": "not a sweep store SQLite can read", "truncated": "not a sweep store SQLite can read",
+          "meta rows deleted": r"damaged: its meta table lacks \['fingerprint'",
+          "cut JSON": r"damaged: task [0-9a-f]{16}'s stored result is not valid JSON.*UPDATE tasks SET"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_a_damaged_store_is_named_with_the_fix_before_any_task_runs(tmp_path, monkeypatch, kind):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    out = tmp_path / "out"
+    tasks = _tasks(2)
+    run_sweep(tasks[:3], toy_fit, out_dir=out, executor="inline", progress=False)
+    _damage(kind, out / STORE_NAME)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(MARKS_ENV, str(marks))
+    with pytest.raises(SweepStoreError, match=rf"{re.escape(str(out / STORE_NAME))}'? .*{DAMAGE[kind]}.*"):
+        run_sweep(tasks[:3], toy_fit, out_dir=out, executor="inline", progress=False)
+    assert not list(marks.iterdir())  # no task ran
+    with pytest.raises(SweepStoreError, match=DAMAGE[kind]):
+        load_results(out)
+
+
+def test_status_reports_damaged_and_foreign_stores_beside_the_good_ones(tmp_path, capsys):
+    from pyro_bnnlv.cli import main
+
+    run_sweep(_tasks(1), toy_fit, out_dir=tmp_path / "good", executor="inline", progress=False)
+    for kind in DAMAGE:
+        run_sweep(_tasks(1), toy_fit, out_dir=tmp_path / kind.replace(" ", "-"), executor="inline", progress=False)
+        _damage(kind, tmp_path / kind.replace(" ", "-") / STORE_NAME)
+    (tmp_path / "foreign").mkdir()
+    _sqlite_foreign(tmp_path / "foreign" / STORE_NAME)
+    assert main(["status", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "good (code version" in out and "2 tasks: 2 done" in out
+    for kind, match in [*DAMAGE.items(), ("foreign", "not a sweep store")]:
+        line = next(ln for ln in err.splitlines() if ln.startswith(f"{tmp_path / kind.replace(' ', '-')} (unusable)"))
+        assert re.search(match, line), line
+
+
+def _make_read_only(path: Path) -> None:
+    """A store SQLite cannot write: mode 0444 for an ordinary user; for root (who writes any mode)
+    the immutable attribute."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("running as root without chattr +i: no way to make a file read-only")
+
+
+def test_a_read_only_store_is_refused_before_any_task_runs(tmp_path, monkeypatch):
+    from pyro_bnnlv.sweep import SweepStoreError
+
+    out = tmp_path / "out"
+    run_sweep(_tasks(2), toy_fit, out_dir=out, executor="inline", progress=False, stop_after=0)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(MARKS_ENV, str(marks))
+    _make_read_only(out / STORE_NAME)
+    try:
+        with pytest.raises(SweepStoreError, match="cannot be written.*make the store and its directory writable"):
+            run_sweep(_tasks(2), toy_fit, out_dir=out, executor="inline", progress=False)
+        assert not list(marks.iterdir())  # no task ran
+        assert run_sweep(_tasks(2), toy_fit, out_dir=out, progress=False, stop_after=0).attrs["pending"] == 4
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(out / STORE_NAME)])
+
+
+def exits_its_worker(task: Task) -> dict:
+    time.sleep(task.params["sleep"])
+    if task.method == "exit":
+        os._exit(7)
+    return {"value": float(task.split)}
+
+
+def test_a_task_that_kills_its_worker_is_named_and_the_others_complete(tmp_path):
+    tasks = [Task("toy", method="ok", grid={"sleep": 1.0}), Task("toy", method="exit", grid={"sleep": 0.2}),
+             Task("toy", method="ok", split=1, grid={"sleep": 0.0})]  # fmt: skip
+    table = run_sweep(tasks, exits_its_worker, out_dir=tmp_path, workers=2, progress=False)
+    assert table["status"].tolist() == ["done", "failed", "done"] and table["value"].tolist()[::2] == [0.0, 1.0]
+    assert "This task ended its worker process" in table["error"][1]
+    assert "ended its worker" not in table.attrs["summary"].splitlines()[0]
+    assert f"FAILED {tasks[1].id}" in table.attrs["summary"]
+
+
+def test_compare_output_in_a_missing_directory_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    import pyro_bnnlv.cli as cli
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(cli, "run_compare", no_run)
+    missing = tmp_path / "missing" / "dir" / "t.csv"
+    assert cli.main(["compare", "heavy-tail", "--no-plot", "--executor", "inline", "--output", str(missing)]) == 2
+    assert f"--output '{missing}': the directory '{missing.parent}' does not exist" in capsys.readouterr().err
+    assert cli.main(["compare", "heavy-tail", "--no-plot", "--output", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

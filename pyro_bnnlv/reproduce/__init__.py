@@ -5,7 +5,7 @@
   Laplace). Run ``python -m pyro_bnnlv.reproduce.in_between --help``.
 * :mod:`pyro_bnnlv.reproduce.ncai_compare`: the NCAI paper's comparison on one data set
   (``pyro-bnnlv compare DATASET``); :mod:`pyro_bnnlv.reproduce.ncai` its protocol over the five
-  synthetic sets (``pyro-bnnlv reproduce ncai``). ``pyro_bnnlv.compare`` is a deprecated alias.
+  synthetic sets (``pyro-bnnlv reproduce ncai``).
 * :mod:`pyro_bnnlv.reproduce.invariance`: the invariance paper's SVI and NUTS checks on the
   over-parametrised linear model, and its Fig. 1-2.
 """

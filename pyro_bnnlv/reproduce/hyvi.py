@@ -70,7 +70,7 @@ from ..nets import MLP
 from ..stats.knn import knn_kl
 from ..stats.ood import ood_report
 from ..stats.predictive import evaluate
-from ..sweep import Task, run_sweep
+from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from . import tables
 
@@ -192,6 +192,7 @@ def _plot_cosine(model, data, posteriors, path) -> None:
     plt.close(fig)
 
 
+@task_function("hyvi/uci")
 def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, kl_samples: int,
              num_inputs: int, num_samples: int, data_dir: str | None = None,
              schedule: bool = False) -> dict[str, float]:  # fmt: skip

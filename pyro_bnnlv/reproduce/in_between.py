@@ -62,7 +62,7 @@ from ..infer.svi import fit_svi, set_seed
 from ..models.bnn import BNN
 from ..nets import MLP
 from ..stats.predictive import evaluate
-from ..sweep import Task, run_sweep
+from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .timing import median_ms
 from . import tables
@@ -234,6 +234,7 @@ def run_split(
 TASK_METHODS = {"MAP+Laplace": ("MAP", "LL", "LL-valid", "SL"), "MFVI": ("MFVI",)}
 
 
+@task_function("in-between/split")
 def split_task(task: Task, *, methods: Sequence[str] = METHODS, **options) -> dict[str, float]:
     """One task of :func:`uci_table`: the methods of ``TASK_METHODS[task.method]`` (those also in
     ``methods``) on standard split ``task.split`` or, with ``grid={"kind": "gap"}``, gap split

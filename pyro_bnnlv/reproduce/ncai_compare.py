@@ -70,7 +70,7 @@ from ..nets import MLP
 from ..stats.dependence import ksg_mutual_information
 from ..stats.latent import latent_diagnostics, latent_means
 from ..stats.predictive import evaluate, mixture_quantile
-from ..sweep import Task, run_sweep
+from ..sweep import Task, run_sweep, task_function
 
 __all__ = ["CompareConfig", "DATASET_SETTINGS", "run_compare", "load_compare_data", "compare_tasks",
            "fit_task", "task_setting", "select_fits", "plot_compare", "METHODS", "COLUMNS"]  # fmt: skip
@@ -306,6 +306,7 @@ def _fit_task(task: Task, cfg: CompareConfig, data: Dataset) -> _Fit:
     return fit
 
 
+@task_function("ncai-compare/fit")
 def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None) -> dict[str, Any]:
     """One fit of the comparison (a sweep task): validation LL (for selection), the test metrics,
     ``I(x; mu_z)``, ``HZ(mu_z)``, the final value of every logged training term, and seconds."""
@@ -319,13 +320,6 @@ def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None)
         last = fit.history.ffill().iloc[-1]
         row.update({f"final_{k}": float(v) for k, v in last.items()})
     return row
-
-
-# A sweep store records its task function as ``module:qualname`` (pyro_bnnlv.sweep.task.describe_fn)
-# in its fingerprint; the stores under docs/results/sweeps/ were made when this module was
-# ``pyro_bnnlv.compare``. Keep that name so they resume (pickle finds the function there too:
-# ``pyro_bnnlv.compare`` re-exports it).
-fit_task.__module__ = "pyro_bnnlv.compare"
 
 
 def select_fits(results: pd.DataFrame) -> pd.DataFrame:

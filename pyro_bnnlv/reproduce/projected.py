@@ -89,7 +89,7 @@ from ..models import BNN, ProjectedBNN
 from ..models.projected import PAPER_SCALE
 from ..nets import MLP
 from ..stats.predictive import evaluate
-from ..sweep import Task, run_sweep
+from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from . import tables
 
@@ -202,6 +202,7 @@ class _EarlyStopping:
                 value.copy_(self._snapshot[name])
 
 
+@task_function("projected/uci")
 def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, keep: int,
              cycle_epochs: float, map_steps: int, ae_steps: int, vi_steps: int, lr: float,
              num_samples: int, map_lr: float = 0.001, ae_batch: int | None = 256, lrs: Sequence[float] = (),

@@ -1,7 +1,8 @@
 """Experiments as sweeps: parallel, resumable, the same numbers on one core or a cluster.
 
 A fit is a :class:`Task` (a frozen key: data set, split, method, grid point, restart, seed, with
-a stable id) and a pure function ``fn(task) -> dict`` of results. :func:`run_sweep` runs the
+a stable id) and a pure function ``fn(task) -> dict`` of results (registered under a stable name
+with :func:`task_function` if it is part of the library). :func:`run_sweep` runs the
 tasks that have no stored result on an executor (local worker processes, Ray, or inline), writes
 each result to a SQLite store in the output directory as soon as it arrives (one transaction per
 task), and returns the table of all tasks. Rerunning resumes; a failed task is recorded with its
@@ -16,11 +17,12 @@ Modules: :mod:`~pyro_bnnlv.sweep.task` (keys, ids, the sweep's identity),
 
 from .executors import EXECUTORS, check_ray_address
 from .run import failures, load_results, run_sweep, summarize
-from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore
-from .task import Task, code_version
+from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore, SweepStoreError
+from .task import Task, code_version, task_function
 
 __all__ = [
     "Task",
+    "task_function",
     "run_sweep",
     "load_results",
     "summarize",
@@ -29,6 +31,7 @@ __all__ = [
     "check_ray_address",
     "SweepStore",
     "SweepMismatchError",
+    "SweepStoreError",
     "SweepLockedError",
     "STORE_NAME",
     "EXECUTORS",

@@ -2,7 +2,8 @@
 
 ``add_sweep_arguments(parser)`` adds ``--workers``, ``--executor``, ``--address``, ``--out``,
 ``--code-version`` and ``--stop-after``; ``sweep_options(args)`` turns them into
-:func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments; ``report(table)`` prints the sweep's
+:func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments (and checks the command's ``--output`` file
+can be written, before the run); ``report(table)`` prints the sweep's
 summary (failed tasks with their last error line) and returns the command's exit status: 1 if a
 task failed, else 3 if tasks are still pending (``--stop-after``: run the command again), else 0.
 """
@@ -11,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
 
 from .executors import EXECUTORS
 
-__all__ = ["add_sweep_arguments", "sweep_options", "report", "EXIT_FAILED", "EXIT_INCOMPLETE"]
+__all__ = ["add_sweep_arguments", "sweep_options", "check_output_file", "report", "EXIT_FAILED", "EXIT_INCOMPLETE"]
 
 #: exit status of a command whose sweep has failed tasks
 EXIT_FAILED = 1
@@ -57,13 +60,39 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         "the sweep")  # fmt: skip
 
 
+def check_output_file(path: str | Path, option: str = "--output") -> None:
+    """``ValueError`` naming ``option`` and the fix unless a file can be written at ``path``: its
+    directory exists and takes a new file (tried: a temporary file is created and removed), and an
+    existing file there is not a directory and opens for appending. A long run checks this first
+    instead of failing when it writes its table at the end."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{option} {str(path)!r} is a directory; give a file path")
+    if not target.parent.is_dir():
+        raise ValueError(f"{option} {str(path)!r}: the directory {str(target.parent)!r} does not exist; "
+                         "create it first or give another path")  # fmt: skip
+    try:
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+        if target.exists():
+            with open(target, "a"):
+                pass
+    except OSError as err:
+        raise ValueError(f"{option} {str(path)!r} cannot be written ({err}); give a writable path") from None
+
+
 def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :func:`~pyro_bnnlv.sweep.run_sweep` keyword arguments of parsed sweep options
-    (``SystemExit`` with the fix for ``--stop-after`` without ``--out``: nothing to resume from)."""
+    (``SystemExit`` with the fix for ``--stop-after`` without ``--out``: nothing to resume from).
+
+    A command's ``--output`` file, if it has that option, is checked first
+    (:func:`check_output_file`), so a run that could not write its table fails before it starts."""
     stop = args.stop_after
     if stop is not None and args.out is None:
         raise SystemExit("error: --stop-after leaves tasks to run later, but without --out DIR nothing is kept to "
                          "resume from; add --out DIR (and run the same command again to continue)")
+    if getattr(args, "output", None):
+        check_output_file(args.output)
     return dict(executor=args.executor, workers=args.workers, address=args.address, out_dir=args.out,
                 code_version=args.code_version, stop_after=None if stop is None else stop * 3600.0)  # fmt: skip
 

@@ -31,6 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 from typing import Any
 
@@ -104,7 +105,7 @@ def execute(fn: Callable[[Task], Mapping[str, Any]], task: Task, threads: int = 
         pyro.clear_param_store()
         pyro.set_rng_seed(task.seed)
         out.update(status="done", result=_encode_result(fn(task), task))
-    except Exception:
+    except (Exception, SystemExit):  # sys.exit() in a task fails that task, not the sweep
         out.update(status="failed", traceback=traceback.format_exc())
     finally:
         torch.set_num_threads(previous)
@@ -125,12 +126,17 @@ def _failed(task: Task, err: BaseException, where: str, hint: str = "") -> dict[
     return {"id": task.id, "status": "failed", "traceback": f"{where}\n{tb}{hint}", "finished": _now()}
 
 
-#: the usual cause of a broken pool at start-up, said on the last line (the one summaries show)
+#: the outcome's last line (the one summaries show) when the worker processes die while starting
 _SPAWN_HINT = (
-    "\nHint: a worker process died. If every task failed like this, the script that started the sweep "
-    "probably runs it at import time: worker processes are started with 'spawn' and import the main "
-    "script again, so put the sweep under `if __name__ == \"__main__\":` or use executor='inline'. "
-    "Otherwise a worker was killed (out of memory?)."
+    "\nHint: the worker processes died while starting, before running any task: the script that started the "
+    "sweep probably runs it at import time. Worker processes are started with 'spawn' and import the main "
+    "script again, so put the sweep under `if __name__ == \"__main__\":` or use executor='inline'."
+)
+#: the outcome's last line when a task's worker died while it was the only task in flight
+_CULPRIT = (
+    "\nThis task ended its worker process: it was the only task running when the process died "
+    "(os._exit in the task, a crash in compiled code, or the system killed it for memory); the other "
+    "tasks are unaffected (those running beside it were run again)."
 )
 
 
@@ -152,10 +158,14 @@ class InlineExecutor:
         pass
 
 
-def _init_worker(driver_pid: int) -> None:
-    """Pool-worker initializer: keep freed memory in the heap
-    (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, up to 1.7x faster steps
-    for the k-NN ELBOs) and end this worker when the driver is gone (:func:`_exit_with_driver`)."""
+def _init_worker(driver_pid: int, started: Any) -> None:
+    """Pool-worker initializer: count this worker as started (past importing the main script: a
+    pool that breaks with ``started`` still 0 died in start-up, not in a task), keep freed memory in
+    the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, up to 1.7x
+    faster steps for the k-NN ELBOs) and end this worker when the driver is gone
+    (:func:`_exit_with_driver`)."""
+    with started.get_lock():
+        started.value += 1
     retain_freed_memory()
     _exit_with_driver(driver_pid)
 
@@ -182,7 +192,15 @@ def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
 class LocalExecutor:
     """``workers`` processes of a ``spawn`` :class:`~concurrent.futures.ProcessPoolExecutor`, at
     most ``workers`` tasks submitted at a time (so a task not yet submitted can still be held back
-    by ``accept``)."""
+    by ``accept``).
+
+    A worker process that dies (a task calling ``os._exit``, a crash in compiled code, the
+    out-of-memory killer) breaks the whole pool and every task in flight with it. The pool is
+    replaced and the tasks that were in flight run again one at a time: a task whose worker dies
+    while it is the only one in flight is the culprit and fails with a message saying so; the
+    others complete. If no worker of the pool got past start-up (the main script runs the sweep
+    at import time), every remaining task fails with that hint instead.
+    """
 
     name = "local"
 
@@ -190,28 +208,50 @@ class LocalExecutor:
         self.threads, self.slots = threads, workers
 
     def run(self, fn: Callable, tasks: Sequence[Task], accept: Accept = _always) -> Iterator[dict[str, Any]]:
-        pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_worker, initargs=(os.getpid(),))  # fmt: skip
-        queue, inflight = list(tasks)[::-1], {}
-        try:
-            while queue or inflight:
-                while queue and len(inflight) < self.slots and accept():
-                    task = queue.pop()
-                    try:
-                        inflight[pool.submit(execute, fn, task, self.threads)] = task
-                    except Exception as err:  # BrokenProcessPool: a worker died earlier
-                        yield _failed(task, err, "the worker process running this task failed", _SPAWN_HINT)
-                if not inflight:
-                    return
-                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    task = inflight.pop(future)
-                    try:
-                        yield future.result()
-                    except Exception as err:  # BrokenProcessPool: a worker died (killed, out of memory)
-                        yield _failed(task, err, "the worker process running this task failed", _SPAWN_HINT)
-        finally:  # on an error or Ctrl-C: nothing more is submitted
-            pool.shutdown(wait=False, cancel_futures=True)
+        queue, suspects = list(tasks)[::-1], []  # both popped from the end
+        context = multiprocessing.get_context("spawn")
+        while queue or suspects:
+            started = context.Value("i", 0)
+            pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=context, initializer=_init_worker,
+                                       initargs=(os.getpid(), started))  # fmt: skip
+            inflight: dict[Any, Task] = {}
+            try:
+                while True:
+                    if suspects:  # one at a time, nothing else in flight
+                        if not inflight:
+                            task = suspects.pop()
+                            inflight[pool.submit(execute, fn, task, self.threads)] = task
+                    else:
+                        while queue and len(inflight) < self.slots and accept():
+                            task = queue.pop()
+                            inflight[pool.submit(execute, fn, task, self.threads)] = task
+                    if not inflight:
+                        return
+                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                    lost, error = [], None
+                    for future in done:
+                        task = inflight.pop(future)
+                        try:
+                            yield future.result()
+                        except BrokenProcessPool as err:  # a worker died: the pool and all in flight are lost
+                            lost.append(task)
+                            error = err
+                        except Exception as err:  # the task or its result could not be shipped
+                            yield _failed(task, err, "the worker process could not run this task")
+                    if error is None:
+                        continue
+                    lost += inflight.values()
+                    if not started.value:  # no worker got past start-up: no task can run
+                        for task in [*lost, *suspects[::-1], *queue[::-1]]:
+                            yield _failed(task, error, "the worker processes failed to start", _SPAWN_HINT)
+                        return
+                    if len(lost) == 1:
+                        yield _failed(lost[0], error, "the worker process running this task died", _CULPRIT)
+                    else:
+                        suspects += lost[::-1]
+                    break  # a fresh pool for the rest
+            finally:  # on an error or Ctrl-C: nothing more is submitted
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         pass

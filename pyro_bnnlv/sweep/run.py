@@ -98,9 +98,18 @@ def run_sweep(
             floating-point results depend on the thread count, so a sweep's numbers would
             otherwise depend on its worker count.
         sweep_meta: JSON-able settings that identify the sweep beyond its tasks (budgets, ...).
-        code_version: the code label the store must agree on; default
-            :func:`~pyro_bnnlv.sweep.task.code_version` (package version, a hash of its source,
-            torch and Pyro versions).
+        code_version: the label of the code that computes the results, which the store must
+            agree on. Default :func:`~pyro_bnnlv.sweep.task.code_version` of ``fn``: package
+            version, a hash of its source, torch and Pyro versions, and for a task function
+            defined outside the package (or functions a partial binds) a hash of its module's
+            file (of its own source in a notebook), so rerunning after an edit of ``fn`` raises
+            :class:`~pyro_bnnlv.sweep.SweepMismatchError` instead of mixing the results of two
+            versions. A pinned label replaces all of it: it declares that the code under this
+            label (the package *and* the task function) computes the same results, so edits are
+            no longer detected; give a new label and another ``out_dir`` when an edit changes
+            what a task computes. To resume after an edit known not to change the finished
+            results, pass the stored label (the mismatch error quotes it). A task function whose
+            source cannot be read (a script read from standard input) needs a pinned label.
         retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
         prepare: called once in this process before any worker starts, e.g.
             ``pyro_bnnlv._compiled.nuts_extension`` so the NUTS core is compiled once and every
@@ -134,7 +143,7 @@ def run_sweep(
     check_executor_args(executor, workers, threads, address)  # before the store is touched
     if executor != "inline":
         check_picklable(fn)
-    version = code_version or current_code_version()
+    version = code_version or current_code_version(fn)
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
     t0 = time.perf_counter()
@@ -142,7 +151,7 @@ def run_sweep(
     note, ran = "nothing to run", 0
     try:
         try:
-            store.open()
+            store.open(write=stop_after != 0 or not store.path.exists())
         except SweepLockedError:
             if stop_after != 0:
                 raise

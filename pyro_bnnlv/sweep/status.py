@@ -85,6 +85,8 @@ def _is_running(out_dir: Path) -> bool:
         lock.acquire(timeout=0)
     except filelock.Timeout:
         return True
+    except OSError:  # a read-only directory: no driver can write a store there
+        return False
     lock.release()
     return False
 

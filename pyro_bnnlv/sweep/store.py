@@ -15,11 +15,17 @@ Only the driver process writes, so the default rollback journal is used (no ``-w
 no run is active the store is the single file ``sweep.sqlite``, which can be committed to a
 repository and resumed elsewhere. ``OUT_DIR/sweep.lock`` (a ``filelock`` lock, released by the
 OS if the process dies) keeps two drivers from working on one store at once.
+
+Opening a store checks it before anything runs (:meth:`SweepStore.check`): a file of that name
+that is not a sweep store (random bytes, another program's SQLite database), a damaged one
+(truncated, its identity rows deleted, a stored result cut short) or, for a run, one that cannot
+be written raises :class:`SweepStoreError` naming the file and what to do; nothing is written to it.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,9 +34,9 @@ from typing import Any
 import filelock
 import pandas as pd
 
-from .task import KEY_FIELDS, Task, canonical_json, digest
+from .task import KEY_FIELDS, Task, canonical_json, describe_version_change, digest
 
-__all__ = ["SweepStore", "SweepMismatchError", "SweepLockedError", "STORE_NAME", "TABLE_FIELDS"]
+__all__ = ["SweepStore", "SweepMismatchError", "SweepStoreError", "SweepLockedError", "STORE_NAME", "TABLE_FIELDS"]
 
 STORE_NAME = "sweep.sqlite"
 #: the columns a results table adds after the task's result
@@ -49,8 +55,17 @@ class SweepMismatchError(ValueError):
     """The output directory holds a different sweep (other tasks, settings or code version)."""
 
 
+class SweepStoreError(ValueError):
+    """``OUT_DIR/sweep.sqlite`` cannot be used: not a sweep store, damaged, or not writable."""
+
+
 class SweepLockedError(RuntimeError):
     """Another process is running a sweep in this output directory."""
+
+
+#: what a store's ``meta`` table holds once its sweep is claimed
+_META_KEYS = ("fingerprint", "code_version", "fn", "sweep_meta", "n_tasks")
+_STATUSES = ("pending", "done", "failed")
 
 
 class SweepStore:
@@ -65,8 +80,13 @@ class SweepStore:
         self._conn: sqlite3.Connection | None = None
 
     # -- opening and locking -------------------------------------------------------------------
-    def open(self, *, lock: bool = True) -> SweepStore:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+    def open(self, *, lock: bool = True, write: bool | None = None) -> SweepStore:
+        """Lock the store (``lock``) and open it, checking it first (:meth:`check`): a file that is
+        not a sweep store, a damaged one, or (``write``, default ``lock``) one that cannot be
+        written raises :class:`SweepStoreError` naming the file and the fix, before any task runs."""
+        write = lock if write is None else write
+        if lock or write:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         if lock:
             try:
                 self._lock.acquire(timeout=0)
@@ -75,10 +95,24 @@ class SweepStore:
                     f"another process is running a sweep in {str(self.out_dir)!r} (it holds "
                     f"{self._lock.lock_file}); wait for it to finish or use another output directory"
                 ) from None
-        # isolation_level=None: we open transactions ourselves ("BEGIN IMMEDIATE" ... "COMMIT")
-        self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(_SCHEMA)
+            except OSError as err:
+                raise SweepStoreError(
+                    f"cannot create the lock file {self._lock.lock_file!r} ({err}): the output directory "
+                    f"is not writable; {_WRITABLE_FIX}"
+                ) from None
+        try:
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            # isolation_level=None: we open transactions ourselves ("BEGIN IMMEDIATE" ... "COMMIT")
+            self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            if not fresh:
+                self.check()
+            self._conn.execute("PRAGMA synchronous=FULL")
+            if write:
+                self._conn.executescript(_SCHEMA)
+                self._check_writable()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
@@ -99,6 +133,57 @@ class SweepStore:
         if self._conn is None:
             raise RuntimeError("the store is closed; use `with SweepStore(out_dir) as store:`")
         return self._conn
+
+    # -- checks --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """:class:`SweepStoreError` naming the file and the fix unless the store is a sweep store that
+        SQLite reads whole (``PRAGMA quick_check``) with its identity and every stored task and
+        result readable (an empty database, or one whose sweep was not yet claimed, passes)."""
+        try:
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            check = self.conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            if not tables:
+                return
+            if not {"meta", "tasks"} <= tables:
+                raise SweepStoreError(
+                    f"{str(self.path)!r} is an SQLite database but not a sweep store (its tables: "
+                    f"{', '.join(sorted(tables))}); it was left untouched: give another output directory, or "
+                    "move the file away"
+                )
+            meta = dict(self.conn.execute("SELECT key, value FROM meta"))
+            tasks = self.conn.execute("SELECT id, key, status, result FROM tasks").fetchall()
+        except sqlite3.DatabaseError as err:
+            raise SweepStoreError(f"{str(self.path)!r} is not a sweep store SQLite can read ({err}): it is damaged "
+                                  f"or another kind of file; {_DAMAGED_FIX}") from None  # fmt: skip
+        if not meta and not tasks:
+            return  # created, not yet claimed (a run stopped in between)
+        missing = [k for k in _META_KEYS if k not in meta]
+        if missing:
+            raise SweepStoreError(f"{str(self.path)!r} is damaged: its meta table lacks {missing} (the sweep's "
+                                  f"identity), so it cannot be resumed safely; {_DAMAGED_FIX}")  # fmt: skip
+        for k in _META_KEYS:
+            _loads(meta[k], f"{str(self.path)!r} is damaged: meta {k!r}", _DAMAGED_FIX)
+        for tid, key, status, result in tasks:
+            where = f"{str(self.path)!r} is damaged: task {tid}"
+            if status not in _STATUSES:
+                raise SweepStoreError(f"{where} has status {status!r}; {_DAMAGED_FIX}")
+            _loads(key, f"{where}'s key", _DAMAGED_FIX)
+            if result is not None:
+                _loads(result, f"{where}'s stored result", _DAMAGED_FIX + _rerun_fix(self.path, tid))
+
+    def _check_writable(self) -> None:
+        """Write a row and roll it back: SQLite's own answer (a read-only file, directory or disk),
+        before any task runs rather than when its result is stored."""
+        try:
+            with self._transaction() as c:
+                c.execute("INSERT OR REPLACE INTO meta VALUES ('write-check', '0')")
+                raise _RollBack
+        except _RollBack:
+            pass
+        except sqlite3.OperationalError as err:
+            raise SweepStoreError(f"{str(self.path)!r} cannot be written ({err}); {_WRITABLE_FIX}") from None
 
     # -- identity ------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -127,11 +212,11 @@ class SweepStore:
                 f"{str(self.out_dir)!r} holds the results of a different sweep "
                 f"({self._difference(stored, identity)}); {fix}"
             )
-        if stored.get("code_version") != code_version:
+        if stored["code_version"] != code_version:
             raise SweepMismatchError(
-                f"{str(self.out_dir)!r} holds results computed by other code: stored code version "
-                f"{stored.get('code_version')!r}, now {code_version!r}; {fix}, or pin a version "
-                "label with code_version= when the change cannot affect the results"
+                f"{str(self.out_dir)!r}: {describe_version_change(stored['code_version'], code_version)}; "
+                f"start a new version: {fix}; or, if the change cannot affect the stored results, resume them "
+                f"with code_version={stored['code_version']!r} (--code-version)"
             )
 
     def _difference(self, stored: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
@@ -195,6 +280,29 @@ class SweepStore:
 
     def _transaction(self):
         return _Transaction(self.conn)
+
+
+_DAMAGED_FIX = ("restore it from a copy (git checkout, or one made by `pyro-bnnlv snapshot`), or move it away "
+                "to start the sweep over")  # fmt: skip
+_WRITABLE_FIX = ("the sweep would run its tasks and then fail to store their results: make the store and its "
+                 "directory writable, or copy the store elsewhere (`pyro-bnnlv snapshot SRC DEST`) and give "
+                 "that directory as out_dir (--out)")  # fmt: skip
+
+
+def _rerun_fix(path: Path, task_id: str) -> str:
+    sql = f"UPDATE tasks SET status='pending', result=NULL WHERE id='{task_id}'"  # ids are hex digits
+    return f'; or run that task again: sqlite3 {shlex.quote(str(path))} "{sql}"'
+
+
+def _loads(text: str, what: str, fix: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as err:
+        raise SweepStoreError(f"{what} is not valid JSON ({err}); {fix}") from None
+
+
+class _RollBack(Exception):
+    """Raised inside a transaction to undo it (:meth:`SweepStore._check_writable`)."""
 
 
 class _Transaction:

@@ -23,7 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["ArgumentTypeError", "as_float64", "as_float64_vector", "as_positive_float64", "check_int", "check_real", "check_seed"]
+__all__ = ["ArgumentTypeError", "as_float64", "as_float64_vector", "as_positive_float64", "check_fraction", "check_int", "check_real", "check_seed"]
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -119,3 +119,11 @@ def as_float64_vector(value: object, K: int, name: str, positive: bool = False) 
     if t.shape != (K,):
         raise ValueError(f"{name} must be a scalar or have shape ({K},), got {tuple(t.shape)}")
     return t
+
+
+def check_fraction(value: object, name: str) -> float:
+    """``value`` as a ``float`` in ``[0, 1)`` (Python or NumPy reals; not bools), the error
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)

@@ -47,7 +47,7 @@ from types import ModuleType
 import filelock
 import torch
 
-__all__ = ["ENV", "build_all", "build_directory", "build_extension", "compiled_enabled", "nuts_extension",
+__all__ = ["ENV", "build_directory", "build_extension", "compiled_enabled", "nuts_extension",
            "resolve_nuts_extension", "toolchain"]
 
 ENV = "PYRO_BNNLV_COMPILED"
@@ -203,10 +203,3 @@ def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:
             f"{ENV}=0 is set)"
         )
     return module
-
-
-def build_all() -> dict[str, ModuleType | None]:
-    """Build (or find built) every compiled kernel: ``pyro-bnnlv build``."""
-    from .stats._pairwise import pairwise_extension  # the pairwise kernels' source lives beside its twin
-
-    return {"compiled NUTS core": nuts_extension(), "compiled pairwise kernels": pairwise_extension()}

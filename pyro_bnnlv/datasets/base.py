@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_seed
+from .._checks import check_fraction, check_seed
 
 __all__ = [
     "Dataset",
@@ -257,12 +256,6 @@ def _as_float_array(value: Any, name: str) -> np.ndarray:
     return arr
 
 
-def _check_fraction(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
-    return float(value)
-
-
 def from_arrays(
     x: Any,
     y: Any,
@@ -300,8 +293,8 @@ def from_arrays(
         raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}")
     if len(xa) != len(ya):
         raise ValueError(f"x and y have different numbers of rows: {len(xa)} vs {len(ya)}")
-    test_fraction = _check_fraction(test_fraction, "test_fraction")
-    valid_fraction = _check_fraction(valid_fraction, "valid_fraction")
+    test_fraction = check_fraction(test_fraction, "test_fraction")
+    valid_fraction = check_fraction(valid_fraction, "valid_fraction")
     N = len(xa)
     n_test, n_valid = round(test_fraction * N), round(valid_fraction * N)
     if N - n_test - n_valid < 2:

@@ -34,7 +34,7 @@ import numpy as np
 from scipy import integrate, special, stats
 
 from .._checks import check_int, check_seed
-from .base import Dataset, _as_float_array, _canonical, standardized_source
+from .base import REGISTRY, Dataset, _as_float_array, _canonical, standardized_source
 from .synthetic import PROCESSES, HeteroscedasticProcess, LatentProcess
 
 __all__ = ["OracleLL", "true_log_density", "expected_test_ll", "ORACLE_DATASETS"]
@@ -146,9 +146,7 @@ def expected_test_ll(name: str, *, num_points: int = 100_000, seed: int = 0, nod
     if isinstance(proc, HeteroscedasticProcess):
         mean_log_var, _ = integrate.quad(lambda u: float(np.log(proc.var(np.array(u)))), 0.0, 1.0, limit=200)
         return OracleLL(float(-0.5 * np.log(2 * np.pi) - 0.5 - 0.5 * mean_log_var), 0.0)
-    from . import load_dataset  # the registry; imported here to keep this module below the package
-
     num_points = check_int(num_points, "num_points", minimum=2)
-    data = load_dataset(name, seed=check_seed(seed), sizes=(1, 1, num_points))
+    data = REGISTRY[_canonical(name)].loader(seed=check_seed(seed), sizes=(1, 1, num_points))
     logp = true_log_density(name, data.x_test.double(), data.y_test.double(), nodes=nodes)
     return OracleLL(float(logp.mean()), float(logp.std(ddof=1) / np.sqrt(len(logp))))

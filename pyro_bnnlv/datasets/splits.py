@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_seed
+from .._checks import check_fraction, check_seed
 from .base import Dataset, make_dataset
 
 __all__ = ["gap_split", "gap_splits", "extrapolation_split", "interpolation_split", "pooled_data"]
@@ -43,11 +43,6 @@ def pooled_data(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     x = np.concatenate([t.double().numpy() for t in (dataset.x_train, dataset.x_valid, dataset.x_test)])
     y = np.concatenate([t.double().numpy().reshape(-1) for t in (dataset.y_train, dataset.y_valid, dataset.y_test)])
     return x * xs + xm, y * ys + ym
-
-
-def _check_fraction(value: float, name: str) -> None:
-    if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
-        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
 
 
 def _build(
@@ -80,7 +75,7 @@ def gap_split(
     above, up to one); train: the rest minus ``round(valid_fraction * n_rest)`` random validation
     points (seeded by ``seed``). ``standardize`` defaults to ``dataset.standardized``.
     """
-    _check_fraction(valid_fraction, "valid_fraction")
+    check_fraction(valid_fraction, "valid_fraction")
     x, y = pooled_data(dataset)
     N, D = x.shape
     if not (isinstance(dim, (int, np.integer)) and 0 <= dim < D):
@@ -108,8 +103,8 @@ def _norm_order(x: np.ndarray) -> np.ndarray:
 
 
 def _norm_split(dataset, kind, test_fraction, valid_fraction, seed, standardize) -> Dataset:
-    _check_fraction(test_fraction, "test_fraction")
-    _check_fraction(valid_fraction, "valid_fraction")
+    check_fraction(test_fraction, "test_fraction")
+    check_fraction(valid_fraction, "valid_fraction")
     if test_fraction + valid_fraction >= 1.0:
         raise ValueError(f"test_fraction + valid_fraction must be < 1, got {test_fraction + valid_fraction}")
     x, y = pooled_data(dataset)

@@ -13,7 +13,7 @@ Typical use::
     print(pb.evaluate(model, samples, data.x_test, data.y_test))
 """
 
-from . import datasets, diagnostics
+from . import datasets, diagnostics, protocols
 from .datasets import load_dataset
 from .guides import init_to_network
 from .guides import HypernetGuide, ncai_guide
@@ -58,6 +58,7 @@ __all__ = [
     "ncai_guide",
     "datasets",
     "diagnostics",
+    "protocols",
     "compare_posteriors",
     "posterior_summary",
     "run_nuts",

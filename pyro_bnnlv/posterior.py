@@ -19,6 +19,7 @@ from pyro.infer import Predictive
 from torch import Tensor
 
 from ._checks import check_int
+from .protocols import ChecksData
 from ._state import isolated_param_store, set_seed
 
 __all__ = ["Posterior", "PosteriorKind", "SelfEvaluatingPosterior", "as_sample_dict", "guide_site_mean", "posterior_kind",
@@ -124,11 +125,10 @@ def _check_sites(sites: Any) -> tuple[str, ...]:
 def _check_model_data(model: Any, args: tuple, kwargs: dict) -> None:
     """A library model's own data checks (``check_data``, and the dtype of ``x`` against its
     buffers) before Pyro's trace appends its shape tables to the message."""
-    check = getattr(model, "check_data", None)
-    if not callable(check) or not args:
+    if not isinstance(model, ChecksData) or not args:
         return
-    accepted = inspect.signature(check).parameters
-    check(*args[:2], **{k: v for k, v in kwargs.items() if k in accepted})
+    accepted = inspect.signature(model.check_data).parameters
+    model.check_data(*args[:2], **{k: v for k, v in kwargs.items() if k in accepted})
     dtype_check = getattr(model, "_check_dtype", None)
     if callable(dtype_check) and isinstance(args[0], Tensor):
         dtype_check(args[0])

@@ -40,6 +40,7 @@ from pyro.infer.autoguide import (
 from .guides import HypernetGuide, LaplaceGuide, MeanField
 from .guides.hypernet import HypernetLVGuide
 from .infer.svi import isolated_param_store
+from .protocols import ChecksData
 from .models import BNN, BNNLV, OverparametrisedLinear, ProjectedBNN
 from .nets import MLP
 
@@ -189,7 +190,7 @@ def save_fit(
                         "pyro_bnnlv.serialization.register_class(cls, 'guide') first")  # fmt: skip
     model_kwargs = dict(model_kwargs or {})
     _check_plain(model_kwargs, "model_kwargs")
-    if hasattr(model, "check_data"):
+    if isinstance(model, ChecksData):
         model.check_data(x, y, **model_kwargs)  # catches a missing task= before writing the file
     if callable(getattr(model, "_check_dtype", None)):
         model._check_dtype(x)  # load_fit sets the guide up with data of x's dtype

@@ -166,7 +166,7 @@ def test_every_model_satisfies_the_protocols_it_claims():
     """The model protocols (issue 15) replace attribute probes: each library model is a
     RegressionModel; those on a network a NetworkModel; those with other latents a LatentModel.
     A plain Pyro function is none, and evaluate / train_map / LinearizedLaplace say so."""
-    from pyro_bnnlv._protocols import LatentModel, NetworkModel, RegressionModel
+    from pyro_bnnlv.protocols import LatentModel, NetworkModel, RegressionModel
 
     models = {
         "BNN": (pb.BNN(pb.MLP(1, [3], 1)), (True, True, False)),

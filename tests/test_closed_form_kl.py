@@ -374,3 +374,10 @@ def test_what_a_fused_step_cannot_see_runs_traced_and_bad_input_fails_alike():
         elbo = ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1)
         elbo.loss_and_grads(model, plated, x, y, batch_size=16)
         assert elbo._fused_plan(model, plated, (x, y), {"batch_size": 16}) is None
+
+
+def test_num_particles_must_be_a_positive_int():
+    """Issue 39: num_particles=0 reached Pyro's ZeroDivisionError."""
+    for bad in (0, -1, 1.5):
+        with pytest.raises((TypeError, ValueError), match="num_particles"):
+            ClosedFormKLElbo(("w",), num_particles=bad)

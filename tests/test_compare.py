@@ -144,3 +144,22 @@ def test_fit_task_is_stored_under_its_registered_name_and_pickles_from_its_modul
     assert compare.fit_task.__module__ == "pyro_bnnlv.reproduce.ncai_compare"
     assert pickle.loads(pickle.dumps(fn)).func is compare.fit_task
     assert not (Path(compare.__file__).parents[1] / "compare.py").exists()  # no alias module
+
+
+def test_compare_config_refuses_settings_that_would_run_nothing_or_diverge():
+    """Issue 39: `compare --restarts 0` ran a sweep of no fits."""
+    from pyro_bnnlv.reproduce.ncai_compare import CompareConfig
+
+    for kw, name in [(dict(restarts=0), "restarts"), (dict(steps=-1), "steps"), (dict(lv_noise_vars=()), "lv_noise_vars"),
+                     (dict(bnn_noise_vars=(0.1, -1.0)), "bnn_noise_vars"), (dict(lr=0.0), "lr"),
+                     (dict(independence="mi"), "independence")]:  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            CompareConfig(**kw)
+    assert CompareConfig.full().restarts == 10
+
+
+def test_compare_cli_with_zero_restarts_is_a_clean_error(capsys):
+    from pyro_bnnlv.cli import main
+
+    assert main(["compare", "heavy-tail", "--restarts", "0"]) == 2
+    assert "restarts must be a positive integer, got 0" in capsys.readouterr().err

@@ -362,3 +362,23 @@ def test_nuts_chains_benchmark_smoke():
     assert (table["bulk_ess_f_per_s"] > 0).all() and (table["ms_per_leapfrog"] > 0).all()
     assert math.isfinite(table.attrs["ours 2 chains / ours 1 chain, ESS/s (target >= 1.8)"])
     assert "load average before (1, 5, 15 min)" in table.attrs
+
+
+def test_run_nuts_refuses_nan_data_of_a_plain_pyro_model_and_an_unknown_start_method():
+    """Issue 39: a plain Pyro model checks nothing itself (NaN in y only showed as a stuck chain),
+    and mp_context='bogus' ran."""
+    import pyro.distributions as dist
+
+    def model(x, y=None):
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(b * x, 0.5), obs=y)
+
+    x = torch.linspace(-1, 1, 10)
+    y = 0.3 * x
+    y_bad = y.clone()
+    y_bad[3] = float("nan")
+    with pytest.raises(ValueError, match="y contains NaN"):
+        run_nuts(model, x, y_bad, num_samples=5, warmup_steps=5, progress=False)
+    with pytest.raises(ValueError, match="mp_context='bogus' is not a start method"):
+        run_nuts(model, x, y, num_samples=5, warmup_steps=5, progress=False, mp_context="bogus")

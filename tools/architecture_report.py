@@ -3,7 +3,7 @@
     python tools/architecture_report.py [REPO_DIR]
 
 Layers, bottom to top (a module may import only from its own layer or below): the ground modules
-(``_*``, ``param_names``, ``nets``); ``datasets`` and ``posterior``; ``models``; ``stats``;
+(``_*``, ``param_names``, ``nets``, ``protocols``); ``datasets`` and ``posterior``; ``models``; ``stats``;
 ``infer``; ``guides``; the adapters (``diagnostics``, ``plotting``, ``serialization``, ``sweep``);
 the experiments (``reproduce``); ``cli``.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]) / "pyro_bnnlv"
 LAYERS = [  # bottom -> top, by prefix
-    ["pyro_bnnlv._", "pyro_bnnlv.param_names", "pyro_bnnlv.nets"],
+    ["pyro_bnnlv._", "pyro_bnnlv.param_names", "pyro_bnnlv.nets", "pyro_bnnlv.protocols"],
     ["pyro_bnnlv.datasets", "pyro_bnnlv.posterior"],
     ["pyro_bnnlv.models"],
     ["pyro_bnnlv.stats"],

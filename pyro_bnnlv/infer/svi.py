@@ -57,7 +57,7 @@ from .._checks import check_int, check_real, check_seed
 from .._state import isolated_param_store, set_seed
 from ..nets import ModuleNet
 from ..param_names import param_fullnames
-from .._protocols import LatentModel, NetworkModel
+from ..protocols import LatentModel, NetworkModel
 
 from .elbos.penalized import CompiledTraceElbo
 from .elbos.jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored

@@ -61,7 +61,8 @@ from ..datasets.base import REGISTRY
 from ..guides.mean_field import MeanField
 from ..guides.ncai_init import ncai_guide
 from ..infer.empirical_bayes import EmpiricalBayes
-from ..infer.elbos.ncai import NCAIElbo
+from .._checks import check_int, check_real
+from ..infer.elbos.ncai import INDEPENDENCE_TERMS, NCAIElbo
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi
 from ..models.bnn import BNN
@@ -128,6 +129,20 @@ class CompareConfig:
     empirical_bayes: bool = False
     batch_size: int | None = None
     log_every: int = 250  # I(x; mu_z) of NCAI fits every this many steps
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "restarts", "map_steps", "num_samples", "latent_draws", "log_every"):
+            setattr(self, name, check_int(getattr(self, name), name))
+        self.batch_size = check_int(self.batch_size, "batch_size", allow_none=True)
+        self.lr = check_real(self.lr, "lr", positive=True)
+        for name in ("lv_noise_vars", "bnn_noise_vars"):
+            values = tuple(getattr(self, name))
+            if not values:
+                raise ValueError(f"{name} must list at least one noise variance")
+            setattr(self, name, tuple(check_real(v, name, positive=True) for v in values))
+        if self.independence not in INDEPENDENCE_TERMS:
+            raise ValueError(f"independence must be one of {', '.join(map(repr, INDEPENDENCE_TERMS))}, "
+                             f"got {self.independence!r}")
 
     @classmethod
     def full(cls, dataset: str | None = None, **overrides: Any) -> "CompareConfig":

@@ -30,7 +30,7 @@ def median_ms(fn: Callable[[], None], steps: int, warmup: int = 20) -> float:
     return 1e3 * statistics.median(times)
 
 
-def fit_step_ms(model: Any, guide: Any, x: Tensor, y: Tensor, steps: int, **fit_kwargs: Any) -> float:
+def fit_step_ms(model: Callable[..., Any], guide: Any, x: Tensor, y: Tensor, steps: int, **fit_kwargs: Any) -> float:
     """Median ms per ``fit_svi`` step over ``steps`` steps, stamped by its callback; the first 20
     steps (compilation, warm-up, the JIT guard's checks at steps 1 and 10) are not timed."""
     stamps: list[float] = []

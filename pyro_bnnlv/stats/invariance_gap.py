@@ -125,6 +125,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..protocols import HasNetwork, NetworkModel
 from .._checks import check_int
 from .._state import isolated_param_store
 from .._figures import finish_figure, new_axes
@@ -315,7 +316,7 @@ def _check_model(model: Any) -> Any:
     if not isinstance(model, BNN) or not isinstance(model.net, MLP):
         raise ValueError(
             f"model must be a pyro_bnnlv BNN with an MLP network, got {type(model).__name__}"
-            + (f" with {type(model.net).__name__}" if hasattr(model, "net") else "")
+            + (f" with {type(model.net).__name__}" if isinstance(model, HasNetwork) else "")
         )
     return model.net
 
@@ -383,7 +384,7 @@ def _validated(model, guide, x, layer, num_activation_samples, num_samples):
 
 
 def layer_inputs(
-    model: Any,
+    model: NetworkModel,
     guide: Any,
     x: Tensor,
     layer: int,
@@ -417,7 +418,7 @@ def _gaps_chunked(z: Tensor, mq, v, mu, s2, m, lam) -> Tensor:
 
 
 def layer_invariance_gap(
-    model: Any,
+    model: NetworkModel,
     guide: Any,
     x: Tensor,
     layer: int,
@@ -535,7 +536,7 @@ def _summary(mq, v, mu, s2, lam, z, gaps, var_q0, var_qmix, num_samples, m, gen)
 
 
 def invariance_gap_by_layer(
-    model: Any,
+    model: NetworkModel,
     guide: Any,
     x: Tensor,
     *,
@@ -586,7 +587,7 @@ def invariance_gap_by_layer(
 
 
 def first_layer_invariance_gap(
-    model: Any,
+    model: NetworkModel,
     guide: Any,
     x: Tensor,
     *,

@@ -27,7 +27,7 @@ from ..posterior import as_sample_dict, guide_site_mean
 from .._state import isolated_param_store
 from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
 from .._figures import finish_figure
-from .._protocols import LatentModel
+from ..protocols import LatentModel, RegressionModel
 
 __all__ = [
     "latent_means",
@@ -52,7 +52,7 @@ def latent_means(guide: Any, x: Tensor, y: Tensor, site: str = "z") -> Tensor:
 
 
 def latent_diagnostics(
-    model: Any, guide: Any, x: Tensor, y: Tensor | None = None, *, k: int = 5, seed: int = 0
+    model: LatentModel, guide: Any, x: Tensor, y: Tensor | None = None, *, k: int = 5, seed: int = 0
 ) -> pd.Series:
     """How well a BNN+LV fit's latent means ``mu_z`` meet the model's assumptions (App. F.2).
 
@@ -82,7 +82,7 @@ def latent_diagnostics(
 
 
 @torch.no_grad()
-def reconstruction_mse(model: Any, samples: dict[str, Tensor], x: Tensor, y: Tensor) -> float:
+def reconstruction_mse(model: LatentModel, samples: dict[str, Tensor], x: Tensor, y: Tensor) -> float:
     """Eq. 33: ``mean_n E_{q(z_n) q(w)} ||y_n - f([x_n, z_n]; w)||^2`` over posterior samples
     ``{"w": (S, P), "z": (S, N, K)}`` of the training points."""
     f = model.reconstruction_components(x, samples)  # (S, N, L)
@@ -90,7 +90,7 @@ def reconstruction_mse(model: Any, samples: dict[str, Tensor], x: Tensor, y: Ten
 
 
 @torch.no_grad()
-def predictive_mse(model: Any, samples: Any, x: Tensor, y: Tensor, seed: int = 0) -> float:
+def predictive_mse(model: RegressionModel, samples: Any, x: Tensor, y: Tensor, seed: int = 0) -> float:
     """Eq. 35: ``mean_n ||y_n - E_{p(z) q(w)} f([x_n, z]; w)||^2`` (latents from the prior)."""
     gen = torch.Generator().manual_seed(seed)
     loc, _ = model.predictive_components(x, as_sample_dict(samples), generator=gen)
@@ -124,7 +124,7 @@ def knn_entropy_1d(samples: Tensor, k: int = 5) -> Tensor:
 
 @torch.no_grad()
 def uncertainty_decomposition(
-    model: Any,
+    model: RegressionModel,
     samples: Any,
     x: Tensor,
     *,

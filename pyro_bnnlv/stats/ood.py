@@ -21,13 +21,13 @@ from torch import Tensor
 from ..posterior import as_sample_dict
 from .latent import knn_entropy_1d
 from .._figures import finish_figure, new_axes
-from .._protocols import LatentModel
+from ..protocols import LatentModel, RegressionModel
 
 __all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
 
 
 @torch.no_grad()
-def epistemic_entropy(model: Any, samples: Any, x: Tensor, k: int = 5) -> Tensor:
+def epistemic_entropy(model: RegressionModel, samples: Any, x: Tensor, k: int = 5) -> Tensor:
     """k-NN entropy (nats) of the predictive ``f(x_n; w)``, ``w ~`` posterior, per input: ``(N,)``.
 
     ``samples``: ``{"w": (S, P)}``, an ``(S, P)`` tensor or an ``MCMC`` object; ``model.f`` must
@@ -71,7 +71,7 @@ def _is_method_mapping(samples: Any) -> bool:
 
 
 def ood_report(
-    model: Any,
+    model: RegressionModel,
     samples: Any,
     x_train: Tensor,
     x_test: Tensor,

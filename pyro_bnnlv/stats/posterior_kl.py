@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..protocols import RegressionModel
 from .._state import set_seed
 from ..posterior import Posterior, posterior_kind
 from .knn import functional_knn_kl, input_sampler, knn_kl, predictor_space_samples
@@ -34,7 +35,7 @@ def _weight_samples(post: Any, model: Any, x: Tensor | None, num_samples: int, s
 def compare_posteriors(
     approx: Any,
     reference: Any,
-    model: Any,
+    model: RegressionModel,
     input_dist: Any,
     *,
     x: Tensor | None = None,

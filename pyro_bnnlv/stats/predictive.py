@@ -38,7 +38,7 @@ from torch import Tensor
 from .._checks import ArgumentTypeError, check_int, check_seed
 from ..datasets.base import Dataset, standardized_source
 from ..posterior import SelfEvaluatingPosterior, as_sample_dict, posterior_kind, sample_posterior
-from .._protocols import LatentModel, RegressionModel
+from ..protocols import LatentModel, RegressionModel
 
 __all__ = [
     "evaluate",
@@ -187,7 +187,7 @@ def _is_dataset(obj: Any) -> bool:
 
 
 def posterior_sample_dict(
-    model: Any,
+    model: RegressionModel,
     posterior: Any,
     x: Tensor,
     *,

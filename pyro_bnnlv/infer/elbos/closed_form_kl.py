@@ -73,6 +73,8 @@ from pyro.poutine.trace_messenger import TraceMessenger
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints, kl_divergence
 
+from ..._checks import check_int
+
 __all__ = ["ClosedFormKLElbo"]
 
 _PARTICLE_PLATE = "num_particles_vectorized"  # the plate Pyro's ELBO vectorises particles in
@@ -178,6 +180,7 @@ class ClosedFormKLElbo(Trace_ELBO):
             raise ValueError(f"sites must be a non-empty sequence of site names, e.g. ('z', 'phi'); got {sites!r}")
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be True or False, got {fused!r}")
+        check_int(num_particles, "num_particles")
         super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
                          vectorize_particles=True)  # fmt: skip
         self.sites = frozenset(sites)

@@ -83,7 +83,7 @@ from .guide import LaplaceGuide
 from ...nets import MLP, FlatNet, ModuleNet
 from ...models.bnn import BNN
 from ...stats.predictive import predictive_metrics
-from ..._protocols import LatentModel, NetworkModel
+from ...protocols import LatentModel, NetworkModel
 
 __all__ = [
     "LinearizedLaplace",

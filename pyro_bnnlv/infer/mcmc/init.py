@@ -60,7 +60,7 @@ from ..svi import fit_svi, train_map
 __all__ = ["flat_potential", "_check_flat_potential", "_initial_values", "_model_sites", "_resolve_potential"]
 
 
-def flat_potential(model: Any, x: Tensor, y: Tensor) -> FlatPotential | None:
+def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPotential | None:
     """The model's fast potential, or ``None`` if it has none (then NUTS traces the model).
 
     Resolution order: ``model.nuts_potential(x, y)`` if the model defines it; the built-in

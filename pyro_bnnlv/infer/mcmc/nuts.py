@@ -46,11 +46,12 @@ returned ``MCMC`` holds all chains (``get_samples(group_by_chain=True)``, ArviZ 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import numbers
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -62,6 +63,7 @@ from ..._checks import ArgumentTypeError, check_int, check_real, check_seed
 from ..._compiled import resolve_nuts_extension as resolve_extension
 from ..._platform import usable_cores  # looked up here by run_nuts (tests patch nuts.usable_cores)
 from ..._state import set_seed
+from ...protocols import ChecksData
 from ...models.potential import FlatPotential
 from ..elbos.jit_guard import plate_shape_tracer_warnings_ignored
 from .chains import _chain_potentials, _InProcessMCMC, _sampling_seed
@@ -303,7 +305,7 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
 def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps: int,
                      num_chains: int, max_tree_depth: int, map_steps: int, seed: Any, kernel: str,
                      target_accept_prob: float, full_mass: bool, step_size: float, map_lr: float,
-                     chain_method: str) -> int | None:  # fmt: skip
+                     chain_method: str, mp_context: str | None = None) -> int | None:  # fmt: skip
     """:func:`run_nuts`'s argument checks; returns the checked seed."""
     check_int(num_samples, "num_samples")
     check_int(warmup_steps, "warmup_steps", minimum=0)
@@ -335,17 +337,24 @@ def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps:
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a tensor of targets (NUTS samples the posterior given data), "
                         f"got {type(y).__name__}")  # fmt: skip
-    if hasattr(model, "check_data"):
+    if isinstance(model, ChecksData):
         model.check_data(x, y)
     elif not isinstance(x, Tensor):
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    else:  # a plain Pyro model checks nothing itself: NaN would only show as a stuck chain
+        for name, value in (("x", x), ("y", y)):
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise ValueError(f"{name} contains NaN or infinite values; drop or impute those rows before NUTS")
+    if mp_context is not None and mp_context not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"mp_context={mp_context!r} is not a start method of this platform; use one of "
+                         f"{multiprocessing.get_all_start_methods()} or None (spawn)")
     if chain_method not in ("auto", "threads", "sequential"):
         raise ValueError(f"chain_method must be 'auto', 'threads' or 'sequential', got {chain_method!r}")
     return seed
 
 
 def run_nuts(
-    model: Any,
+    model: Callable[..., Any],
     x: Tensor,
     y: Tensor,
     *,
@@ -417,7 +426,7 @@ def run_nuts(
     """
     seed = _check_arguments(model, x, y, num_samples, warmup_steps, num_chains, max_tree_depth,
                             map_steps, seed, kernel, target_accept_prob, full_mass, step_size,
-                            map_lr, chain_method)  # fmt: skip
+                            map_lr, chain_method, mp_context)  # fmt: skip
     t_start = time.perf_counter()
     options = dict(target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
                    full_mass=full_mass, step_size=step_size)  # fmt: skip

@@ -21,6 +21,8 @@ the processes, so a child that dies (killed, or failing before it can report) ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import multiprocessing
 import pickle
 import queue
@@ -32,7 +34,7 @@ from pyro.infer import MCMC
 __all__ = ["chain_start_method", "run_watched", "ChainProcessError"]
 
 
-def chain_start_method(mp_context: str | None, kernel: Any, model: Any, compiled: bool) -> str:
+def chain_start_method(mp_context: str | None, kernel: Any, model: Callable[..., Any], compiled: bool) -> str:
     """The start method of the chain processes, checked; raises ``ValueError`` with the fix.
 
     ``mp_context`` given: it must be one of the platform's start methods, and unless it is

@@ -1,6 +1,11 @@
-"""Ground layer: what a model provides, as ``typing.Protocol`` s (checked with ``isinstance``).
+"""What a model provides, as small public ``typing.Protocol`` s (checked with ``isinstance``).
 
-The functions that need a library model say which kind, instead of probing attributes one by one:
+The functions that need something of a model say which capability, instead of probing
+attributes one by one (``pb.protocols``):
+
+* :class:`ChecksData`: ``check_data(x, y)``, clear errors before Pyro traces anything;
+* :class:`HasNetwork`: a :class:`~pyro_bnnlv.nets.FlatNet` ``net`` with a flat weight vector;
+* :class:`HasLatents`: ``latent_dim`` latent inputs per datapoint or per code;
 
 * :class:`RegressionModel`: a Pyro model ``model(x, y=None)`` with a flat weight site ``"w"``,
   ``check_data(x, y)`` (clear errors before Pyro traces anything), ``f(x, w)`` (the network
@@ -23,7 +28,28 @@ from torch import Tensor
 
 from .nets import FlatNet
 
-__all__ = ["RegressionModel", "NetworkModel", "LatentModel"]
+__all__ = ["ChecksData", "HasLatents", "HasNetwork", "LatentModel", "NetworkModel", "RegressionModel"]
+
+
+@runtime_checkable
+class ChecksData(Protocol):
+    """A model that checks its data (shapes, dtypes, NaN) and raises errors naming the fix."""
+
+    def check_data(self, x: Tensor, y: Tensor | None = None, **kwargs: Any) -> None: ...
+
+
+@runtime_checkable
+class HasNetwork(Protocol):
+    """A model on a network with one flat weight vector (``net``)."""
+
+    net: FlatNet
+
+
+@runtime_checkable
+class HasLatents(Protocol):
+    """A model with ``latent_dim`` latent variables besides the weights."""
+
+    latent_dim: int
 
 
 @runtime_checkable

@@ -28,10 +28,13 @@ __all__ = ["sample_posterior", "as_sample_dict", "guide_site_mean", "SelfEvaluat
 class SelfEvaluatingPosterior(Protocol):
     """A posterior with a closed-form predictive that computes its own metrics, such as
     :class:`~pyro_bnnlv.infer.laplace.LinearizedLaplace` (exact Gaussian predictive): ``evaluate``
-    hands it the data instead of drawing samples. Recognised by this method, so ``stats`` need
-    not import ``infer``."""
+    hands it the data instead of drawing samples, and the plots of :mod:`pyro_bnnlv.plotting` its
+    ``predictive(x)`` (``.mean`` and ``.var``, ``(N, L)``). Recognised by these methods, so
+    ``stats`` need not import ``infer``."""
 
     def evaluate(self, x: Tensor, y: Tensor, *, level: float, y_mean: Any, y_std: Any) -> dict[str, float]: ...
+
+    def predictive(self, x: Tensor) -> Any: ...
 
 
 def sample_posterior(

@@ -123,7 +123,7 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, an ``MCMC`` object or an
     ArviZ ``InferenceData`` (its ``w`` and, where present, ``z``, flat over chains)."""
     if _is_inference_data(posterior):
-        group = posterior.posterior
+        group = _weight_group(posterior, required=True)
         shapes = {k: tuple(group[k].shape[2:]) for k in ("w", "z") if k in group}
         posterior = Posterior.from_any(posterior, shapes=shapes).flat()
     if hasattr(posterior, "get_samples"):
@@ -185,6 +185,21 @@ def _is_mcmc(obj: Any) -> bool:
 
 def _is_inference_data(obj: Any) -> bool:
     return hasattr(obj, "posterior") and hasattr(obj, "groups")
+
+
+def _weight_group(idata: Any, required: bool = False) -> Any:
+    """The group of an InferenceData holding the weight draws ``w`` (and ``z``): ``posterior``
+    when it has ``w`` (``to_inference_data(..., weights=True)``, or an export from elsewhere),
+    else ``weights`` (:func:`~pyro_bnnlv.diagnostics.to_inference_data`'s default); ``None``, or
+    with ``required`` a ``ValueError``, when neither has."""
+    for name in ("posterior", "weights"):
+        group = getattr(idata, name, None)
+        if group is not None and "w" in group:
+            return group
+    if required:
+        raise ValueError("the InferenceData has no weight draws 'w' in its posterior or weights group; "
+                         "make it with pyro_bnnlv.to_inference_data (which stores them in 'weights')")  # fmt: skip
+    return None
 
 
 def _is_guide(obj: Any) -> bool:
@@ -280,7 +295,7 @@ class Posterior:
             samples = posterior.get_samples(group_by_chain=True)
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
         if _is_inference_data(posterior):
-            group = posterior.posterior
+            group = _weight_group(posterior, required=True)
             names = list(shapes) if shapes else ["w"]
             samples = {k: torch.as_tensor(group[k].values) for k in names if k in group}
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))

@@ -1,12 +1,15 @@
 r"""ArviZ export and function-space convergence diagnostics.
 
 * :func:`to_inference_data` turns an ``MCMC`` run, a fitted guide (or several restarts, as
-  chains) or posterior samples into an ``arviz.InferenceData`` with named dimensions:
-  ``posterior`` (``w``, ``z`` where the model has it, and ``f`` at the observed inputs),
-  ``posterior_predictive`` (``obs``), ``log_likelihood`` (``obs``, pointwise, so ``az.loo`` and
-  ``az.waic`` work), ``observed_data``, ``constant_data`` (``x``) and, for MCMC runs of
-  :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`, ``sample_stats`` (``diverging``, ``n_steps``, ``lp``,
-  ``acceptance_rate``, ``tree_depth``).
+  chains) or posterior samples into an ``arviz.InferenceData`` with named dimensions that
+  ``az.plot_trace(idata)`` and ``az.summary(idata)`` read as they are: ``posterior`` holds ``f``
+  at a few inputs (and any scalar latent site, e.g. a sampled noise scale), the raw weights ``w``
+  (and per-datapoint ``z``) go to a group of their own, ``weights`` (``weights=True`` puts them in
+  ``posterior``, for ``az.plot_trace(idata, var_names=["w"])``); ``posterior_predictive``
+  (``obs``), ``log_likelihood`` (``obs``, pointwise, so ``az.loo`` and ``az.waic`` work),
+  ``observed_data``, ``constant_data`` (``x`` and the inputs ``x_eval`` of ``f``) and, for MCMC runs of :func:`~pyro_bnnlv.infer.mcmc.run_nuts`,
+  ``sample_stats`` (``diverging``, ``n_steps``, ``lp``, ``acceptance_rate``, ``tree_depth``).
+* :func:`plot_trace` draws the traces of those function values and of the log-likelihood.
 * :func:`posterior_summary` reports R-hat and ESS on function values and on the
   log-likelihood beside those of the raw weights.
 * :func:`compare_posteriors` (a statistic, in :mod:`pyro_bnnlv.stats.posterior_kl`; re-exported
@@ -41,8 +44,9 @@ from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from .posterior import Posterior, posterior_kind
-from .infer.svi import set_seed
+from .posterior import Posterior, posterior_kind, weight_group
+from ._state import set_seed
+from ._checks import check_int
 from ._figures import finish_figure
 from .stats.posterior_kl import compare_posteriors
 
@@ -152,6 +156,17 @@ def _replay(
     return torch.cat(means), torch.cat(lls), torch.cat(preds)
 
 
+def _eval_point_labels(x_eval: Tensor) -> np.ndarray:
+    """Coordinates of the inputs of ``f``: for 1-D inputs the input values to 4 significant
+    digits (ArviZ's panel titles and summary rows read ``f[-2.316]``) when they stay distinct,
+    else the row indices."""
+    if x_eval.shape[1] == 1:
+        values = np.array([float(f"{v:.4g}") for v in _np(x_eval[:, 0])])
+        if len(np.unique(values)) == len(values):
+            return values
+    return np.arange(x_eval.shape[0])
+
+
 def _np(t: Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy()
 
@@ -167,11 +182,14 @@ def to_inference_data(
     *,
     num_samples: int = 1000,
     x_eval: Tensor | None = None,
+    num_points: int = 5,
+    weights: bool = False,
     obs_site: str = "obs",
     seed: int | None = None,
     chunk_size: int = 500,
 ) -> Any:
-    """An ``arviz.InferenceData`` of a posterior of ``model`` given ``(x, y)``.
+    """An ``arviz.InferenceData`` of a posterior of ``model`` given ``(x, y)``, readable by
+    ``az.plot_trace`` and ``az.summary`` as it is.
 
     Args:
         model: the Pyro model, called as ``model(x, y)``; its observation site is ``obs_site``
@@ -183,19 +201,33 @@ def to_inference_data(
             ``(S, P)`` weight tensor.
         x, y: the data the posterior conditions on (``x (N, D)``, ``y (N,)`` or ``(N, L)``).
         num_samples: draws per guide.
-        x_eval: optional extra inputs ``(E, D)``: ``f`` there is stored as ``f_eval`` (models
-            exposing ``f(x, w)`` and no local latents only).
+        x_eval: the inputs ``(E, D)`` at which ``f`` is stored (models exposing ``f(x, w)`` and
+            no local latents only); default ``num_points`` training inputs.
+        num_points: without ``x_eval``, ``f`` is stored at this many training inputs, evenly
+            spaced in the order of ``x`` for 1-D inputs (so they span its range), evenly spaced
+            rows otherwise.
+        weights: ``True`` puts the raw weights (and the other non-scalar latent sites) in the
+            ``posterior`` group, where ``az.plot_trace`` and ``az.summary`` show every one (slow
+            and unreadable for a BNN: the module docstring says why their diagnostics mislead);
+            by default they are in the group ``weights``.
         seed: seeds guide sampling and the posterior-predictive draws.
         chunk_size: draws per vectorised model replay (bounds memory).
 
     Groups and dimensions:
         The per-datapoint dimension is called ``data`` (the model's plate). ``posterior``:
+        ``f (chain, draw, eval_point[, output])``, the mean of the observation distribution at
+        the chosen inputs (``f(x; w)``, for a BNN+LV ``f([x, z]; w)`` with the posterior ``z`` of
+        those training points; the ``eval_point`` coordinate is the input value, to 4
+        significant digits, for 1-D inputs), and every scalar latent site. ``weights`` (or ``posterior`` with ``weights=True``):
         ``w (chain, draw, weight)`` with MLP weight labels, ``z (chain, draw, data,
-        latent_dim)`` where present, ``f (chain, draw, data[, output])`` (the mean of the
-        observation distribution, i.e. ``f(x; w)`` resp. ``f([x, z]; w)``), ``f_eval (chain,
-        draw, eval_point[, output])``; ``posterior_predictive``: ``obs (chain, draw, data[,
-        output])``; ``log_likelihood``: ``obs (chain, draw, data)``; ``observed_data``: ``obs``;
-        ``constant_data``: ``x (data, input)``, ``x_eval``; ``sample_stats`` for MCMC runs.
+        latent_dim)`` where present, and the other latent sites. ``posterior_predictive``: ``obs
+        (chain, draw, data[, output])``; ``log_likelihood``: ``obs (chain, draw, data)``;
+        ``observed_data``: ``obs``; ``constant_data``: ``x (data, input)`` and ``x_eval
+        (eval_point, input)``; ``sample_stats`` for MCMC runs. The model's noise scale (fixed
+        or a point estimate in this library's models, so not a posterior variable) is the
+        attribute ``idata.posterior.attrs["noise_scale"]``; a sampled noise site of your own
+        model is a scalar latent site, so a posterior variable. :func:`pyro_bnnlv.evaluate`
+        and :meth:`~pyro_bnnlv.posterior.Posterior.from_any` read the weights from either group.
     """
     import arviz as az
 
@@ -203,6 +235,7 @@ def to_inference_data(
         raise TypeError("x and y must be tensors")
     if hasattr(model, "check_data"):
         model.check_data(x, y)
+    num_points = check_int(num_points, "num_points")
     set_seed(seed)
     latent, nesting = _model_sites(model, x, y, obs_site)
     draws, stats = _posterior_chains(model, posterior, x, y, latent, num_samples, seed)
@@ -212,38 +245,40 @@ def to_inference_data(
     N = x.shape[0]
     multi = mean.dim() == 3
     obs_dims = ["data", "output"] if multi else ["data"]
+    f_dims = ["eval_point", "output"] if multi else ["eval_point"]
 
-    posterior_vars = {"w": _np(draws["w"]), "f": _np(mean.reshape(C, S, *mean.shape[1:]))}
-    dims: dict[str, list[str]] = {"w": ["weight"], "f": obs_dims, "obs": obs_dims, "x": ["data", "input"]}
-    coords: dict[str, Any] = {"data": np.arange(N), "input": np.arange(x.shape[1])}
+    if x_eval is not None:
+        if set(draws) != {"w"} or not hasattr(model, "f"):
+            raise ValueError("x_eval needs a model with f(x, w) and no local latent sites; leave it out "
+                             "to store f at num_points training inputs")  # fmt: skip
+        with torch.no_grad():
+            f = model.f(x_eval.to(x.dtype), flat["w"])
+        f = f.squeeze(-1) if f.shape[-1] == 1 else f
+    else:
+        order = torch.argsort(x[:, 0]) if x.shape[1] == 1 else torch.arange(N)
+        idx = order[torch.linspace(0, N - 1, min(num_points, N)).round().long()]
+        x_eval, f = x[idx], mean[:, idx]
+    dims: dict[str, list[str]] = {"f": f_dims, "obs": obs_dims, "x": ["data", "input"],
+                                  "x_eval": ["eval_point", "input"], "w": ["weight"]}  # fmt: skip
+    coords: dict[str, Any] = {"data": np.arange(N), "input": np.arange(x.shape[1]),
+                              "eval_point": _eval_point_labels(x_eval)}  # fmt: skip
+    if multi:
+        coords["output"] = np.arange(mean.shape[-1])
     net = getattr(model, "net", None)
     P = draws["w"].shape[-1]
     labelled = net is not None and getattr(net, "num_weights", None) == P
     coords["weight"] = weight_labels(net) if labelled else np.arange(P)
+
+    posterior_vars = {"f": _np(f.reshape(C, S, *f.shape[1:]))}
+    raw: dict[str, np.ndarray] = {}
     for name, v in draws.items():
-        if name == "w":
-            continue
-        posterior_vars[name] = _np(v)
+        scalar = name != "w" and v[0, 0].numel() == 1
+        (posterior_vars if scalar or weights else raw)[name] = _np(v.reshape(C, S) if scalar else v)
         if name == "z" and v.dim() == 4 and v.shape[2] == N:
             dims["z"] = ["data", "latent_dim"]
             coords["latent_dim"] = np.arange(v.shape[3])
-    if multi:
-        coords["output"] = np.arange(mean.shape[-1])
-    constant = {"x": _np(x)}
-    if x_eval is not None:
-        if set(draws) != {"w"} or not hasattr(model, "f"):
-            raise ValueError("x_eval needs a model with f(x, w) and no local latent sites")
-        with torch.no_grad():
-            fe = model.f(x_eval, flat["w"])
-        fe = fe.squeeze(-1) if fe.shape[-1] == 1 else fe
-        posterior_vars["f_eval"] = _np(fe.reshape(C, S, *fe.shape[1:]))
-        dims["f_eval"] = ["eval_point", "output"] if fe.dim() == 3 else ["eval_point"]
-        dims["x_eval"] = ["eval_point", "input"]
-        # 1-D inputs: the coordinate is the input value itself (readable plot titles)
-        coords["eval_point"] = (_np(x_eval[:, 0]) if x_eval.shape[1] == 1
-                                else np.arange(x_eval.shape[0]))  # fmt: skip
-        constant["x_eval"] = _np(x_eval)
-    return az.from_dict(
+    constant = {"x": _np(x), "x_eval": _np(x_eval)}
+    idata = az.from_dict(
         posterior=posterior_vars,
         posterior_predictive={"obs": _np(pred.reshape(C, S, *pred.shape[1:]))},
         log_likelihood={"obs": _np(ll.reshape(C, S, *ll.shape[1:]))},
@@ -253,6 +288,12 @@ def to_inference_data(
         coords=coords,
         dims=dims,
     )
+    noise = getattr(model, "noise_scale", None)
+    if noise is not None and torch.as_tensor(noise).numel() == 1:
+        idata.posterior.attrs["noise_scale"] = float(noise)
+    if raw:
+        idata.add_groups({"weights": az.convert_to_dataset(raw, coords=coords, dims=dims)})
+    return idata
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,24 +329,28 @@ def _aggregate(rows: list[dict], name: str, kind: str) -> list[dict]:
 
 
 def _invariant_draws(
-    idata: Any, f_points: Sequence[int] | None, num_points: int
+    idata: Any, f_points: Sequence[int] | None, num_points: int | None
 ) -> list[tuple[str, list[str], np.ndarray]]:
     """The symmetry-invariant quantities of :func:`posterior_summary`: ``[(kind, labels, (C, S, K))]``
-    for ``f`` at chosen inputs, the total log-likelihood and (when recorded) the log joint."""
+    for ``f`` at the stored inputs (the indices ``f_points``, else at most ``num_points`` of them
+    evenly spaced), the total log-likelihood and (when recorded) the log joint."""
     post = idata.posterior
+    if "f" not in post or "x_eval" not in getattr(idata, "constant_data", {}):
+        raise ValueError("the InferenceData has no function values f with their inputs x_eval: make it with "
+                         "pyro_bnnlv.to_inference_data")  # fmt: skip
     C, S = post.sizes["chain"], post.sizes["draw"]
-    if "f_eval" in post:
-        f = post["f_eval"].values.reshape(C, S, post["f_eval"].shape[2], -1)[..., 0]
-        xs = idata.constant_data["x_eval"].values
-        idx = list(range(f.shape[2])) if f_points is None else list(f_points)
+    f = post["f"].values.reshape(C, S, post["f"].shape[2], -1)[..., 0]
+    xs = idata.constant_data["x_eval"].values
+    E = f.shape[2]
+    if f_points is not None:
+        idx = [check_int(i, "f_points[i]", minimum=0) for i in f_points]
+        if any(i >= E for i in idx):
+            raise ValueError(f"f_points must index the {E} stored inputs of f (0..{E - 1}), got {list(f_points)}")
+    elif num_points is None or num_points >= E:
+        idx = list(range(E))
     else:
-        f = post["f"].values.reshape(C, S, post["f"].shape[2], -1)[..., 0]
-        xs = idata.constant_data["x"].values
-        idx = (np.unique(np.linspace(0, f.shape[2] - 1, num_points).round().astype(int)).tolist()
-               if f_points is None else list(f_points))  # fmt: skip
-    labels = [
-        f"f(x={xs[i, 0]:.3g})" if xs.shape[1] == 1 else f"f(x[{i}])" for i in idx
-    ]
+        idx = np.unique(np.linspace(0, E - 1, check_int(num_points, "num_points")).round().astype(int)).tolist()
+    labels = [f"f(x={xs[i, 0]:.3g})" if xs.shape[1] == 1 else f"f(x_eval[{i}])" for i in idx]
     out = [("f", labels, f[:, :, idx])]
     ll = idata.log_likelihood["obs"].values
     out.append(("log_lik", ["log_lik (sum over obs)"], ll.reshape(C, S, -1).sum(-1, keepdims=True)))
@@ -319,27 +364,28 @@ def plot_trace(
     path: str | Path | None = None,
     *,
     f_points: Sequence[int] | None = None,
-    num_points: int = 3,
+    num_points: int | None = None,
     axes: Any = None,
 ) -> Any:
-    """Trace plots of the quantities worth reading: ``f`` at a few inputs, the total
+    """Trace plots of the quantities worth reading: ``f`` at the stored inputs, the total
     log-likelihood and the log joint ``lp`` (NUTS runs), per chain.
 
     One row per quantity (the same ones, chosen the same way, as :func:`posterior_summary`:
-    the ``x_eval`` points, else ``num_points`` evenly spaced training inputs, or the indices
-    ``f_points``); left: a histogram per chain, right: the draws per chain. Weight traces are
-    left out on purpose: they are not interpretable (module docstring) and ``az.plot_trace``
-    over every weight of a BNN draws a panel per weight, slowly (1,313 weights in issue 20).
-    ``axes``: a ``(rows, 2)`` array of matplotlib axes to draw into. Returns the figure; with
-    ``path`` it is also written there.
+    the inputs ``x_eval`` at which :func:`to_inference_data` stored ``f``, all of them, at most
+    ``num_points`` evenly spaced, or the indices ``f_points``); left: a histogram per chain,
+    right: the draws per chain. Weight traces are left out on purpose: they are not
+    interpretable (module docstring). ``axes``: a ``(rows, 2)`` array of matplotlib axes to draw
+    into. Returns the figure; with ``path`` it is also written there.
     """
+    from matplotlib.ticker import MaxNLocator
+
     panels = [(lab, arr[..., j]) for _, labels, arr in _invariant_draws(idata, f_points, num_points)
               for j, lab in enumerate(labels)]  # fmt: skip
     owned = axes is None
     if owned:
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(len(panels), 2, figsize=(9, 1.9 * len(panels)), squeeze=False,
+        fig, axes = plt.subplots(len(panels), 2, figsize=(9, 0.4 + 1.7 * len(panels)), squeeze=False,
                                  gridspec_kw={"width_ratios": [1, 2.5]})  # fmt: skip
     else:
         axes = np.asarray(axes, dtype=object).reshape(-1, 2)
@@ -350,12 +396,23 @@ def plot_trace(
     for (label, arr), (ax_h, ax_t) in zip(panels, axes):
         bins = np.linspace(arr.min(), arr.max(), 30) if arr.max() > arr.min() else 10
         for c in range(arr.shape[0]):
-            ax_h.hist(arr[c], bins=bins, histtype="step", density=True, label=f"chain {c}")
-            ax_t.plot(arr[c], lw=0.6, alpha=0.8)
-        ax_h.set_title(label, fontsize=9, loc="left")
+            ax_h.hist(arr[c], bins=bins, histtype="step", density=True)
+            ax_t.plot(arr[c], lw=0.6, alpha=0.8, label=f"chain {c}")
+        ax_h.set_ylabel(label, fontsize=9)
         ax_h.set_yticks([])
-        ax_t.set_xlabel("draw")
-    axes[0][0].legend(fontsize=7)
+        ax_h.xaxis.set_major_locator(MaxNLocator(nbins=3))  # rows have their own ranges: few, short ticks
+        ax_h.tick_params(axis="x", labelsize=8, labelbottom=True)
+        ax_t.yaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax_t.tick_params(labelsize=8)
+    for _, ax_t in axes[:-1]:  # one draw axis, labelled once at the bottom
+        ax_t.sharex(axes[-1][1])
+        ax_t.tick_params(labelbottom=False)
+    axes[-1][1].set_xlabel("draw")
+    axes[0][1].set_title("draws per chain", fontsize=9, loc="left")
+    axes[0][0].set_title("histogram per chain", fontsize=9, loc="left")
+    # above the top trace, right of its title: over no data
+    axes[0][1].legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(arr.shape[0], 8),
+                      frameon=False, borderaxespad=0.2)  # fmt: skip
     return finish_figure(fig, path, owned, dpi=110)
 
 
@@ -363,20 +420,19 @@ def posterior_summary(
     idata: Any,
     *,
     f_points: Sequence[int] | None = None,
-    num_points: int = 5,
+    num_points: int | None = None,
     per_weight: bool = False,
 ) -> pd.DataFrame:
     """R-hat and ESS of function values and of the log-likelihood, beside the raw weights'.
 
     Rows (column ``kind``):
 
-    * ``"f"``: ``f`` at chosen inputs -- the ``x_eval`` points if the InferenceData has
-      ``f_eval``, else ``num_points`` evenly spaced training inputs (or the indices
-      ``f_points``);
+    * ``"f"``: ``f`` at the inputs ``x_eval`` at which :func:`to_inference_data` stored it (all,
+      at most ``num_points`` evenly spaced, or the indices ``f_points``);
     * ``"log_lik"``: the total log-likelihood ``sum_n log p(y_n | ...)`` of each draw, and the
       log joint ``lp`` when the sampler recorded it;
     * ``"w"`` (and ``"z"``): median and worst (max R-hat, min ESS) over all weights, or every
-      weight with ``per_weight=True``. Weight diagnostics of a BNN are not meaningful on their own
+      weight with ``per_weight=True``, read from the ``weights`` group (or ``posterior``). Weight diagnostics of a BNN are not meaningful on their own
       (see the module docstring): a large weight R-hat with good function-space R-hat usually
       means the chains sit in symmetric copies of the same mode.
 
@@ -388,12 +444,13 @@ def posterior_summary(
     rows: list[dict] = []
     for kind, labels, arr in _invariant_draws(idata, f_points, num_points):
         rows += _diag_rows(arr, labels, kind)
+    raw = weight_group(idata)
     for name in ("w", "z"):
-        if name not in post:
+        if raw is None or name not in raw:
             continue
-        arr = post[name].values.reshape(C, S, -1)
+        arr = raw[name].values.reshape(C, S, -1)
         if name == "w":
-            labs = [f"w[{c}]" for c in post["w"].coords["weight"].values]
+            labs = [f"w[{c}]" for c in raw["w"].coords["weight"].values]
         else:
             labs = [f"z[{i}]" for i in range(arr.shape[2])]
         wrows = _diag_rows(arr, labs, name)

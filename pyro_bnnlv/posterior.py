@@ -23,17 +23,20 @@ from .protocols import ChecksData
 from ._state import isolated_param_store, set_seed
 
 __all__ = ["Posterior", "PosteriorKind", "SelfEvaluatingPosterior", "as_sample_dict", "guide_site_mean", "posterior_kind",
-           "sample_posterior"]
+           "sample_posterior", "weight_group"]
 
 
 @runtime_checkable
 class SelfEvaluatingPosterior(Protocol):
     """A posterior with a closed-form predictive that computes its own metrics, such as
     :class:`~pyro_bnnlv.infer.laplace.linearized.LinearizedLaplace` (exact Gaussian predictive): ``evaluate``
-    hands it the data instead of drawing samples. Recognised by this method, so ``stats`` need
-    not import ``infer``."""
+    hands it the data instead of drawing samples, and the plots of :mod:`pyro_bnnlv.plotting` its
+    ``predictive(x)`` (``.mean`` and ``.var``, ``(N, L)``). Recognised by these methods, so
+    ``stats`` need not import ``infer``."""
 
     def evaluate(self, x: Tensor, y: Tensor, *, level: float, y_mean: Any, y_std: Any) -> dict[str, float]: ...
+
+    def predictive(self, x: Tensor) -> Any: ...
 
 
 def sample_posterior(
@@ -155,7 +158,7 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     """Normalise posterior samples: a dict, a ``(S, P)`` weight tensor, an ``MCMC`` object or an
     ArviZ ``InferenceData`` (its ``w`` and, where present, ``z``, flat over chains)."""
     if posterior_kind(posterior) == "inference_data":
-        group = posterior.posterior
+        group = weight_group(posterior, required=True)
         shapes = {k: tuple(group[k].shape[2:]) for k in ("w", "z") if k in group}
         posterior = Posterior.from_any(posterior, shapes=shapes).flat()
     if hasattr(posterior, "get_samples"):
@@ -227,6 +230,21 @@ def posterior_kind(obj: Any) -> PosteriorKind:
     if callable(obj) and not isinstance(obj, (Tensor, Mapping)):
         return "guide"
     return "samples"
+
+
+def weight_group(idata: Any, required: bool = False) -> Any:
+    """The group of an InferenceData holding the weight draws ``w`` (and ``z``): ``posterior``
+    when it has ``w`` (``to_inference_data(..., weights=True)``, or an export from elsewhere),
+    else ``weights`` (:func:`~pyro_bnnlv.diagnostics.to_inference_data`'s default); ``None``, or
+    with ``required`` a ``ValueError``, when neither has."""
+    for name in ("posterior", "weights"):
+        group = getattr(idata, name, None)
+        if group is not None and "w" in group:
+            return group
+    if required:
+        raise ValueError("the InferenceData has no weight draws 'w' in its posterior or weights group; "
+                         "make it with pyro_bnnlv.to_inference_data (which stores them in 'weights')")  # fmt: skip
+    return None
 
 
 def _by_chain(samples: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
@@ -318,7 +336,7 @@ class Posterior:
             samples = posterior.get_samples(group_by_chain=True)
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))
         if kind == "inference_data":
-            group = posterior.posterior
+            group = weight_group(posterior, required=True)
             names = list(shapes) if shapes else ["w"]
             samples = {k: torch.as_tensor(group[k].values) for k in names if k in group}
             return cls(_by_chain(samples, shapes or {"w": tuple(samples["w"].shape[2:])}))

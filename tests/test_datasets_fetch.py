@@ -124,29 +124,65 @@ def test_http_mirror_on_localhost(mirror, cache):
         assert (cache / rel).read_bytes() == (REFERENCE / rel).read_bytes()
 
 
-def test_checksum_mismatch_is_refused_and_nothing_is_left(mirror, cache):
-    bad = mirror / "uci" / "yacht" / "data.txt"
-    data = bytearray(bad.read_bytes())
+def _damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
     data[100] = ord("9") if data[100] != ord("9") else ord("8")  # same size, one digit changed
-    bad.write_bytes(bytes(data))
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_mirror_file_is_named_as_damaged_and_not_retried(mirror, cache, monkeypatch):
+    bad = mirror / "uci" / "yacht" / "data.txt"
+    _damage(bad)
+    found = hashlib.sha256(bad.read_bytes()).hexdigest()
+    expected = _files("yacht")["uci/yacht/data.txt"]["sha256"]
+
+    def no_waiting(seconds):
+        raise AssertionError("a damaged local file must not be retried")
+
+    monkeypatch.setattr("time.sleep", no_waiting)
+    for how in ("argument", "environment"):
+        if how == "environment":
+            monkeypatch.setenv(MIRROR_ENV, str(mirror))
+        with pytest.raises(DatasetUnavailableError) as err:
+            fetch_dataset("yacht", cache, mirror=mirror.as_uri() if how == "argument" else None, progress=False)
+        msg = str(err.value)
+        assert f"the mirror has a damaged file {bad}" in msg
+        assert f"SHA-256 {found}, the manifest expects {expected}" in msg
+        assert f"nothing was written to {cache / 'uci' / 'yacht' / 'data.txt'}" in msg
+        # the advice does not ask for the mirror that is set
+        setting = "mirror=" if how == "argument" else f"${MIRROR_ENV}"
+        assert f"(set by {setting}) is in use: repair it" in msg and "or use a mirror" not in msg
+        assert not (cache / "uci" / "yacht" / "data.txt").exists()
+        assert all(not n.startswith("tmp") for n in _leftovers(cache))
+    missing = mirror / "uci" / "yacht" / "index_test_0.txt"
+    missing.unlink()
+    bad.write_bytes((REFERENCE / "uci" / "yacht" / "data.txt").read_bytes())
+    with pytest.raises(DatasetUnavailableError, match=f"the mirror has no file {missing}"):
+        fetch_dataset("yacht", cache, progress=False)
+
+
+def test_damaged_cache_file_is_named_with_download_false(mirror, cache):
+    fetch_dataset("yacht", cache, mirror=mirror.as_uri(), progress=False)
+    target = cache / "uci" / "yacht" / "data.txt"
+    _damage(target)
+    found = hashlib.sha256(target.read_bytes()).hexdigest()
     with pytest.raises(DatasetUnavailableError) as err:
-        fetch_dataset("yacht", cache, mirror=mirror.as_uri(), retries=0, progress=False)
+        load_dataset("yacht", data_dir=cache, download=False)
     msg = str(err.value)
-    assert "uci/yacht/data.txt" in msg and "does not match the known hash" in msg
-    assert str(cache / "uci" / "yacht" / "data.txt") in msg
-    assert _files("yacht")["uci/yacht/data.txt"]["sha256"] in msg
-    assert not (cache / "uci" / "yacht" / "data.txt").exists()
-    assert all(not n.startswith("tmp") for n in _leftovers(cache))  # pooch's temp file removed
+    assert f"1 damaged; first: {target}, damaged: SHA-256 {found}, the manifest expects" in msg
+    assert "delete a damaged file, or call with download=True" in msg
+    load_dataset("yacht", data_dir=cache, mirror=mirror)  # fetched again from the mirror
+    assert target.read_bytes() == (REFERENCE / "uci" / "yacht" / "data.txt").read_bytes()
 
 
 def test_interrupted_download_leaves_no_file(mirror, cache, monkeypatch):
     def dies_halfway(url, output_file, pooch_obj, check_only=False):
         Path(output_file).write_bytes(b"1 2 3\n")
-        raise ConnectionResetError("connection lost")
+        raise OSError("disk went away")
 
-    monkeypatch.setattr(fetch, "_file_url_downloader", dies_halfway)
-    with pytest.raises(DatasetUnavailableError, match="connection lost"):
-        fetch_dataset("yacht", cache, mirror=mirror.as_uri(), retries=0, progress=False)
+    monkeypatch.setattr(fetch, "_downloader", lambda url: dies_halfway)
+    with pytest.raises(DatasetUnavailableError, match="disk went away"):
+        fetch_dataset("yacht", cache, mirror=_closed_port_url(), retries=0, progress=False)
     assert _leftovers(cache) == []  # neither the target nor pooch's temporary file
 
 
@@ -171,23 +207,82 @@ def test_cache_is_reused_without_network(mirror, cache):
     assert dataset_status(["yacht", "boston"], data_dir=cache)["cached"].tolist() == ["yes", "no"]
 
 
-def test_offline_error_names_url_cache_path_and_manual_placement(cache):
+def test_unreachable_mirror_error_names_url_cache_path_and_manual_placement(cache, monkeypatch):
     url = _closed_port_url()
+    monkeypatch.setenv(MIRROR_ENV, url)
     with pytest.raises(DatasetUnavailableError) as err:
-        fetch_dataset("mcycle", cache, mirror=url, retries=0, progress=False)
+        fetch_dataset("mcycle", cache, progress=False)
     msg = str(err.value)
-    assert f"{url}hetero/mcycle.csv" in msg
+    assert f"cannot connect to {url[7:-1]} to fetch 'hetero/mcycle.csv' (ConnectionRefusedError" in msg
+    assert f"Tried {url}hetero/mcycle.csv once" in msg
     assert str(cache / "hetero" / "mcycle.csv") in msg
-    assert "by hand" in msg and DATA_DIR_ENV in msg and MIRROR_ENV in msg and "ConnectionError" in msg
+    assert "by hand" in msg and DATA_DIR_ENV in msg
+    assert f"The mirror {url} (set by ${MIRROR_ENV}) is in use: repair it, or unset ${MIRROR_ENV}" in msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__
     assert isinstance(err.value, FileNotFoundError)
     with pytest.raises(DatasetUnavailableError, match="download=False"):
         load_dataset("mcycle", data_dir=cache, download=False)
 
 
+def _offline(monkeypatch) -> list[str]:
+    """requests.get as on a machine without network: the name does not resolve (the exception
+    chain requests builds: ConnectionError <- MaxRetryError <- NameResolutionError <- gaierror).
+    Returns the list of URLs tried."""
+    import requests
+    import urllib3
+
+    tried: list[str] = []
+
+    def get(url, *args, **kwargs):
+        tried.append(url)
+        try:
+            try:
+                raise socket.gaierror(-3, "Temporary failure in name resolution")
+            except socket.gaierror as gai:
+                raise urllib3.exceptions.NameResolutionError(url, None, gai) from gai
+        except urllib3.exceptions.NameResolutionError as nre:
+            pool = urllib3.exceptions.MaxRetryError(None, url, nre)
+            raise requests.exceptions.ConnectionError(pool) from pool
+
+    monkeypatch.setattr(requests, "get", get)
+    return tried
+
+
+def test_no_network_fails_at_once_with_one_message(cache, monkeypatch):
+    import time
+    import traceback
+
+    tried = _offline(monkeypatch)
+    start = time.perf_counter()
+    with pytest.raises(DatasetUnavailableError) as err:
+        load_dataset("yacht", data_dir=cache)  # default retries=3: a connection failure is not retried
+    assert time.perf_counter() - start < 1.0
+    assert len(tried) == 1  # one file, one attempt: the other files are not tried
+    msg = str(err.value)
+    assert msg.startswith("data set 'yacht': cannot connect to raw.githubusercontent.com to fetch 'uci/")
+    assert "(gaierror: [Errno -3] Temporary failure in name resolution)" in msg
+    assert "is this machine offline?" in msg and "not retried" in msg
+    # no mirror is set, so the advice offers one (and the other ways)
+    assert f"load_dataset('yacht', mirror=...), ${MIRROR_ENV}" in msg and DATA_DIR_ENV in msg
+    text = "".join(traceback.format_exception(err.value))
+    assert text.count("Traceback") == 1 and "During handling" not in text and "direct cause" not in text
+
+
+def test_load_dataset_and_load_split_take_a_mirror(mirror, cache):
+    got = load_dataset("yacht", split=2, data_dir=cache, mirror=mirror)
+    ref = load_dataset("yacht", split=2)
+    assert torch.equal(got.x_train, ref.x_train) and torch.equal(got.y_test, ref.y_test)
+    from pyro_bnnlv.datasets import load_split
+
+    other = tmp = cache.parent / "cache2"
+    assert load_split("yacht", 1, data_dir=other, mirror=mirror.as_uri()).split == 1
+    assert sum(load_dataset("mcycle", data_dir=tmp, mirror=str(mirror)).sizes) == 133
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown real data set 'cosine'"):
         fetch_dataset("cosine")
-    with pytest.raises(ValueError, match="retries must be a non-negative integer"):
+    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
         fetch_dataset("yacht", retries=-1)
 
 

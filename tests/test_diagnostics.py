@@ -16,6 +16,7 @@ from pyro_bnnlv.diagnostics import (
     weight_labels,
 )
 from pyro_bnnlv.infer.mcmc import run_nuts
+from pyro_bnnlv.posterior import Posterior
 
 az = pytest.importorskip("arviz")
 
@@ -35,26 +36,33 @@ def test_inference_data_groups_dims_and_shapes(linreg_run):
     model, x, y, mcmc = linreg_run
     x_eval = torch.linspace(-2, 2, 4).unsqueeze(-1)
     idata = to_inference_data(model, mcmc, x, y, x_eval=x_eval, seed=0)
-    for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data",
+    for group in ("posterior", "weights", "posterior_predictive", "log_likelihood", "observed_data",
                   "constant_data", "sample_stats"):  # fmt: skip
         assert hasattr(idata, group), group
     post = idata.posterior
-    assert post["w"].dims == ("chain", "draw", "weight") and post["w"].shape == (2, 150, 2)
-    assert list(post["w"].coords["weight"].values) == ["l0.W[0,0]", "l0.b[0]"]
-    assert post["f"].dims == ("chain", "draw", "data") and post["f"].shape == (2, 150, 30)
-    assert post["f_eval"].dims == ("chain", "draw", "eval_point") and post["f_eval"].shape == (2, 150, 4)
+    # the posterior group is what az.plot_trace / az.summary read: f at a few inputs, no weights
+    assert list(post.data_vars) == ["f"]
+    assert post["f"].dims == ("chain", "draw", "eval_point") and post["f"].shape == (2, 150, 4)
+    np.testing.assert_allclose(post["f"].coords["eval_point"].values, x_eval[:, 0].numpy(), rtol=1e-4)
+    w_group = idata.weights
+    assert w_group["w"].dims == ("chain", "draw", "weight") and w_group["w"].shape == (2, 150, 2)
+    assert list(w_group["w"].coords["weight"].values) == ["l0.W[0,0]", "l0.b[0]"]
     assert idata.posterior_predictive["obs"].shape == (2, 150, 30)
     assert idata.log_likelihood["obs"].dims == ("chain", "draw", "data")
     assert idata.observed_data["obs"].shape == (30,)
     assert idata.constant_data["x"].dims == ("data", "input")
+    assert idata.constant_data["x_eval"].dims == ("eval_point", "input")
+    assert idata.posterior.attrs["noise_scale"] == pytest.approx(0.3)
     stats = idata.sample_stats
     assert stats["diverging"].dtype == bool and stats["n_steps"].shape == (2, 150)
     assert (stats["n_steps"] >= 1).all() and "lp" in stats and "acceptance_rate" in stats
 
     # the values are what they claim to be
     w = mcmc.get_samples(group_by_chain=True)["w"]
+    np.testing.assert_allclose(w_group["w"].values, w.double().numpy())
+    f_eval = (x_eval[:, 0] * w[..., :1] + w[..., 1:]).double().numpy()
+    np.testing.assert_allclose(post["f"].values, f_eval, rtol=1e-5, atol=1e-5)
     f = (x[:, 0] * w[..., :1] + w[..., 1:]).double().numpy()
-    np.testing.assert_allclose(post["f"].values, f, rtol=1e-5, atol=1e-5)
     ll = torch.distributions.Normal(torch.as_tensor(f), 0.3).log_prob(y.double()).numpy()
     np.testing.assert_allclose(idata.log_likelihood["obs"].values, ll, rtol=1e-5, atol=1e-5)
     resid = idata.posterior_predictive["obs"].values - f
@@ -68,6 +76,40 @@ def test_inference_data_groups_dims_and_shapes(linreg_run):
     assert loo.elpd_loo == pytest.approx(waic.elpd_waic, abs=1.0)
 
 
+def test_default_inference_data_is_what_arviz_plots_and_summarises(linreg_run):
+    """Without x_eval, f at num_points training inputs spanning x's range; az.summary has one row
+    per f value, az.plot_trace one panel row; weights=True puts w back in the posterior."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model, x, y, mcmc = linreg_run
+    idata = to_inference_data(model, mcmc, x, y, num_points=3)
+    xs = idata.constant_data["x_eval"].values[:, 0]
+    np.testing.assert_allclose(xs, np.sort(x[:, 0].numpy())[[0, 14, 29]])  # min, middle, max of x
+    w = mcmc.get_samples(group_by_chain=True)["w"].double().numpy()
+    np.testing.assert_allclose(idata.posterior["f"].values, xs * w[..., :1] + w[..., 1:], rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ's notices on small samples
+        table = az.summary(idata)
+    assert list(table.index) == [f"f[{v:.4g}]" for v in xs]  # rows named by the input value
+    axes = az.plot_trace(idata)
+    assert axes.shape == (1, 2)
+    plt.close("all")
+    full = to_inference_data(model, mcmc, x, y, num_points=3, weights=True)
+    assert set(full.posterior.data_vars) == {"f", "w"} and not hasattr(full, "weights")
+    # every reader takes the weights from either group
+    for form in (idata, full):
+        assert Posterior.from_any(form).draws["w"].shape == (2, 150, 2)
+        assert posterior_summary(form).loc["w: worst of 2", "r_hat"] < 1.1
+    a = pb.evaluate(model, idata, x, y, y_mean=0.0, y_std=1.0)
+    b = pb.evaluate(model, full, x, y, y_mean=0.0, y_std=1.0)
+    assert dict(a) == pytest.approx(dict(b))
+    with pytest.raises(ValueError, match="no weight draws 'w' in its posterior or weights group"):
+        pb.evaluate(model, az.from_dict(posterior={"f": np.zeros((1, 5, 3))}), x, y, y_mean=0.0, y_std=1.0)
+
+
 def test_inference_data_from_guides_restarts_and_samples(linreg_run):
     model, x, y, mcmc = linreg_run
     guides = []
@@ -76,16 +118,16 @@ def test_inference_data_from_guides_restarts_and_samples(linreg_run):
         pb.fit_svi(model, guide, x, y, num_steps=100, lr=0.05, seed=seed, progress=False)
         guides.append(guide)
     one = to_inference_data(model, guides[0], x, y, num_samples=50, seed=0)
-    assert one.posterior["w"].shape == (1, 50, 2)
+    assert one.weights["w"].shape == (1, 50, 2)
     two = to_inference_data(model, guides, x, y, num_samples=40, seed=0)
-    assert two.posterior["w"].shape == (2, 40, 2)
+    assert two.weights["w"].shape == (2, 40, 2)
     assert not hasattr(two, "sample_stats")
 
     s = mcmc.get_samples()
-    assert to_inference_data(model, s, x, y).posterior["w"].shape == (1, 300, 2)
-    assert to_inference_data(model, s["w"], x, y).posterior["w"].shape == (1, 300, 2)
+    assert to_inference_data(model, s, x, y).weights["w"].shape == (1, 300, 2)
+    assert to_inference_data(model, s["w"], x, y).weights["w"].shape == (1, 300, 2)
     grouped = mcmc.get_samples(group_by_chain=True)
-    assert to_inference_data(model, grouped, x, y).posterior["w"].shape == (2, 150, 2)
+    assert to_inference_data(model, grouped, x, y).weights["w"].shape == (2, 150, 2)
     with pytest.raises(ValueError, match="shape"):
         to_inference_data(model, {"w": torch.zeros(10, 5)}, x, y)
     with pytest.raises(TypeError, match="posterior"):
@@ -100,17 +142,22 @@ def test_inference_data_with_latent_inputs_and_multiple_outputs():
     model = LatentBNN(pb.MLP(2, [3], 1), latent_dim=1)
     P = model.net.num_weights
     samples = {"w": torch.randn(2, 10, P), "z": torch.randn(2, 10, 8, 1)}
-    idata = to_inference_data(model, samples, x, y, seed=0)
-    assert idata.posterior["z"].dims == ("chain", "draw", "data", "latent_dim")
-    assert idata.posterior["z"].shape == (2, 10, 8, 1)
+    idata = to_inference_data(model, samples, x, y, seed=0, num_points=8)
+    assert idata.weights["z"].dims == ("chain", "draw", "data", "latent_dim")
+    assert idata.weights["z"].shape == (2, 10, 8, 1)
+    assert list(idata.posterior.data_vars) == ["f"]
     xz = torch.cat([x.expand(2, 10, 8, 1), samples["z"]], -1)
     f = model.net(xz.reshape(20, 8, 2), samples["w"].reshape(20, P)).reshape(2, 10, 8)
-    np.testing.assert_allclose(idata.posterior["f"].values, f.double().numpy(), rtol=1e-5, atol=1e-5)
+    order = torch.argsort(x[:, 0])  # 8 of 8 points: all of them, in the order of x
+    np.testing.assert_allclose(idata.posterior["f"].values, f[..., order].double().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="x_eval needs a model with f\\(x, w\\) and no local latent"):
+        to_inference_data(model, samples, x, y, x_eval=x[:2])
 
     multi = pb.BNN(pb.MLP(1, [3], 2), noise_scale=0.5)
     y2 = torch.randn(8, 2)
     idata = to_inference_data(multi, {"w": torch.randn(5, multi.net.num_weights)}, x, y2)
-    assert idata.posterior["f"].dims == ("chain", "draw", "data", "output")
+    assert idata.posterior["f"].dims == ("chain", "draw", "eval_point", "output")
+    assert idata.posterior["f"].shape == (1, 5, 5, 2)
     assert idata.log_likelihood["obs"].shape == (1, 5, 8)
     assert idata.posterior_predictive["obs"].shape == (1, 5, 8, 2)
 
@@ -124,7 +171,7 @@ def test_posterior_summary_reports_function_space_first(linreg_run):
     assert "log_lik (sum over obs)" in table.index and "lp (log joint)" in table.index
     assert {"w: median over 2", "w: worst of 2"} <= set(table.index)
     assert (table.r_hat < 1.1).all() and (table.ess_bulk > 50).all()
-    f0 = idata.posterior["f_eval"].values[..., 1]
+    f0 = idata.posterior["f"].values[..., 1]
     assert table.loc["f(x=0)", "mean"] == pytest.approx(f0.mean())
     per = posterior_summary(to_inference_data(model, mcmc, x, y), per_weight=True, num_points=3)
     assert (per.kind == "f").sum() == 3 and (per.kind == "w").sum() == 2

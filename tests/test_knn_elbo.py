@@ -49,7 +49,7 @@ def test_hypernet_guide_samples_work_with_predictive_evaluate_and_arviz():
     metrics = pb.evaluate(model, samples, x, y)
     assert math.isfinite(metrics["test_ll"])
     idata = pb.to_inference_data(model, guide, x, y, num_samples=50, seed=0)
-    assert idata.posterior["w"].shape == (1, 50, 3)
+    assert idata.weights["w"].shape == (1, 50, 3)
     assert guide.median()["w"].shape == (3,)
 
 

@@ -345,7 +345,7 @@ def test_guide_works_with_predictive_sample_posterior_evaluate_and_arviz(structu
     metrics = pb.evaluate(model, samples, data.x_test, data.y_test)
     assert metrics.notna().all() and math.isfinite(metrics["test_ll"])
     idata = to_inference_data(model, guide, data.x_train, data.y_train, num_samples=20, seed=0)
-    assert idata.posterior["w"].shape[:2] == (1, 20)
+    assert idata.weights["w"].shape[:2] == (1, 20)
     # reload: same buffers, same draws
     clone = LaplaceGuide(la.w_map.float(), **({"scale": guide.scale} if structure == "diag" else
                                               {"scale_tril": guide.scale_tril, "indices": guide.indices}))  # fmt: skip

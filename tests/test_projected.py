@@ -38,7 +38,7 @@ def test_w_is_the_deterministic_projection_of_z_and_phi():
     assert Predictive(model, guide=guide, num_samples=4, parallel=True)(x)["obs"].shape == (4, 40)
     assert torch.isfinite(torch.tensor(pb.evaluate(model, s, x, y).to_numpy())).all()
     idata = pb.to_inference_data(model, s, x, y)
-    assert idata.posterior["w"].shape == (1, 6, model.net.num_weights)
+    assert idata.weights["w"].shape == (1, 6, model.net.num_weights)
     # vectorised particles: the ELBO of 8 particles averages single-particle ELBOs' scale
     assert abs(Trace_ELBO(num_particles=8, vectorize_particles=True).loss(model, guide, x, y)) < 1e7
 

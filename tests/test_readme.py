@@ -62,7 +62,7 @@ def test_readme_nuts_section_runs(tmp_path, monkeypatch):
     exec(compile(block.replace("seed=0)", "seed=0, progress=False, max_tree_depth=5)"),
                  "guide NUTS", "exec"), namespace)  # fmt: skip
     idata = namespace["idata"]
-    assert idata.posterior["w"].shape[:2] == (2, 30)
+    assert idata.weights["w"].shape[:2] == (2, 30)
     assert "log_likelihood" in idata.groups()
 
 

@@ -109,11 +109,11 @@ summary = posterior_summary(idata_nuts)
 print(summary.round(3).to_string())
 
 # %%
-axes = az.plot_trace(idata_nuts, var_names=["f_eval"], compact=True)
+axes = az.plot_trace(idata_nuts, compact=True)
 plt.gcf().tight_layout()
 plt.gcf().savefig(OUT / "nuts_trace_f.png", dpi=80)
 plt.close("all")
-axes = az.plot_rank(idata_nuts, var_names=["f_eval"])
+axes = az.plot_rank(idata_nuts)
 plt.gcf().tight_layout()
 plt.gcf().savefig(OUT / "nuts_rank_f.png", dpi=80)
 plt.close("all")

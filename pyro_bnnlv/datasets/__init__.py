@@ -65,7 +65,9 @@ def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
             PBP / MC-dropout train/test splits (0-based; 20 per set, protein 5). Others:
             ``standardize`` (default ``True`` for real sets, ``False`` for synthetic ones),
             ``sizes`` (synthetic train/valid/test sizes), ``valid_fraction`` (UCI),
-            ``fractions`` (the random-split sets), ``data_dir``, ``download``.
+            ``fractions`` (the random-split sets); for the real sets ``data_dir``, ``download``
+            and ``mirror`` (a URL or directory in the data directory's layout to download from,
+            instead of ``$PYRO_BNNLV_MIRROR`` or the public source).
 
     The returned :class:`Dataset` records ``split`` and ``seed`` (shown by its ``repr``).
     Example: ``load_dataset("yacht", split=3, seed=0)`` is the fourth standard split with the
@@ -109,7 +111,7 @@ def load_split(name: str, index: int, **options) -> Dataset:
     if clash:
         raise ValueError(f"load_split chooses {sorted(clash)} from index={index}; leave them out of the options")
     if key in UCI_FOLDERS:
-        n = uci_num_splits(key, options.get("data_dir"), options.get("download", True))
+        n = uci_num_splits(key, options.get("data_dir"), options.get("download", True), options.get("mirror"))
         if index >= n:
             raise ValueError(f"{key} has {n} standard train/test splits (0..{n - 1}); index={index} is past them")
         return load_dataset(key, seed=index, split=index, **options)

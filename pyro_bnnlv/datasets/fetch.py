@@ -13,14 +13,21 @@ else the user cache ``~/.cache/pyro_bnnlv``; see :func:`~pyro_bnnlv.datasets.bas
 and matches its checksum; a missing or damaged file is downloaded again. Downloads go through
 `pooch <https://www.fatiando.org/pooch>`_: each file is streamed to a temporary file in the target
 folder, its hash checked, and only then renamed into place, so an interrupted download never leaves
-a file that passes; transient failures are retried (``retries``, default 3).
+a file that passes; transient failures (an HTTP error, a remote file that arrives damaged) are
+retried (``retries``, default 3). A failed connection is not: without network the first file
+fails at once with one message (what was tried, and the offline ways below).
 
 Files that are not byte-identical to a public file (the header line of airfoil and abalone dropped,
 LIDAR rewritten as CSV, motorcycle without R's row names, abalone's one-hot ``data.txt``) are
 rebuilt from their public source by a small documented recipe and the *result* is checked against
 the reference hash. A mirror (``mirror=`` or ``$PYRO_BNNLV_MIRROR``; an ``http(s)://`` or
 ``file://`` URL or a local directory) holds the data directory's own layout
-(``<mirror>/uci/yacht/data.txt``) and serves every file as is.
+(``<mirror>/uci/yacht/data.txt``) and serves every file as is; a local mirror's file is checked
+before it is copied, and one with the wrong checksum is reported as damaged (its path, the
+expected and the found SHA-256), not retried.
+
+Offline, the data directory can also be filled by hand (copy the files in that layout to it, or
+point ``data_dir=`` / ``$PYRO_BNNLV_DATA`` at a directory that has them).
 """
 
 from __future__ import annotations
@@ -31,16 +38,19 @@ import hashlib
 import io
 import json
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import pandas as pd
 
+from .._checks import check_int
 from .base import DATA_DIR_ENV, default_data_dir
 
 __all__ = [
@@ -96,20 +106,23 @@ def _sha256(path: Path) -> str:
 _VERIFIED: dict[Path, tuple[int, int]] = {}
 
 
-def _is_valid(path: Path, entry: dict) -> bool:
+def _file_problem(path: Path, entry: dict) -> str | None:
+    """``None`` when ``path`` has the manifest entry's size and SHA-256; else what is wrong with it
+    (``"missing"``, or ``"damaged: ..."`` with the found and the expected size or hash)."""
     try:
         st = path.stat()
     except OSError:
-        return False
+        return "missing"
     if st.st_size != entry["size"]:
-        return False
+        return f"damaged: {st.st_size} bytes, the manifest expects {entry['size']}"
     key = (st.st_size, st.st_mtime_ns)
     if _VERIFIED.get(path) == key:
-        return True
-    if _sha256(path) != entry["sha256"]:
-        return False
+        return None
+    found = _sha256(path)
+    if found != entry["sha256"]:
+        return f"damaged: SHA-256 {found}, the manifest expects {entry['sha256']}"
     _VERIFIED[path] = key
-    return True
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +174,7 @@ RECIPES: dict[str, Callable[[bytes], bytes]] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _file_url_downloader(url: str, output_file: str, pooch_obj, check_only: bool = False) -> bool | None:
+def _file_url_downloader(url: str, output_file: str, pooch_obj: Any, check_only: bool = False) -> bool | None:
     """A pooch downloader for ``file://`` URLs (pooch itself handles http(s), ftp, sftp, doi)."""
     source = Path(url2pathname(urlparse(url).path))
     if check_only:
@@ -172,33 +185,102 @@ def _file_url_downloader(url: str, output_file: str, pooch_obj, check_only: bool
     return None
 
 
-def _hand_placement(name: str, root: Path) -> str:
-    return (
+class _Unreachable(Exception):
+    """A connection that failed. pooch retries only ``ValueError`` and ``RequestException``, so
+    this one ends the download at once (a machine without network gains nothing from waiting)."""
+
+
+def _downloader(url: str) -> Callable:
+    """pooch's downloader for ``url`` with a failed connection (refused, no route, name not
+    resolved, timed out while connecting) turned into :class:`_Unreachable`."""
+    import requests
+    from pooch.downloaders import choose_downloader
+
+    inner = _file_url_downloader if url.startswith("file://") else choose_downloader(url, progressbar=False)
+
+    def download(url: str, output_file: Any, pooch_obj: Any, check_only: bool = False) -> Any:
+        try:
+            return inner(url, output_file, pooch_obj, check_only=check_only)
+        except (requests.exceptions.ConnectionError, ConnectionError, socket.gaierror, socket.timeout) as err:
+            raise _Unreachable(_root_cause(err)) from None
+
+    return download
+
+
+def _root_cause(err: BaseException) -> str:
+    """``"Type: message"`` of the innermost exception of a chain (requests wraps urllib3 wraps socket)."""
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = err.__cause__ or err.__context__ or getattr(err, "reason", None)
+        if not isinstance(inner, BaseException):
+            args = [a for a in getattr(err, "args", ()) if isinstance(a, BaseException)]
+            inner = args[0] if args else None
+        if inner is None:
+            break
+        err = inner
+    return f"{type(err).__name__}: {err}"
+
+
+def _advice(name: str, root: Path, mirror: tuple[str, str] | None) -> str:
+    """What to do when a file cannot be obtained: fill the data directory by hand, point at one
+    that has the files, or use a mirror; with a mirror set (``(url, "mirror=" or
+    "$PYRO_BNNLV_MIRROR")``), how to fix or leave out that one instead of setting it again."""
+    by_hand = (
         f"To place the files by hand, copy the data set's files to {root} in the layout of the "
         f"reference data directory (uci/<folder>/, uci_extra/<name>/, hetero/; the manifest "
         f"pyro_bnnlv/datasets/manifest.json lists every path and SHA-256), or point data_dir= or "
-        f"${DATA_DIR_ENV} at a directory that has them, or set ${MIRROR_ENV} (CLI: "
-        f"pyro-bnnlv datasets --download {name} --mirror URL) to a mirror with that layout."
+        f"${DATA_DIR_ENV} at a directory that has them"
     )
+    if mirror is None:
+        return (by_hand + f", or use a mirror in that layout (a URL or a directory): "
+                f"load_dataset({name!r}, mirror=...), ${MIRROR_ENV}, or the CLI's "
+                f"pyro-bnnlv datasets --download {name} --mirror URL.")  # fmt: skip
+    url, origin = mirror
+    leave_out = "leave out mirror=" if origin == "mirror=" else f"unset ${MIRROR_ENV}"
+    return (by_hand + f". The mirror {url} (set by {origin}) is in use: repair it, or {leave_out} "
+            "to download from the public sources.")  # fmt: skip
 
 
-def _download(url: str, rel: str, known_hash: str | None, root: Path, retries: int, name: str) -> Path:
-    """Download ``url`` to ``root / rel`` with pooch (atomic, hash-checked, retried)."""
+def _download(url: str, rel: str, known_hash: str | None, root: Path, retries: int, name: str,
+              mirror: tuple[str, str] | None) -> Path:  # fmt: skip
+    """Download ``url`` to ``root / rel`` with pooch (atomic, hash-checked, retried unless the
+    connection fails)."""
     import pooch
     import requests
 
     pup = pooch.create(path=root, base_url="", registry={rel: known_hash}, urls={rel: url},
                        retry_if_failed=retries)  # fmt: skip
-    downloader = _file_url_downloader if url.startswith("file://") else None
+    where = f"Cache path: {root / rel}" + (f" (expected SHA-256 {known_hash}). " if known_hash else ". ")
     try:
-        return Path(pup.fetch(rel, downloader=downloader))
+        return Path(pup.fetch(rel, downloader=_downloader(url)))
+    except _Unreachable as err:
+        host = urlparse(url).netloc or url
+        raise DatasetUnavailableError(
+            f"data set {name!r}: cannot connect to {host} to fetch {rel!r} ({err}); is this "
+            f"machine offline? Tried {url} once (a failed connection is not retried). "
+            + where + _advice(name, root, mirror)
+        ) from None
     except (OSError, ValueError, requests.exceptions.RequestException) as err:
         raise DatasetUnavailableError(
             f"could not fetch {rel!r} of data set {name!r} from {url} "
-            f"({type(err).__name__}: {err}). Cache path: {root / rel}"
-            + (f" (expected SHA-256 {known_hash}). " if known_hash else ". ")
-            + _hand_placement(name, root)
-        ) from err
+            f"({type(err).__name__}: {err}). " + where + _advice(name, root, mirror)
+        ) from None
+
+
+def _copy_from_local_mirror(source: Path, rel: str, entry: dict, root: Path, name: str,
+                            mirror: tuple[str, str]) -> None:  # fmt: skip
+    """Copy a local mirror's file into the data directory once its checksum is right; a missing
+    or damaged file is reported as such, without retries (it would not change)."""
+    problem = _file_problem(source, entry)
+    if problem is not None:
+        what = "has no file" if problem == "missing" else "has a damaged file"
+        raise DatasetUnavailableError(
+            f"data set {name!r}: the mirror {what} {source} for {rel!r} ({problem}); nothing was "
+            f"written to {root / rel}. Replace it with a good copy (manifest SHA-256 "
+            f"{entry['sha256']}, {entry['size']} bytes). " + _advice(name, root, mirror)
+        )
+    _write_atomic(root / rel, source.read_bytes())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -213,11 +295,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: str | None, retries: int) -> None:
+def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: tuple[str, str] | None,
+                retries: int) -> None:  # fmt: skip
     spec = _dataset(name)
     path = root / rel
     if mirror is not None:
-        _download(mirror + rel, rel, entry["sha256"], root, retries, name)
+        url = mirror[0] + rel
+        if url.startswith("file://"):
+            _copy_from_local_mirror(Path(url2pathname(urlparse(url).path)), rel, entry, root, name, mirror)
+        else:
+            _download(url, rel, entry["sha256"], root, retries, name, mirror)
         return
     if "content" in entry:  # a tiny file written for the uniform loader (column indices)
         data = entry["content"].encode("ascii")
@@ -229,14 +316,14 @@ def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: str | None
             data = RECIPES[entry["derive"]](raw_path.read_bytes())
         else:  # the public file goes to .raw/ and is removed once the recipe has run
             where = entry["url"]
-            raw_path = _download(where, f".raw/{rel}", None, root, retries, name)
+            raw_path = _download(where, f".raw/{rel}", None, root, retries, name, None)
             try:
                 data = RECIPES[entry["derive"]](raw_path.read_bytes())
             finally:
                 raw_path.unlink(missing_ok=True)
     else:
         url = entry.get("url") or spec["url_base"] + rel.rsplit("/", 1)[-1]
-        _download(url, rel, entry["sha256"], root, retries, name)
+        _download(url, rel, entry["sha256"], root, retries, name, None)
         return
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
@@ -244,7 +331,7 @@ def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: str | None
             f"{rel!r} of data set {name!r} rebuilt from {where} with recipe "
             f"{entry.get('derive')!r} has SHA-256 {digest}, expected {entry['sha256']}: the "
             f"source changed or the download is damaged; nothing was written. Cache path: "
-            f"{path}. " + _hand_placement(name, root)
+            f"{path}. " + _advice(name, root, None)
         )
     _write_atomic(path, data)
 
@@ -264,27 +351,32 @@ def fetch_dataset(
     network (an existing directory in the ``../shared/data`` layout keeps working). A missing,
     truncated or altered file is downloaded again from ``mirror`` (else ``$PYRO_BNNLV_MIRROR``,
     else its public source) when ``download`` is true, else :class:`DatasetUnavailableError` is
-    raised. ``retries`` is how many times pooch retries a failed download (waiting 1, 2, ... s).
+    raised, naming the damaged files (found and expected hash). ``retries`` is how many times pooch
+    retries a failed download (waiting 1, 2, ... s); a failed connection and a damaged file of a
+    local mirror are not retried.
     """
     spec = _dataset(name)
-    if not (isinstance(retries, int) and retries >= 0):
-        raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
+    retries = check_int(retries, "retries", minimum=0)
     root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
     files: dict[str, dict] = spec["files"]
     # files derived from another file of the set come after it
     order = sorted(files, key=lambda rel: "derive_from" in files[rel])
-    missing = [rel for rel in order if not _is_valid(root / rel, files[rel])]
-    if not missing:
+    problems = {rel: p for rel in order if (p := _file_problem(root / rel, files[rel])) is not None}
+    if not problems:
         return root
+    origin = "mirror="
+    if mirror is None and os.environ.get(MIRROR_ENV):
+        mirror, origin = os.environ[MIRROR_ENV], f"${MIRROR_ENV}"
+    chosen = (_mirror_url(mirror), origin) if mirror is not None else None
     if not download:
+        first, problem = next(iter(problems.items()))
+        damaged = sum(p != "missing" for p in problems.values())
+        fix = (" (delete a damaged file, or call with download=True to fetch it again)" if damaged else "")
         raise DatasetUnavailableError(
-            f"data set {name!r}: {len(missing)} of {len(files)} files missing or with a wrong "
-            f"checksum under {root} (first: {root / missing[0]}) and download=False. "
-            + _hand_placement(name, root)
+            f"data set {name!r}: {len(problems)} of {len(files)} files missing or damaged under "
+            f"{root} ({damaged} damaged; first: {root / first}, {problem}) and download=False{fix}. "
+            + _advice(name, root, chosen)
         )
-    if mirror is None:
-        mirror = os.environ.get(MIRROR_ENV) or None
-    base = _mirror_url(mirror) if mirror is not None else None
     from tqdm.auto import tqdm
 
     import pooch
@@ -293,10 +385,11 @@ def fetch_dataset(
     level = logger.level
     logger.setLevel("WARNING")
     try:
-        for rel in tqdm(missing, desc=f"fetching {name}", unit="file", disable=not progress):
-            _fetch_file(name, rel, files[rel], root, base, retries)
-            if not _is_valid(root / rel, files[rel]):  # checked when written; this records it
-                raise DatasetUnavailableError(f"{root / rel} does not match the manifest after download")
+        for rel in tqdm(list(problems), desc=f"fetching {name}", unit="file", disable=not progress):
+            _fetch_file(name, rel, files[rel], root, chosen, retries)
+            problem = _file_problem(root / rel, files[rel])  # checked when written; this records it
+            if problem is not None:
+                raise DatasetUnavailableError(f"{root / rel} does not match the manifest after download ({problem})")
     finally:
         logger.setLevel(level)
     return root
@@ -309,7 +402,7 @@ def dataset_status(names: Sequence[str] | None = None, data_dir: str | os.PathLi
     for name in names if names is not None else fetchable_datasets():
         spec = _dataset(name)
         files = spec["files"]
-        ok = sum(_is_valid(root / rel, e) for rel, e in files.items())
+        ok = sum(_file_problem(root / rel, e) is None for rel, e in files.items())
         state = "yes" if ok == len(files) else ("no" if ok == 0 else f"partial {ok}/{len(files)}")
         size = sum(e["size"] for e in files.values())
         rows.append((name, state, f"{size / 1024:.0f} KiB", spec["source"], spec["licence"]))

@@ -3,8 +3,9 @@
 The directory is the ``data_dir`` argument, else ``$PYRO_BNNLV_DATA``, else ``../shared/data``
 relative to the repository root when it exists, else the user cache ``~/.cache/pyro_bnnlv``
 (:func:`~pyro_bnnlv.datasets.base.default_data_dir`). Every file is checked against the SHA-256 of
-the package manifest; missing or damaged files are downloaded on first use (``download=True``,
-mirror ``$PYRO_BNNLV_MIRROR``): :func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`.
+the package manifest; missing or damaged files are downloaded on first use (``download=True``)
+from their public source or a mirror (``mirror=``, else ``$PYRO_BNNLV_MIRROR``; a URL or a
+directory in the data directory's layout): :func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`.
 
 * UCI sets with the standard PBP / MC-dropout splits (``uci/<folder>/``): ``split`` selects one
   of the 20 (protein: 5) train/test partitions; ``valid_fraction`` of the training rows (a
@@ -19,6 +20,7 @@ Real data are standardised with training statistics by default.
 from __future__ import annotations
 
 import numbers
+import os
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +53,10 @@ TABLES = {
 }
 
 
-def _resolve(name: str, data_dir: str | Path | None, rel: str, download: bool) -> Path:
+def _resolve(name: str, data_dir: str | Path | None, rel: str, download: bool,
+             mirror: str | os.PathLike | None) -> Path:  # fmt: skip
     """``rel`` inside the data directory, once every file of ``name`` is there and verified."""
-    return fetch_dataset(name, data_dir, download=download) / rel
+    return fetch_dataset(name, data_dir, download=download, mirror=mirror) / rel
 
 
 def _read_uci_matrix(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -71,11 +74,13 @@ def _train_valid(idx: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.
     return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
 
 
-def uci_num_splits(name: str, data_dir: str | Path | None = None, download: bool = True) -> int:
+def uci_num_splits(name: str, data_dir: str | Path | None = None, download: bool = True,
+                   mirror: str | os.PathLike | None = None) -> int:  # fmt: skip
     """How many standard splits the UCI set ``name`` has (20; protein 5)."""
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
-    return int(np.loadtxt(_resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download) / "n_splits.txt"))
+    folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download, mirror)
+    return int(np.loadtxt(folder / "n_splits.txt"))
 
 
 def load_uci(
@@ -86,14 +91,16 @@ def load_uci(
     standardize: bool = True,
     data_dir: str | Path | None = None,
     download: bool = True,
+    mirror: str | os.PathLike | None = None,
 ) -> Dataset:
     """A UCI set with its standard ``split`` (0-based); validation = ``valid_fraction`` of train.
 
-    Missing files are downloaded on first use unless ``download=False``."""
+    Missing files are downloaded on first use unless ``download=False``, from ``mirror`` (else
+    ``$PYRO_BNNLV_MIRROR``, else the public source)."""
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
-    folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download)
-    n_splits = uci_num_splits(name, data_dir, download)
+    folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download, mirror)
+    n_splits = uci_num_splits(name, data_dir, download, mirror)
     if isinstance(split, bool) or not isinstance(split, numbers.Integral) or not 0 <= split < n_splits:
         raise ValueError(f"split must be an integer in [0, {n_splits}) for {name} (the index of a "
                          f"standard split), got {split!r}")  # fmt: skip
@@ -117,14 +124,16 @@ def load_table(
     standardize: bool = True,
     data_dir: str | Path | None = None,
     download: bool = True,
+    mirror: str | os.PathLike | None = None,
 ) -> Dataset:
     """LIDAR, motorcycle, airfoil or abalone with a seeded random train/valid/test split.
 
-    Missing files are downloaded on first use unless ``download=False``."""
+    Missing files are downloaded on first use unless ``download=False``, from ``mirror`` (else
+    ``$PYRO_BNNLV_MIRROR``, else the public source)."""
     if name not in TABLES:
         raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(TABLES)}")
     rel, kind, description = TABLES[name]
-    path = _resolve(name, data_dir, rel, download)
+    path = _resolve(name, data_dir, rel, download, mirror)
     if kind == "csv":
         table = np.loadtxt(path, delimiter=",", skiprows=1)
         x, y = table[:, :1], table[:, 1]

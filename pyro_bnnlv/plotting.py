@@ -34,17 +34,14 @@ from torch import Tensor
 
 from ._checks import check_int, check_seed
 from ._figures import finish_figure, new_axes
-from ._protocols import RegressionModel
+from .protocols import RegressionModel
 from .datasets.base import Dataset
 from .posterior import SelfEvaluatingPosterior
 from .stats.predictive import (
-    _CHUNK_ELEMENTS,
-    _check_level,
-    _check_sample_dtype,
-    _latent_draws_option,
-    _widest_layer,
+    check_level,
     mixture_quantile,
     posterior_sample_dict,
+    predictive_chunks,
     predictive_metrics,
 )
 
@@ -86,17 +83,10 @@ def _predictive_mixture(
         model._check_dtype(x)
     samples = posterior_sample_dict(model, posterior, x, train_data=(data.x_train, data.y_train),
                                     num_samples=num_samples, seed=seed)  # fmt: skip
-    _check_sample_dtype(samples["w"], x)
-    draws = _latent_draws_option(model, latent_draws)
-    gen = None if seed is None else torch.Generator().manual_seed(seed)
-    S, N = samples["w"].shape[0], x.shape[0]
-    chunk = max(1, _CHUNK_ELEMENTS // (S * draws.get("latent_draws", 1) * _widest_layer(model, 1)))
     locs, scales = [], []
-    with torch.no_grad():
-        for start in range(0, N, chunk):
-            loc, scale = model.predictive_components(x[start:start + chunk], samples, generator=gen, **draws)
-            locs.append(loc.double())
-            scales.append(torch.as_tensor(scale, dtype=torch.float64).expand_as(loc))
+    for _, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed):
+        locs.append(loc.double())
+        scales.append(torch.as_tensor(scale, dtype=torch.float64).expand_as(loc))
     return torch.cat(locs, 1), torch.cat(scales, 1)
 
 
@@ -177,7 +167,7 @@ def plot_predictive_1d(
             "(predictive mean and interval against the observed y) and plot_calibration(model, "
             "posterior, data) (interval coverage against the nominal level), in pyro_bnnlv.plotting"
         )
-    _check_level(level)
+    check_level(level)
     num_grid = check_int(num_grid, "num_grid", minimum=2)
     seed = check_seed(seed)
     xs = [data.x_train, data.x_test] + ([data.extras["x_ood"]] if "x_ood" in data.extras else [])
@@ -243,7 +233,7 @@ def plot_predicted_vs_observed(
 
     Returns the figure.
     """
-    _check_level(level)
+    check_level(level)
     data, x, y, loc, scale = _split_mixture("plot_predicted_vs_observed", model, posterior, data, split,
                                             num_samples, seed, latent_draws)  # fmt: skip
     picp = float(predictive_metrics(y, loc, scale, level=level)["picp"])
@@ -299,7 +289,7 @@ def plot_calibration(
     if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence | np.ndarray) or len(levels) == 0:
         raise ValueError(f"levels must be a non-empty sequence of probabilities in (0, 1), got {levels!r}")
     for level in levels:
-        _check_level(level)
+        check_level(level)
     levels = sorted(float(v) for v in levels)
     data, x, y, loc, scale = _split_mixture("plot_calibration", model, posterior, data, split, num_samples,
                                             seed, latent_draws)  # fmt: skip

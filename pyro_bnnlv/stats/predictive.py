@@ -24,6 +24,8 @@ statistics) every metric is reported on the original scale of ``y``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import inspect
 import math
 import numbers
@@ -41,7 +43,9 @@ from ..posterior import SelfEvaluatingPosterior, as_sample_dict, posterior_kind,
 from ..protocols import LatentModel, RegressionModel
 
 __all__ = [
+    "check_level",
     "evaluate",
+    "predictive_chunks",
     "mixture_log_density",
     "mixture_quantile",
     "predictive_metrics",
@@ -95,7 +99,8 @@ def mixture_quantile(loc: Tensor, scale: Tensor | float, q: float, iters: int = 
     return m
 
 
-def _check_level(level: float) -> None:
+def check_level(level: float) -> None:
+    """``ValueError`` unless ``level`` is a probability in (0, 1) (a percentage gets a hint)."""
     real = isinstance(level, numbers.Real) and not isinstance(level, bool)
     if not real or not 0.0 < level < 1.0:
         hint = f" (a probability: level={level / 100:g} for a {level:g}% interval)" if (
@@ -148,7 +153,7 @@ def predictive_metrics(
     """
     if loc.dim() != 3:
         raise ValueError(f"loc must have shape (S, N, L); got {tuple(loc.shape)}")
-    _check_level(level)
+    check_level(level)
     y = y.reshape(loc.shape[1], -1).to(loc.dtype)
     if y.shape[-1] != loc.shape[-1]:
         raise ValueError(f"y has {y.shape[-1]} outputs but the predictive has {loc.shape[-1]}")
@@ -317,23 +322,15 @@ def evaluate(
         model._check_dtype(x)  # x against the model's buffers before the samples against both
     samples = posterior_sample_dict(model, posterior, x, train_data=train_data,
                                     num_samples=num_samples, seed=seed)  # fmt: skip
-    _check_sample_dtype(samples["w"], x)
-    draws = _latent_draws_option(model, latent_draws)
-    gen = None if seed is None else torch.Generator().manual_seed(seed)
-    S, N = samples["w"].shape[0], x.shape[0]  # N >= 1: model.check_data rejects an empty x
-    L = y.reshape(N, -1).shape[1]
-    chunk = max(1, _CHUNK_ELEMENTS // (S * draws.get("latent_draws", 1) * _widest_layer(model, L)))
+    N = x.shape[0]  # N >= 1: model.check_data rejects an empty x
     totals = {"test_ll": 0.0, "rmse": 0.0, "picp": 0.0, "mpiw": 0.0}
-    with torch.no_grad():
-        for start in range(0, N, chunk):
-            xc, yc = x[start:start + chunk], y[start:start + chunk]
-            loc, scale = model.predictive_components(xc, samples, generator=gen, **draws)
-            part = predictive_metrics(yc, loc, scale, level=level, y_mean=y_mean, y_std=y_std,
-                                      intervals=intervals)  # fmt: skip
-            n = xc.shape[0]
-            for key in ("test_ll", "picp", "mpiw"):
-                totals[key] += n * float(part[key])
-            totals["rmse"] += n * float(part["rmse"]) ** 2
+    for rows, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed,
+                                              outputs=y.reshape(N, -1).shape[1]):  # fmt: skip
+        part = predictive_metrics(y[rows], loc, scale, level=level, y_mean=y_mean, y_std=y_std, intervals=intervals)
+        n = rows.stop - rows.start
+        for key in ("test_ll", "picp", "mpiw"):
+            totals[key] += n * float(part[key])
+        totals["rmse"] += n * float(part["rmse"]) ** 2
     totals = {k: v / N for k, v in totals.items()}
     totals["rmse"] = math.sqrt(totals["rmse"])
     return pd.Series(totals, name="metrics")
@@ -342,6 +339,27 @@ def evaluate(
 #: Latent draws per weight sample and test input of a BNN+LV's predictive in :func:`evaluate`.
 DEFAULT_LATENT_DRAWS = 64
 _CHUNK_ELEMENTS = 2**22  # mixture components x test points per chunk of evaluate
+
+
+def predictive_chunks(
+    model: RegressionModel, samples: dict[str, Tensor], x: Tensor, *, latent_draws: int | None = None,
+    seed: int | None = None, outputs: int = 1,
+) -> Iterator[tuple[slice, Tensor, Tensor]]:  # fmt: skip
+    """The predictive mixture at ``x`` in row chunks, as :func:`evaluate` computes it: yields
+    ``(rows, loc, scale)`` with ``loc`` and ``scale`` of ``model.predictive_components`` for
+    ``x[rows]`` (``(S', n, L)``: a component per weight sample, times ``latent_draws`` latent draws
+    for a BNN+LV), each chunk holding at most about ``2**22`` components x points x widest layer.
+    One generator seeded with ``seed`` draws the latents of every chunk in turn."""
+    _check_sample_dtype(samples["w"], x)
+    draws = _latent_draws_option(model, latent_draws)
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    S, N = samples["w"].shape[0], x.shape[0]
+    chunk = max(1, _CHUNK_ELEMENTS // (S * draws.get("latent_draws", 1) * _widest_layer(model, outputs)))
+    with torch.no_grad():
+        for start in range(0, N, chunk):
+            rows = slice(start, min(start + chunk, N))
+            loc, scale = model.predictive_components(x[rows], samples, generator=gen, **draws)
+            yield rows, loc, scale
 
 
 def _widest_layer(model: Any, outputs: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -149,6 +149,53 @@ class FlatPotential:
         return pot
 
 
+class _RegressionTerms(NamedTuple):
+    """The checked constants of :func:`mlp_regression_potential`'s ``U``."""
+
+    Y: Tensor  # (N, L) targets in x's dtype
+    sigma: float
+    loc: Tensor  # (P,) prior mean
+    prec: Tensor  # (P,) prior precision
+    const: float  # every normalising constant of U
+    sites: dict[str, tuple[int, ...]]
+    zprec: Tensor | None  # (K,) latent prior precision, None without latents
+
+
+def _regression_terms(net: Any, x: Tensor, y: Tensor, prior_loc: Tensor | float, prior_scale: Tensor | float,
+                      noise_scale: Tensor | float, latent_dim: int, latent_scale: Tensor | float) -> _RegressionTerms:  # fmt: skip
+    """:func:`mlp_regression_potential`'s argument checks and constants."""
+    if not isinstance(net, MLP):
+        raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
+    if not isinstance(latent_dim, int) or latent_dim < 0:
+        raise ValueError(f"latent_dim must be a non-negative integer, got {latent_dim!r}")
+    dtype = x.dtype
+    N, K, L, P = x.shape[0], latent_dim, net.out_features, net.num_weights
+    D = net.in_features - K
+    if x.dim() != 2 or x.shape[1] != D:
+        raise ValueError(f"x must have shape (N, {D}) (net.in_features - latent_dim); got {tuple(x.shape)}")
+    if y.shape[0] != N or y.reshape(N, -1).shape[1] != L:
+        raise ValueError(f"y must have shape ({N},) or ({N}, {L}); got {tuple(y.shape)}")
+    Y = y.detach().reshape(N, L).to(dtype)
+    sigma = float(torch.as_tensor(noise_scale).detach())
+    if not sigma > 0:
+        raise ValueError(f"noise_scale must be positive, got {sigma}")
+    scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
+    loc = torch.as_tensor(prior_loc, dtype=dtype).detach().expand(P).clone()
+    if (scale <= 0).any():
+        raise ValueError("prior_scale must be positive")
+    prec = scale.pow(-2)
+    const = N * L * (math.log(sigma) + _LOG_SQRT_2PI) + float(scale.log().sum()) + P * _LOG_SQRT_2PI
+    sites: dict[str, tuple[int, ...]] = {"w": (P,)}
+    if K:
+        zscale = torch.as_tensor(latent_scale, dtype=dtype).detach().expand(K).clone()
+        if (zscale <= 0).any():
+            raise ValueError("latent_scale must be positive")
+        zprec = zscale.pow(-2)
+        const += N * (float(zscale.log().sum()) + K * _LOG_SQRT_2PI)
+        sites["z"] = (N, K)
+    return _RegressionTerms(Y, sigma, loc, prec, const, sites, zprec if K else None)
+
+
 def mlp_regression_potential(
     net: Any,
     x: Tensor,
@@ -185,36 +232,12 @@ def mlp_regression_potential(
             ``None`` (default) when it builds, ``True`` to require it (error otherwise),
             ``False`` for the Python code.
     """
-    if not isinstance(net, MLP):
-        raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
-    if not isinstance(latent_dim, int) or latent_dim < 0:
-        raise ValueError(f"latent_dim must be a non-negative integer, got {latent_dim!r}")
-    dtype = x.dtype
-    N, K, L, P = x.shape[0], latent_dim, net.out_features, net.num_weights
+    K = latent_dim
+    Y, sigma, loc, prec, const, sites, zprec = _regression_terms(net, x, y, prior_loc, prior_scale, noise_scale,
+                                                                 latent_dim, latent_scale)  # fmt: skip
+    dtype, N, P = x.dtype, x.shape[0], net.num_weights
     D = net.in_features - K
-    if x.dim() != 2 or x.shape[1] != D:
-        raise ValueError(f"x must have shape (N, {D}) (net.in_features - latent_dim); got {tuple(x.shape)}")
-    if y.shape[0] != N or y.reshape(N, -1).shape[1] != L:
-        raise ValueError(f"y must have shape ({N},) or ({N}, {L}); got {tuple(y.shape)}")
-    Y = y.detach().reshape(N, L).to(dtype)
-    sigma = float(torch.as_tensor(noise_scale).detach())
-    if not sigma > 0:
-        raise ValueError(f"noise_scale must be positive, got {sigma}")
-    scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
-    loc = torch.as_tensor(prior_loc, dtype=dtype).detach().expand(P).clone()
-    if (scale <= 0).any():
-        raise ValueError("prior_scale must be positive")
-    prec = scale.pow(-2)
     has_loc = bool((loc != 0).any())
-    const = N * L * (math.log(sigma) + _LOG_SQRT_2PI) + float(scale.log().sum()) + P * _LOG_SQRT_2PI
-    sites: dict[str, tuple[int, ...]] = {"w": (P,)}
-    if K:
-        zscale = torch.as_tensor(latent_scale, dtype=dtype).detach().expand(K).clone()
-        if (zscale <= 0).any():
-            raise ValueError("latent_scale must be positive")
-        zprec = zscale.pow(-2)
-        const += N * (float(zscale.log().sum()) + K * _LOG_SQRT_2PI)
-        sites["z"] = (N, K)
 
     inv_var = 1.0 / sigma**2
     row = net.activation_row  # value, hand-written backward, C++ code (_mlp_kernels.ACTIVATION_TABLE)

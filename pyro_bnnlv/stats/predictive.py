@@ -273,17 +273,12 @@ def evaluate(
         latent_draws: for a model whose predictive integrates latent inputs over their prior
             (BNN+LV, eq. 34): latents per weight sample and test input (default
             ``DEFAULT_LATENT_DRAWS = 64``, a randomly shifted quasi-random set; see
-            :meth:`~pyro_bnnlv.BNNLV.predictive_components`). One i.i.d. draw per weight sample
-            underestimates the test LL wherever ``f`` is steep in ``z`` (heavy-tail, an MFVI fit
-            of 3,000 steps, 500 weight samples: -2.85 with 1 draw, -2.10 to -2.15 with 64,
-            -2.07 to -2.10 with 256). It costs ``latent_draws`` times the network evaluations
-            (1,000 weight samples x 1,000 test points, 1x50: about 15 s with 64 draws, 0.5 s
-            with 1, on one core). Other models take none.
+            :meth:`~pyro_bnnlv.BNNLV.predictive_components`); one i.i.d. draw per weight sample
+            underestimates the test LL wherever ``f`` is steep in ``z``, and each draw costs one
+            more network evaluation. Other models take none.
         intervals: ``False`` skips PICP and MPIW (returned as NaN), e.g. for a validation LL.
 
-    The test points are evaluated in chunks of at most ``2**22 / (S * latent_draws * H)``
-    points (``H``: the network's widest layer): every metric is a mean over points and the latent
-    draws of a point do not depend on the chunk, so chunking changes nothing but memory.
+    The points are evaluated in chunks (:func:`predictive_chunks`), which changes nothing but memory.
     """
     seed = check_seed(seed)
     if _is_dataset(x):

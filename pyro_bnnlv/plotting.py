@@ -124,7 +124,7 @@ def _split_mixture(
 
 
 def plot_predictive_1d(
-    model: Any,
+    model: RegressionModel,
     posterior: Any,
     data: Dataset,
     path: str | Path | None = None,
@@ -198,7 +198,7 @@ def plot_predictive_1d(
 
 
 def plot_predicted_vs_observed(
-    model: Any,
+    model: RegressionModel,
     posterior: Any,
     data: Dataset,
     path: str | Path | None = None,
@@ -255,7 +255,7 @@ def plot_predicted_vs_observed(
 
 
 def plot_calibration(
-    model: Any,
+    model: RegressionModel,
     posterior: Any,
     data: Dataset,
     path: str | Path | None = None,

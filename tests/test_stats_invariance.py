@@ -1,7 +1,9 @@
 """Tests for pyro_bnnlv.stats.invariance_gap: the first-layer invariance gap (invariances paper, sec. 5,
-eq. 22-23), checked against the linear model's closed forms (models/linear.py, eq. 10, 15, 16),
+eq. 22-23), checked against the linear model's closed forms (stats/linear_closed_forms.py, eq. 10, 15, 16),
 against the paper's beta -> inf construction with B_x, and against dense-matrix KLs; and the
-later layers (eq. 25-26) against a brute-force dense computation on hand-built activations."""
+later layers (eq. 25-26) against a brute-force dense computation on hand-built activations; the
+activations P(z_{l-1}) drawn through q_mix (eq. 24, 26) against eq. 23's moments (Monte Carlo)
+and against the linear model's closed form where the two coincide."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import torch
 from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.models import linear as L
+from pyro_bnnlv.models.linear import OverparametrisedLinear
+from pyro_bnnlv.stats import linear_closed_forms as L
 from pyro_bnnlv.stats.invariance_gap import (
     first_layer_indices,
     first_layer_invariance_gap,
@@ -24,6 +27,7 @@ from pyro_bnnlv.stats.invariance_gap import (
     layer_invariance_gap,
     likelihood_factor_from_posterior,
     plot_first_layer_invariance_gap,
+    sample_qmix,
 )
 
 F64 = torch.float64
@@ -239,7 +243,7 @@ def test_validation_and_plot(tmp_path, toy_data):
     P = model.net.num_weights
     params = (torch.zeros(P), torch.full((P,), 0.1))
     with pytest.raises(ValueError, match="BNN with an MLP"):
-        first_layer_invariance_gap(L.OverparametrisedLinear(3), params, x)
+        first_layer_invariance_gap(OverparametrisedLinear(3), params, x)
     with pytest.raises(ValueError, match="no hidden layer"):
         first_layer_invariance_gap(pb.BNN(pb.MLP(1, [], 1)), (torch.zeros(2), torch.ones(2)), x)
     with pytest.raises(ValueError, match="x has 2 columns"):
@@ -336,11 +340,11 @@ def test_later_layer_matches_brute_force_on_hand_built_activations(deep_fit, lay
     for W, b in model.net.unflatten(w)[:layer]:
         h = torch.tanh(h @ W.transpose(-1, -2) + b[:, None, :])
     z = torch.cat([h, torch.ones(S, len(x), 1, dtype=F64)], -1)  # (S, N, d)
-    got_z = layer_inputs(model, guide, x, layer, num_activation_samples=S, seed=seed)
+    got_z = layer_inputs(model, guide, x, layer, num_activation_samples=S, seed=seed, activations="q0")
     assert torch.allclose(got_z, z, rtol=0, atol=1e-12)
-    df = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed)
+    df = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed, activations="q0")
     long = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed,
-                                per_input=True)  # fmt: skip
+                                per_input=True, activations="q0")  # fmt: skip
     W_loc, b_loc = model.net.unflatten(loc)[layer]
     W_sc, b_sc = model.net.unflatten(scale)[layer]
     P_loc, pb_loc = model.net.unflatten(model.prior_loc.to(F64))[layer]
@@ -366,7 +370,8 @@ def test_later_layer_matches_brute_force_on_hand_built_activations(deep_fit, lay
         assert df.kl_to_prior[j] == pytest.approx(float(kl_prior), rel=1e-8)
     assert df.attrs["num_activation_vectors"] == S * len(x)
     # another seed draws other activations (the gap is a Monte-Carlo estimate over z)
-    other = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed + 1)
+    other = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed + 1,
+                                 activations="q0")  # fmt: skip
     assert not other.gap_mean.equals(df.gap_mean)
 
 
@@ -411,9 +416,9 @@ def test_layer_validation(deep_fit):
     with pytest.raises(ValueError, match="layers contains duplicates"):
         invariance_gap_by_layer(model, params, x, layers=[1, 1])
     with pytest.raises(ValueError, match="BNN with an MLP"):
-        layer_invariance_gap(L.OverparametrisedLinear(3), params, x, 1)
+        layer_invariance_gap(OverparametrisedLinear(3), params, x, 1)
     with pytest.raises(ValueError, match="BNN with an MLP"):
-        invariance_gap_by_layer(L.OverparametrisedLinear(3), params, x)
+        invariance_gap_by_layer(OverparametrisedLinear(3), params, x)
     with pytest.raises(ValueError, match="mean-field"):
         layer_invariance_gap(model, AutoMultivariateNormal(model), x, 1)
     with pytest.raises(ValueError, match="num_activation_samples must be a positive integer"):
@@ -429,3 +434,113 @@ def test_layer_validation(deep_fit):
     assert len(layer_invariance_gap(linear, lin_params, x, 0)) == 1
     with pytest.raises(ValueError, match="no hidden layer"):
         first_layer_invariance_gap(linear, lin_params, x)
+
+
+# --- P(z_{l-1}) through q_mix (eq. 24, 26) ----------------------------------------------------
+
+
+def test_sample_qmix_draws_eq23s_gaussian():
+    """Matheron's rule in sample_qmix: the draws' mean and covariance are eq. 23's
+    (invariance_abiding_posterior) within Monte-Carlo error; a flat g_0 seen by z' gives the prior."""
+    gen = torch.Generator().manual_seed(8)
+    d, S = 4, 200_000
+    mu, s2, m, lam = _random_theta(d, gen)
+    z = torch.randn(d, generator=gen, dtype=F64)
+    w = sample_qmix(z.expand(S, d), mu, s2, m, lam, torch.Generator().manual_seed(0))
+    loc, cov = invariance_abiding_posterior(z, mu, s2, m, lam)
+    se_loc = (cov.diagonal() / S).sqrt()
+    assert ((w.mean(0) - loc).abs() < 5 * se_loc).all()
+    emp = torch.cov(w.T)
+    se_cov = ((cov.diagonal()[:, None] * cov.diagonal()[None, :] + cov**2) / S).sqrt()
+    assert ((emp - cov).abs() < 5 * se_cov).all()
+    # the draws live on the rank-one-reduced covariance: z'^T w has eq. 23's (smaller) variance
+    assert float((w @ z).var()) == pytest.approx(float(z @ cov @ z), rel=0.02)
+    assert float(z @ cov @ z) < float((s2 * z * z).sum()) - 0.1
+    lam_flat = lam.clone()
+    lam_flat[0] = math.inf
+    w = sample_qmix(z.expand(S, d), mu, s2, m, lam_flat, torch.Generator().manual_seed(0))
+    assert ((w.mean(0) - mu).abs() < 5 * (s2 / S).sqrt()).all()
+    assert torch.allclose(w.var(0), s2, rtol=0.02)
+
+
+def _random_mean_field(net, gen, prior_scale=1.0):
+    """(loc, scale) of a mean-field q_0 narrower than the prior N(0, prior_scale^2) everywhere."""
+    loc = torch.randn(net.num_weights, generator=gen, dtype=F64)
+    scale = prior_scale * (0.2 + 0.6 * torch.rand(net.num_weights, generator=gen, dtype=F64))
+    return loc, scale
+
+
+def test_layer_inputs_from_qmix_have_eq24s_moments():
+    """P(z_1) of eq. 24 for identity units: z_{1,j} = w^T [x_n, 1] with w ~ q_mix(w_{1,j}), the
+    uniform mixture over the inputs x' of eq. 23's Gaussians, so at input x_n
+    E z = mean_c loc_c^T x_n and Var z = mean_c (x_n^T cov_c x_n + (loc_c^T x_n)^2) - (E z)^2.
+    The mean-field draws (activations="q0") have other moments."""
+    gen = torch.Generator().manual_seed(9)
+    model = pb.BNN(pb.MLP(2, [3], 1, activation="identity"), prior_scale=1.0, noise_scale=0.1)
+    loc, scale = _random_mean_field(model.net, gen)
+    x = torch.randn(5, 2, generator=gen)
+    S = 20_000
+    z = layer_inputs(model, (loc, scale), x, 1, num_activation_samples=S, seed=0)
+    assert z.shape == (S, 5, 4) and (z[..., -1] == 1).all()
+    z0 = layer_inputs(model, (loc, scale), x, 1, num_activation_samples=S, seed=0, activations="q0")
+    xa = torch.cat([x, torch.ones(5, 1)], -1).to(F64)
+    idx = layer_indices(model.net, 0)
+    for j in range(3):
+        mq, v = loc[idx[j]], scale[idx[j]] ** 2
+        mu, s2 = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
+        m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
+        locs, covs = invariance_abiding_posterior(xa, mu, s2, m, lam)  # one component per x'
+        means = locs @ xa.T  # (component, input)
+        variances = torch.einsum("nd,cde,ne->cn", xa, covs, xa)
+        mean = means.mean(0)
+        var = (variances + means**2).mean(0) - mean**2
+        got = z[..., j]
+        assert ((got.mean(0) - mean).abs() < 5 * (var / S).sqrt()).all(), (got.mean(0), mean)
+        assert torch.allclose(got.var(0), var, rtol=0.05), (got.var(0), var)
+        # q_0: mean mq^T x_n and variance x_n^T Diag(v) x_n, different from eq. 24's
+        assert torch.allclose(z0[..., j].mean(0), xa @ mq, atol=5 * float((xa**2 @ v).max() / S) ** 0.5)
+        assert (z0[..., j].var(0) < 0.8 * var).any()
+
+
+def test_later_layer_gap_is_the_linear_models_where_they_coincide():
+    """Inputs x = 0: a first-layer unit sees only its bias, whose q_mix(. | [0, 1]) is its q_0
+    (eq. 23 with one informative coordinate), so with a bias q_0 of mean 1 and a tiny variance
+    every z_1 is [1, ..., 1] under q_mix and q_0 alike, and the output unit (eq. 20, 25) is the
+    linear model of sec. 4 at x = 1: its gap is eq. 10 of the closed forms (eq. 15's q_mix)."""
+    H = 4
+    K = H + 1
+    net = pb.MLP(1, [H], 1, activation="identity")
+    out = layer_indices(net, 1)[0]
+    prior_scale = torch.ones(net.num_weights)
+    prior_scale[out] = math.sqrt(K)
+    model = pb.BNN(net, prior_scale=prior_scale, noise_scale=0.1)
+    prior = L.prior_gaussian(K, 0.0, 1.0)
+    loc = torch.zeros(net.num_weights, dtype=F64)
+    scale = torch.full((net.num_weights,), 0.5, dtype=F64)
+    first = layer_indices(net, 0)
+    loc[first[:, -1]], scale[first[:, -1]] = 1.0, 1e-7
+    for m, lam in [(torch.full((K,), 0.7, dtype=F64), torch.full((K,), 2.5, dtype=F64)),
+                   L.theta_star_mix(torch.ones(10, dtype=F64), K, 0.3)]:  # fmt: skip
+        q = L.q0(prior, m, lam)
+        loc[out], scale[out] = q.loc, q.cov.diagonal().sqrt()
+        gap = float(L.invariance_gap(prior, m, lam))
+        for source in ("qmix", "q0"):
+            df = layer_invariance_gap(model, (loc, scale), torch.zeros(3, 1), 1, num_activation_samples=8,
+                                      activations=source)  # fmt: skip
+            assert df.gap_mean[0] == pytest.approx(gap, rel=1e-5)
+            assert df.gap_max[0] == pytest.approx(gap, rel=1e-5)
+
+
+def test_activation_source_is_checked_and_qmix_is_the_default(deep_fit):
+    model, guide, params, x = deep_fit
+    with pytest.raises(ValueError, match="activations must be 'qmix'.*or 'q0'.*got 'mix'"):
+        layer_invariance_gap(model, params, x, 1, activations="mix")
+    with pytest.raises(ValueError, match="activations must be"):
+        invariance_gap_by_layer(model, params, x, activations=None)
+    default = layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2)
+    assert default.equals(layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2,
+                                               activations="qmix"))  # fmt: skip
+    assert not default.gap_mean.equals(layer_invariance_gap(model, params, x, 2, num_activation_samples=4,
+                                                            seed=2, activations="q0").gap_mean)  # fmt: skip
+    # layer 0 sees the data whatever the source
+    assert layer_invariance_gap(model, params, x, 0, activations="q0").equals(layer_invariance_gap(model, params, x, 0))

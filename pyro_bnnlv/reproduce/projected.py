@@ -257,7 +257,7 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
                   map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
         out.update(metrics(res.kept, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
         projection = fit_projection(model, res.kept, x, y, objective=_OBJECTIVE[task.method], num_steps=ae_steps,
-                                    batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
+                                    lr=0.005, batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
 
     def fit_at(step_size: float) -> dict[str, float]:
         if task.method == "BbB":

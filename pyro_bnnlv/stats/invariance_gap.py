@@ -41,7 +41,7 @@ has the same invariance with ``x`` replaced by ``z = [z_{l-1}, 1]``; eq. 25 is e
 substitution and the expectation taken over ``z ~ P(z_{l-1})`` (eq. 26) instead of the data.
 :func:`layer_invariance_gap` applies the same closed form to every unit of any layer
 (``layer`` is the 0-based index into ``model.net.layers``; layer 0 is exactly
-:func:`first_layer_invariance_gap`), with ``z`` drawn as in assumption 9;
+:func:`first_layer_invariance_gap`), with ``z`` drawn from ``P(z_{l-1})`` as assumption 9 reads it;
 :func:`invariance_gap_by_layer` stacks all layers into one table with a ``layer`` column, and
 :func:`layer_inputs` returns the activation vectors used.
 
@@ -91,20 +91,26 @@ Made by this implementation:
    latter (``gap_mixture``, with its standard error).
 8. *Weights.* Each unit is treated separately with its marginal of ``q`` (exact for a mean-field
    ``q``) and its marginal of the prior (``BNN``'s prior is diagonal).
-9. *Activations of earlier layers (an approximation).* The paper takes ``z ~ P(z_{l-1})``,
-   defined through ``q_mix`` of the earlier layers (eq. 24, 26), which we cannot sample exactly
-   (it is a mixture over the training inputs of full-covariance Gaussians per unit, and it is
-   only characterised layer by layer). We use the fitted mean-field ``q_0`` itself instead:
-   ``S = num_activation_samples`` weight vectors ``w_s ~ q_0`` (the whole vector, one
-   ``torch.Generator`` seeded with ``seed``, see :func:`layer_inputs`) propagate the ``N``
-   training inputs through layers ``0..l-1``, and ``z`` ranges over the ``S x N`` activation
-   vectors, each weighted ``1 / (S N)``. Heuristic justification: where condition (7) holds
-   in an earlier unit (``shrinkage_spread = 0``), its pre-activation at a fixed input has the
-   same distribution under ``q_0`` and under the per-input ``q_mix(. | x)`` (eq. 9), so the
-   per-unit activation marginals agree with the per-input construction; they differ from the
-   paper's mixture ``P`` (which applies ``q_mix`` of *other* inputs too), and the approximation
-   is no better than the fitted ``q_0`` (a collapsed earlier layer gives near-prior
-   activations). The result is a Monte-Carlo estimate: it varies with ``seed`` and ``S``
+9. *Activations of earlier layers.* The paper takes ``z ~ P(z_{l-1})`` (eq. 25), built layer by
+   layer through ``q_mix`` of the earlier layers: eq. 24, ``P(z_{1,j}) = E_x[E_{w ~
+   q_mix(w_{1,j})}[h_1(w^T x)]]``, and eq. 26 for ``l >= 2`` (sec. 5: "use (24) to generate
+   samples z_{1,n} of the activations of the first layer under the (now fitted) optimal
+   q_mix"). Our reading (``activations="qmix"``, the default; :func:`layer_inputs`): ``q_mix``
+   of a layer is the product over its units of eq. 23 / 25's mixtures, so for each draw at an
+   input ``x_n`` every unit ``j`` draws its own component ``z' ~ P(z_{k-1})`` (for ``k = 1`` a
+   training input, uniformly: the outer ``E_x`` of eq. 23, independent of the ``x`` of eq. 24),
+   then ``w ~ q_mix(w_{k,j} | z')`` exactly (:func:`sample_qmix`), then ``z_{k,j} = h_k(w^T
+   z_{k-1})``; ``P(z_{k-1})`` for ``k >= 2`` is represented by its ``S x N`` draws. A weight
+   drawn from another input's component ``z' != z_{k-1}`` is pinned only along ``z'`` and
+   follows the prior across ``z'^perp``, so these activations spread more than under ``q_0``.
+   ``g_0`` of the earlier layers is read from the fitted ``q_0`` (assumption 5); the paper's
+   iterative fit of ``q_mix`` layer by layer is not run. ``activations="q0"`` keeps this
+   library's earlier approximation: ``S = num_activation_samples`` weight vectors
+   ``w_s ~ q_0`` (the whole vector) propagate the ``N`` training inputs through layers
+   ``0..l-1``. Where condition (7) holds in an earlier unit its pre-activation at ``x`` has the
+   same law under ``q_0`` and under ``q_mix(. | x)`` (eq. 9), so the two sources differ by the
+   components ``z' != z``. Either way ``z`` ranges over ``S x N`` vectors, each weighted
+   ``1 / (S N)``, and the result is a Monte-Carlo estimate: it varies with ``seed`` and ``S``
    (``gap_max`` grows with ``S``).
 
 Reading the output: the gap is the part of the unit's ``KL[q_0 || p]`` that mean-field VI pays
@@ -136,6 +142,8 @@ __all__ = [
     "likelihood_factor_from_posterior",
     "invariance_abiding_posterior",
     "invariance_gap_at_inputs",
+    "sample_qmix",
+    "ACTIVATION_SOURCES",
     "first_layer_indices",
     "layer_indices",
     "layer_inputs",
@@ -357,22 +365,104 @@ def _augment(z: Tensor) -> Tensor:
     return torch.cat([z, torch.ones(*z.shape[:-1], 1, dtype=z.dtype)], dim=-1)
 
 
+#: how :func:`layer_invariance_gap` draws the activations ``z_{l-1}`` of the earlier layers
+ACTIVATION_SOURCES = ("qmix", "q0")
+
+
+def _check_activations(activations: Any) -> str:
+    if activations not in ACTIVATION_SOURCES:
+        raise ValueError(
+            f"activations must be 'qmix' (the paper's P(z_{{l-1}}), eq. 24 and 26) or 'q0' (the "
+            f"fitted mean-field q_0), got {activations!r}"
+        )
+    return activations
+
+
+def sample_qmix(
+    z_mix: Tensor, prior_loc: Tensor, prior_var: Tensor, m: Tensor, lam: Tensor,
+    generator: torch.Generator | None = None,
+) -> Tensor:  # fmt: skip
+    r"""One draw of ``w ~ q_mix(w | z')`` (eq. 23 / 25's Gaussian at ``z'``) per row of ``z_mix``.
+
+    ``q_mix(w | z')`` is the prior ``N(mu, Sigma)`` conditioned on the Gaussian likelihood
+    ``g_mix(w | z') = N(z'^T m; z'^T w, z'^T V z')`` of the one direction ``z'`` that the
+    likelihood sees (eq. 14 with ``1`` replaced by ``z'``), so Matheron's rule gives an exact draw
+    with ``O(d)`` work and no ``d x d`` matrix:
+
+    .. math::
+
+        w = w_p + \frac{\Sigma z'}{z'^T(V + \Sigma)z'}
+            \big(z'^T m + \sqrt{z'^T V z'}\,\xi - z'^T w_p\big),
+        \qquad w_p \sim \mathcal N(\mu, \Sigma),\ \xi \sim \mathcal N(0, 1),
+
+        \text{mean } \mu + \frac{z'^T(m - \mu)}{z'^T(V + \Sigma)z'}\,\Sigma z', \qquad
+        \text{covariance } \Sigma - \frac{(\Sigma z')(\Sigma z')^T}{z'^T(V + \Sigma)z'},
+
+    exactly eq. 23's (:func:`invariance_abiding_posterior`). ``z_mix (..., d)`` broadcasts
+    against the ``(..., d)`` parameters (``V = Diag(lam)``); ``z'^T V z' = inf`` (a flat ``g_0``
+    coordinate seen by ``z'``) gives a prior draw. Returns ``(..., d)`` float64.
+    """
+    z = _as64(z_mix, "z_mix")
+    mu, s2 = _as64(prior_loc, "prior_loc"), _positive64(prior_var, "prior_var")
+    m, lam = _as64(m, "m"), _positive64(lam, "lam")
+    shape = torch.broadcast_shapes(z.shape, mu.shape, s2.shape, m.shape, lam.shape)
+    eps = torch.randn(shape, generator=generator, dtype=_DTYPE)
+    xi = torch.randn(shape[:-1], generator=generator, dtype=_DTYPE)
+    w_p = mu + s2.sqrt() * eps
+    a, s = _quadratic_terms(z, s2, lam)
+    finite = torch.isfinite(a)
+    a0 = torch.where(finite, a, torch.zeros_like(a))
+    residual = (z * m).sum(-1) + a0.sqrt() * xi - (z * w_p).sum(-1)
+    coef = torch.where(finite, residual / (a0 + s), torch.zeros_like(a))
+    return w_p + coef.unsqueeze(-1) * (s2 * z)
+
+
+def _unit_params(net: Any, layer: int, loc: Tensor, scale: Tensor, prior_loc: Tensor,
+                       prior_scale: Tensor) -> tuple[Tensor, ...]:  # fmt: skip
+    """Per-unit ``(mq, v, mu, s2, m, lam)`` of ``layer``, each ``(H, d)`` (assumptions 5 and 8)."""
+    idx = layer_indices(net, layer)
+    mq, v = loc[idx], scale[idx] ** 2
+    mu, s2 = prior_loc.detach().to(_DTYPE)[idx], prior_scale.detach().to(_DTYPE)[idx] ** 2
+    m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
+    return mq, v, mu, s2, m, lam
+
+
 def _layer_inputs(
-    net: Any, x: Tensor, loc: Tensor, scale: Tensor, layer: int, num_activation_samples: int,
-    generator: torch.Generator,
+    model: Any, x: Tensor, loc: Tensor, scale: Tensor, layer: int, num_activation_samples: int,
+    generator: torch.Generator, activations: str = "qmix",
 ) -> Tensor:  # fmt: skip
     """Augmented inputs ``[z_{l-1}, 1]`` of ``layer``: ``(1, N, d)`` for layer 0 (the data, no
-    draw), else ``(S, N, d)`` from ``S`` draws ``w = loc + scale * eps``, ``eps (S, P)``."""
+    draw), else ``(S, N, d)``: ``activations="q0"``: from ``S`` draws ``w = loc + scale * eps``,
+    ``eps (S, P)``; ``"qmix"``: from ``P(z_{l-1})`` of eq. 24 / 26 (:func:`layer_inputs`)."""
+    net = model.net
     h = x.detach().to(_DTYPE)
     if layer == 0:
         return _augment(h).unsqueeze(0)
-    eps = torch.randn((num_activation_samples, loc.shape[-1]), generator=generator, dtype=_DTYPE)
-    w = loc + scale * eps  # (S, P)
-    return _augment(net.hidden(h.expand(num_activation_samples, *h.shape), w, layer))
+    S = num_activation_samples
+    if activations == "q0":
+        eps = torch.randn((S, loc.shape[-1]), generator=generator, dtype=_DTYPE)
+        w = loc + scale * eps  # (S, P)
+        return _augment(net.hidden(h.expand(S, *h.shape), w, layer))
+    z = _augment(h).expand(S, *h.shape[:-1], h.shape[-1] + 1)  # (S, N, d): the inputs x ~ p(D)
+    pool = _augment(h)  # the mixture's components: x' ~ p(D) (eq. 23)
+    for k in range(layer):
+        _, v, mu, s2, m, lam = _unit_params(net, k, loc, scale, model.prior_loc, model.prior_scale)
+        H, d = mu.shape
+        # one component z' ~ P(z_{k-1}) per (draw, input, unit): the pool's rows, uniformly
+        comp = torch.randint(pool.shape[0], (S, z.shape[1], H), generator=generator)
+        pre = torch.empty(S, z.shape[1], H, dtype=_DTYPE)
+        rows = max(1, int(4e6 // max(1, z.shape[1] * H * d)))
+        for i in range(0, S, rows):
+            w = sample_qmix(pool[comp[i : i + rows]], mu, s2, m, lam, generator)  # (s, N, H, d)
+            pre[i : i + rows] = (w * z[i : i + rows, :, None, :]).sum(-1)
+        z = _augment(net.activation_row.value(pre))  # eq. 24 / 26: h_k(w^T z_{k-1})
+        pool = z.reshape(-1, z.shape[-1])
+    return z
 
 
-def _validated(model, guide, x, layer, num_activation_samples, num_samples):
+def _validated(model, guide, x, layer, num_activation_samples, num_samples, activations="qmix"):
     net = _check_model(model)
+    _check_activations(activations)
     layer = _check_layer(net, layer)
     check_int(num_samples, "num_samples", minimum=0)
     check_int(num_activation_samples, "num_activation_samples")
@@ -391,19 +481,31 @@ def layer_inputs(
     *,
     num_activation_samples: int = 32,
     seed: int | None = 0,
+    activations: str = "qmix",
 ) -> Tensor:
-    """The augmented inputs ``[z_{l-1}, 1]`` that :func:`layer_invariance_gap` uses for ``layer``.
+    r"""The augmented inputs ``[z_{l-1}, 1]`` that :func:`layer_invariance_gap` uses for ``layer``.
 
-    Layer 0: the training inputs ``[x, 1]``, shape ``(1, N, D + 1)``. Layer ``l >= 1``: shape
-    ``(S, N, n_{l-1} + 1)`` with ``S = num_activation_samples``; sample ``s`` propagates ``x``
-    through the earlier layers with the weight vector ``w_s = loc + scale * eps_s``, where
-    ``eps = torch.randn((S, P), generator=torch.Generator().manual_seed(seed), dtype=float64)``
-    and ``(loc, scale)`` are the guide's (mean-field ``q_0``; ``seed=None`` means 0). The draw
-    depends only on ``seed``, ``S`` and ``P``, so every layer sees the same weight samples.
+    Layer 0: the training inputs ``[x, 1]``, shape ``(1, N, D + 1)``, whatever ``activations``.
+    Layer ``l >= 1``: shape ``(S, N, n_{l-1} + 1)`` with ``S = num_activation_samples``; row
+    ``(s, n)`` is a draw of ``z_{l-1}`` at the training input ``x_n``, one generator
+    ``torch.Generator().manual_seed(seed)`` (``seed=None`` means 0) making every draw:
+
+    * ``activations="qmix"`` (default; the paper's ``z ~ P(z_{l-1})``, eq. 24 and 26): layer by
+      layer, ``z_{k,j} = h_k(w^T z_{k-1})`` with ``z_0 = [x_n, 1]`` and
+      ``w ~ q_mix(w_{k,j})``, the mixture of eq. 23 (``k = 1``) or eq. 25: a component
+      ``z' ~ P(z_{k-1})`` drawn uniformly from the training inputs (``k = 1``) or from the
+      ``S x N`` draws of ``z_{k-1}`` (``k >= 2``), independently of ``z_{k-1}`` itself and of the
+      other units, then ``w ~ q_mix(w_{k,j} | z')`` (:func:`sample_qmix`), with ``g_0`` read from
+      the guide (assumption 5). Every ``(s, n, j)`` has its own component and weight draw.
+    * ``activations="q0"``: sample ``s`` propagates ``x`` through the earlier layers with the
+      weight vector ``w_s = loc + scale * eps_s``, ``eps = torch.randn((S, P), generator=...,
+      dtype=float64)``, ``(loc, scale)`` the guide's mean-field ``q_0`` (the approximation this
+      library used before issue 43); the draw depends only on ``seed``, ``S`` and ``P``, so
+      every layer sees the same weight samples.
     """
-    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, 0)
+    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, 0, activations)
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    return _layer_inputs(net, x, loc, scale, layer, num_activation_samples, gen)
+    return _layer_inputs(model, x, loc, scale, layer, num_activation_samples, gen, activations)
 
 
 def _gaps_chunked(z: Tensor, mq, v, mu, s2, m, lam) -> Tensor:
@@ -427,6 +529,7 @@ def layer_invariance_gap(
     per_input: bool = False,
     num_samples: int = 0,
     seed: int | None = 0,
+    activations: str = "qmix",
 ):
     r"""Invariance gap of one layer of a mean-field BNN, per unit (sec. 5, eq. 20-23 and 25).
 
@@ -434,10 +537,10 @@ def layer_invariance_gap(
     or ``[x, 1]`` for layer 0), so eq. 25 is eq. 23 with ``x`` replaced by ``z``. For every
     activation vector ``z`` and unit ``j``: ``g_0`` from the fitted ``q_0(w_{l,j})`` (inverse of
     eq. 6a), ``q_mix(w_{l,j} | z)`` and the gap ``KL[q_0(w_{l,j}) || q_mix(w_{l,j} | z)]``
-    (eq. 10), in closed form. For ``l >= 1`` the vectors ``z`` are the ``S x N`` activations of
-    the training inputs under ``S = num_activation_samples`` weight vectors drawn from the fitted
-    mean-field ``q_0`` (see :func:`layer_inputs`): an approximation of the paper's
-    ``z ~ P(z_{l-1})`` (eq. 26), assumption 9 of the module docstring. Layer 0 uses the
+    (eq. 10), in closed form. For ``l >= 1`` the vectors ``z`` are ``S x N`` draws of the
+    activations at the training inputs: by default from the paper's ``P(z_{l-1})`` (eq. 24,
+    26: the earlier layers' weights drawn from their ``q_mix``), with ``activations="q0"`` from
+    the fitted mean-field ``q_0`` (:func:`layer_inputs`; assumption 9). Layer 0 uses the
     training inputs themselves, draws nothing and returns exactly what
     :func:`first_layer_invariance_gap` returns.
 
@@ -450,8 +553,8 @@ def layer_invariance_gap(
         x: training inputs ``(N, D)``.
         layer: 0-based index into ``model.net.layers``; ``len(model.net.layers) - 1`` is the
             output layer (its units are the outputs ``f``, eq. 20).
-        num_activation_samples: ``S``, the number of ``q_0`` weight draws that produce the
-            activations for ``layer >= 1`` (ignored for layer 0).
+        num_activation_samples: ``S``, the number of activation draws per training input for
+            ``layer >= 1`` (ignored for layer 0).
         per_input: return the long per-(activation vector, unit) table instead of the per-unit
             summary.
         num_samples: if positive, also estimate ``KL[q_0 || mean_z q_mix(. | z)]`` (the eq. 23 /
@@ -459,6 +562,7 @@ def layer_invariance_gap(
             many samples of ``q_0`` per unit.
         seed: seeds one generator that first draws the activation weights (``layer >= 1``)
             and then the ``num_samples`` mixture samples; ``None`` means 0.
+        activations: ``"qmix"`` (the paper's ``P(z_{l-1})``) or ``"q0"`` (:func:`layer_inputs`).
 
     Returns:
         a :class:`pandas.DataFrame` with the columns of :func:`first_layer_invariance_gap`, all
@@ -469,17 +573,13 @@ def layer_invariance_gap(
         ``per_input=True`` and ``layer >= 1`` the long table has an extra first column ``draw``
         (the weight draw ``s``); ``input`` indexes the training input.
     """
-    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, num_samples)
+    net, layer, loc, scale = _validated(model, guide, x, layer, num_activation_samples, num_samples, activations)
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    z = _layer_inputs(net, x, loc, scale, layer, num_activation_samples, gen)  # (S, N, d)
+    z = _layer_inputs(model, x, loc, scale, layer, num_activation_samples, gen, activations)  # (S, N, d)
     S, N, _ = z.shape
     za = z.reshape(S * N, -1)
-    idx = layer_indices(net, layer)  # (H, d)
-    H, d = idx.shape
-    mq, v = loc[idx], scale[idx] ** 2
-    mu = model.prior_loc.detach().to(_DTYPE)[idx]
-    s2 = model.prior_scale.detach().to(_DTYPE)[idx] ** 2
-    m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
+    mq, v, mu, s2, m, lam = _unit_params(net, layer, loc, scale, model.prior_loc, model.prior_scale)  # (H, d)
+    H = mq.shape[0]
     gaps = _gaps_chunked(za, mq, v, mu, s2, m, lam)  # (S N, H)
     zz = za[:, None, :]  # (S N, 1, d)
     a, s = _quadratic_terms(zz, s2, lam)
@@ -545,6 +645,7 @@ def invariance_gap_by_layer(
     per_input: bool = False,
     num_samples: int = 0,
     seed: int | None = 0,
+    activations: str = "qmix",
 ):
     r""":func:`layer_invariance_gap` for several layers (default: all, output layer included) in
     one :class:`pandas.DataFrame` with a ``layer`` column first (then ``unit`` and the
@@ -569,7 +670,7 @@ def invariance_gap_by_layer(
     for lay in layers:
         df = layer_invariance_gap(
             model, guide, x, lay, num_activation_samples=num_activation_samples,
-            per_input=per_input, num_samples=num_samples, seed=seed,
+            per_input=per_input, num_samples=num_samples, seed=seed, activations=activations,
         )  # fmt: skip
         if per_input:
             if "draw" not in df.columns:

@@ -6,12 +6,14 @@
 * :mod:`.decoder`: the generative objectives (MMD, VAE) for stage 2.
 """
 
-from .decoder import DEFAULT_BETA, GENERATIVE_OBJECTIVES
+from .decoder import DEFAULT_BETA, DEFAULT_LR, DEFAULT_NUM_STEPS, GENERATIVE_OBJECTIVES
 from .fge import FGEResult, cyclic_lr, fge
 from .fit import ProjectedFit, ProjectionFit, fit_projected_bnn, fit_projection, init_projected_guide
 
 __all__ = [
     "DEFAULT_BETA",
+    "DEFAULT_LR",
+    "DEFAULT_NUM_STEPS",
     "FGEResult",
     "GENERATIVE_OBJECTIVES",
     "ProjectedFit",

@@ -104,7 +104,7 @@ def _model_noise(model: BNN) -> Tensor:
 def fused_pair(model: object, guide: object) -> bool:
     """Whether ``(model, guide)`` is a pair :class:`FusedTraceElbo` computes without traces (its
     classes, methods and network; the guide's sites are checked once it has been run)."""
-    base = next((b for b in (BNNLV, BNN) if type(model).forward is b.forward), None)
+    base = next((b for b in (BNNLV, BNN) if getattr(type(model), "forward", None) is b.forward), None)
     if base is None or not isinstance(model, base) or not isinstance(guide, AutoNormal):
         return False
     if any(getattr(type(model), m) is not getattr(base, m) for m in _MODEL_METHODS[base]):

@@ -144,8 +144,18 @@ class _Pair:
     model: weakref.ref
     guide: weakref.ref
     latent: bool
+    classes: tuple[type, type]  # the model's and guide's classes when the pair was recognised
+    net: MLP
     slots: dict[str, _Slot] | None = None  # loc_w, scale_w, [loc_z, scale_z], [sigma]
     checked: tuple = field(default_factory=tuple)  # (x, y) identities and versions already checked
+    priors: tuple = field(default_factory=tuple)  # the prior buffers' versions and derived constants
+
+    def still(self, model: BNN, guide: AutoNormal) -> bool:
+        """Whether the pair is still the one recognised (cheap per-step re-check: the classes,
+        the network module, no hook or instance ``forward`` since)."""
+        return (self.model() is model and self.guide() is guide and (type(model), type(guide)) == self.classes
+                and model._modules.get("net") is self.net and not forward_replaced(model)
+                and not forward_replaced(guide))  # fmt: skip
 
 
 def _slot(constrained: Tensor) -> _Slot | None:
@@ -246,7 +256,8 @@ class FusedTraceElbo(Trace_ELBO):
             plates = [f.name for f in site["cond_indep_stack"] if f.vectorized]
             if plates != ([] if name == "w" else ["data"]) or guide._event_dims[name] != 1:
                 return
-        self._compiled[id(model), id(guide)] = _Pair(weakref.ref(model), weakref.ref(guide), latent)
+        self._compiled[id(model), id(guide)] = _Pair(weakref.ref(model), weakref.ref(guide), latent,
+                                                     (type(model), type(guide)), model.net)  # fmt: skip
 
     def _pair(self, model, guide, args, kwargs) -> _Pair | None:
         """The registered pair if this call can be fused, else ``None`` (then it runs traced,
@@ -254,9 +265,7 @@ class FusedTraceElbo(Trace_ELBO):
         if not self.fused:
             return None
         pair = self._compiled.get((id(model), id(guide)))
-        if pair is None or pair.model() is not model or pair.guide() is not guide:
-            return None
-        if not only_param_capture_active() or not fused_pair(model, guide):
+        if pair is None or not pair.still(model, guide) or not only_param_capture_active():
             return None
         if len(args) != 2 or not all(isinstance(a, Tensor) for a in args) or set(kwargs) - {"batch_size"}:
             return None
@@ -298,22 +307,26 @@ class FusedTraceElbo(Trace_ELBO):
             values["sigma"] = model._buffers["noise_scale"]
         return values
 
-    def _check_data(self, pair: _Pair, model: BNN, x: Tensor, y: Tensor | None) -> None:
+    def _check_data(self, pair: _Pair, model: BNN, x: Tensor, y: Tensor) -> None:
         """What ``forward`` checks first (clear errors on bad data), once per data tensors and
         their in-place versions."""
-        if y is None:  # the estimator needs observations; the traced model's own message
-            raise ValueError("y must be a tensor of targets for the fused ELBO (got None)")
         key = (id(x), x._version, id(y), y._version, x.dtype)
         if pair.checked != key:
             model.check_data(x, y)
             model._check_dtype(x)
             pair.checked = key
 
-    def _fused_loss(self, pair: _Pair, model: BNN, guide: AutoNormal, x: Tensor, y: Tensor | None,
+    def _fused_loss(self, pair: _Pair, model: BNN, guide: AutoNormal, x: Tensor, y: Tensor,
                     batch_size: int | None = None) -> Tensor:  # fmt: skip
-        """The negative ELBO estimate of the module docstring, in Pyro's order of random draws."""
+        """The negative ELBO estimate of the module docstring, in Pyro's order of random draws.
+
+        Written as few autograd nodes: with ``r = y - f``, ``u = (w - m) / s_p`` and ``c`` the
+        terms without gradient (the draws' ``eps^2``, the prior's ``log s_p``, a fixed ``sigma``'s
+        normaliser), ``-ELBO = (1 / S) [ (N / B) (|r|^2 / (2 sigma^2) + |z / sigma_z|^2 / 2 - sum
+        log sigma_z(rows)) + |u|^2 / 2 - S' sum log sigma_w ] + c`` (``S'`` the draws per round)."""
         self._check_data(pair, model, x, y)
         p = self._parameters(pair, model, guide)
+        buffers = model._buffers
         y = model._observed(y)
         N, S = x.shape[0], self.num_particles
         B = N if batch_size is None else batch_size
@@ -321,37 +334,60 @@ class FusedTraceElbo(Trace_ELBO):
         vectorized = self.vectorize_particles and S > 1
         rounds, s = (1, S) if vectorized else (S, 1)
         loc_w, scale_w, sigma = p["loc_w"], p["scale_w"], p["sigma"]
-        prior_loc, prior_scale = model.prior_loc, model.prior_scale
+        inv_prior, prior_loc, const_prior = self._prior_constants(pair, buffers, s)
+        net = pair.net
         dtype = loc_w.dtype
+        learned_sigma = sigma.requires_grad
+        if not learned_sigma:  # a fixed sigma: its normaliser and 1 / sigma^2 are numbers
+            sigma_value = float(sigma)
+            half_inv_var = 0.5 / (sigma_value * sigma_value)
+            log_sigma = math.log(sigma_value)
         total = 0.0
         for _ in range(rounds):
             idx = self._subsample(N, B) if pair.latent else None
             eps_w = torch.empty((s, loc_w.shape[-1]), dtype=dtype).normal_()
-            w = loc_w + eps_w * scale_w
-            local = 0.0
+            w = torch.addcmul(loc_w, eps_w, scale_w)
+            const = const_prior - 0.5 * float(eps_w.square().sum())  # log q(w)'s eps term, log p(w)'s log s_p
+            local = None
             if pair.latent:
                 loc_z, scale_z = p["loc_z"], self._rows(pair, p, idx)
                 if idx is not None:
                     loc_z = loc_z[idx]
                 eps_z = torch.empty((s, *loc_z.shape), dtype=dtype).normal_()
-                z = loc_z + eps_z * scale_z
-                # log p(z) - log q(z); the log(2 pi) / 2 of both cancel
-                local = (0.5 * (eps_z.square().sum() - (z / model.latent_scale).square().sum())
-                         + s * (scale_z.log().sum() - loc_z.numel() * model.latent_scale.log()))  # fmt: skip
+                z = torch.addcmul(loc_z, eps_z, scale_z)
+                zscale = float(buffers["latent_scale"])
+                # -(log p(z) - log q(z)) up to the terms without gradient (into const)
+                local = 0.5 / (zscale * zscale) * z.square().sum() - s * scale_z.log().sum()
+                const += factor * (s * z.shape[-2] * z.shape[-1] * math.log(zscale) - 0.5 * float(eps_z.square().sum()))
             else:
                 idx = self._subsample(N, B)
             x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
-            xin = model.network_input(x_b, z) if pair.latent else x_b
-            f = model.net(xin, w)  # (s, B, L)
-            if model.net.out_features == 1:
-                f = f.squeeze(-1)
-            resid = (y_b - f) / sigma
-            log_lik = -0.5 * resid.square().sum() - resid.numel() * (sigma.log() + _HALF_LOG_2PI)
-            # log p(w) - log q(w); the log(2 pi) / 2 of both cancel
-            global_ = (0.5 * (eps_w.square().sum() - ((w - prior_loc) / prior_scale).square().sum())
-                       + s * (scale_w.log().sum() - prior_scale.log().sum()))  # fmt: skip
-            total = total + factor * (log_lik + local) + global_
-        return -total / S
+            f = net(model.network_input(x_b, z) if pair.latent else x_b, w)  # (s, B, L)
+            resid_sq = (f - (y_b.unsqueeze(-1) if y_b.dim() == 1 else y_b)).square().sum()
+            count = f.numel()
+            if learned_sigma:
+                nll = 0.5 * resid_sq / sigma.square() + count * sigma.log()
+                const += factor * count * _HALF_LOG_2PI
+            else:
+                nll = half_inv_var * resid_sq
+                const += factor * count * (log_sigma + _HALF_LOG_2PI)
+            if local is not None:
+                nll = nll + local
+            u = w if prior_loc is None else w - prior_loc
+            term = factor * nll + 0.5 * (u * inv_prior).square().sum() - s * scale_w.log().sum() + const
+            total = term if rounds == 1 else total + term
+        return total if S == 1 else total / S
+
+    def _prior_constants(self, pair: _Pair, buffers: dict, s: int) -> tuple[Tensor, Tensor | None, float]:
+        """``1 / prior_scale``, ``prior_loc`` (``None`` when all zero) and ``s * sum log
+        prior_scale``, recomputed only when a prior buffer is replaced or changed in place
+        (empirical Bayes rewrites ``prior_scale`` between steps)."""
+        loc, scale = buffers["prior_loc"], buffers["prior_scale"]
+        key = (id(loc), loc._version, id(scale), scale._version, s)
+        if not pair.priors or pair.priors[0] != key:
+            zero = not bool(loc.any())
+            pair.priors = (key, (scale.reciprocal(), None if zero else loc, s * float(scale.log().sum())))
+        return pair.priors[1]
 
     @staticmethod
     def _subsample(N: int, B: int) -> Tensor | None:

@@ -38,7 +38,7 @@ from .stats.predictive import evaluate
 from .diagnostics import compare_posteriors, posterior_summary, to_inference_data
 from .guides import LaplaceGuide, MeanField
 from .infer import LinearizedLaplace, LocalReparamELBO
-from .infer import CompiledTraceElbo, PenalizedElbo
+from .infer import CompiledTraceElbo, FusedTraceElbo, PenalizedElbo
 from .datasets import extrapolation_split, gap_splits, interpolation_split
 
 __version__ = "0.1.0"
@@ -54,6 +54,7 @@ __all__ = [
     "EmpiricalBayes",
     "NCAIElbo",
     "CompiledTraceElbo",
+    "FusedTraceElbo",
     "PenalizedElbo",
     "ncai_guide",
     "datasets",

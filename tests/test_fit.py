@@ -213,30 +213,177 @@ def test_low_rank_guide_trains_eagerly_without_a_guard_warning():
     assert abs(values[1] - values[2]) > 1e-3 * abs(values[2])  # still wrong when compiled
 
 
-def test_jit_fallback_warns_once_in_one_line_and_model_errors_come_first():
+def test_a_users_model_trains_eagerly_without_a_warning_and_model_errors_come_first():
+    """A plain function around a model (not recognised) gets eager ``Trace_ELBO``: no JIT, no
+    fallback and no warning; a guide's own error is raised as it is."""
     bnn = _module_net_model()
 
-    def model(x, y=None):  # a plain function around a ModuleNet: the compiled loss fails, eager works
+    def model(x, y=None):
         return bnn(x, y)
 
-    guide = pb.MeanField(model)
     x, y = torch.randn(30, 2), torch.randn(30)
-    svi_mod._fallbacks_warned.clear()
-    with pytest.warns(RuntimeWarning, match="could not compile function with MeanField") as record:
-        pb.fit_svi(model, guide, x, y, num_steps=5, seed=0, progress=False)
-    assert sum("could not compile" in str(w.message) for w in record) == 1
-    assert "\n" not in str(record[0].message)
+    assert type(svi_mod._default_loss(model, pb.MeanField(model))) is Trace_ELBO
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*could not compile")
-        pb.fit_svi(model, pb.MeanField(model), x, y, num_steps=5, seed=0, progress=False)  # once per process
-    # the guide's own error, with no word about the JIT
+        warnings.simplefilter("error")
+        losses = pb.fit_svi(model, pb.MeanField(model), x, y, num_steps=5, seed=0, progress=False)
+    assert len(losses) == 5 and all(math.isfinite(v) for v in losses)
     from pyro_bnnlv.guides import HypernetGuide
 
     mlp_model = pb.BNN(pb.MLP(2, [8], 1), noise_scale=0.1)
+    with pytest.raises(NotImplementedError, match="KNNElbo"):
+        pb.fit_svi(mlp_model, HypernetGuide(mlp_model), x, y, num_steps=5, seed=0, progress=False)
+
+
+def test_default_loss_is_fused_for_the_librarys_pairs_and_eager_trace_elbo_otherwise():
+    from pyro.infer.autoguide import AutoLowRankMultivariateNormal
+
+    bnn, lv = pb.BNN(pb.MLP(1, [4], 1)), pb.BNNLV(pb.MLP(2, [4], 1))
+    fused = [(bnn, pb.MeanField(bnn)), (bnn, AutoNormal(bnn)), (lv, pb.MeanField(lv)),
+             (lv, AutoNormal(lv, create_plates=lv.create_plates))]  # fmt: skip
+    for model, guide in fused:
+        assert type(svi_mod._default_loss(model, guide)) is pb.FusedTraceElbo
+    eager = [(lv, AutoNormal(lv)),  # z not subsampled with the model's plate
+             (bnn, AutoLowRankMultivariateNormal(bnn)), (_module_net_model(), None),
+             (lambda x, y=None: bnn(x, y), pb.MeanField(bnn))]  # fmt: skip
+    for model, guide in eager:
+        guide = guide if guide is not None else pb.MeanField(model)
+        assert type(svi_mod._default_loss(model, guide)) is Trace_ELBO
+
+
+def test_default_path_calls_no_torch_jit(monkeypatch):
+    """The README quick start's fit (shortened) with ``torch.jit.trace`` made to raise."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.jit.trace called in fit_svi's default path")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    data = load_dataset("cosine")
+    model = pb.BNN(pb.MLP(1, [50], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+    guide = pb.MeanField(model)
+    losses = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=120, lr=0.01, seed=0, progress=False)
+    assert sum(losses[-20:]) < sum(losses[:20])
+    lv = pb.BNNLV(pb.MLP(2, [8], 1))
+    pb.fit_svi(lv, pb.MeanField(lv), data.x_train, data.y_train, num_steps=20, batch_size=16, seed=0, progress=False)
+    with pytest.raises(AssertionError, match="torch.jit.trace called"):  # the patch bites
+        pb.fit_svi(model, pb.MeanField(model), data.x_train, data.y_train, num_steps=2, progress=False,
+                   loss=pb.CompiledTraceElbo())  # fmt: skip
+
+
+_BRANCHY_MODEL = """
+import torch, pyro, pyro.distributions as dist
+
+def model(x, y=None):
+    b = pyro.param("b", torch.tensor(1.0))
+    scale = 0.1 if float(b) < THRESHOLD else 10.0  # a Python branch on a parameter's value
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(b * x[:, 0], scale), obs=y)
+
+def guide(x, y=None):
+    pass
+
+torch.manual_seed(0)
+x = torch.randn(50, 1)
+y = 2.5 * x[:, 0] + 0.1 * torch.randn(50)
+"""
+
+
+def _branchy(threshold: float) -> dict:
+    namespace: dict = {}
+    exec(_BRANCHY_MODEL.replace("THRESHOLD", str(threshold)), namespace)  # noqa: S102
+    return namespace
+
+
+def _fit_b(ns: dict, loss, steps: int = 60) -> float:
+    with pyro.get_param_store().scope():
+        pb.fit_svi(ns["model"], ns["guide"], ns["x"], ns["y"], num_steps=steps, lr=0.05, seed=0,
+                   progress=False, loss=loss)  # fmt: skip
+        return float(pyro.param("b"))
+
+
+def test_a_branch_on_a_parameter_value_is_followed_by_the_default_loss():
+    """Issue 39 item 8: the default is eager for a user's model, so the branch (flipping between
+    the guard's steps 10 and 100 under the compiled loss) is followed: b after 60 steps equals
+    the eager fit's; the compiled loss on request does not."""
+    ns = _branchy(1.5)
+    default, eager = _fit_b(ns, None), _fit_b(ns, Trace_ELBO())
+    assert default == eager
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*could not compile")
-        with pytest.raises(NotImplementedError, match="KNNElbo"):
-            pb.fit_svi(mlp_model, HypernetGuide(mlp_model), x, y, num_steps=5, seed=0, progress=False)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        compiled = _fit_b(ns, pb.CompiledTraceElbo())
+    assert abs(compiled - eager) > 0.1  # the frozen branch, not caught between the guard's steps
+
+
+def test_the_jit_guard_restarts_a_compiled_fit_from_the_initial_parameters():
+    """A branch that flips before step 10: the guard catches it there and the fit restarts
+    eagerly from the start, ending where the eager fit of the same seed ends (not continuing
+    from the state the frozen branch produced)."""
+    ns = _branchy(1.2)
+    eager = _fit_b(ns, Trace_ELBO())
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = _fit_b(ns, pb.CompiledTraceElbo())
+    assert compiled == eager
+    guard = [str(w.message) for w in record if "disagrees with its eager twin" in str(w.message)]
+    assert len(guard) == 1 and "at step 10" in guard[0] and "restarting from the initial parameters" in guard[0]
+
+
+def test_a_compiled_fit_in_a_script_read_from_standard_input_runs(tmp_path):
+    """``python - < script.py``: re-emitting the tracer warnings of a model in ``__main__`` (whose
+    loader cannot give its source) used to raise ImportError."""
+    import subprocess
+    import sys
+
+    script = _BRANCHY_MODEL.replace("THRESHOLD", "1.5") + (
+        "import pyro_bnnlv as pb\n"
+        "pb.fit_svi(model, guide, x, y, num_steps=12, lr=0.05, seed=0, progress=False, loss=pb.CompiledTraceElbo())\n"
+        "print('b', float(pyro.param('b')))\n"
+    )
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("b ") and "TracerWarning" in out.stderr
+
+
+def _diverging_fit(kind: str, lr: float, **fit_kwargs):
+    torch.manual_seed(0)
+    x = torch.randn(50, 1)
+    y = torch.sin(x[:, 0])
+    model = pb.BNNLV(pb.MLP(2, [10], 1)) if kind == "bnnlv" else pb.BNN(pb.MLP(1, [10], 1))
+    guide = AutoNormal(model) if kind == "autonormal" else pb.MeanField(model)
+    if kind == "bnnlv":
+        fit_kwargs.setdefault("batch_size", 10)
+    return pb.fit_svi(model, guide, x, y, num_steps=200, lr=lr, seed=0, progress=False, **fit_kwargs)
+
+
+@pytest.mark.parametrize(
+    "kind, lr, fit_kwargs",
+    [
+        ("meanfield", 1e3, {}),
+        ("meanfield", 1e6, {}),
+        ("autonormal", 1e3, {}),
+        ("bnnlv", 1e3, {}),
+        ("meanfield", 1e3, {"loss": Trace_ELBO()}),
+        ("meanfield", 1e3, {"check_jit": False}),  # the fused loss alone: an infinite loss
+    ],
+)
+def test_a_huge_learning_rate_raises_non_finite_loss_error(kind, lr, fit_kwargs):
+    """Issue 39 item 3: divergence is a NonFiniteLossError naming the step and the fix, not
+    torch's "Expected parameter scale ... GreaterThan" dump."""
+    with pytest.raises(pb.NonFiniteLossError, match=r"at step [1-9]\d*; try a smaller learning rate") as info:
+        _diverging_fit(kind, lr, **fit_kwargs)
+    assert "Expected parameter" not in str(info.value) and info.value.step >= 1
+
+
+def test_a_model_error_at_the_first_step_is_not_called_divergence():
+    """A distribution refusing a parameter at step 0 is the model's own error, raised as it is."""
+    x, y = torch.randn(10, 1), torch.randn(10)
+
+    def model(x, y=None):
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", pyro.distributions.Normal(x[:, 0], -1.0), obs=y)
+
+    with pytest.raises(ValueError, match="Expected parameter scale"):
+        pb.fit_svi(model, lambda x, y=None: None, x, y, num_steps=3, progress=False)
 
 
 def test_train_map_fits_a_learned_noise_scale_and_ignores_where_svi_left_it():

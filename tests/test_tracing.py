@@ -1,6 +1,6 @@
 """Library code raises no tracer warning: compiled losses over the library's models, vectorised
-particles included, and the fallback from a model the JIT cannot trace (pyproject.toml makes any
-tracer warning in the suite an error; these tests say it where it matters)."""
+particles included (pyproject.toml makes any tracer warning in the suite an error; these tests say
+it where it matters)."""
 
 import warnings
 from pathlib import Path
@@ -29,7 +29,7 @@ def _models():
 @pytest.mark.parametrize("name", list(_models()))
 @pytest.mark.parametrize("particles", [None, 1, 4])
 def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, particles):
-    """``None``: fit_svi's default loss, whose first step holds and re-emits tracer warnings."""
+    """``None``: fit_svi's default loss (fused, no JIT)."""
     from pyro.infer.autoguide import AutoNormal
 
     model, x, y, kwargs = _models()[name]
@@ -44,29 +44,6 @@ def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, parti
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
-def test_an_abandoned_trace_leaves_no_tracer_warning():
-    """A model the JIT cannot trace falls back to eager with one RuntimeWarning; the tracer
-    warnings of the trace it abandoned (torch formatting a traced tensor for its error) are
-    dropped."""
-    from torch import nn
-
-    net = pb.ModuleNet(nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1)), 2, 1)
-    bnn = pb.BNN(net, noise_scale=0.1)
-
-    def wrapped(x, y=None):  # a plain function: fit_svi cannot see the ModuleNet and tries the JIT
-        return bnn(x, y)
-
-    x, y = torch.randn(30, 2), torch.randn(30)
-    from pyro_bnnlv.infer import svi as svi_mod
-
-    svi_mod._fallbacks_warned.clear()
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        pb.fit_svi(wrapped, pb.MeanField(wrapped), x, y, num_steps=3, seed=0, progress=False)
-    kinds = [w.category for w in record if not issubclass(w.category, DeprecationWarning)]
-    assert kinds == [RuntimeWarning]
-
-
 def _torch_default_filters():
     """A script's warning filters: default actions, and torch's own filter hiding the tracer
     warnings of torch's internals (torch.jit._trace, TracerWarning.ignore_lib_warnings)."""
@@ -76,7 +53,7 @@ def _torch_default_filters():
 
 
 def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_torchs():
-    """The first (compiled) step's tracer warnings are held and shown when the trace is kept, as
+    """A compiled loss (on request): the first step's tracer warnings are held and shown, as
     if raised in place: the user's own (a branch on a traced size, in this file) is shown; torch's
     internal one (``Normal(loc, 0.01)`` makes a constant inside torch.distributions) stays hidden
     by torch's filter; an "error" filter raises the user's, naming where; and a step that fails
@@ -92,7 +69,7 @@ def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_t
 
     with warnings.catch_warnings(record=True) as record:
         _torch_default_filters()
-        pb.fit_svi(model, guide, x, y, num_steps=3, progress=False)
+        pb.fit_svi(model, guide, x, y, num_steps=3, progress=False, loss=pb.CompiledTraceElbo())
     tracer = [w for w in record if issubclass(w.category, torch.jit.TracerWarning)]
     assert [(Path(w.filename).name, "Python boolean" in str(w.message)) for w in tracer] == [("test_tracing.py", True)]
 
@@ -100,7 +77,7 @@ def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_t
         _torch_default_filters()
         warnings.filterwarnings("error", category=torch.jit.TracerWarning, module=__name__)
         with pytest.raises(torch.jit.TracerWarning) as info:
-            pb.fit_svi(model, guide, x, y, num_steps=3, progress=False)
+            pb.fit_svi(model, guide, x, y, num_steps=3, progress=False, loss=pb.CompiledTraceElbo())
     assert any("test_tracing.py" in note for note in info.value.__notes__)
 
     def failing_guide(x, y, batch_size=None):  # fails while traced (eager calls come first)
@@ -111,7 +88,7 @@ def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_t
     with warnings.catch_warnings(record=True) as record:
         _torch_default_filters()
         with pytest.raises(ValueError, match="the guide's own error"):
-            pb.fit_svi(model, failing_guide, x, y, num_steps=3, progress=False)
+            pb.fit_svi(model, failing_guide, x, y, num_steps=3, progress=False, loss=pb.CompiledTraceElbo())
     assert [Path(w.filename).name for w in record if issubclass(w.category, torch.jit.TracerWarning)] == ["test_tracing.py"]
 
 

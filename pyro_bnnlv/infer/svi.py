@@ -9,15 +9,22 @@ optimiser dispatch (``pyro-bnnlv bench svi-overhead``). Parameters are collected
 model and guide must create all parameters on the first call (static structure, as the JIT
 requires anyway). Besides:
 
-* the default loss is a compiled ``Trace_ELBO``
-  (:class:`~pyro_bnnlv.infer.elbos.penalized.CompiledTraceElbo`): the same estimator as ``Trace_ELBO`` (tested) at a fraction
-  of the per-step cost (``pyro-bnnlv bench svi-overhead``), compiled once per model, guide and
-  data shape. Pass ``loss=pyro.infer.Trace_ELBO()`` or any other ELBO to override it.
-* a compiled loss (the default, ``jit=True`` ELBOs of this library, Pyro's ``Jit*`` ELBOs) is
+* the default loss computes ``Trace_ELBO``'s estimator without ``torch.jit``: for the library's
+  BNN and BNN+LV with a mean-field guide (``MeanField`` / ``AutoNormal``) a
+  :class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`, which computes it straight from the
+  network without Pyro's traces (same draws from the same seed, same loss and gradients; tested),
+  for anything else (a user's model, another guide) Pyro's eager ``Trace_ELBO``. A model with a
+  Python branch on a parameter's value is thus followed at every step. Pass ``loss=`` any ELBO to
+  override it; ``loss=pb.CompiledTraceElbo()`` compiles ``Trace_ELBO`` with ``torch.jit.trace``
+  (on request only).
+* a compiled loss (``jit=True`` ELBOs of this library, Pyro's ``Jit*`` ELBOs) or a fused one is
   cross-checked against its eager twin at steps 1, 10, 100 and 1,000 (same parameters, same
-  random draws; :class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`); on a mismatch ``fit_svi`` warns
-  once, naming the loss and the step, and finishes eagerly. Compiled graphs a loss holds from an
-  earlier fit are dropped first, so a reused Pyro ``JitTrace_ELBO`` trains this model.
+  random draws; :class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`); on a mismatch ``fit_svi``
+  warns once, naming the loss and the step, and restarts with the eager twin from the initial
+  parameters and the seed's random state, rather than continuing from a state the wrong loss
+  produced (callbacks see the repeated steps again). Compiled graphs a
+  loss holds from an earlier fit are dropped first, so a reused Pyro ``JitTrace_ELBO`` trains
+  this model.
 * training runs in a fresh Pyro parameter-store scope (``ParamStoreDict.scope``) when the model
   and guide are ``torch.nn.Module`` s, whose parameters live on the modules themselves: two
   models with guides of the same class can be trained in one script without their parameter
@@ -29,13 +36,17 @@ requires anyway). Besides:
   (:func:`~pyro_bnnlv.param_names.own_param_names`); for a guide that does not
   (``AutoNormal(model)``), stale store entries under its names are replaced by the fitted
   values, and ``fit_svi`` warns when another live guide it trained has the same names.
-* a non-finite loss stops training with :class:`NonFiniteLossError` naming the step.
+* divergence stops training with :class:`NonFiniteLossError` naming the step: a non-finite
+  loss, or a distribution refusing a parameter the updates made invalid (torch's "Expected
+  parameter scale ... GreaterThan" after a huge learning rate).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
+import re
 import sys
 from dataclasses import dataclass
 import warnings
@@ -46,7 +57,6 @@ from contextlib import contextmanager
 import pyro
 import torch
 from pyro.infer import Trace_ELBO
-from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 from pyro.infer.elbo import ELBO
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
@@ -55,12 +65,12 @@ from tqdm.auto import tqdm
 
 from .._checks import check_int, check_real, check_seed
 from .._state import isolated_param_store, set_seed
-from ..nets import ModuleNet
 from ..param_names import param_fullnames
 from ..protocols import LatentModel, NetworkModel
 
-from .elbos.penalized import CompiledTraceElbo
-from .elbos.jit_guard import JitGuard, eager_twin, forget_compiled, plate_shape_tracer_warnings_ignored
+from .elbos.fused import FusedTraceElbo, fused_pair
+from .elbos.jit_guard import JitGuard, forget_compiled, is_compiled, plate_shape_tracer_warnings_ignored
+from .elbos.penalized import module_buffers
 
 __all__ = ["fit_svi", "train_map", "PlateauSchedule", "NonFiniteLossError", "isolated_param_store", "set_seed"]
 
@@ -116,14 +126,80 @@ class _PlateauStopper:
 
 
 class NonFiniteLossError(FloatingPointError):
-    """Raised when the training loss becomes NaN or infinite; ``step`` is the 0-based step."""
+    """Raised when training diverges: the loss became NaN or infinite, or (``detail``) a
+    distribution refused a parameter the updates made invalid (a scale of 0, a NaN location);
+    ``step`` is the 0-based step."""
 
-    def __init__(self, step: int, value: float) -> None:
+    def __init__(self, step: int, value: float, detail: str | None = None) -> None:
+        what = f"loss became non-finite ({value})" if detail is None else f"training diverged ({detail})"
         super().__init__(
-            f"loss became non-finite ({value}) at step {step}; try a smaller learning rate, "
+            f"{what} at step {step}; try a smaller learning rate, "
             "a smaller initial guide scale, or check the data for extreme values"
         )
         self.step, self.value = step, value
+
+
+_INVALID_PARAMETER = re.compile(r"Expected parameter (\w+) .*? of distribution (\w+).*?to satisfy the "
+                                r"constraint (.*?), but found invalid values", re.DOTALL)  # fmt: skip
+
+
+def _invalid_parameter(err: ValueError) -> str | None:
+    """For torch's argument validation error (``Expected parameter scale ... of distribution
+    Normal ... to satisfy the constraint GreaterThan(lower_bound=0.0), but found invalid
+    values``) a one-line summary, else ``None`` (another error: raised as it is)."""
+    match = _INVALID_PARAMETER.match(str(err))
+    if match is None:
+        return None
+    name, distribution, constraint = match.groups()
+    return f"the {distribution} distribution's {name} became invalid: it must satisfy {constraint}"
+
+
+class _Restart:
+    """The training state before step 0's update, for restarting a compiled (or fused) loss's fit
+    with its eager twin when :class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard` finds a mismatch:
+    the steps since the trace may have followed a frozen branch, so nothing they produced is kept.
+
+    :meth:`restore` puts back the initial parameters (as created by step 0), a fresh Adam and
+    plateau schedule, the buffers of the model and guide (an empirical-Bayes callback rewrites
+    prior scales), the random state the fit started from and the loss histories; training then
+    starts again at step 0 with the eager twin (callbacks see steps 0, 1, ... again). For a model
+    and guide whose parameters are plain ``pyro.param`` statements this is the eager fit of the
+    same seed; an autoguide drew its set-up at the first step, which is not repeated."""
+
+    def __init__(self, rng: dict, loss: ELBO) -> None:
+        self.rng = rng
+        self.loss_records = len(getattr(loss, "history", ()))
+        self.steps_taken = getattr(loss, "steps_taken", None)
+        self.params: list[tuple[Tensor, Tensor]] = []
+
+    def record(self, params: list[Tensor], optimizer: torch.optim.Optimizer, stopper: _PlateauStopper | None,
+               model: object, guide: object) -> None:  # fmt: skip
+        """After step 0's loss, before its update: the initial parameters and optimiser state."""
+        self.params = [(p, p.detach().clone()) for p in params]
+        self.optimizer, self.optimizer_state = optimizer, copy.deepcopy(optimizer.state_dict())
+        self.stopper = stopper
+        self.stopper_state = None if stopper is None else copy.deepcopy(stopper.scheduler.state_dict())
+        self.buffers = [(m, name, b.detach().clone()) for m, name, b in module_buffers(model) + module_buffers(guide)]
+
+    def restore(self, loss: ELBO, history: list[float]) -> int:
+        """Back to the start (``loss``: the eager twin now training); returns 0, the next step."""
+        with torch.no_grad():
+            for p, value in self.params:
+                p.copy_(value)
+                p.grad = None
+            for module, name, value in self.buffers:
+                module._buffers[name] = value.clone()
+        self.optimizer.load_state_dict(copy.deepcopy(self.optimizer_state))
+        if self.stopper is not None:
+            self.stopper.scheduler.load_state_dict(copy.deepcopy(self.stopper_state))
+            self.stopper.losses = []
+        pyro.util.set_rng_state(self.rng)
+        history.clear()
+        if isinstance(getattr(loss, "history", None), list):
+            del loss.history[self.loss_records:]
+        if self.steps_taken is not None:
+            loss.steps_taken = self.steps_taken
+        return 0
 
 
 _fitted_guides: weakref.WeakValueDictionary[str, PyroModule] = weakref.WeakValueDictionary()
@@ -158,22 +234,13 @@ def _claim_param_names(guide: object) -> None:
             del store[name]  # a raw Pyro call re-registers the guide's own tensor
 
 
-def _default_loss(model: object, guide: object = None) -> ELBO:
-    """The compiled ``Trace_ELBO``; eager ``Trace_ELBO`` where compiling is known in advance not
-    to work, with no warning:
-
-    * a :class:`~pyro_bnnlv.nets.ModuleNet`, whose ``torch.func.functional_call`` the tracer
-      cannot compile;
-    * Pyro's ``AutoLowRankMultivariateNormal``: its compiled loss differs from the eager one at
-      the same random state on every call, not only the tracing one (measured: 47.98 vs 47.71,
-      64.94 vs 58.06 on a 1x4 BNN), so the JIT guard would catch it at step 1 anyway.
-    """
-    if isinstance(getattr(model, "net", None), ModuleNet) or isinstance(guide, AutoLowRankMultivariateNormal):
-        return Trace_ELBO()
-    return CompiledTraceElbo()
-
-
-_fallbacks_warned: set[tuple[str, str]] = set()
+def _default_loss(model: object, guide: object) -> ELBO:
+    """:class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo` for a pair it computes without
+    traces (the library's BNN and BNN+LV with a mean-field guide,
+    :func:`~pyro_bnnlv.infer.elbos.fused.fused_pair`), Pyro's eager ``Trace_ELBO`` for anything
+    else (a user's model, an autoguide not recognised): the same estimator either way, and no
+    ``torch.jit``, so a Python branch on a parameter's value is followed at every step."""
+    return FusedTraceElbo() if fused_pair(model, guide) else Trace_ELBO()
 
 
 def _loss_and_params(loss: ELBO, model, guide, x, y, kwargs) -> tuple[float, list[Tensor]]:
@@ -187,38 +254,15 @@ def _loss_and_params(loss: ELBO, model, guide, x, y, kwargs) -> tuple[float, lis
     return value, list(params.values())
 
 
-def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
-    """First step; with the compiled default loss, a model the JIT cannot trace (data-dependent
-    Python control flow, unsupported ops) falls back to ``Trace_ELBO``.
-
-    When the compiled step fails, the same step runs eagerly: an error of the model or guide
-    themselves (a guide with no density, wrong shapes) is then raised as it is, with no word about
-    the JIT. Only when the eager step works does the fallback warn, in one line, once per process
-    for each model and guide class."""
+def _first_step(loss: ELBO, model, guide, x, y, kwargs) -> tuple[float, list[Tensor]]:
+    """The first step, collecting the parameters. A compiled loss (requested: never the default)
+    records its trace here; its tracer warnings are held and shown once the step is done, as if
+    raised where they arose (:func:`_reemit`), or beside the step's error."""
     tracer_warnings: list[warnings.WarningMessage] = []
     try:
-        with _tracer_warnings_held(tracer_warnings, hold=use_default), plate_shape_tracer_warnings_ignored():
-            out = loss, *_loss_and_params(loss, model, guide, x, y, kwargs)
-    except (RuntimeError, TypeError) as err:
-        fallback = eager_twin(loss) if use_default else None
-        if fallback is None:  # a loss the user chose, or one that is eager already
-            _reemit_beside(tracer_warnings, err)
-            raise
-        # the abandoned trace's tracer warnings (e.g. torch formatting a traced tensor for the
-        # error message) describe a graph that is never used: dropped
-        result = _loss_and_params(fallback, model, guide, x, y, kwargs)
-        key = (type(model).__qualname__, type(guide).__qualname__)
-        if key not in _fallbacks_warned:
-            _fallbacks_warned.add(key)
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            warnings.warn(
-                f"the JIT could not compile {key[0]} with {key[1]} ({type(err).__name__}: {first_line[:200]}); "
-                "training with the eager Trace_ELBO instead (same estimator, slower per step)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return fallback, *result
-    except BaseException as err:  # not a fallback: the trace's warnings may explain the error
+        with _tracer_warnings_held(tracer_warnings, hold=is_compiled(loss)), plate_shape_tracer_warnings_ignored():
+            out = _loss_and_params(loss, model, guide, x, y, kwargs)
+    except BaseException as err:  # the trace's warnings may explain the error
         _reemit_beside(tracer_warnings, err)
         raise
     _reemit(tracer_warnings)
@@ -229,7 +273,7 @@ def _first_step(loss: ELBO, use_default: bool, model, guide, x, y, kwargs):
 def _tracer_warnings_held(held: list[warnings.WarningMessage], hold: bool) -> Iterator[None]:
     """Collect the tracer warnings raised inside into ``held`` instead of showing them (``hold``;
     else nothing changes); other warnings pass as usual. :func:`_first_step` shows them with
-    :func:`_reemit` once the compiled step works and drops them when it falls back to eager."""
+    :func:`_reemit` once the compiled step is done."""
     if not hold:
         yield
         return
@@ -251,7 +295,9 @@ def _reemit(held: list[warnings.WarningMessage]) -> None:
     """Show held tracer warnings as if raised where they were: under the caller's filters with
     the warning's own module name and registry, so module filters apply (torch's own, which hides
     the tracer warnings of its internals, and the user's) and "default" shows each once; once per
-    distinct location and text. Under an "error" filter the raised warning names its location."""
+    distinct location and text. Under an "error" filter the raised warning names its location.
+    No ``module_globals``: the source line is read from the file, if any (a script read from
+    standard input, ``python -``, has a ``__main__`` whose loader cannot give it)."""
     if not held:
         return
     by_file = {getattr(m, "__file__", None): m for m in list(sys.modules.values()) if m is not None}
@@ -266,8 +312,7 @@ def _reemit(held: list[warnings.WarningMessage]) -> None:
         try:
             registry = None if namespace is None else namespace.setdefault("__warningregistry__", {})
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=registry,
-                                   module=None if module is None else module.__name__,
-                                   module_globals=namespace)  # fmt: skip
+                                   module=None if module is None else module.__name__)  # fmt: skip
         except Warning as raised:  # an "error" filter
             raised.add_note(f"raised while tracing, at {w.filename}:{w.lineno}")
             raise
@@ -309,7 +354,8 @@ def fit_svi(
         x, y: training data (``y=None`` is passed through for models that allow it).
         num_steps: number of SVI steps.
         lr: Adam learning rate, a positive finite number (NumPy scalars accepted, bools not).
-        loss: a Pyro ELBO; default: a compiled ``Trace_ELBO`` (see the module doc).
+        loss: a Pyro ELBO; default: ``Trace_ELBO``'s estimator, fused for the library's models
+            and mean-field guides, eager otherwise (see the module doc).
         batch_size: minibatch size for the model's ``"data"`` plate (``None``: full batch).
         seed: seeds torch / NumPy / Python before the first step (same seed, same numbers); an
             integer in ``[0, 2**32)`` or ``None``.
@@ -318,15 +364,16 @@ def fit_svi(
             updates or early stopping by raising ``StopIteration``); checked callable up front.
         model_kwargs: further keyword arguments of ``model`` and ``guide`` (e.g. ``task=`` of a
             multi-task :class:`~pyro_bnnlv.models.projected.ProjectedBNN`).
-        check_jit: cross-check a compiled loss against its eager twin at steps 1, 10, 100 and
-            1,000 and continue eagerly on a mismatch (see the module doc). ``False`` trusts the
-            compiled graph (benchmarks only).
+        check_jit: cross-check a compiled or fused loss against its eager twin at steps 1, 10,
+            100 and 1,000 and restart eagerly from the initial parameters on a mismatch (see the
+            module doc). ``False`` trusts the compiled graph (benchmarks only).
         lr_schedule: a :class:`PlateauSchedule` (decay on plateaus, stop when the rate is
             spent; ``num_steps`` is then the cap), or ``None`` for a constant ``lr``. The
             returned history has one entry per step taken.
 
     Raises:
-        NonFiniteLossError: the loss became NaN/inf; the message names the step.
+        NonFiniteLossError: training diverged (a NaN/inf loss, or a distribution parameter made
+            invalid by the updates); the message names the step.
     """
     check_int(num_steps, "num_steps")
     check_int(batch_size, "batch_size", allow_none=True)
@@ -348,8 +395,7 @@ def fit_svi(
     if lr_schedule is not None and not isinstance(lr_schedule, PlateauSchedule):
         raise TypeError(f"lr_schedule must be a pb.PlateauSchedule (or None), got {type(lr_schedule).__name__}")
     set_seed(seed)
-    use_default = loss is None
-    loss = _default_loss(model, guide) if use_default else loss
+    loss = _default_loss(model, guide) if loss is None else loss
     forget_compiled(loss)
     guard = JitGuard(steps=JitGuard.default_steps if check_jit else ())
     kwargs = dict(model_kwargs or {})
@@ -357,32 +403,52 @@ def fit_svi(
         kwargs["batch_size"] = batch_size
     history: list[float] = []
     with isolated_param_store(model, guide):
-        bar = tqdm(range(num_steps), disable=not progress, desc="SVI", leave=False)
-        optimizer = stopper = None
-        for step in bar:
+        bar = tqdm(total=num_steps, disable=not progress, desc="SVI", leave=False)
+        optimizer = stopper = restart = None
+        step = 0
+        while step < num_steps:
             if optimizer is None:
-                loss, value, params = _first_step(loss, use_default, model, guide, x, y, kwargs)
+                if guard.steps and is_compiled(loss):
+                    restart = _Restart(pyro.util.get_rng_state(), loss)
+                value, params = _first_step(loss, model, guide, x, y, kwargs)
                 optimizer = torch.optim.Adam(params, lr=lr)
                 if lr_schedule is not None:
                     per_epoch = lr_schedule.steps_per_epoch or (
                         1 if batch_size is None else math.ceil(len(x) / batch_size))
                     stopper = _PlateauStopper(lr_schedule, optimizer, per_epoch)
+                if restart is not None:
+                    restart.record(params, optimizer, stopper, model, guide)
             else:
-                loss, value = guard.step(loss, step, params, model, guide, (x, y), kwargs)
+                try:
+                    loss, value = guard.step(loss, step, params, model, guide, (x, y), kwargs)
+                except ValueError as err:  # a distribution refusing a parameter the updates broke
+                    detail = _invalid_parameter(err)
+                    if detail is None:
+                        raise
+                    raise NonFiniteLossError(step, math.nan, detail) from err
+                if guard.mismatch is not None and restart is not None:
+                    step = restart.restore(loss, history)  # the eager twin, from the start
+                    restart = None
+                    bar.reset(total=num_steps)
+                    bar.update(step)
+                    continue
             if not math.isfinite(value):
                 raise NonFiniteLossError(step, value)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             history.append(value)
+            bar.update(1)
             if progress and (step % 50 == 0 or step == num_steps - 1):
                 bar.set_postfix(loss=f"{value:.4g}")
+            step += 1
             if callback is not None:
                 try:
-                    callback(step, value)
+                    callback(step - 1, value)
                 except StopIteration:
                     break
             if stopper is not None and stopper.done(value):
                 break
+        bar.close()
     _claim_param_names(guide)
     _claim_param_names(model)
     return history

@@ -250,7 +250,8 @@ def _ncai_step_ms(kind: str, data: Any, steps: int, seed: int) -> float:
 def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
     """``pyro-bnnlv bench ncai``: ms per SVI step on heavy-tail (N = 300, 1x50), NCAIElbo vs MFVI.
 
-    Contenders, alternated in rounds: BNN+LV MFVI (``fit_svi``'s compiled default), NCAIElbo
+    Contenders, alternated in rounds: BNN+LV MFVI (``fit_svi``'s default, the fused
+    ``Trace_ELBO`` of :class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`), NCAIElbo
     compiled with the HSIC term (default; its statistics in one call of the compiled pairwise
     kernels, :func:`~pyro_bnnlv.stats._pairwise.ncai_statistics`), the same with the statistics
     on their pure-torch path (``PYRO_BNNLV_COMPILED=0``, what runs without a C++ compiler), with
@@ -265,12 +266,12 @@ def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
         for kind in kinds:
             times[kind].append(_ncai_step_ms(kind, data, steps, seed + r))
     med = {k: statistics.median(v) for k, v in times.items()}
-    labels = {"mfvi": "BNN+LV MFVI (compiled Trace_ELBO)", "ncai-jit": "NCAIElbo, HSIC term, JIT + guard",
+    labels = {"mfvi": "BNN+LV MFVI (fit_svi default: fused Trace_ELBO)", "ncai-jit": "NCAIElbo, HSIC term, JIT + guard",
               "ncai-torch": "NCAIElbo, HSIC term, JIT + guard, torch statistics (no C++)",
               "ncai-pc": "NCAIElbo, printed PC term, JIT + guard", "ncai-eager": "NCAIElbo, HSIC term, eager"}
     rows = [(labels[k], med[k], med[k] / med["mfvi"]) for k in kinds]
     table = pd.DataFrame(rows, columns=["loss", "ms_per_step", "ratio_to_mfvi"]).set_index("loss")
-    table.attrs["NCAIElbo (JIT) / MFVI step, target <= 1.5"] = med["ncai-jit"] / med["mfvi"]
+    table.attrs["NCAIElbo (JIT) / MFVI step, target <= 1.3"] = med["ncai-jit"] / med["mfvi"]
     return table
 
 

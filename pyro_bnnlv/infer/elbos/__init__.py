@@ -1,5 +1,7 @@
 """ELBOs beyond Pyro's ``Trace_ELBO``: each a ``pyro.infer.ELBO`` subclass usable with ``SVI``.
 
+* :class:`FusedTraceElbo`: ``Trace_ELBO`` for the library's BNN and BNN+LV with a mean-field guide,
+  computed without Pyro's traces (``fit_svi``'s default for those pairs);
 * :class:`PenalizedElbo`: an ELBO plus differentiable penalties, one objective for every entry
   point (the base of :class:`NCAIElbo`); :class:`CompiledTraceElbo`: ``Trace_ELBO`` compiled and
   cross-checked against its eager twin (:mod:`.jit_guard`);
@@ -10,6 +12,7 @@
 """
 
 from .closed_form_kl import ClosedFormKLElbo
+from .fused import FusedTraceElbo
 from .knn import FunctionalKNNElbo, KNNElbo, input_box
 from .local_reparam import LocalReparamELBO, local_reparam_forward
 from .ncai import NCAIElbo, ncai_penalties, safe_exp
@@ -19,6 +22,7 @@ __all__ = [
     "ClosedFormKLElbo",
     "CompiledTraceElbo",
     "FunctionalKNNElbo",
+    "FusedTraceElbo",
     "KNNElbo",
     "LocalReparamELBO",
     "NCAIElbo",

@@ -68,12 +68,11 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.util import torch_item
 from pyro.nn import PyroModule, pyro_method
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.runtime import _PYRO_STACK
-from pyro.poutine.trace_messenger import TraceMessenger
 from torch import Tensor
 from torch.distributions import Independent, Normal, constraints, kl_divergence
 
 from ..._checks import check_int
+from .fused import forward_replaced, guide_locs_and_scales, only_param_capture_active
 
 __all__ = ["ClosedFormKLElbo"]
 
@@ -116,29 +115,6 @@ def _select(fn, dim: int, name: str, role: str):
             "is implemented for Normal and Independent(Normal) sites: leave it out of sites="
         )
     return Normal(fn.loc.select(dim, 0), fn.scale.select(dim, 0), validate_args=False)
-
-
-@pyro_method
-def _guide_locs_and_scales(guide: AutoNormal, sites: list[str]) -> list[tuple[Tensor, Tensor]]:
-    """``AutoNormal``'s ``(loc, scale)`` per site, read inside the guide's Pyro context as its
-    ``forward`` reads them: ``pyro.param`` statements are issued (Pyro's ``SVI`` collects the
-    parameters a step touches from them) and the param store's values are the ones used."""
-    return [guide._get_loc_and_scale(name) for name in sites]
-
-
-def _only_param_capture_active() -> bool:
-    """Whether Pyro's handler stack holds nothing but parameter-only traces (what ``SVI`` and
-    :func:`~pyro_bnnlv.fit_svi` wrap a step in); any other handler acts on the sites a fused step
-    never issues."""
-    return all(isinstance(h, TraceMessenger) and h.param_only for h in _PYRO_STACK)
-
-
-def _forward_replaced(module: torch.nn.Module) -> bool:
-    """Whether calling ``module`` would run more than its class's ``forward``: forward hooks
-    (the module's or global ones) or a ``forward`` assigned on the instance."""
-    hooks = (module._forward_hooks, module._forward_pre_hooks, torch.nn.modules.module._global_forward_hooks,
-             torch.nn.modules.module._global_forward_pre_hooks)  # fmt: skip
-    return "forward" in vars(module) or any(len(h) for h in hooks)
 
 
 @pyro_method
@@ -219,7 +195,7 @@ class ClosedFormKLElbo(Trace_ELBO):
         refs = self._compiled.get((id(model), id(guide)))
         if refs is None or refs[0]() is not model or refs[1]() is not guide:
             return None  # no traced step of this pair yet (or ids reused by new objects)
-        if not _only_param_capture_active():
+        if not only_param_capture_active():
             return None  # a poutine handler around the call (mask, scale, condition, ...) acts on sites
         if len(args) != 2 or not all(isinstance(a, torch.Tensor) for a in args) or set(kwargs) - {"batch_size"}:
             return None
@@ -229,7 +205,7 @@ class ClosedFormKLElbo(Trace_ELBO):
             return None  # Pyro's minibatch draw on another device; a batch size Pyro refuses
         if not isinstance(guide, AutoNormal) or not isinstance(model, PyroModule) or guide.create_plates is not None:
             return None  # create_plates: the guide draws the minibatch before the latents
-        if any(_forward_replaced(m) for m in (model, guide)):
+        if any(forward_replaced(m) for m in (model, guide)):
             return None
         if type(guide).forward is not AutoNormal.forward:
             return None
@@ -256,7 +232,7 @@ class ClosedFormKLElbo(Trace_ELBO):
             model._check_dtype(x)
         S = self.num_particles
         draws, qs = {}, {}
-        for name, (loc, scale) in zip(sites, _guide_locs_and_scales(guide, sites)):
+        for name, (loc, scale) in zip(sites, guide_locs_and_scales(guide, sites)):
             # the guide's order, S draws each: AutoNormal's rsample inside the particle plate
             qs[name] = Normal(loc, scale, validate_args=False)  # the scale is positive by its constraint
             draws[name] = qs[name].rsample((S,))

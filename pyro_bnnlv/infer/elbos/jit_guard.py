@@ -5,7 +5,8 @@ test, an ``if loss > ...``) or a Python number read at trace time (a weight, a b
 place) is frozen into the graph as the constant it had then; the compiled loss silently stops
 following the code. :class:`JitGuard` recomputes the loss and its gradients eagerly at a few
 checkpoints (same parameters, same random draws) and compares; on a mismatch it warns once,
-naming the loss and the step, and training continues with the eager twin.
+naming the loss and the step, and training continues with the eager twin (:func:`~pyro_bnnlv.fit_svi`
+restarts it from the initial parameters).
 
 Only branches on *shapes* are safe in a trace whose cache is keyed by shapes; Pyro's plate
 messenger has such branches (``pyro.poutine.subsample_messenger``: plate size against the
@@ -135,8 +136,9 @@ class JitGuard:
         if compiled:
             why = "the trace froze a value-dependent branch or a changing constant; continuing without JIT"
         else:
-            why = ("its fused computation no longer matches the traced model and guide; continuing "
-                   "with the traced computation")
+            why = "its fused computation no longer matches the traced model and guide; continuing traced"
+        # fit_svi restarts with the twin from the initial parameters
+        why += " (fit_svi: restarting from the initial parameters)"
         warnings.warn(
             f"the {'compiled' if compiled else 'fused'} {type(loss).__name__} disagrees "
             f"with its eager twin at step {step} (loss {value:.6g} vs {v_e:.6g}, relative gradient "

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .jit_guard import plate_shape_tracer_warnings_ignored
 
-__all__ = ["PenalizedElbo", "CompiledTraceElbo"]
+__all__ = ["PenalizedElbo", "CompiledTraceElbo", "module_buffers"]
 
 
 class PenalizedElbo(Trace_ELBO):
@@ -126,7 +126,7 @@ class PenalizedElbo(Trace_ELBO):
                    tuple((k, shape(v)) for k, v in sorted(kwargs.items())))  # fmt: skip
             # the tensor state of the model and guide modules (e.g. prior scales that empirical
             # Bayes rewrites between steps) enters the trace as inputs, not as constants
-            state = _module_buffers(model) + _module_buffers(guide)
+            state = module_buffers(model) + module_buffers(guide)
             key = key + tuple((name, tuple(t.shape), t.dtype) for _, name, t in state)
             if key not in self._compiled:
                 weakself = weakref.ref(self)
@@ -189,7 +189,7 @@ class PenalizedElbo(Trace_ELBO):
         return twin
 
 
-def _module_buffers(obj: object) -> list[tuple[torch.nn.Module, str, Tensor]]:
+def module_buffers(obj: object) -> list[tuple[torch.nn.Module, str, Tensor]]:
     """``(owner module, name, tensor)`` of every buffer of ``obj`` if it is a ``torch.nn.Module``."""
     if not isinstance(obj, torch.nn.Module):
         return []

@@ -176,3 +176,32 @@ def test_ncai_protocol_table_puts_each_sets_true_density_ceiling_under_it(tmp_pa
     ceilings = [line for line in lines if "ceiling" in line]
     assert ceilings == ["| *ceiling: the true density* | *0.39* |  |  |"]
     assert lines.index(ceilings[0]) == lines.index(next(x for x in lines if "**mine**" in x)) - 1
+
+
+def test_ncai_paired_table_says_tie_within_the_splits_noise():
+    """Issue 37: an ordering of two means over a few splits is a claim only with its paired
+    difference; within a paired t-test's 5% band it is a tie."""
+    import math
+
+    from scipy import stats
+
+    from pyro_bnnlv.reproduce.ncai import paired_table
+
+    rows = []
+    lam_ll = [0.5, 0.6, 0.4, 0.55, 0.45]  # vs MFVI: +0.5 each split (+-0.1): higher
+    noisy = [0.9, -0.7, 0.8, -0.6, 0.1]  # vs NCAI_0: mean +0.1, SE large: tie
+    for split in range(5):
+        rows += [dict(dataset="toy", split=split, method="BNN+LV (MFVI)", test_ll=0.0, mi_x_z=0.5, hz_z=1.0),
+                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_0)", test_ll=lam_ll[split] - noisy[split],
+                      mi_x_z=0.2, hz_z=0.5),
+                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_lambda)", test_ll=lam_ll[split],
+                      mi_x_z=0.1 + 0.01 * split, hz_z=0.1)]  # fmt: skip
+    text = paired_table([pd.DataFrame(rows)], ["x.csv"], {})
+    lines = text.splitlines()
+    mfvi = next(line for line in lines if "BNN+LV MFVI" in line)
+    zero = next(line for line in lines if "NCAI_0" in line)
+    assert "0.50 (0.04), higher" in mfvi and "lower" in mfvi.split("|")[4]
+    d = [n for n in noisy]
+    se = float(pd.Series(d).std(ddof=1)) / math.sqrt(5)
+    assert abs(0.1) < stats.t.ppf(0.975, 4) * se
+    assert "0.10 (" in zero and ", tie" in zero.split("|")[3]

@@ -81,6 +81,7 @@ Builder = Callable[[list[pd.DataFrame], list[str], dict[str, str]], str]
 TABLES: dict[str, Builder] = {
     "ncai-compare": ncai.compare_table,
     "ncai-protocol": ncai.protocol_table,
+    "ncai-paired": ncai.paired_table,
     "hyvi-cosine": hyvi.cosine_table,
     "hyvi-uci": hyvi.uci_table,
     "knn-elbo-presets": hyvi.knn_presets_table,

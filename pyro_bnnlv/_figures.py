@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["new_axes", "finish_figure"]
+__all__ = ["finish_figure", "new_axes"]
 
 
 def new_axes(ax: Any = None, figsize: tuple[float, float] = (7, 4)) -> tuple[Any, Any]:

@@ -35,8 +35,16 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "Activation", "ACTIVATION_TABLE", "ACTIVATIONS", "get_activation", "LayerSpec", "unflatten",
-    "mlp_hidden", "mlp_squared_error_kernel", "mlp_jacobian", "mlp_local_reparam_sample",
+    "ACTIVATIONS",
+    "ACTIVATION_TABLE",
+    "Activation",
+    "LayerSpec",
+    "get_activation",
+    "mlp_hidden",
+    "mlp_jacobian",
+    "mlp_local_reparam_sample",
+    "mlp_squared_error_kernel",
+    "unflatten",
 ]
 
 LayerSpec = tuple[int, int, slice, slice]  # (fan_in, fan_out, weight slice, bias slice)

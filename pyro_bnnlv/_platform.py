@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-__all__ = ["usable_cores", "retain_freed_memory", "is_glibc"]
+__all__ = ["is_glibc", "retain_freed_memory", "usable_cores"]
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3

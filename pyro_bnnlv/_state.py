@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._checks import check_seed
 
-__all__ = ["set_seed", "isolated_param_store"]
+__all__ = ["isolated_param_store", "set_seed"]
 
 
 def set_seed(seed: int | None, name: str = "seed") -> None:

@@ -51,10 +51,10 @@ from ._figures import finish_figure
 from .stats.posterior_kl import compare_posteriors
 
 __all__ = [
-    "to_inference_data",
-    "posterior_summary",
-    "plot_trace",
     "compare_posteriors",
+    "plot_trace",
+    "posterior_summary",
+    "to_inference_data",
     "weight_labels",
 ]
 

@@ -46,11 +46,11 @@ from .stats.predictive import (
 )
 
 __all__ = [
-    "plot_predictive_1d",
-    "plot_predicted_vs_observed",
-    "plot_calibration",
-    "new_axes",
     "finish_figure",
+    "new_axes",
+    "plot_calibration",
+    "plot_predicted_vs_observed",
+    "plot_predictive_1d",
 ]
 
 #: Nominal levels of :func:`plot_calibration`'s curve: 0.05, 0.10, ..., 0.95.

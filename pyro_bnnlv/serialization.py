@@ -44,7 +44,7 @@ from .protocols import ChecksData
 from .models import BNN, BNNLV, OverparametrisedLinear, ProjectedBNN
 from .nets import MLP
 
-__all__ = ["save_fit", "load_fit", "register_class"]
+__all__ = ["load_fit", "register_class", "save_fit"]
 
 _FORMAT = 3
 # format 1: no y_shape when saved without y, no guide config; formats 1-2 name classes

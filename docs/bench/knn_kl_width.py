@@ -30,7 +30,6 @@ of 10 pairs of 500 + 500 draws) and, for mean-field guides, the exact KL. Each f
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 
 import pandas as pd

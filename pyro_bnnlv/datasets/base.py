@@ -16,14 +16,14 @@ from torch import Tensor
 from .._checks import check_fraction, check_seed
 
 __all__ = [
-    "Dataset",
     "DATA_DIR_ENV",
-    "default_data_dir",
-    "register",
     "REGISTRY",
-    "make_dataset",
+    "Dataset",
+    "default_data_dir",
     "from_arrays",
     "from_frame",
+    "make_dataset",
+    "register",
     "standardized_source",
 ]
 

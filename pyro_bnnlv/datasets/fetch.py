@@ -56,10 +56,10 @@ from .base import DATA_DIR_ENV, default_data_dir
 __all__ = [
     "MIRROR_ENV",
     "DatasetUnavailableError",
-    "manifest",
-    "fetchable_datasets",
-    "fetch_dataset",
     "dataset_status",
+    "fetch_dataset",
+    "fetchable_datasets",
+    "manifest",
 ]
 
 #: Environment variable holding a mirror base URL (or directory) in the data directory's layout.

@@ -29,7 +29,7 @@ from .._checks import check_seed
 from .base import Dataset, make_dataset, register
 from .fetch import fetch_dataset
 
-__all__ = ["load_uci", "uci_num_splits", "load_table", "UCI_FOLDERS", "TABLES"]
+__all__ = ["TABLES", "UCI_FOLDERS", "load_table", "load_uci", "uci_num_splits"]
 
 #: dataset name -> folder under ``uci/``
 UCI_FOLDERS = {

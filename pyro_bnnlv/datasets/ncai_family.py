@@ -38,7 +38,7 @@ from scipy import special, stats
 from .._checks import check_int, check_seed
 from .base import Dataset, make_dataset, register
 
-__all__ = ["EFFECTS", "FAMILY", "FamilyProblem", "family_problem", "log_density", "ceiling"]
+__all__ = ["EFFECTS", "FAMILY", "FamilyProblem", "ceiling", "family_problem", "log_density"]
 
 EFFECTS = ("additive", "heteroscedastic", "multiplicative", "multimodal", "heavy-tailed")
 #: the family's size: 24 problems, each effect in 1-D and 2-D at least twice

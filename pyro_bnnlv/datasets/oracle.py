@@ -37,7 +37,7 @@ from .._checks import check_int, check_seed
 from .base import REGISTRY, Dataset, _as_float_array, _canonical, standardized_source
 from .synthetic import PROCESSES, HeteroscedasticProcess, LatentProcess
 
-__all__ = ["OracleLL", "true_log_density", "expected_test_ll", "ORACLE_DATASETS"]
+__all__ = ["ORACLE_DATASETS", "OracleLL", "expected_test_ll", "true_log_density"]
 
 ORACLE_DATASETS: tuple[str, ...] = tuple(PROCESSES)
 

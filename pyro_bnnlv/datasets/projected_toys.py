@@ -37,8 +37,15 @@ from .._checks import check_int, check_seed
 from ..nets import MLP
 from .base import Dataset, make_dataset, register
 
-__all__ = ["four_modes", "sine_tasks", "FOUR_MODE_CENTRES", "four_modes_net", "bumps_fitted",
-           "missed_bump_modes", "canonical_rbf_units"]
+__all__ = [
+    "FOUR_MODE_CENTRES",
+    "bumps_fitted",
+    "canonical_rbf_units",
+    "four_modes",
+    "four_modes_net",
+    "missed_bump_modes",
+    "sine_tasks",
+]
 
 #: the bump positions of ``four-modes``
 FOUR_MODE_CENTRES = (-3.0, -1.0, 1.0, 3.0)

@@ -31,7 +31,7 @@ import numpy as np
 from .._checks import check_fraction, check_seed
 from .base import Dataset, make_dataset
 
-__all__ = ["gap_split", "gap_splits", "extrapolation_split", "interpolation_split", "pooled_data"]
+__all__ = ["extrapolation_split", "gap_split", "gap_splits", "interpolation_split", "pooled_data"]
 
 
 def pooled_data(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -33,17 +33,17 @@ from .._checks import ArgumentTypeError, check_int, check_seed
 from .base import Dataset, make_dataset, register
 
 __all__ = [
-    "LatentProcess",
-    "HeteroscedasticProcess",
     "PROCESSES",
-    "heavy_tail",
-    "depeweg",
+    "HeteroscedasticProcess",
+    "LatentProcess",
     "bimodal",
-    "goldberg",
-    "yuan",
-    "williams",
-    "cosine",
     "clusters",
+    "cosine",
+    "depeweg",
+    "goldberg",
+    "heavy_tail",
+    "williams",
+    "yuan",
 ]
 
 

@@ -53,7 +53,7 @@ from ..nets import as_positive_int
 from ..param_names import own_param_names
 from .init import check_init_scale
 
-__all__ = ["ImplicitSample", "HypernetGuide", "HypernetLVGuide", "hypernet_lv_guide"]
+__all__ = ["HypernetGuide", "HypernetLVGuide", "ImplicitSample", "hypernet_lv_guide"]
 
 IMPLICIT_MESSAGE = (
     "the hypernetwork guide is implicit: q(w) has no density, so log q(w) cannot be evaluated. "

@@ -41,7 +41,7 @@ from ..models.bnnlv import BNNLV
 from ..nets import MLP
 from .mean_field import MeanField
 
-__all__ = ["ncai_init_weights", "ncai_init_loc_fn", "ncai_guide"]
+__all__ = ["ncai_guide", "ncai_init_loc_fn", "ncai_init_weights"]
 
 
 def _ncai_seed(seed: object) -> int:

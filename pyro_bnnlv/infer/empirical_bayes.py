@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._checks import check_int, check_real
 
-__all__ = ["EmpiricalBayes", "eb_weight_variance", "eb_latent_variance"]
+__all__ = ["EmpiricalBayes", "eb_latent_variance", "eb_weight_variance"]
 
 
 def eb_weight_variance(loc: Tensor, scale: Tensor, alpha: float = 3.0, beta: float = 0.5) -> Tensor:

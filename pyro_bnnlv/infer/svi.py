@@ -72,7 +72,7 @@ from .elbos.fused import FusedTraceElbo, fused_pair
 from .elbos.jit_guard import JitGuard, forget_compiled, is_compiled, plate_shape_tracer_warnings_ignored
 from .elbos.penalized import module_buffers
 
-__all__ = ["fit_svi", "train_map", "PlateauSchedule", "NonFiniteLossError", "isolated_param_store", "set_seed"]
+__all__ = ["NonFiniteLossError", "PlateauSchedule", "fit_svi", "isolated_param_store", "set_seed", "train_map"]
 
 
 @dataclass(frozen=True)

@@ -5,4 +5,4 @@ from .bnnlv import BNNLV
 from .projected import ProjectedBNN
 from .linear import OverparametrisedLinear
 
-__all__ = ["BNN", "BNNLV", "ProjectedBNN", "fan_in_prior_scale", "OverparametrisedLinear"]
+__all__ = ["BNN", "BNNLV", "OverparametrisedLinear", "ProjectedBNN", "fan_in_prior_scale"]

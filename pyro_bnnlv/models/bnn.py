@@ -34,7 +34,7 @@ from torch.distributions import constraints
 from .._checks import ArgumentTypeError, check_real
 from ..nets import FlatNet, MLP
 
-__all__ = ["BNN", "fan_in_prior_scale", "check_xy", "as_tensor_args"]
+__all__ = ["BNN", "as_tensor_args", "check_xy", "fan_in_prior_scale"]
 
 
 def fan_in_prior_scale(net: FlatNet, omega: float = 4.0, bias_scale: float = 1.0) -> Tensor:

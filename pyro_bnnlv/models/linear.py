@@ -43,7 +43,7 @@ from .bnn import as_tensor_args
 from ..nets import as_positive_int
 from .potential import FlatPotential
 
-__all__ = ["OverparametrisedLinear", "Gaussian", "DTYPE", "design_matrix"]
+__all__ = ["DTYPE", "Gaussian", "OverparametrisedLinear", "design_matrix"]
 
 DTYPE = torch.float64
 

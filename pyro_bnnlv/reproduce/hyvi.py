@@ -74,7 +74,7 @@ from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from . import tables
 
-__all__ = ["cosine_experiment", "uci_experiment", "uci_task", "main"]
+__all__ = ["cosine_experiment", "main", "uci_experiment", "uci_task"]
 
 PRIOR_SCALE = math.sqrt(0.5)  # sec. 4.1: prior N(0, 0.5 I) on all parameters
 METHODS = ("MFVI", "NN-HyVI", "FuNN-HyVI", "FuNN-MFVI")

@@ -67,7 +67,7 @@ from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .timing import median_ms
 from . import tables
 
-__all__ = ["fit_map_learned_noise", "run_split", "split_task", "uci_table", "summary", "DATASETS", "PAPER_LL"]
+__all__ = ["DATASETS", "PAPER_LL", "fit_map_learned_noise", "run_split", "split_task", "summary", "uci_table"]
 
 DATASETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 METHODS = ("MAP", "MFVI", "LL", "LL-valid", "SL")

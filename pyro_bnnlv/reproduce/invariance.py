@@ -63,14 +63,14 @@ from ..stats.linear_closed_forms import (
 )
 
 __all__ = [
-    "FIGURE_NOISE_SCALE",
     "DEFAULT_STAGES",
-    "svi_invariance_experiment",
+    "FIGURE_NOISE_SCALE",
     "fit_mean_field_linear",
-    "nuts_invariance_check",
-    "write_invariance_gap_figure",
     "invariance_gap_table",
+    "nuts_invariance_check",
     "plot_invariance_gap",
+    "svi_invariance_experiment",
+    "write_invariance_gap_figure",
 ]
 
 #: ``sigma_y = (2 pi e)^{-1/2}``, the noise of Fig. 1 and Fig. 2.

@@ -48,7 +48,7 @@ from . import tables
 from .timing import fit_step_ms
 from .ncai_compare import METHODS, CompareConfig, compare_tasks, fit_task, load_compare_data, task_setting
 
-__all__ = ["DATASETS", "PAPER", "select_settings", "summary", "true_test_ll", "run_protocol", "main"]
+__all__ = ["DATASETS", "PAPER", "main", "run_protocol", "select_settings", "summary", "true_test_ll"]
 
 DATASETS = ("heavy-tail", "goldberg", "williams", "yuan", "depeweg")
 

@@ -73,8 +73,19 @@ from ..stats.latent import latent_diagnostics, latent_means
 from ..stats.predictive import evaluate, mixture_quantile
 from ..sweep import Task, run_sweep, task_function
 
-__all__ = ["CompareConfig", "DATASET_SETTINGS", "run_compare", "load_compare_data", "compare_tasks",
-           "fit_task", "task_setting", "select_fits", "plot_compare", "METHODS", "COLUMNS"]  # fmt: skip
+__all__ = [
+    "COLUMNS",
+    "DATASET_SETTINGS",
+    "METHODS",
+    "CompareConfig",
+    "compare_tasks",
+    "fit_task",
+    "load_compare_data",
+    "plot_compare",
+    "run_compare",
+    "select_fits",
+    "task_setting",
+]  # fmt: skip
 
 METHODS = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)")
 COLUMNS = ["method", "test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z", "seconds", "selected"]

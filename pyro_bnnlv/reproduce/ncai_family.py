@@ -33,7 +33,7 @@ from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task
 
-__all__ = ["TERMS", "family_tasks", "select", "win_rates", "run_family", "main"]
+__all__ = ["TERMS", "family_tasks", "main", "run_family", "select", "win_rates"]
 
 #: the independence terms compared by default: today's and issue 37's
 TERMS = ("hsic", "knn-mi")

@@ -93,7 +93,7 @@ from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from . import tables
 
-__all__ = ["uci_experiment", "uci_task", "uci_tasks", "select_best", "main", "METHODS", "PAPER_BUDGET"]
+__all__ = ["METHODS", "PAPER_BUDGET", "main", "select_best", "uci_experiment", "uci_task", "uci_tasks"]
 
 DATASETS = ("boston", "concrete", "energy", "wine", "yacht")
 SCHEMES = ("random", "extrapolation", "interpolation")

@@ -57,8 +57,15 @@ from ..models import BNN, ProjectedBNN
 from ..stats.predictive import evaluate
 from . import tables
 
-__all__ = ["four_modes_candidates", "four_modes_census", "FourModesResult", "four_modes_experiment", "plot_four_modes", "FIGURE_FITS",
-           "main"]
+__all__ = [
+    "FIGURE_FITS",
+    "FourModesResult",
+    "four_modes_candidates",
+    "four_modes_census",
+    "four_modes_experiment",
+    "main",
+    "plot_four_modes",
+]
 
 
 def four_modes_candidates(data: Dataset, *, num_restarts: int = 200, num_steps: int = 1500, lr: float = 0.05,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
-__all__ = ["auto", "best", "bold", "mean_se", "num", "paper_value", "as_printed", "share", "table", "with_paper"]
+__all__ = ["as_printed", "auto", "best", "bold", "mean_se", "num", "paper_value", "share", "table", "with_paper"]
 
 
 def num(value: float, decimals: int = 2) -> str:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..infer.svi import fit_svi
 
-__all__ = ["median_ms", "fit_step_ms"]
+__all__ = ["fit_step_ms", "median_ms"]
 
 
 def median_ms(fn: Callable[[], None], steps: int, warmup: int = 20) -> float:

@@ -59,7 +59,12 @@ from .._compiled import build_extension
 from ._inputs import _as_tensor_2d, _check_same_n
 
 __all__ = [
-    "henze_zirkler_beta", "gauss_gram", "gauss_kernel_sum", "centred_alignment", "compiled_henze_zirkler", "ncai_statistics",
+    "centred_alignment",
+    "compiled_henze_zirkler",
+    "gauss_gram",
+    "gauss_kernel_sum",
+    "henze_zirkler_beta",
+    "ncai_statistics",
     "pairwise_extension",
 ]
 

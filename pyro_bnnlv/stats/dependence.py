@@ -40,14 +40,14 @@ from ._inputs import _as_tensor_2d, _check_same_n
 from ._pairwise import compiled_henze_zirkler, gauss_kernel_sum, henze_zirkler_beta
 
 __all__ = [
+    "correlation_penalty",
     "henze_zirkler",
     "henze_zirkler_beta",
     "henze_zirkler_pvalue",
-    "pearson_correlation",
-    "correlation_penalty",
-    "offdiag_cov_norm",
-    "ksg_mutual_information",
     "ks_statistic",
+    "ksg_mutual_information",
+    "offdiag_cov_norm",
+    "pearson_correlation",
 ]
 
 

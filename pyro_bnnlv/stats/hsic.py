@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ._pairwise import centred_alignment
 
-__all__ = ["normalized_hsic", "gaussian_gram"]
+__all__ = ["gaussian_gram", "normalized_hsic"]
 
 
 def _sq_dists(a: Tensor) -> Tensor:

@@ -53,8 +53,14 @@ from ._pairwise import _centre
 from .dependence import correlation_penalty
 from .hsic import _sq_dists, normalized_hsic
 
-__all__ = ["independence_statistic", "multiscale_hsic", "distance_correlation", "knn_mutual_information",
-           "KINDS", "DEFAULT_SCALES"]  # fmt: skip
+__all__ = [
+    "DEFAULT_SCALES",
+    "KINDS",
+    "distance_correlation",
+    "independence_statistic",
+    "knn_mutual_information",
+    "multiscale_hsic",
+]  # fmt: skip
 
 Kind = Literal["hsic-multiscale", "knn-mi", "dcor", "hsic", "pc"]
 #: The statistics :func:`independence_statistic` computes.

@@ -139,18 +139,18 @@ from ..nets import MLP
 from ..models.bnn import BNN
 
 __all__ = [
-    "likelihood_factor_from_posterior",
-    "invariance_abiding_posterior",
-    "invariance_gap_at_inputs",
-    "sample_qmix",
     "ACTIVATION_SOURCES",
     "first_layer_indices",
+    "first_layer_invariance_gap",
+    "invariance_abiding_posterior",
+    "invariance_gap_at_inputs",
+    "invariance_gap_by_layer",
     "layer_indices",
     "layer_inputs",
-    "first_layer_invariance_gap",
     "layer_invariance_gap",
-    "invariance_gap_by_layer",
+    "likelihood_factor_from_posterior",
     "plot_first_layer_invariance_gap",
+    "sample_qmix",
 ]
 
 _DTYPE = torch.float64

@@ -114,13 +114,13 @@ from torch import Tensor
 from .._checks import check_int
 
 __all__ = [
-    "log_unit_ball_volume",
-    "knn_entropy",
-    "knn_kl",
     "functional_knn_entropy",
     "functional_knn_kl",
-    "predictor_space_samples",
     "input_sampler",
+    "knn_entropy",
+    "knn_kl",
+    "log_unit_ball_volume",
+    "predictor_space_samples",
 ]
 
 EntropyCorrection = Literal["paper", "rescaled", "none"]

@@ -30,13 +30,13 @@ from .._figures import finish_figure
 from ..protocols import LatentModel, RegressionModel
 
 __all__ = [
-    "latent_means",
-    "latent_diagnostics",
-    "reconstruction_mse",
-    "predictive_mse",
     "knn_entropy_1d",
-    "uncertainty_decomposition",
+    "latent_diagnostics",
+    "latent_means",
     "plot_uncertainty_decomposition",
+    "predictive_mse",
+    "reconstruction_mse",
+    "uncertainty_decomposition",
 ]
 
 

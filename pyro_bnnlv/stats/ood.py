@@ -23,7 +23,7 @@ from .latent import knn_entropy_1d
 from .._figures import finish_figure, new_axes
 from ..protocols import LatentModel, RegressionModel
 
-__all__ = ["epistemic_entropy", "auroc", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
+__all__ = ["auroc", "epistemic_entropy", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
 
 
 @torch.no_grad()

@@ -45,9 +45,9 @@ from ..protocols import LatentModel, RegressionModel
 __all__ = [
     "check_level",
     "evaluate",
-    "predictive_chunks",
     "mixture_log_density",
     "mixture_quantile",
+    "predictive_chunks",
     "predictive_metrics",
 ]
 

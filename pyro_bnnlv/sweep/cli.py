@@ -20,7 +20,7 @@ import pandas as pd
 
 from .executors import EXECUTORS
 
-__all__ = ["add_sweep_arguments", "sweep_options", "check_output_file", "report", "EXIT_FAILED", "EXIT_INCOMPLETE"]
+__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "add_sweep_arguments", "check_output_file", "report", "sweep_options"]
 
 #: exit status of a command whose sweep has failed tasks
 EXIT_FAILED = 1

@@ -39,8 +39,18 @@ from .._platform import retain_freed_memory, usable_cores
 from .store import TABLE_FIELDS
 from .task import KEY_FIELDS, Task
 
-__all__ = ["execute", "make_executor", "available_cores", "EXECUTORS", "InlineExecutor",
-           "LocalExecutor", "RayExecutor", "check_ray_address", "check_executor_args", "cores_note"]  # fmt: skip
+__all__ = [
+    "EXECUTORS",
+    "InlineExecutor",
+    "LocalExecutor",
+    "RayExecutor",
+    "available_cores",
+    "check_executor_args",
+    "check_ray_address",
+    "cores_note",
+    "execute",
+    "make_executor",
+]  # fmt: skip
 
 EXECUTORS = ("local", "ray", "inline")
 _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}

@@ -37,7 +37,7 @@ from .executors import check_executor_args, cores_note, make_executor
 from .store import SweepLockedError, SweepStore
 from .task import Task, check_picklable, code_version as current_code_version, sweep_identity
 
-__all__ = ["run_sweep", "load_results", "summarize", "failures"]
+__all__ = ["failures", "load_results", "run_sweep", "summarize"]
 
 
 def _check_tasks(tasks: Sequence[Task]) -> list[Task]:

@@ -33,7 +33,7 @@ import pandas as pd
 from .run import load_results
 from .store import STORE_NAME
 
-__all__ = ["StoreStatus", "sweep_status", "find_stores", "format_status"]
+__all__ = ["StoreStatus", "find_stores", "format_status", "sweep_status"]
 
 
 @dataclass

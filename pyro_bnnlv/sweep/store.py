@@ -36,7 +36,7 @@ import pandas as pd
 
 from .task import KEY_FIELDS, Task, canonical_json, describe_version_change, digest
 
-__all__ = ["SweepStore", "SweepMismatchError", "SweepStoreError", "SweepLockedError", "STORE_NAME", "TABLE_FIELDS"]
+__all__ = ["STORE_NAME", "TABLE_FIELDS", "SweepLockedError", "SweepMismatchError", "SweepStore", "SweepStoreError"]
 
 STORE_NAME = "sweep.sqlite"
 #: the columns a results table adds after the task's result

@@ -31,8 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-__all__ = ["Task", "canonical_json", "digest", "describe_fn", "sweep_identity", "code_version", "task_function",
-           "KEY_FIELDS"]  # fmt: skip
+__all__ = [
+    "KEY_FIELDS",
+    "Task",
+    "canonical_json",
+    "code_version",
+    "describe_fn",
+    "digest",
+    "sweep_identity",
+    "task_function",
+]  # fmt: skip
 
 Scalar = Union[str, int, float, bool, None]
 #: the columns a task contributes to a results table, in order (grid items follow ``method``)

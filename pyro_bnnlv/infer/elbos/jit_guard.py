@@ -33,7 +33,7 @@ from pyro.infer.elbo import ELBO
 from pyro.ops.jit import CompiledFunction
 from torch import Tensor
 
-__all__ = ["JitGuard", "eager_twin", "is_compiled", "forget_compiled", "plate_shape_tracer_warnings_ignored"]
+__all__ = ["JitGuard", "eager_twin", "forget_compiled", "is_compiled", "plate_shape_tracer_warnings_ignored"]
 
 #: 0-based training steps at which :class:`JitGuard` compares compiled and eager (not step 0,
 #: where the trace was recorded: a frozen branch agrees with the code at its own trace point).

@@ -84,7 +84,7 @@ from torch import Tensor
 from ..._checks import check_int, check_real
 from ...stats.knn import functional_knn_kl, input_sampler, knn_kl
 
-__all__ = ["KNNElbo", "FunctionalKNNElbo", "input_box"]
+__all__ = ["FunctionalKNNElbo", "KNNElbo", "input_box"]
 
 
 #: what the estimators' support warning means when the first sample is the guide being fitted

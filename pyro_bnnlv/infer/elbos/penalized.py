@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .jit_guard import plate_shape_tracer_warnings_ignored
 
-__all__ = ["PenalizedElbo", "CompiledTraceElbo", "module_buffers"]
+__all__ = ["CompiledTraceElbo", "PenalizedElbo", "module_buffers"]
 
 
 class PenalizedElbo(Trace_ELBO):

@@ -10,10 +10,10 @@ from .guide import LaplaceGuide, SubsetNormal
 from .linearized import STRUCTURES, LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
 
 __all__ = [
+    "STRUCTURES",
     "LaplaceGuide",
     "LaplacePredictive",
     "LinearizedLaplace",
-    "STRUCTURES",
     "SubsetNormal",
     "last_layer_indices",
     "network_jacobian",

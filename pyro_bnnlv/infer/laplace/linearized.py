@@ -86,11 +86,11 @@ from ...stats.predictive import predictive_metrics
 from ...protocols import LatentModel, NetworkModel
 
 __all__ = [
-    "LinearizedLaplace",
-    "LaplacePredictive",
-    "network_jacobian",
-    "last_layer_indices",
     "STRUCTURES",
+    "LaplacePredictive",
+    "LinearizedLaplace",
+    "last_layer_indices",
+    "network_jacobian",
 ]
 
 Structure = Literal["full", "diag", "last_layer"]

@@ -57,7 +57,7 @@ from ...models.potential import FlatPotential, mlp_regression_potential
 from ...nets import MLP
 from ..svi import fit_svi, train_map
 
-__all__ = ["flat_potential", "_check_flat_potential", "_initial_values", "_model_sites", "_resolve_potential"]
+__all__ = ["_check_flat_potential", "_initial_values", "_model_sites", "_resolve_potential", "flat_potential"]
 
 
 def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPotential | None:

@@ -71,7 +71,7 @@ from .init import _check_flat_potential, _initial_values, _model_sites, _resolve
 from .kernel import FlatNUTS, CountingNUTS
 from .processes import chain_start_method, run_watched
 
-__all__ = ["run_nuts", "chain_records", "RunInfo"]
+__all__ = ["RunInfo", "chain_records", "run_nuts"]
 
 # run_nuts warns when at least this share of the kept draws exhausted max_tree_depth
 _SATURATION_WARNING = 0.1

@@ -31,7 +31,7 @@ from typing import Any
 
 from pyro.infer import MCMC
 
-__all__ = ["chain_start_method", "run_watched", "ChainProcessError"]
+__all__ = ["ChainProcessError", "chain_start_method", "run_watched"]
 
 
 def chain_start_method(mp_context: str | None, kernel: Any, model: Callable[..., Any], compiled: bool) -> str:

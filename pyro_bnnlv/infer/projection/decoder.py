@@ -63,7 +63,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["GENERATIVE_OBJECTIVES", "DEFAULT_BETA", "DEFAULT_NUM_STEPS", "DEFAULT_LR", "mmd2", "median_distance", "gaussian_kl", "vae_terms"]
+__all__ = ["DEFAULT_BETA", "DEFAULT_LR", "DEFAULT_NUM_STEPS", "GENERATIVE_OBJECTIVES", "gaussian_kl", "median_distance", "mmd2", "vae_terms"]
 
 #: the generative decoder objectives of :func:`~pyro_bnnlv.infer.projection.fit.fit_projection`
 GENERATIVE_OBJECTIVES = ("vae", "mmd")

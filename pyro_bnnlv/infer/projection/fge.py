@@ -35,7 +35,7 @@ from ..._checks import check_int
 from ..._state import set_seed
 from ..svi import map_objective, train_map
 
-__all__ = ["FGEResult", "fge", "cyclic_lr"]
+__all__ = ["FGEResult", "cyclic_lr", "fge"]
 
 
 @dataclass

@@ -75,7 +75,7 @@ from .decoder import (
 )
 from ..svi import fit_svi, set_seed
 
-__all__ = ["ProjectionFit", "fit_projection", "ProjectedFit", "fit_projected_bnn", "init_projected_guide"]
+__all__ = ["ProjectedFit", "ProjectionFit", "fit_projected_bnn", "fit_projection", "init_projected_guide"]
 
 
 @dataclass

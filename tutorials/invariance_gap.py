@@ -171,9 +171,9 @@ print(gap_tables[H].sort_values("gap_mean", ascending=False).head(8).round(4).to
 #
 # Unit `j` of layer `l` sees only the previous layer's activations `z_{l-1}`, so eq. 25 is
 # eq. 23 with `[x, 1]` replaced by `[z_{l-1}, 1]`, averaged over `z ~ P(z_{l-1})`.
-# `invariance_gap_by_layer` approximates `P` by propagating the training inputs through
-# `activation_samples` weight draws of the fitted mean-field `q_0` (not `q_mix`: see
-# assumption 9 in the docstring of `pyro_bnnlv.stats.invariance_gap`) and reports every unit of
+# `invariance_gap_by_layer` draws `activation_samples` activations per training input from `P`
+# through `q_mix` of the earlier layers (eq. 24, 26; `activations="q0"` uses the fitted
+# mean-field `q_0`: assumption 9 in the docstring of `pyro_bnnlv.stats.invariance_gap`) and reports every unit of
 # every layer (layer 2 is the output unit). Per layer: total gap, total KL to the prior and the
 # share of that KL which is invariance gap.
 

@@ -94,17 +94,19 @@ def check_seed(value: object, name: str = "seed") -> int | None:
     return int(value)
 
 
-def as_float64(value: object, name: str) -> Tensor:
-    """``value`` as a float64 tensor; ``ValueError`` naming ``name`` if any entry is NaN or infinite."""
+def as_float64(value: object, name: str, *, allow_infinite: bool = False) -> Tensor:
+    """``value`` as a float64 tensor; ``ValueError`` naming ``name`` if any entry is NaN, or
+    infinite unless ``allow_infinite`` (a precision or variance may be ``inf``)."""
     t = torch.as_tensor(value, dtype=torch.float64)
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} must be finite, got {value!r}")
+    bad = torch.isnan(t) if allow_infinite else ~torch.isfinite(t)
+    if bad.any():
+        raise ValueError(f"{name} must be {'free of NaN' if allow_infinite else 'finite'}, got {value!r}")
     return t
 
 
-def as_positive_float64(value: object, name: str) -> Tensor:
+def as_positive_float64(value: object, name: str, *, allow_infinite: bool = False) -> Tensor:
     """:func:`as_float64` with every entry > 0."""
-    t = as_float64(value, name)
+    t = as_float64(value, name, allow_infinite=allow_infinite)
     if (t <= 0).any():
         raise ValueError(f"{name} must be positive, got {value!r}")
     return t

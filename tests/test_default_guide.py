@@ -3,10 +3,13 @@ scale 0.1 and stays stuck on the cosine toy; ``pb.MeanField(model)`` (AutoNormal
 start and init_scale=0.01) is the short path to a good fit.
 
 Measured on the issue's setting (cosine toy, 120 points, 1x50 tanh, N(0, 1) prior, sigma 0.1,
-3,000 Adam steps at lr 0.01, seeds 0, 500 posterior samples, test LL on the 120 test points):
-plain AutoNormal -4.23 (RMSE 0.41), MeanField 0.66 (RMSE 0.13), identical to
-``AutoNormal(model, init_loc_fn=pb.init_to_network(model), init_scale=0.01)``. At 600 steps,
-the budget of the test below: -3.67 vs 0.53.
+3,000 Adam steps at lr 0.01, seeds 0, 500 posterior samples, test LL on the 120 test points,
+fit_svi's default loss, which draws as eager ``Trace_ELBO`` does): plain AutoNormal -4.29
+(RMSE 0.41), MeanField 0.61 (RMSE 0.13), identical to
+``AutoNormal(model, init_loc_fn=pb.init_to_network(model), init_scale=0.01)``. At 1,000 steps,
+the budget of the test below: -4.07 vs 0.47. (At 600 steps MeanField's test LL depends on the
+random stream: 0.24 with seed 0 and 0.61 with seed 1; the compiled loss, whose trace drew other
+numbers, gave 0.53.)
 """
 
 import math
@@ -29,10 +32,10 @@ def _cosine_fit(make_guide, num_steps):
 
 
 def test_mean_field_fits_the_cosine_toy_where_plain_autonormal_is_stuck():
-    good = _cosine_fit(pb.MeanField, num_steps=600)
-    plain = _cosine_fit(AutoNormal, num_steps=600)
-    assert good["test_ll"] > 0.3 and good["rmse"] < 0.2  # measured 0.53, 0.14
-    assert plain["test_ll"] < -2.0 and plain["rmse"] > 0.35  # measured -3.67, 0.41: the trap
+    good = _cosine_fit(pb.MeanField, num_steps=1000)
+    plain = _cosine_fit(AutoNormal, num_steps=1000)
+    assert good["test_ll"] > 0.3 and good["rmse"] < 0.2  # measured 0.47, 0.15
+    assert plain["test_ll"] < -2.0 and plain["rmse"] > 0.35  # measured -4.07, 0.41: the trap
 
 
 def test_mean_field_is_autonormal_with_a_network_start(toy_data):

@@ -45,10 +45,13 @@ def test_fcvi_and_mfvi_fit_a_bnn_with_finite_metrics():
         losses = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=800, lr=0.01, seed=0,
                             progress=False)  # fmt: skip
         assert all(math.isfinite(v) for v in losses)
-        samples = pb.sample_posterior(model, guide, data.x_train, num_samples=200, seed=0)
-        metrics = pb.evaluate(model, samples, data.x_test, data.y_test)
+        samples = pb.sample_posterior(model, guide, data.x_train, num_samples=2000, seed=0)
+        metrics = pb.evaluate(model, {"w": samples["w"][:200]}, data.x_test, data.y_test)
         assert metrics.notna().all() and all(math.isfinite(v) for v in metrics)
         corr = torch.corrcoef(samples["w"].T)
-        out[name] = float((corr - torch.eye(len(corr))).abs().max())
-    assert out["fcvi"] > 0.5  # FCVI learns strong correlations between weights ...
-    assert out["mfvi"] < 0.35  # ... mean-field samples are independent (sampling noise only)
+        out[name] = float((corr - torch.eye(len(corr))).abs().mean())
+    # the mean |correlation| between weights: FCVI's guide learns 0.074-0.077 (seeds 0-2), while
+    # mean-field draws are independent, leaving sampling noise only (E|r| ~ 0.018 for 2,000 draws);
+    # the maximum over 465 pairs of 200 draws, used before, moved by 0.2 between seeds
+    assert out["fcvi"] > 0.05
+    assert out["mfvi"] < 0.03

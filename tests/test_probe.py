@@ -603,7 +603,7 @@ def _():
         torch.manual_seed(seed)
         model = pb.BNN(pb.MLP(1, [8], 1), noise_scale=0.1)
         guide = pb.MeanField(model)
-        pb.fit_svi(model, guide, _X1, target, num_steps=150, lr=0.02, seed=0, progress=False)
+        pb.fit_svi(model, guide, _X1, target, num_steps=400, lr=0.02, seed=0, progress=False)
         fits.append((model, guide, target))
     b_locs = fits[1][1].locs.w.detach().clone()
     out = []
@@ -1077,7 +1077,7 @@ MORE_CLEAN = {
     "FunctionalKNNElbo: num_inputs 0": (lambda: pb.FunctionalKNNElbo(num_inputs=0), ValueError, r"num_inputs must be a positive integer"),
     "NCAIElbo: lambda1 -1": (lambda: pb.NCAIElbo(lambda1=-1), ValueError, r"lambda1 must be a finite non-negative number"),
     "NCAIElbo: eps_T 0": (lambda: pb.NCAIElbo(eps_T=0), ValueError, r"eps_T must be positive"),
-    "NCAIElbo: independence 'x'": (lambda: pb.NCAIElbo(independence="x"), ValueError, r"independence must be 'hsic' or 'pc'"),
+    "NCAIElbo: independence 'x'": (lambda: pb.NCAIElbo(independence="x"), ValueError, r"independence must be one of 'hsic', 'pc', 'knn-mi'"),
     "NCAIElbo: a BNN without z": (lambda: _fit(loss=pb.NCAIElbo()), ValueError, r"the guide has no site 'z'"),
     "NCAIElbo: no y": (lambda: _fit(_LV(), y=None, loss=pb.NCAIElbo()), ValueError, r"NCAIElbo needs observed targets"),
     "NCAIElbo: misspelt option": (lambda: pb.NCAIElbo(num_particle=2), TypeError, r"'num_particle'"),

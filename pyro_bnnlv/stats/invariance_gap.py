@@ -171,8 +171,8 @@ def likelihood_factor_from_posterior(
     ``lambda = inf`` (flat ``g_0``) and ``m = m_q`` where ``v >= sigma^2``. All arguments
     broadcast; float64 results. Round trip with :func:`pyro_bnnlv.models.linear.q0` is tested.
     """
-    q_loc, prior_loc = as_float64(q_loc, "q_loc"), as_float64(prior_loc, "prior_loc")
-    q_var, prior_var = as_positive_float64(q_var, "q_var"), as_positive_float64(prior_var, "prior_var")
+    q_loc, prior_loc = as_float64(q_loc, "q_loc", allow_infinite=True), as_float64(prior_loc, "prior_loc", allow_infinite=True)
+    q_var, prior_var = as_positive_float64(q_var, "q_var", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
     informative = q_var < prior_var
     gap = torch.where(informative, prior_var - q_var, torch.ones_like(prior_var - q_var))
     lam = torch.where(informative, prior_var * q_var / gap, torch.full_like(gap, math.inf))
@@ -197,9 +197,9 @@ def invariance_abiding_posterior(
     ``cov (..., d, d)`` (for checks and small ``d``; :func:`invariance_gap_at_inputs` never forms
     it). ``x^T V x = inf`` (a flat ``g_0`` coordinate seen by ``x``) gives the prior.
     """
-    x = as_float64(x, "x")
-    mu, s2 = as_float64(prior_loc, "prior_loc"), as_positive_float64(prior_var, "prior_var")
-    m, lam = as_float64(m, "m"), as_positive_float64(lam, "lam")
+    x = as_float64(x, "x", allow_infinite=True)
+    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
     a, s = _quadratic_terms(x, s2, lam)
     c = 1.0 / (a + s)  # 0 when a = inf
     sx = s2 * x
@@ -220,14 +220,14 @@ def invariance_gap_at_inputs(
     :func:`likelihood_factor_from_posterior` of ``q_0``. Shapes ``(..., d)``, broadcast; the
     result has the broadcast batch shape. See the module docstring for the formula.
     """
-    x = as_float64(x, "x")
-    mq, v = as_float64(q_loc, "q_loc"), as_positive_float64(q_var, "q_var")
-    mu, s2 = as_float64(prior_loc, "prior_loc"), as_positive_float64(prior_var, "prior_var")
+    x = as_float64(x, "x", allow_infinite=True)
+    mq, v = as_float64(q_loc, "q_loc", allow_infinite=True), as_positive_float64(q_var, "q_var", allow_infinite=True)
+    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
     if (m is None) != (lam is None):
         raise ValueError("pass both m and lam, or neither (then they are derived from q)")
     if m is None:
         m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
-    m, lam = as_float64(m, "m"), as_positive_float64(lam, "lam")
+    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
     a, s = _quadratic_terms(x, s2, lam)
     inv_a = 1.0 / a  # 0 when a = inf
     coef = torch.where(torch.isinf(a), torch.zeros_like(a), (x * (m - mu)).sum(-1) / (a + s))
@@ -388,9 +388,9 @@ def sample_qmix(
     against the ``(..., d)`` parameters (``V = Diag(lam)``); ``z'^T V z' = inf`` (a flat ``g_0``
     coordinate seen by ``z'``) gives a prior draw. Returns ``(..., d)`` float64.
     """
-    z = as_float64(z_mix, "z_mix")
-    mu, s2 = as_float64(prior_loc, "prior_loc"), as_positive_float64(prior_var, "prior_var")
-    m, lam = as_float64(m, "m"), as_positive_float64(lam, "lam")
+    z = as_float64(z_mix, "z_mix", allow_infinite=True)
+    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
     shape = torch.broadcast_shapes(z.shape, mu.shape, s2.shape, m.shape, lam.shape)
     eps = torch.randn(shape, generator=generator, dtype=_DTYPE)
     xi = torch.randn(shape[:-1], generator=generator, dtype=_DTYPE)

@@ -13,18 +13,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_fraction, check_seed
+from .._checks import check_fraction, check_int, check_seed
 
 __all__ = [
     "DATA_DIR_ENV",
     "REGISTRY",
     "Dataset",
     "default_data_dir",
+    "encode_labels",
     "from_arrays",
     "from_frame",
     "make_dataset",
     "register",
     "standardized_source",
+    "stratified_split",
 ]
 
 #: Environment variable naming the directory of the real data files (see ``../shared/data``).
@@ -49,9 +51,13 @@ def default_data_dir() -> Path:
 
 @dataclass
 class Dataset:
-    """Train / validation / test tensors of a regression data set.
+    """Train / validation / test tensors of a regression or classification data set.
 
-    Inputs are ``(N, D)`` float tensors and targets ``(N,)``. When ``standardized`` is true the
+    Inputs are ``(N, D)`` float tensors and targets ``(N,)``. A classification set has
+    ``num_classes = K`` (``None`` for regression): its targets are ``torch.long`` class labels
+    ``0..K-1``, ``class_names[k]`` names label ``k`` (the original values, as strings), and its
+    target statistics are the identity (``y_mean = 0``, ``y_std = 1``: labels are never
+    standardised). When ``standardized`` is true the
     tensors are standardised with the training statistics ``x_mean, x_std, y_mean, y_std``
     (original = standardised * std + mean); pass ``y_mean``/``y_std`` to
     :func:`pyro_bnnlv.evaluate` to report metrics on the original scale. Otherwise the statistics
@@ -83,10 +89,17 @@ class Dataset:
     extras: dict[str, Tensor] = field(default_factory=dict)
     split: int | None = None
     seed: int | None = None
+    num_classes: int | None = None
+    class_names: tuple[str, ...] | None = None
 
     @property
     def input_dim(self) -> int:
         return self.x_train.shape[1]
+
+    @property
+    def task(self) -> str:
+        """``"classification"`` when ``num_classes`` is set, else ``"regression"``."""
+        return "regression" if self.num_classes is None else "classification"
 
     @property
     def sizes(self) -> tuple[int, int, int]:
@@ -96,7 +109,8 @@ class Dataset:
         n_tr, n_va, n_te = self.sizes
         how = "".join(f", {k}={v}" for k, v in (("split", self.split), ("seed", self.seed)) if v is not None)
         return (
-            f"Dataset({self.name!r}, D={self.input_dim}, train={n_tr}, valid={n_va}, "
+            f"Dataset({self.name!r}, D={self.input_dim}, "
+            f"{'' if self.num_classes is None else f'K={self.num_classes}, '}train={n_tr}, valid={n_va}, "
             f"test={n_te}{how}, standardized={self.standardized})"
         )
 
@@ -136,6 +150,8 @@ def make_dataset(
     standardize: bool,
     description: str,
     extras: dict[str, np.ndarray] | None = None,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> Dataset:
     """Build a :class:`Dataset` from numpy ``{"train": (x, y), "valid": ..., "test": ...}``.
 
@@ -143,7 +159,13 @@ def make_dataset(
     column (std 0 up to rounding, e.g. two columns of UCI naval) gets std 1 so it maps to 0 instead of NaN.
     ``extras`` entries named ``x_*`` are standardised like the inputs, ``y_*`` like the
     targets, and ``noise_std`` is divided by ``y_std``.
+
+    Classification (``num_classes=K``, ``None`` for regression): every split's ``y`` holds
+    integer labels ``0..K-1`` (checked), stored as ``torch.long``; only the inputs are
+    standardised (``y_mean = 0``, ``y_std = 1``); integer ``extras`` stay integer
+    (``torch.long``); ``class_names`` (``K`` strings, default ``"0", ..., "K-1"``) name the labels.
     """
+    K, names = _check_classes(name, num_classes, class_names)
     x_tr, y_tr = (np.asarray(a, dtype=np.float64) for a in splits["train"])
     if x_tr.ndim == 1:
         x_tr = x_tr[:, None]
@@ -152,7 +174,7 @@ def make_dataset(
         x_mean, x_std = _mean_std(x_tr)
         # constant columns: std is 0 up to rounding (naval's 0.998 column gives ~1e-16)
         x_std = np.where(x_std > 1e-10 * np.maximum(1.0, np.abs(x_mean)), x_std, 1.0)
-        y_mean, y_std = (float(v[0]) for v in _mean_std(y_tr.reshape(-1, 1)))
+        y_mean, y_std = (float(v[0]) for v in _mean_std(y_tr.reshape(-1, 1))) if K is None else (0.0, 1.0)
         if y_std <= 0:
             raise ValueError(f"dataset {name!r}: training targets are constant")
     else:
@@ -163,19 +185,13 @@ def make_dataset(
         x, y = (np.asarray(a, dtype=np.float64) for a in splits[split])
         x = x.reshape(len(x), D)
         out[f"x_{split}"] = _to_tensor(_standardise(x, x_mean, x_std))
-        out[f"y_{split}"] = _to_tensor(_standardise(y.reshape(-1), y_mean, y_std))
+        if K is None:
+            out[f"y_{split}"] = _to_tensor(_standardise(y.reshape(-1), y_mean, y_std))
+        else:
+            out[f"y_{split}"] = torch.as_tensor(_check_labels(name, split, y, K))
         if not standardize:
             _check_representable_values(name, split, x, y)
-    ext = {}
-    for key, value in (extras or {}).items():
-        value = np.asarray(value, dtype=np.float64)
-        if key.startswith("x_"):
-            value = (value.reshape(len(value), D) - x_mean) / x_std
-        elif key.startswith("y_"):
-            value = (value - y_mean) / y_std
-        elif key == "noise_std":
-            value = value / y_std
-        ext[key] = _to_tensor(value)
+    ext = _scaled_extras(extras, D, x_mean, x_std, y_mean, y_std, integers=K is not None)
     data = Dataset(
         name=name,
         **out,
@@ -186,10 +202,58 @@ def make_dataset(
         standardized=standardize,
         description=description,
         extras=ext,
+        num_classes=K,
+        class_names=names,
     )
-    if standardize:
+    if standardize and K is None:  # labels are never standardised: nothing for evaluate to warn about
         _mark_standardized(data)
     return data
+
+
+def _scaled_extras(extras: dict[str, np.ndarray] | None, D: int, x_mean: np.ndarray, x_std: np.ndarray,
+                   y_mean: float, y_std: float, integers: bool) -> dict[str, Tensor]:  # fmt: skip
+    """:func:`make_dataset`'s ``extras`` as tensors: ``x_*`` standardised like the inputs, ``y_*``
+    like the targets, ``noise_std`` divided by ``y_std``; with ``integers`` (classification),
+    integer arrays (labels) are kept as ``torch.long`` instead."""
+    ext = {}
+    for key, value in (extras or {}).items():
+        if integers and np.asarray(value).dtype.kind in "iub":
+            ext[key] = torch.as_tensor(np.asarray(value, dtype=np.int64))
+            continue
+        value = np.asarray(value, dtype=np.float64)
+        if key.startswith("x_"):
+            value = (value.reshape(len(value), D) - x_mean) / x_std
+        elif key.startswith("y_"):
+            value = (value - y_mean) / y_std
+        elif key == "noise_std":
+            value = value / y_std
+        ext[key] = _to_tensor(value)
+    return ext
+
+
+def _check_classes(name: str, num_classes: Any, class_names: Any) -> tuple[int | None, tuple[str, ...] | None]:
+    """``(K, class_names)`` of :func:`make_dataset`: ``(None, None)`` for regression."""
+    if num_classes is None:
+        if class_names is not None:
+            raise ValueError(f"dataset {name!r}: class_names= needs num_classes= (a classification set)")
+        return None, None
+    K = check_int(num_classes, "num_classes", minimum=2)
+    names = tuple(str(c) for c in range(K)) if class_names is None else tuple(str(c) for c in class_names)
+    if len(names) != K:
+        raise ValueError(f"dataset {name!r}: class_names has {len(names)} names for num_classes={K}; "
+                         f"give one per class")  # fmt: skip
+    return K, names
+
+
+def _check_labels(name: str, split: str, y: np.ndarray, K: int) -> np.ndarray:
+    """Class labels ``y`` of a split as ``int64 (N,)``; ``ValueError`` unless they are integers in ``[0, K)``."""
+    y = y.reshape(-1)
+    bad = ~(np.isfinite(y) & (y == np.round(y)) & (y >= 0) & (y < K))
+    if bad.any():
+        raise ValueError(f"dataset {name!r}: the {split} labels must be integers in [0, {K}) (num_classes={K}), "
+                         f"got {y[bad][0]!r}; map the classes to 0..K-1 first (from_arrays(..., "
+                         f"task='classification') does it)")  # fmt: skip
+    return y.astype(np.int64)
 
 
 def _mean_std(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -256,33 +320,103 @@ def _as_float_array(value: Any, name: str) -> np.ndarray:
     return arr
 
 
-def from_arrays(
-    x: Any,
-    y: Any,
-    *,
-    name: str = "data",
-    test_fraction: float = 0.2,
-    valid_fraction: float = 0.1,
-    seed: int = 0,
-    standardize: bool = True,
-) -> Dataset:
-    """Your own regression data as a :class:`Dataset`: a seeded random train/valid/test split.
+_TASKS = ("regression", "classification")
 
-    Args:
-        x: inputs ``(N, D)`` or ``(N,)``: a tensor, NumPy array, list or pandas object.
-        y: real-valued targets ``(N,)`` (this library does regression; one target column).
-        test_fraction, valid_fraction: shares of the ``N`` rows for the test and validation sets
-            (``round(fraction * N)`` rows each, drawn by ``numpy.random.default_rng(seed)``); the
-            rest is the training set.
-        standardize: standardise inputs and targets with the training statistics (the
-            default, as for the UCI sets); pass ``y_mean=data.y_mean, y_std=data.y_std`` to
-            :func:`~pyro_bnnlv.evaluate`, or the data set itself, to get metrics on the original
-            scale.
 
-    Example: ``data = pb.datasets.from_arrays(x, y, seed=0)``, then ``data.x_train`` etc.
-    """
-    seed = check_seed(seed)
-    xa, ya = _as_float_array(x, "x"), _as_float_array(y, "y")
+def _check_task(task: Any) -> str:
+    if task not in _TASKS:
+        raise ValueError(f"task must be 'regression' (real-valued y) or 'classification' (class labels), got {task!r}")
+    return task
+
+
+def encode_labels(value: Any, name: str = "y") -> tuple[np.ndarray, tuple[str, ...]]:
+    """Class labels as ``(codes, class_names)``: the sorted unique values of ``value`` are the
+    classes, ``codes`` ``int64 (N,)`` their indices ``0..K-1`` and ``class_names`` the values as
+    strings (``[3, 7, 3]`` -> ``([0, 1, 0], ("3", "7"))``; ``["b", "a"]`` -> ``([1, 0], ("a", "b"))``).
+
+    Labels may be integers, strings, bools, or floats holding whole numbers (``1.0``); a
+    ``ValueError`` naming ``name`` for missing labels (NaN, ``None``), fractional floats, a
+    single class or a shape other than ``(N,)`` / ``(N, 1)``."""
+    import pandas as pd
+
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must have shape (N,) (one class label per row), got {arr.shape}")
+    if arr.dtype.kind in "fcO" and pd.isna(arr).any():
+        raise ValueError(f"{name} has missing (NaN / None) class labels at rows "
+                         f"{np.flatnonzero(pd.isna(arr))[:5].tolist()}; drop those rows first")  # fmt: skip
+    values = arr.tolist() if arr.dtype.kind == "O" else arr
+    fractional = [v for v in np.atleast_1d(values) if isinstance(v, (float, np.floating, complex, np.complexfloating))
+                  and not (np.real(v) == np.round(np.real(v)) and np.imag(v) == 0)]  # fmt: skip
+    if fractional:
+        raise ValueError(f"{name} has float labels that are not whole numbers (e.g. {_plain(fractional[0])!r}); "
+                         f"task='classification' is for class labels (integers or strings): pass real-valued "
+                         f"targets with task='regression' (the default)")  # fmt: skip
+    if arr.dtype.kind in "fc":
+        arr = np.real(arr).astype(np.int64)
+    elif arr.dtype.kind == "O":  # whole floats among Python objects: 1.0 is the class "1"
+        arr = np.array([int(v) if isinstance(v, (float, np.floating)) else v for v in values], dtype=object)
+    try:
+        classes, codes = np.unique(arr, return_inverse=True)
+    except TypeError:
+        raise ValueError(f"{name} mixes label types that cannot be sorted (e.g. numbers and strings); "
+                         f"make them one type, e.g. all strings ({name}.astype(str))") from None  # fmt: skip
+    if len(classes) < 2:
+        raise ValueError(f"{name} has a single class ({_plain(classes[0])!r} in all {len(arr)} rows) where "
+                         f"classification needs at least two" if len(classes) else f"{name} has no labels")  # fmt: skip
+    return codes.reshape(-1).astype(np.int64), tuple(str(c) for c in classes.tolist())
+
+
+def _plain(v: Any) -> Any:
+    """A NumPy scalar as the Python value (for messages: ``1.5``, not ``np.float64(1.5)``)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _apportion(weights: np.ndarray, total: int, cap: np.ndarray) -> np.ndarray:
+    """``total`` split over the classes in proportion to ``weights`` by largest remainders, at most
+    ``cap[k]`` for class ``k`` (``total <= cap.sum()``)."""
+    w = np.asarray(weights, dtype=np.float64)
+    quota = total * w / w.sum() if w.sum() > 0 else np.zeros_like(w)
+    out = np.minimum(np.floor(quota).astype(np.int64), cap)
+    while out.sum() < total:
+        order = np.argsort(-(quota - out), kind="stable")
+        out[next(k for k in order if out[k] < cap[k])] += 1
+    return out
+
+
+def stratified_split(labels: Any, n_valid: int, n_test: int, seed: int | None) -> tuple[np.ndarray, ...]:
+    """Row indices ``(train, valid, test)`` of a seeded stratified random split of ``labels``.
+
+    Exactly ``n_valid`` and ``n_test`` rows are held out. Each class gives the held-out sets a share
+    proportional to its size (largest remainders), but keeps at least one row for training, so
+    every class is in the training set; the rows of each class are drawn at random by
+    ``numpy.random.default_rng(seed)``, and each index array is shuffled."""
+    labels = np.asarray(labels).reshape(-1)
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    if n_valid + n_test > (counts - 1).sum():
+        raise ValueError(f"cannot hold out {n_valid} + {n_test} of {len(labels)} rows in {len(classes)} classes and "
+                         f"keep a training row of each class; use smaller fractions")  # fmt: skip
+    held = _apportion(counts, n_valid + n_test, counts - 1)
+    to_test = _apportion(held, n_test, held)
+    parts: tuple[list, list, list] = ([], [], [])
+    for c, h, t in zip(classes, held, to_test):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        parts[2].append(rows[:t]), parts[1].append(rows[t:h]), parts[0].append(rows[h:])
+    return tuple(rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts)
+
+
+def _checked_xy(x: Any, y: Any, task: str) -> tuple[np.ndarray, np.ndarray, tuple[str, ...] | None]:
+    """:func:`from_arrays`'s ``(x (N, D), y (N,), class_names)``."""
+    xa = _as_float_array(x, "x")
+    if task == "classification":
+        ya, class_names = encode_labels(y, "y")
+    else:
+        ya, class_names = _as_float_array(y, "y"), None
     if xa.ndim == 1:
         xa = xa[:, None]
     if ya.ndim == 2 and ya.shape[1] == 1:
@@ -293,6 +427,43 @@ def from_arrays(
         raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}")
     if len(xa) != len(ya):
         raise ValueError(f"x and y have different numbers of rows: {len(xa)} vs {len(ya)}")
+    return xa, ya, class_names
+
+
+def from_arrays(
+    x: Any,
+    y: Any,
+    *,
+    name: str = "data",
+    test_fraction: float = 0.2,
+    valid_fraction: float = 0.1,
+    seed: int = 0,
+    standardize: bool = True,
+    task: str = "regression",
+) -> Dataset:
+    """Your own data as a :class:`Dataset`: a seeded random train/valid/test split.
+
+    Args:
+        x: inputs ``(N, D)`` or ``(N,)``: a tensor, NumPy array, list or pandas object.
+        y: real-valued targets ``(N,)`` (``task="regression"``, one target column), or class
+            labels ``(N,)`` (``task="classification"``): integers, strings or bools; the sorted
+            unique values become labels ``0..K-1`` (``torch.long``) and their originals, as
+            strings, ``data.class_names`` (:func:`encode_labels`).
+        test_fraction, valid_fraction: shares of the ``N`` rows for the test and validation sets
+            (``round(fraction * N)`` rows each, drawn by ``numpy.random.default_rng(seed)``); the
+            rest is the training set. For classification the split is stratified
+            (:func:`stratified_split`: each class in proportion, every class in the training set).
+        standardize: standardise inputs and targets with the training statistics (the
+            default, as for the UCI sets); pass ``y_mean=data.y_mean, y_std=data.y_std`` to
+            :func:`~pyro_bnnlv.evaluate`, or the data set itself, to get metrics on the original
+            scale. Class labels are never standardised.
+        task: ``"regression"`` (the default) or ``"classification"``.
+
+    Example: ``data = pb.datasets.from_arrays(x, y, seed=0)``, then ``data.x_train`` etc.
+    """
+    seed = check_seed(seed)
+    task = _check_task(task)
+    xa, ya, class_names = _checked_xy(x, y, task)
     test_fraction = check_fraction(test_fraction, "test_fraction")
     valid_fraction = check_fraction(valid_fraction, "valid_fraction")
     N = len(xa)
@@ -300,13 +471,19 @@ def from_arrays(
     if N - n_test - n_valid < 2:
         raise ValueError(f"{N} rows leave {N - n_test - n_valid} for training with test_fraction="
                          f"{test_fraction} and valid_fraction={valid_fraction}; need at least 2")  # fmt: skip
-    perm = np.random.default_rng(seed).permutation(N)
-    test, valid, train = perm[:n_test], perm[n_test:n_test + n_valid], perm[n_test + n_valid:]
+    if task == "classification":
+        train, valid, test = stratified_split(ya, n_valid, n_test, seed)
+        how = f"{len(class_names)} classes, stratified random"
+    else:
+        perm = np.random.default_rng(seed).permutation(N)
+        test, valid, train = perm[:n_test], perm[n_test:n_test + n_valid], perm[n_test + n_valid:]
+        how = "random"
     data = make_dataset(
         name, {k: (xa[i], ya[i]) for k, i in (("train", train), ("valid", valid), ("test", test))},
         standardize=standardize,
-        description=f"{name}: {N} rows, random {1 - test_fraction - valid_fraction:.2g}/"
+        description=f"{name}: {N} rows, {how} {1 - test_fraction - valid_fraction:.2g}/"
                     f"{valid_fraction:.2g}/{test_fraction:.2g} split, seed {seed}",
+        num_classes=None if class_names is None else len(class_names), class_names=class_names,
     )  # fmt: skip
     data.seed = seed
     return data
@@ -320,7 +497,9 @@ def from_frame(
 ) -> Dataset:
     """A pandas ``DataFrame`` as a :class:`Dataset`: column ``target`` is ``y``, ``features``
     (default: every other column) are ``x``; ``options`` as for :func:`from_arrays`
-    (``name`` defaults to ``target``)."""
+    (``name`` defaults to ``target``). With ``task="classification"`` the target column holds
+    class labels (integers, strings, a categorical, ...), mapped to ``0..K-1`` as
+    :func:`from_arrays` does; the features must be numeric either way."""
     import pandas as pd
 
     if not isinstance(frame, pd.DataFrame):
@@ -337,10 +516,12 @@ def from_frame(
     missing = [c for c in features if c not in frame.columns]
     if missing or not features:
         raise ValueError(f"features {missing or features} not usable; columns: {list(frame.columns)}")
-    nonnumeric = [c for c in [*features, target] if not pd.api.types.is_numeric_dtype(frame[c])]
+    labels = _check_task(options.get("task", "regression")) == "classification"
+    nonnumeric = [c for c in [*features, *([] if labels else [target])] if not pd.api.types.is_numeric_dtype(frame[c])]
     if nonnumeric:
+        hint = f"; for class labels in {target!r} pass task='classification'" if target in nonnumeric else ""
         raise ValueError(f"columns {nonnumeric} are not numeric; encode them first "
-                         f"(e.g. pandas.get_dummies) or leave them out of features=")  # fmt: skip
+                         f"(e.g. pandas.get_dummies) or leave them out of features={hint}")  # fmt: skip
     nan = [c for c in [*features, target] if frame[c].isna().any()]
     if nan:
         raise ValueError(f"columns {nan} contain missing values; drop or impute them first "
@@ -352,17 +533,21 @@ def from_frame(
 @dataclass(frozen=True)
 class _Entry:
     loader: Callable[..., Dataset]
-    kind: str  # "synthetic" or "file"
+    kind: str  # "synthetic", "file" or "bundled" (ships with scikit-learn)
     summary: str
+    task: str = "regression"  # or "classification"
 
 
-#: name -> registry entry; filled by the ``synthetic`` and ``files`` modules.
+#: name -> registry entry; filled by the ``synthetic``, ``files``, ``classification``, ... modules.
 REGISTRY: dict[str, _Entry] = {}
 
 
-def register(name: str, kind: str, summary: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+def register(name: str, kind: str, summary: str,
+             task: str = "regression") -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:  # fmt: skip
+    task = _check_task(task)
+
     def deco(fn: Callable[..., Dataset]) -> Callable[..., Dataset]:
-        REGISTRY[name] = _Entry(fn, kind, summary)
+        REGISTRY[name] = _Entry(fn, kind, summary, task)
         return fn
 
     return deco

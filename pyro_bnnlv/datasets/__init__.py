@@ -15,8 +15,19 @@ import warnings
 import pandas as pd
 
 from .._checks import check_seed
-from . import synthetic, files, projected_toys, ncai_family  # noqa: F401, I001  (registers the loaders, synthetic first)
-from .base import DATA_DIR_ENV, REGISTRY, Dataset, _canonical, default_data_dir, from_arrays, from_frame
+# registers the loaders, synthetic first
+from . import synthetic, files, projected_toys, ncai_family, classification  # noqa: F401, I001
+from .base import (
+    DATA_DIR_ENV,
+    REGISTRY,
+    Dataset,
+    _canonical,
+    default_data_dir,
+    encode_labels,
+    from_arrays,
+    from_frame,
+    stratified_split,
+)
 from .fetch import MIRROR_ENV, DatasetUnavailableError, dataset_status, fetch_dataset
 from .files import UCI_FOLDERS, load_table, load_uci, uci_num_splits
 from .oracle import ORACLE_DATASETS, OracleLL, expected_test_ll, true_log_density
@@ -31,6 +42,7 @@ __all__ = [
     "OracleLL",
     "dataset_status",
     "default_data_dir",
+    "encode_labels",
     "expected_test_ll",
     "extrapolation_split",
     "fetch_dataset",
@@ -45,6 +57,7 @@ __all__ = [
     "load_table",
     "load_uci",
     "pooled_data",
+    "stratified_split",
     "true_log_density",
 ]
 
@@ -61,13 +74,18 @@ def load_dataset(name: str, seed: int = 0, **options) -> Dataset:
               rows. It does **not** choose the train/test split: that is ``split=``.
             * lidar, mcycle, airfoil, abalone: the random 70/20/10 train/valid/test split.
             * synthetic sets: the generator (every point changes).
+            * classification sets (digits, digits-ood, breast-cancer, iris, wine-classes,
+              two-moons, spirals): the stratified random split, and the points of two-moons and
+              spirals.
         options: passed to the loader. ``split=k`` (UCI only): the ``k``-th of the standard
             PBP / MC-dropout train/test splits (0-based; 20 per set, protein 5). Others:
-            ``standardize`` (default ``True`` for real sets, ``False`` for synthetic ones),
-            ``sizes`` (synthetic train/valid/test sizes), ``valid_fraction`` (UCI),
-            ``fractions`` (the random-split sets); for the real sets ``data_dir``, ``download``
-            and ``mirror`` (a URL or directory in the data directory's layout to download from,
-            instead of ``$PYRO_BNNLV_MIRROR`` or the public source).
+            ``standardize`` (default ``True`` for real sets and every classification set,
+            ``False`` for synthetic regression ones), ``sizes`` (synthetic train/valid/test
+            sizes), ``valid_fraction`` (UCI), ``fractions`` (the random-split sets, and the
+            classification sets bundled with scikit-learn: default 60/20/20), ``noise``
+            (two-moons, spirals); for the real sets ``data_dir``, ``download`` and ``mirror``
+            (a URL or directory in the data directory's layout to download from, instead of
+            ``$PYRO_BNNLV_MIRROR`` or the public source).
 
     The returned :class:`Dataset` records ``split`` and ``seed`` (shown by its ``repr``).
     Example: ``load_dataset("yacht", split=3, seed=0)`` is the fourth standard split with the
@@ -119,6 +137,7 @@ def load_split(name: str, index: int, **options) -> Dataset:
 
 
 def list_datasets() -> pd.DataFrame:
-    """Names, kind (synthetic / file) and a one-line summary of every data set."""
-    rows = [(n, e.kind, e.summary) for n, e in REGISTRY.items()]
-    return pd.DataFrame(rows, columns=["name", "kind", "summary"]).set_index("name")
+    """Names, kind (synthetic / file / bundled with scikit-learn), task (regression /
+    classification) and a one-line summary of every data set."""
+    rows = [(n, e.kind, e.task, e.summary) for n, e in REGISTRY.items()]
+    return pd.DataFrame(rows, columns=["name", "kind", "task", "summary"]).set_index("name")

@@ -251,7 +251,7 @@ def _check_labels(name: str, split: str, y: np.ndarray, K: int) -> np.ndarray:
     bad = ~(np.isfinite(y) & (y == np.round(y)) & (y >= 0) & (y < K))
     if bad.any():
         raise ValueError(f"dataset {name!r}: the {split} labels must be integers in [0, {K}) (num_classes={K}), "
-                         f"got {y[bad][0]!r}; map the classes to 0..K-1 first (from_arrays(..., "
+                         f"got {y[bad][0]:g}; map the classes to 0..K-1 first (from_arrays(..., "
                          f"task='classification') does it)")  # fmt: skip
     return y.astype(np.int64)
 

@@ -10,9 +10,18 @@
   correlation, today's HSIC, the paper's PC);
 * ``ood``: epistemic entropy per input, OOD-vs-test AUROC, histograms (HyVI paper sec. 4);
 * ``latent``: BNN+LV diagnostics, reconstruction / predictive MSE, uncertainty decomposition.
+* ``classification``: test log-likelihood, accuracy, Brier score, ECE and reliability curve of
+  class probabilities; predictive entropy, BALD mutual information, OOD AUROC.
 * ``invariance``: invariance gap of a mean-field BNN, per unit of every layer (invariances paper,
   sec. 5, eq. 23 and 25).
 """
+from .classification import (
+    classification_metrics,
+    mutual_information,
+    ood_auroc,
+    predictive_entropy,
+    reliability_curve,
+)
 from .dependence import (
     correlation_penalty,
     henze_zirkler,
@@ -52,6 +61,7 @@ from .posterior_kl import compare_posteriors
 
 __all__ = [
     "auroc",
+    "classification_metrics",
     "compare_posteriors",
     "correlation_penalty",
     "epistemic_entropy",
@@ -74,15 +84,19 @@ __all__ = [
     "layer_invariance_gap",
     "mixture_log_density",
     "mixture_quantile",
+    "mutual_information",
     "offdiag_cov_norm",
+    "ood_auroc",
     "ood_report",
     "pearson_correlation",
     "plot_epistemic_histograms",
     "plot_first_layer_invariance_gap",
     "plot_uncertainty_decomposition",
+    "predictive_entropy",
     "predictive_metrics",
     "predictive_mse",
     "predictor_space_samples",
     "reconstruction_mse",
+    "reliability_curve",
     "uncertainty_decomposition",
 ]

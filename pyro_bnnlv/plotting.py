@@ -3,7 +3,9 @@
 * :func:`plot_predictive_1d`: predictive mean and band over a grid of a 1-D input, with the data;
 * :func:`plot_predicted_vs_observed` and :func:`plot_calibration`: for inputs of any dimension,
   the predictive mean and interval of every test target against its observed value, and the
-  coverage of the central intervals (PICP) against their nominal level.
+  coverage of the central intervals (PICP) against their nominal level;
+* :func:`plot_reliability`: for a classifier, the reliability diagram of its class probabilities
+  (accuracy per confidence bin against the diagonal, ECE in the title).
 
 Each takes every posterior :func:`~pyro_bnnlv.evaluate` takes: samples ``{"w": (S, P)}`` or a
 ``(S, P)`` tensor, an ``MCMC`` run, an ArviZ ``InferenceData``, a fitted guide (``num_samples``
@@ -37,6 +39,7 @@ from ._figures import finish_figure, new_axes
 from .protocols import RegressionModel
 from .datasets.base import Dataset
 from .posterior import SelfEvaluatingPosterior
+from .stats.classification import classification_metrics, reliability_curve
 from .stats.predictive import (
     check_level,
     mixture_quantile,
@@ -51,6 +54,7 @@ __all__ = [
     "plot_calibration",
     "plot_predicted_vs_observed",
     "plot_predictive_1d",
+    "plot_reliability",
 ]
 
 #: Nominal levels of :func:`plot_calibration`'s curve: 0.05, 0.10, ..., 0.95.
@@ -304,3 +308,55 @@ def plot_calibration(
     ax.set_xlabel("nominal level of the central interval")
     ax.set_ylabel("PICP (fraction of targets inside)")
     return _titled(fig, ax, title, path, owned)
+
+
+def plot_reliability(
+    y: Tensor | np.ndarray,
+    probs: Tensor | np.ndarray,
+    path: str | Path | None = None,
+    *,
+    bins: int = 15,
+    ax: Any = None,
+    title: str = "",
+) -> Any:
+    """Reliability diagram of class probabilities (Guo, Pleiss, Sun & Weinberger 2017,
+    arXiv:1706.04599, Fig. 1): the accuracy of each equal-width bin of the top-class probability
+    against the diagonal of perfect calibration, with the expected calibration error in the title.
+
+    A bar spans its bin and rises to the accuracy of the bin's points; its shade grows with the
+    bin's share of the points (the palest bars hold the fewest; empty bins have no height). The
+    dots mark each bin's mean confidence and accuracy: on the diagonal the classifier is
+    calibrated, below it over-confident. The numbers are
+    :func:`~pyro_bnnlv.stats.reliability_curve` and :func:`~pyro_bnnlv.stats.classification_metrics`'s
+    ``ece``.
+
+    Args:
+        y: ``(N,)`` integer labels in ``[0, K)``.
+        probs: ``(N, K)`` predictive probabilities (rows summing to 1), or ``(N,)`` ``P(y = 1)``.
+        path: also write the figure there.
+        bins: number of confidence bins (15, as Guo et al.).
+        ax: draw into this matplotlib axes instead of a new figure.
+        title: prefix of the title.
+
+    Returns the figure (the diagram is its ``fig.axes[0]``, or ``ax``).
+    """
+    curve = reliability_curve(y, probs, bins=bins)
+    ece = float(classification_metrics(y, probs, bins=bins)["ece"])
+    count = curve["count"].to_numpy()
+    share = count / max(count.max(), 1)
+    owned = ax is None
+    fig, ax = new_axes(ax, figsize=(5, 5))
+    colors = [(0.12, 0.47, 0.71, 0.15 + 0.85 * s) for s in share]  # tab:blue, opaque for the fullest bin
+    ax.bar(curve["lower"], curve["accuracy"].fillna(0.0), width=curve["upper"] - curve["lower"], align="edge",
+           color=colors, edgecolor="k", linewidth=0.5, label="accuracy per bin (shade: share of points)")  # fmt: skip
+    used = count > 0
+    ax.plot(curve["confidence"][used], curve["accuracy"][used], "o", color="tab:red", ms=4,
+            label="(mean confidence, accuracy)")  # fmt: skip
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xlabel("confidence (top-class probability)")
+    ax.set_ylabel("accuracy")
+    heading = f"ECE = {ece:.3f} ({len(curve)} bins, {int(count.sum())} points)"
+    return _titled(fig, ax, f"{title}  {heading}".strip(), path, owned)

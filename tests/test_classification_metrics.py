@@ -161,3 +161,32 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(ValueError, match="rows of probs_samples must sum to 1"):
         predictive_entropy(torch.full((2, 3, 2), 0.6))
     assert classification_metrics(y.numpy(), probs.numpy().tolist())["accuracy"] == pytest.approx(1 / 3)
+
+
+def test_plot_reliability_draws_the_curve_and_the_ece(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pyro_bnnlv.plotting import plot_reliability
+
+    torch.manual_seed(4)
+    y, probs = _random(N=200, K=3)
+    fig = plot_reliability(y, probs, tmp_path / "rel.png", bins=10, title="toy")
+    ax = fig.axes[0]
+    curve = reliability_curve(y, probs, bins=10)
+    bars = ax.patches
+    assert len(bars) == 10
+    np.testing.assert_allclose([b.get_height() for b in bars], curve["accuracy"].fillna(0.0), atol=1e-12)
+    np.testing.assert_allclose([b.get_x() for b in bars], curve["lower"], atol=1e-12)
+    alphas = np.array([b.get_facecolor()[3] for b in bars])
+    assert alphas[curve["count"].idxmax()] == pytest.approx(1.0)
+    assert (np.diff(alphas[np.argsort(curve["count"].to_numpy(), kind="stable")]) >= 0).all()  # shade grows with count
+    ece = classification_metrics(y, probs, bins=10)["ece"]
+    assert ax.get_title() == f"toy  ECE = {ece:.3f} (10 bins, 200 points)"
+    np.testing.assert_allclose(ax.lines[1].get_xdata(), [0, 1])  # the diagonal
+    assert (tmp_path / "rel.png").stat().st_size > 5000
+    _, own = plt.subplots()
+    assert plot_reliability(y, probs, ax=own) is own.figure and own.get_title().startswith("ECE = ")
+    plt.close("all")

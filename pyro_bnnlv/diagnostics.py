@@ -134,7 +134,7 @@ def _replay(
     obs_site: str, chunk_size: int,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Vectorised replay of the model conditioned on ``M`` flat draws: the observation
-    distribution's mean ``(M, N[, L])``, pointwise log-likelihood ``(M, N)`` and a posterior
+    distribution's mean ``(M, N[, L])`` (a categorical's class probabilities ``(M, N, K)``), pointwise log-likelihood ``(M, N)`` and a posterior
     predictive sample ``(M, N[, L])``."""
     M = next(iter(draws.values())).shape[0]
     means, lls, preds = [], [], []
@@ -150,7 +150,8 @@ def _replay(
                 tr = poutine.trace(poutine.condition(model, data=data)).get_trace(x, y)
         fn = tr.nodes[obs_site]["fn"]
         lp = fn.log_prob(y)
-        means.append(fn.mean.expand(*lp.shape, *fn.event_shape))
+        mean = fn.probs if isinstance(fn, torch.distributions.Categorical) else fn.mean  # class probabilities
+        means.append(mean.expand(*lp.shape, *mean.shape[lp.dim():]))
         lls.append(lp)
         preds.append(fn.sample())
     return torch.cat(means), torch.cat(lls), torch.cat(preds)
@@ -243,8 +244,8 @@ def to_inference_data(
     flat = {k: v.reshape(C * S, *v.shape[2:]) for k, v in draws.items()}
     mean, ll, pred = _replay(model, x, y, flat, latent, nesting, obs_site, chunk_size)
     N = x.shape[0]
-    multi = mean.dim() == 3
-    obs_dims = ["data", "output"] if multi else ["data"]
+    multi = mean.dim() == 3  # several outputs, or a classifier's class probabilities
+    obs_dims = ["data", "output"] if pred.dim() == 3 else ["data"]  # a classifier's obs are labels
     f_dims = ["eval_point", "output"] if multi else ["eval_point"]
 
     if x_eval is not None:

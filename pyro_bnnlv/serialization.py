@@ -617,7 +617,7 @@ def _build_guide(cls: type, model: torch.nn.Module, payload: dict[str, Any]) -> 
 
 
 def _dummy_data(model: torch.nn.Module, payload: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeros shaped and typed like the data the fit was saved with."""
+    """Zeros shaped and typed like the data the fit was saved with (labels of a classifier as integers)."""
     dtype = getattr(torch, str(payload["x_dtype"]).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"the file's x_dtype {payload['x_dtype']!r} is not a floating-point torch dtype")
@@ -625,6 +625,9 @@ def _dummy_data(model: torch.nn.Module, payload: dict[str, Any]) -> tuple[torch.
     y_shape = payload.get("y_shape")
     if y_shape is None:  # format 1, saved without y
         y_shape = _y_shape(model, x_dummy, payload.get("model_kwargs", {}))
+    likelihood = getattr(model, "likelihood", None)
+    if getattr(likelihood, "classification", False):  # class labels: integers
+        return x_dummy, torch.zeros(y_shape, dtype=torch.long)
     return x_dummy, torch.zeros(y_shape, dtype=dtype)
 
 

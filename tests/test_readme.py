@@ -3,6 +3,7 @@ README's commands exist, and its links into docs/ point at headings that exist."
 
 import math
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,9 @@ def test_readme_sweep_example_runs(tmp_path, monkeypatch):
     code = _section_code("Sweeps: parallel, resumable experiments", GUIDE)
     code = (code.replace("for s in range(5)", "for s in range(1)").replace("steps=2000", "steps=20")
             .replace("workers=2", 'executor="inline", progress=False'))  # fmt: skip
-    namespace: dict = {"__name__": "__main__"}
-    exec(compile(code, "guide sweep section", "exec"), namespace)
-    table = namespace["table"]
+    script = tmp_path / "sweep_section.py"  # run as a user's script: __main__ with a file
+    script.write_text(code)
+    table = runpy.run_path(str(script), run_name="__main__")["table"]
     assert len(table) == 2 and (table["status"] == "done").all() and table["test_ll"].notna().all()
     assert (tmp_path / "runs" / "yacht" / "sweep.sqlite").exists()
 

@@ -509,10 +509,11 @@ def train_map(
         w0 = init.detach().clone()
     w = torch.nn.Parameter(w0.to(x.dtype))
     learn_noise = bool(getattr(model, "learn_noise", False))
-    log_sigma = torch.nn.Parameter(torch.as_tensor(model.noise_scale, dtype=x.dtype).detach().log())
+    noise = getattr(model, "noise_scale", None)  # None: a classifier
+    log_sigma = torch.nn.Parameter(torch.as_tensor(1.0 if noise is None else noise, dtype=x.dtype).detach().log())
     opt = torch.optim.Adam([w, log_sigma] if learn_noise else [w], lr=lr)
     N = x.shape[0]
-    y2 = y.reshape(N, -1)
+    y2 = y.reshape(N, -1) if noise is not None else model._observed(y)
     for step in tqdm(range(num_steps), disable=not progress, desc="MAP", leave=False):
         idx = None if batch_size is None else torch.randint(N, (batch_size,))
         xb, yb = (x, y2) if idx is None else (x[idx], y2[idx])
@@ -537,8 +538,16 @@ def map_objective(model: torch.nn.Module, w: Tensor, x: Tensor, y: Tensor, n_tot
     model exposing ``net``, ``noise_scale``, ``prior_loc`` and ``prior_scale``; ``y`` is
     ``(B, L)``. The objective of :func:`train_map` and of FGE's cycles. A differentiable
     ``noise_scale`` (fitted jointly) adds the ``N L log sigma`` term that then depends on it;
-    default: the model's fixed ``noise_scale``, where that term is a constant left out.
+    default: the model's fixed ``noise_scale``, where that term is a constant left out. For a
+    classifier (``model.likelihood.classification``) the data term is the cross-entropy
+    ``-sum_n log p(y_n | f(x_n; w)) (N / B)`` and ``y`` the labels as ``"obs"`` takes them.
     """
+    likelihood = getattr(model, "likelihood", None)
+    if likelihood is not None and likelihood.classification:
+        obj = -likelihood.log_prob(model.net(x, w), y).sum() * (n_total / x.shape[0])
+        if use_prior:
+            obj = obj + 0.5 * ((w - model.prior_loc.detach()) / model.prior_scale.detach()).square().sum()
+        return obj / n_total
     f = model.net(x, w).reshape(y.shape)
     if noise_scale is None:
         sigma = torch.as_tensor(model.noise_scale).detach()

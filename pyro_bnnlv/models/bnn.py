@@ -1,4 +1,4 @@
-"""Bayesian neural network regression as a Pyro model.
+"""Bayesian neural network regression (and classification) as a Pyro model.
 
 Generative model (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 2, "A Bayesian Neural
 Network"):
@@ -17,6 +17,10 @@ particles or ``Predictive(parallel=True)`` the global ``w`` has batch shape ``(S
 trailing 1 is the data plate's dimension); the model then evaluates ``f`` for the ``S`` weight
 vectors at once and gives ``"obs"`` batch shape ``(S, N)``, never ``(S, S, N)`` (a silent
 broadcasting trap, see ``tests/test_bnn.py``).
+
+Classification (``likelihood="categorical"`` or ``"bernoulli"``, :mod:`pyro_bnnlv.models.likelihoods`)
+replaces the Gaussian by ``y_n ~ Cat(softmax(f(x_n; w)))`` over ``K = out_features`` classes (or a
+Bernoulli on one logit); ``y`` is then ``(N,)`` integer labels and the model has no noise.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch.distributions import constraints
 
 from .._checks import ArgumentTypeError, check_real
 from ..nets import FlatNet, MLP
+from .likelihoods import Likelihood, as_likelihood
 
 __all__ = ["BNN", "as_tensor_args", "check_xy", "fan_in_prior_scale"]
 
@@ -99,9 +104,12 @@ def as_tensor_args(x: Any, w: Any, dtype: torch.dtype) -> tuple[Any, Tensor]:
     return convert(x, "x", w), convert(w, "w", x)
 
 
-def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -> None:
-    """Validate regression data: finite ``x (N, in_features)``; ``y (N, out_features)``, or
-    ``(N,)`` when ``out_features`` is 1; ``ValueError`` naming the argument otherwise."""
+def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int,
+             likelihood: Likelihood | None = None) -> None:  # fmt: skip
+    """Validate data: finite ``x (N, in_features)``; for regression ``y (N, out_features)``, or
+    ``(N,)`` when ``out_features`` is 1; for a classification ``likelihood`` the labels it takes
+    (:meth:`~pyro_bnnlv.models.likelihoods.Likelihood.check_targets`); ``ValueError`` naming the
+    argument otherwise."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != in_features:
@@ -117,8 +125,12 @@ def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int) -
         return
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"x and y have different numbers of rows: {x.shape[0]} vs {y.shape[0]}")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        rows = "a 0-d tensor" if y.dim() == 0 else y.shape[0]
+        raise ValueError(f"x and y have different numbers of rows: {x.shape[0]} vs {rows}")
+    if likelihood is not None and likelihood.classification:
+        likelihood.check_targets(y, out_features)
+        return
     L = out_features
     N = x.shape[0]
     if y.shape != (N, L) and (L != 1 or y.shape != (N,)):
@@ -136,9 +148,13 @@ class BNN(PyroModule):
         prior_scale: standard deviation of the zero-mean Gaussian prior on ``w``: a positive
             scalar, a per-weight tensor of shape ``(P,)``, or
             :func:`fan_in_prior_scale` ``(net, omega)`` for the ``N(0, omega^2/H)`` prior.
-        noise_scale: observation noise standard deviation ``sigma`` (positive).
+        noise_scale: observation noise standard deviation ``sigma`` (positive; default 0.1).
+            Gaussian likelihood only.
         learn_noise: if ``True``, ``sigma`` is a positive :class:`~pyro.nn.PyroParam` initialised at
             ``noise_scale`` and learned by SVI (type-II maximum likelihood); otherwise fixed.
+        likelihood: ``"gaussian"`` (regression, default), ``"categorical"`` (``K = out_features``
+            logits, integer labels ``0..K-1``) or ``"bernoulli"`` (one logit, labels 0/1); or a
+            :class:`~pyro_bnnlv.models.likelihoods.Likelihood`.
 
     Call as ``model(x, y=None, batch_size=None)``. Without ``y`` the model samples ``"obs"``
     (prior or posterior predictive, depending on the guide it is replayed against).
@@ -150,17 +166,28 @@ class BNN(PyroModule):
         self,
         net: FlatNet,
         prior_scale: float | Tensor = 1.0,
-        noise_scale: float | Tensor = 0.1,
+        noise_scale: float | Tensor | None = None,
         learn_noise: bool = False,
+        likelihood: str | Likelihood = "gaussian",
     ) -> None:
         super().__init__()
         if not isinstance(net, FlatNet):
             raise TypeError(f"net must be a pyro_bnnlv FlatNet, got {type(net).__name__}")
         self.net = net
+        self.likelihood = as_likelihood(likelihood)
+        self.likelihood.check_outputs(net.out_features)
         P = net.num_weights
         scale = _positive_tensor(prior_scale, "prior_scale", (P,)).expand(P).clone()
         self.register_buffer("prior_loc", torch.zeros(P))
         self.register_buffer("prior_scale", scale)
+        if self.likelihood.classification:
+            if noise_scale is not None or learn_noise:
+                raise ValueError(f"the {self.likelihood.name} likelihood has no observation noise: leave out "
+                                 f"noise_scale and learn_noise")  # fmt: skip
+            self.learn_noise = False
+            return
+        if noise_scale is None:
+            noise_scale = 0.1
         sigma = _positive_tensor(noise_scale, "noise_scale")
         if sigma.dim() != 0:
             raise ValueError(f"noise_scale must be a scalar, got shape {tuple(sigma.shape)}")
@@ -188,6 +215,9 @@ class BNN(PyroModule):
         buffers = self.__dict__.get("_buffers", {})
         if "noise_scale" in buffers:
             return buffers["noise_scale"]
+        if getattr(self, "likelihood", None) is not None and self.likelihood.classification:
+            raise AttributeError(f"a {self.likelihood.name} {type(self).__name__} has no noise_scale "
+                                 f"(no observation noise)")  # fmt: skip
         raise AttributeError(f"{type(self).__name__} has no noise_scale yet")
 
     def extra_repr(self) -> str:
@@ -196,6 +226,8 @@ class BNN(PyroModule):
             prior = f"prior_scale={float(scale.reshape(-1)[0]):.4g} (shared by all {scale.numel()} weights)"
         else:
             prior = f"prior_scale=per-weight in [{float(scale.min()):.4g}, {float(scale.max()):.4g}]"
+        if self.likelihood.classification:
+            return f"{prior}, likelihood={self.likelihood.name!r}"
         noise = "learned" if self.learn_noise else "fixed"
         return f"{prior}, noise_scale={float(self.noise_scale):.4g} ({noise})"
 
@@ -212,7 +244,7 @@ class BNN(PyroModule):
 
     def check_data(self, x: Tensor, y: Tensor | None = None) -> None:
         """Raise ``ValueError`` for inputs the model cannot take (see :func:`check_xy`)."""
-        check_xy(x, y, self.net.in_features, self.net.out_features)
+        check_xy(x, y, self.net.in_features, self.net.out_features, self.likelihood)
 
     def _check_dtype(self, x: Tensor) -> None:
         """The model's forward needs ``x`` in the dtype of its buffers (tools such as
@@ -231,11 +263,14 @@ class BNN(PyroModule):
     def predictive_components(
         self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Mixture components of the posterior predictive at ``x``: ``loc (S, N, L)`` and the noise scale.
+        """Mixture components of the posterior predictive at ``x``: ``loc (S, N, L)`` and the noise scale
+        (for a classifier: the logits ``(S, N, K)`` and ``None``).
 
         ``samples["w"]`` is ``(S, P)``; used by :func:`pyro_bnnlv.evaluate`.
         """
         self._check_dtype(x)
+        if self.likelihood.classification:
+            return self.f(x, samples["w"]), None
         return self.f(x, samples["w"]), torch.as_tensor(self.noise_scale).detach()
 
     def _plate_f(self, x: Tensor, w: Tensor) -> Tensor:
@@ -252,13 +287,14 @@ class BNN(PyroModule):
         return self.net(x, w)
 
     def _observed(self, y: Tensor | None) -> Tensor | None:
-        """Targets in the shape of ``"obs"``: a single-output ``(N, 1)`` column becomes ``(N,)``."""
-        if y is not None and self.net.out_features == 1 and y.dim() == 2:
-            return y.squeeze(-1)
-        return y
+        """Targets in the shape of ``"obs"``: a single-output ``(N, 1)`` column becomes ``(N,)``;
+        class labels as the classification likelihood's distribution takes them."""
+        return self.likelihood.observed(y, self.net.out_features)
 
     def _likelihood(self, f: Tensor) -> dist.Distribution:
-        sigma = self.noise_scale_param()
+        if self.likelihood.classification:
+            return self.likelihood.distribution(f)
+        sigma = self.noise_scale_param()  # the Gaussian, branching on the int out_features (trace-safe)
         if self.net.out_features == 1:
             return dist.Normal(f.squeeze(-1), sigma)
         return dist.Normal(f, sigma).to_event(1)
@@ -296,9 +332,14 @@ class BNN(PyroModule):
             raise NotImplementedError(
                 "saving a BNN needs an MLP network; for a ModuleNet save the state dicts yourself"
             )
+        if self.likelihood.classification:
+            return dict(net=self.net.config(), learn_noise=False, likelihood=self.likelihood.name)
         return dict(net=self.net.config(), learn_noise=self.learn_noise)
 
     @classmethod
     def from_config(cls, config: dict) -> "BNN":
         """Rebuild an (untrained) model from :meth:`config`; then load its state dict."""
+        likelihood = config.get("likelihood", "gaussian")
+        if likelihood != "gaussian":
+            return cls(MLP(**config["net"]), likelihood=likelihood)
         return cls(MLP(**config["net"]), learn_noise=config["learn_noise"])

@@ -41,6 +41,7 @@ from .._checks import ArgumentTypeError, check_int, check_seed
 from ..datasets.base import Dataset, standardized_source
 from ..posterior import SelfEvaluatingPosterior, as_sample_dict, posterior_kind, sample_posterior
 from ..protocols import LatentModel, RegressionModel
+from .classification import classification_metrics
 
 __all__ = [
     "check_level",
@@ -245,7 +246,10 @@ def evaluate(
     latent_draws: int | None = None,
     intervals: bool = True,
 ) -> pd.Series:
-    """Test log-likelihood (eq. 34), RMSE, PICP and MPIW of a posterior on ``(x, y)``.
+    """Test log-likelihood (eq. 34), RMSE, PICP and MPIW of a posterior on ``(x, y)``; for a
+    classifier (``likelihood="categorical"``/``"bernoulli"``) test log-likelihood, accuracy, Brier
+    score and ECE of the predictive class probabilities
+    (:func:`~pyro_bnnlv.stats.classification.classification_metrics`).
 
     Call as ``evaluate(model, posterior, x_test, y_test, y_mean=..., y_std=...)`` or, with a
     :class:`~pyro_bnnlv.datasets.Dataset`, ``evaluate(model, posterior, data)``: its test split
@@ -292,7 +296,7 @@ def evaluate(
             raise ValueError(f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
                              f"{data.sizes}); evaluate another split, or make the data set with more rows or "
                              f"a larger {split}_fraction")  # fmt: skip
-        if data.standardized and y_mean is None and y_std is None:
+        if data.standardized and y_mean is None and y_std is None and data.num_classes is None:
             y_mean, y_std = data.y_mean, data.y_std
         if train_data is None:
             train_data = (data.x_train, data.y_train)
@@ -307,7 +311,13 @@ def evaluate(
                 "on the standardised scale; pass y_mean=data.y_mean, y_std=data.y_std (or call "
                 "evaluate(model, posterior, data)); y_mean=0, y_std=1 keeps the standardised scale "
                 "without this warning", UserWarning, stacklevel=2)  # fmt: skip
+    classifier = _classification_likelihood(model)
+    if classifier is not None and (y_mean is not None or y_std is not None):
+        raise ValueError(f"y_mean/y_std standardise regression targets; a {classifier.name} model's targets are "
+                         "class labels: leave them out")  # fmt: skip
     if isinstance(posterior, SelfEvaluatingPosterior):  # LinearizedLaplace: its exact predictive
+        if classifier is not None:
+            return posterior.evaluate(x, y)
         return posterior.evaluate(x, y, level=level, y_mean=y_mean, y_std=y_std)
     if not isinstance(model, RegressionModel):
         raise TypeError(f"evaluate needs a pyro_bnnlv model (with check_data, f and predictive_components), "
@@ -318,6 +328,8 @@ def evaluate(
     samples = posterior_sample_dict(model, posterior, x, train_data=train_data,
                                     num_samples=num_samples, seed=seed)  # fmt: skip
     N = x.shape[0]  # N >= 1: model.check_data rejects an empty x
+    if classifier is not None:
+        return _classification_evaluate(model, classifier, samples, x, y, seed=seed)
     totals = {"test_ll": 0.0, "rmse": 0.0, "picp": 0.0, "mpiw": 0.0}
     for rows, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed,
                                               outputs=y.reshape(N, -1).shape[1]):  # fmt: skip
@@ -329,6 +341,24 @@ def evaluate(
     totals = {k: v / N for k, v in totals.items()}
     totals["rmse"] = math.sqrt(totals["rmse"])
     return pd.Series(totals, name="metrics")
+
+
+def _classification_likelihood(model: Any) -> Any:
+    """The model's likelihood if it is a classifier's (:mod:`pyro_bnnlv.models.likelihoods`), else ``None``."""
+    likelihood = getattr(model, "likelihood", None)
+    return likelihood if getattr(likelihood, "classification", False) else None
+
+
+def _classification_evaluate(model: Any, likelihood: Any, samples: dict[str, Tensor], x: Tensor, y: Tensor,
+                             *, seed: int | None) -> pd.Series:  # fmt: skip
+    """Test LL (the log of the Bayesian model average ``(1/S) sum_s p(y_n | x_n, w_s)``, by ``logsumexp``),
+    accuracy, Brier score and ECE (:func:`~pyro_bnnlv.stats.classification.classification_metrics`)."""
+    N, K = x.shape[0], max(2, model.net.out_features)
+    log_probs = torch.empty(N, K, dtype=torch.float64)
+    for rows, logits, _ in predictive_chunks(model, samples, x, seed=seed, outputs=K):
+        log_p = likelihood.log_probs(logits.double())  # (S, n, K)
+        log_probs[rows] = torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
+    return classification_metrics(y, log_probs=log_probs).rename("metrics")
 
 
 #: Latent draws per weight sample and test input of a BNN+LV's predictive in :func:`evaluate`.

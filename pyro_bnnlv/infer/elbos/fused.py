@@ -113,6 +113,8 @@ def fused_pair(model: object, guide: object) -> bool:
         return False
     if forward_replaced(model) or forward_replaced(guide) or not isinstance(model.net, MLP):
         return False
+    if model.likelihood.classification:  # the fused step writes the Gaussian likelihood
+        return False
     if base is BNNLV:  # the guide subsamples z with the model's data plate
         return guide.create_plates == model.create_plates
     return guide.create_plates is None

@@ -38,6 +38,20 @@ derivatives from the activation table: :func:`pyro_bnnlv._mlp_kernels.mlp_jacobi
 other and against finite differences. Data are processed in chunks (``chunk_size``), so the
 working memory is ``O(chunk_size L P)`` besides the curvature itself.
 
+Classification (a :class:`~pyro_bnnlv.models.BNN` with ``likelihood="categorical"`` or
+``"bernoulli"``): the GGN of the likelihood (Immer, Korzepa & Bauer 2021, arXiv:2008.08400, eq. 4-5)
+
+.. math::
+
+    H = \sum_{n=1}^N J_n^\top \Lambda_n J_n + \operatorname{diag}(p), \qquad
+    \Lambda_n = -\nabla^2_f \log p(y_n \mid f)\big|_{f(x_n; w^*)}
+    = \operatorname{diag}(\pi_n) - \pi_n \pi_n^\top \ (\text{softmax } \pi_n),
+
+the linearised predictive over the logits ``f* ~ N(f(x*; w*), J Sigma J^T)`` pushed through the
+softmax by Monte Carlo (``link_approx="mc"``, default) or the probit approximation (``"probit"``:
+``softmax(f_k / sqrt(1 + pi/8 Var f_k))``, MacKay 1992; Immer et al. 2021, sec. 3) and the log
+marginal likelihood with ``log p(D | w*)`` the MAP's log-likelihood; there is no noise to tune.
+
 Hyper-parameters (:meth:`LinearizedLaplace.optimize_hyperparameters`): a common factor ``delta``
 on the prior precisions (``p = delta p_0``, ``p_0`` the model's ``1 / prior_scale^2``, so a
 fan-in-scaled prior keeps its shape) and the noise ``sigma``, chosen by
@@ -82,6 +96,8 @@ from ..._mlp_kernels import mlp_jacobian
 from .guide import LaplaceGuide
 from ...nets import MLP, FlatNet, ModuleNet
 from ...models.bnn import BNN
+from ...models.likelihoods import Gaussian
+from ...stats.classification import classification_metrics
 from ...stats.predictive import predictive_metrics
 from ...protocols import LatentModel, NetworkModel
 
@@ -308,7 +324,9 @@ class LinearizedLaplace:
     ) -> None:
         if structure not in STRUCTURES:
             raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
-        for attr in ("net", "prior_scale", "noise_scale"):
+        self.likelihood = getattr(model, "likelihood", Gaussian())
+        self.classification = bool(self.likelihood.classification)
+        for attr in ("net", "prior_scale") + (() if self.classification else ("noise_scale",)):
             if not hasattr(model, attr):
                 raise TypeError(f"model must expose {attr!r} (a pyro_bnnlv BNN); got {type(model).__name__}")
         if isinstance(model, LatentModel):
@@ -339,8 +357,10 @@ class LinearizedLaplace:
         if prior_precision is None:
             prior_precision = 1.0 / torch.as_tensor(model.prior_scale).detach().to(dtype).square()
         self.prior_precision = _as_vector(prior_precision, P, "prior_precision", dtype)
-        if noise_scale is None:
-            noise_scale = torch.as_tensor(model.noise_scale).detach()
+        if self.classification and noise_scale is not None:
+            raise ValueError(f"a {self.likelihood.name} model has no observation noise: leave out noise_scale")
+        if noise_scale is None:  # a classifier's GGN carries its likelihood's Hessian: sigma = 1 leaves it as is
+            noise_scale = 1.0 if self.classification else torch.as_tensor(model.noise_scale).detach()
         self.noise_scale = _as_positive_scalar(noise_scale, "noise_scale", dtype)
         if structure == "last_layer":
             idx = last_layer_indices(self.net) if subset_indices is None else torch.as_tensor(subset_indices)
@@ -383,10 +403,13 @@ class LinearizedLaplace:
     # -- fitting ---------------------------------------------------------------------------------
     def fit(self, x: Tensor, y: Tensor) -> "LinearizedLaplace":
         """Accumulate the curvature on the training data: the Gram matrix ``G = sum_n J_n^T J_n``
-        (its diagonal for ``"diag"``) and the residual sum of squares at ``w*``."""
+        (its diagonal for ``"diag"``) and the residual sum of squares at ``w*``; for a classifier
+        the GGN ``sum_n J_n^T Lambda_n J_n`` and the log-likelihood at ``w*``."""
         if hasattr(self.model, "check_data"):
             self.model.check_data(x, y)
         x = x.to(self.dtype)
+        if self.classification:
+            return self._fit_classifier(x, self.likelihood.observed(y, self.net.out_features))
         y = y.to(self.dtype).reshape(x.shape[0], -1)
         K, L, N = self.num_params, self.net.out_features, x.shape[0]
         full = self.structure != "diag"
@@ -406,6 +429,27 @@ class LinearizedLaplace:
         self._chol, self._eig = None, None
         return self
 
+    def _fit_classifier(self, x: Tensor, labels: Tensor) -> "LinearizedLaplace":
+        K, L, N = self.num_params, self.net.out_features, x.shape[0]
+        full = self.structure != "diag"
+        gram = torch.zeros((K, K) if full else (K,), dtype=self.dtype)
+        loglik = torch.zeros((), dtype=self.dtype)
+        step = self._chunk(L)
+        with torch.no_grad():
+            for start in range(0, N, step):
+                J, f = self.jacobian(x[start : start + step])  # (n, L, K), (n, L)
+                LJ = self.likelihood.hessian(f) @ J  # Lambda_n J_n
+                gram += J.reshape(-1, K).T @ LJ.reshape(-1, K) if full else (J * LJ).sum((0, 1))
+                loglik += self.likelihood.log_prob(f, labels[start : start + step].to(
+                    self.dtype if labels.is_floating_point() else labels.dtype)).sum()  # fmt: skip
+        if not torch.isfinite(gram).all() or not torch.isfinite(loglik):
+            raise ValueError("the Jacobian or the log-likelihood at w_map is not finite")
+        self.gram, self.map_loglik, self.num_data, self.num_outputs = gram, loglik, N, L
+        self.sse = None
+        self._fitted = True
+        self._chol, self._eig = None, None
+        return self
+
     def set_hyperparameters(
         self, *, prior_precision: float | Tensor | None = None, noise_scale: float | Tensor | None = None
     ) -> "LinearizedLaplace":
@@ -414,6 +458,8 @@ class LinearizedLaplace:
             self.prior_precision = _as_vector(prior_precision, self.net.num_weights, "prior_precision", self.dtype)
             self._eig = None  # the eigendecomposition is taken relative to the prior precision
         if noise_scale is not None:
+            if self.classification:
+                raise ValueError(f"a {self.likelihood.name} model has no observation noise: leave out noise_scale")
             self.noise_scale = _as_positive_scalar(noise_scale, "noise_scale", self.dtype)
         self._chol = None
         return self
@@ -493,6 +539,39 @@ class LinearizedLaplace:
                 covs.append(cov)
         return LaplacePredictive(torch.cat(means), torch.cat(covs), self.noise_scale.square())
 
+    def predictive_probs(
+        self, x: Tensor, *, link_approx: str = "mc", num_samples: int = 1000, seed: int | None = None
+    ) -> Tensor:
+        """A classifier's predictive class probabilities ``(N, K)`` at ``x`` (two columns for a
+        Bernoulli model): the linearised logits ``f* ~ N(f(x*; w*), J Sigma J^T)`` through the
+        softmax (sigmoid), by
+
+        * ``link_approx="mc"`` (default): the average of ``num_samples`` draws of the logits'
+          Gaussian (``seed`` seeds them; default seed 0), consistent as ``num_samples`` grows;
+        * ``link_approx="probit"``: ``softmax(f_k / sqrt(1 + pi/8 Var f_k))`` per point (MacKay
+          1992; laplace-torch's default). Exact in the limit for one logit (Bernoulli), but for
+          a softmax it shrinks each logit by its own variance and ignores their correlation: where
+          the data fix only the logits' differences (their common shift stays at the prior's
+          width) it pulls every probability towards ``1/K``
+          (``tests/test_classification.py``, two moons: probit test LL -0.23 against MC -0.10).
+        """
+        if not self.classification:
+            raise ValueError("predictive_probs is for a classifier (likelihood='categorical' or 'bernoulli'); "
+                             "a regression model's predictive is predictive(x)")  # fmt: skip
+        if link_approx not in ("probit", "mc"):
+            raise ValueError(f"link_approx must be 'probit' or 'mc', got {link_approx!r}")
+        pred = self.predictive(x)
+        if link_approx == "probit":
+            kappa = (1.0 + math.pi / 8.0 * pred.f_var).rsqrt()
+            return self.likelihood.probs(kappa * pred.mean)
+        S = check_int(num_samples, "num_samples", minimum=1)
+        gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+        eye = torch.eye(pred.f_cov.shape[-1], dtype=self.dtype)
+        chol = torch.linalg.cholesky_ex(pred.f_cov + 1e-12 * eye)[0]  # (N, L, L); jitter for a rank-deficient cov
+        eps = torch.randn(S, *pred.mean.shape, generator=gen, dtype=self.dtype)
+        draws = pred.mean + (chol @ eps.unsqueeze(-1)).squeeze(-1)  # (S, N, L)
+        return self.likelihood.probs(draws).mean(0)
+
     def evaluate(
         self,
         x: Tensor,
@@ -501,16 +580,22 @@ class LinearizedLaplace:
         level: float = 0.95,
         y_mean: Tensor | float | None = None,
         y_std: Tensor | float | None = None,
+        link_approx: str = "mc",
     ) -> pd.Series:
         """Test log-likelihood, RMSE, PICP and MPIW of the linearised predictive, as
         :func:`pyro_bnnlv.evaluate` reports them (original scale with ``y_mean``/``y_std``).
 
         The predictive is one Gaussian per point, so the metrics are exact (no sampling).
         With several outputs the log-likelihood uses the full ``L x L`` predictive covariance.
+        For a classifier: test log-likelihood, accuracy, Brier score and ECE of
+        :meth:`predictive_probs` (``link_approx``, by default 1,000 draws of the logits, seed 0).
         """
 
         if hasattr(self.model, "check_data"):
             self.model.check_data(x, y)
+        if self.classification:
+            labels = self.likelihood.observed(y, self.net.out_features).long()
+            return classification_metrics(labels, self.predictive_probs(x, link_approx=link_approx)).rename("metrics")
         pred = self.predictive(x)
         out = predictive_metrics(
             y, pred.mean.unsqueeze(0), pred.var.sqrt(), level=level, y_mean=y_mean, y_std=y_std
@@ -534,6 +619,8 @@ class LinearizedLaplace:
         P = self.net.num_weights
         if prior_precision is not None:
             _as_vector(prior_precision, P, "prior_precision", self.dtype)  # checks only (detached)
+        if noise_scale is not None and self.classification:
+            raise ValueError(f"a {self.likelihood.name} model has no observation noise: leave out noise_scale")
         if noise_scale is not None:
             _as_positive_scalar(noise_scale, "noise_scale", self.dtype)
         p = self.prior_precision if prior_precision is None else torch.as_tensor(prior_precision, dtype=self.dtype)
@@ -555,7 +642,10 @@ class LinearizedLaplace:
 
     def _log_evidence(self, logdet: Tensor, p: Tensor, s2: Tensor) -> Tensor:
         NL = self.num_data * self.num_outputs
-        loglik = -0.5 * NL * (_LOG2PI + s2.log()) - 0.5 * self.sse / s2
+        if self.classification:
+            loglik = self.map_loglik
+        else:
+            loglik = -0.5 * NL * (_LOG2PI + s2.log()) - 0.5 * self.sse / s2
         w = self._sub(self.w_map)
         return loglik - 0.5 * (p * w.square()).sum() + 0.5 * p.log().sum() - 0.5 * logdet
 
@@ -582,6 +672,8 @@ class LinearizedLaplace:
         """``(delta, sigma) -> mean validation log-likelihood`` of the linearised predictive,
         ``p = delta p_0``, each evaluation ``O(N_valid L K)``."""
         J, f = self.jacobian(x)  # (N, L, K)
+        if self.classification:
+            return self._valid_class_ll_fn(J, f, self.likelihood.observed(y, self.net.out_features).long())
         y = y.to(self.dtype).reshape(f.shape)
         r = y - f
         p0 = self._sub(self.prior_precision)
@@ -605,6 +697,24 @@ class LinearizedLaplace:
 
         return ll
 
+    def _valid_class_ll_fn(self, J: Tensor, f: Tensor, labels: Tensor):
+        """``(delta, sigma) -> mean validation log-likelihood`` of a classifier's probit predictive
+        (``sigma`` is unused), ``p = delta p_0``."""
+        p0 = self._sub(self.prior_precision)
+        if self.structure == "diag":
+            B = J
+        else:
+            mu, U = self._eigen()
+            B = (J * p0.rsqrt()) @ U
+
+        def ll(delta: float, sigma: float) -> float:
+            lam = 1.0 / (self.gram + delta * p0) if self.structure == "diag" else 1.0 / (mu + delta)
+            kappa = (1.0 + math.pi / 8.0 * (B.square() @ lam)).rsqrt()  # (N, L)
+            log_p = self.likelihood.log_probs(kappa * f)
+            return float(log_p.gather(-1, labels.unsqueeze(-1)).mean())
+
+        return ll
+
     def optimize_hyperparameters(
         self,
         method: str = "marglik",
@@ -612,7 +722,7 @@ class LinearizedLaplace:
         x_valid: Tensor | None = None,
         y_valid: Tensor | None = None,
         prior: bool = True,
-        noise: bool = True,
+        noise: bool | None = None,
         prior_grid: Tensor | None = None,
         noise_grid: Tensor | None = None,
     ) -> dict[str, float]:
@@ -622,15 +732,21 @@ class LinearizedLaplace:
             method: ``"marglik"`` (default; L-BFGS on ``log delta``, ``log sigma`` of the Laplace
                 log marginal likelihood) or ``"validation"`` (grid search of the linearised
                 predictive's mean log-likelihood on ``(x_valid, y_valid)``).
-            prior, noise: which of the two to tune (the other stays fixed).
+            prior, noise: which of the two to tune (the other stays fixed); ``noise`` defaults to
+                ``True`` for regression and must stay off for a classifier (it has no noise).
             prior_grid: candidate ``delta`` for ``"validation"`` (default ``10^linspace(-3, 3, 25)``).
             noise_grid: candidate ``sigma`` for ``"validation"`` (default the training residual
                 RMS times ``2^linspace(-2, 3, 21)``).
 
         Returns ``{"prior_factor": delta, "noise_scale": sigma, "objective": value}`` where the
-        objective is the log marginal likelihood or the mean validation log-likelihood.
+        objective is the log marginal likelihood or the mean validation log-likelihood (a
+        classifier's has no ``"noise_scale"``).
         """
         self._check_fitted()
+        if noise is None:
+            noise = not self.classification
+        if noise and self.classification:
+            raise ValueError(f"a {self.likelihood.name} model has no observation noise to tune: leave noise out")
         if method not in ("marglik", "validation"):
             raise ValueError(f"method must be 'marglik' or 'validation', got {method!r}")
         if not (prior or noise):
@@ -664,7 +780,7 @@ class LinearizedLaplace:
                 raise ValueError("method='validation' needs x_valid and y_valid")
             if hasattr(self.model, "check_data"):
                 self.model.check_data(x_valid, y_valid)
-            rms = math.sqrt(float(self.sse) / (self.num_data * self.num_outputs))
+            rms = 1.0 if self.classification else math.sqrt(float(self.sse) / (self.num_data * self.num_outputs))
             deltas = [1.0]
             if prior:
                 deltas = (10.0 ** torch.linspace(-3, 3, 25) if prior_grid is None else torch.as_tensor(prior_grid)).tolist()
@@ -682,6 +798,9 @@ class LinearizedLaplace:
                 if len(grid) > 2 and value in (min(grid), max(grid)):
                     warnings.warn(f"the validation optimum lies on the edge of {name} ({value:.3g}); "
                                   "consider widening it", RuntimeWarning, stacklevel=2)  # fmt: skip
+        if self.classification:
+            self.set_hyperparameters(prior_precision=delta * self.prior_precision)
+            return {"prior_factor": delta, "objective": objective}
         self.set_hyperparameters(prior_precision=delta * self.prior_precision, noise_scale=sigma)
         return {"prior_factor": delta, "noise_scale": sigma, "objective": objective}
 
@@ -714,11 +833,16 @@ class LinearizedLaplace:
         :meth:`optimize_hyperparameters` with :func:`pyro_bnnlv.evaluate`; in the model's dtype."""
 
         dtype = _model_dtype(self.model)
+        if self.classification:
+            return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), likelihood=self.likelihood).to(dtype)
         return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype),
                    noise_scale=self.noise_scale.to(dtype)).to(dtype)  # fmt: skip
 
     def __repr__(self) -> str:
         state = "fitted" if self._fitted else "not fitted"
+        if self.classification:
+            return (f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
+                    f"likelihood={self.likelihood.name!r}, dtype={self.dtype}, {state})")  # fmt: skip
         return (
             f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
             f"noise_scale={float(self.noise_scale):.4g}, dtype={self.dtype}, {state})"

@@ -79,6 +79,8 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
         return pot
     if not _is_plain_bnn(model):
         return None
+    if model.likelihood.classification:
+        return _classifier_potential(model, x, y)
     sigma = torch.as_tensor(model.noise_scale).detach()
     if isinstance(model.net, MLP):
         return mlp_regression_potential(
@@ -96,6 +98,20 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
 
     return FlatPotential.from_log_density({"w": (model.net.num_weights,)}, log_density)
 
+
+
+def _classifier_potential(model: BNN, x: Tensor, y: Tensor) -> FlatPotential:
+    """``U(w) = -log N(w; m, s^2) - sum_n log p(y_n | f(x_n; w))`` of a classifier BNN (categorical
+    or Bernoulli likelihood), its gradient by autograd through ``model.f``."""
+    loc, scale = model.prior_loc.detach(), model.prior_scale.detach()
+    labels = model._observed(y)
+
+    def log_density(p: dict[str, Tensor]) -> Tensor:
+        w = p["w"]
+        lik = model.likelihood.log_prob(model.f(x, w), labels).sum()
+        return lik + torch.distributions.Normal(loc, scale).log_prob(w).sum()
+
+    return FlatPotential.from_log_density({"w": (model.net.num_weights,)}, log_density)
 
 
 def _is_plain_bnn(model: Any) -> bool:

@@ -7,6 +7,26 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2`` in ``addopts``: one worker per core) each worker keeps to one
+    torch thread, so the two workers do not oversubscribe the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--dist loadgroup``: the tests of a module that share one of its module-scoped fixtures (a
+    fitted posterior, a local Ray instance) run on one worker, so the fixture is built once, and
+    every test on a Ray instance on the same worker, so two instances never compete."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        scopes = {fd.scope for name, fds in defs.items() for fd in fds if (fd.baseid or "").startswith("tests")}
+        if "ray_instance" in defs or "ray" in item.name:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif scopes - {"function"}:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_pyro_state():
     """Each test starts from an empty global param store and a fixed seed."""

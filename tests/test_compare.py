@@ -100,8 +100,13 @@ def test_compare_table_is_the_same_inline_and_on_two_workers():
     assert list(tables[0]["selected"]) == list(tables[1]["selected"])
 
 
-def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys):
-    from pyro_bnnlv.reproduce.ncai import main as protocol
+def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys, monkeypatch):
+    from pyro_bnnlv.reproduce.ncai import CompareConfig, main as protocol
+
+    # the command's own settings, with a smoke test's MAP initialisation and evaluation sizes
+    full = CompareConfig.full
+    monkeypatch.setattr(CompareConfig, "full", lambda **kw: full(**{"map_steps": 50, "num_samples": 50,
+                                                                     "latent_draws": 8, **kw}))  # fmt: skip
 
     argv = ["--datasets", "yuan", "--steps", "5", "--restarts", "1", "--splits", "1", "--executor", "inline",
             "--out", str(tmp_path), "--output", str(tmp_path / "p.csv"), "--quiet"]

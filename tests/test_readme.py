@@ -185,6 +185,22 @@ def test_readme_hypernet_section_runs(tmp_path, monkeypatch):
     assert (tmp_path / "ood.png").stat().st_size > 5000
 
 
+def test_readme_classification_section_runs_twice(tmp_path, monkeypatch):
+    """The README's classification snippet as written but for the step counts, twice in one
+    process (Pyro's global state): the same numbers both times, and a working classifier."""
+    monkeypatch.chdir(tmp_path)
+    code = _small(_section_code("Classification"), {"num_steps=1500": "num_steps=300", "num_steps=2000": "num_steps=300"})
+    printed = []
+    runs = []
+    for _ in range(2):
+        namespace: dict = {"print": printed.append}
+        exec(compile(code, "README classification", "exec"), namespace)
+        runs.append(namespace)
+    mfvi, laplace = printed[0], printed[1]
+    assert mfvi["accuracy"] > 0.8 and laplace["accuracy"] > 0.8
+    assert printed[0].equals(printed[2]) and printed[1].equals(printed[3])
+
+
 def test_readme_laplace_section_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = _section_code("Linearised and sampled Laplace, in-between uncertainty", GUIDE)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ __all__ = [
     "METHODS",
     "CompareConfig",
     "compare_tasks",
+    "figure_data",
     "fit_task",
     "load_compare_data",
     "plot_compare",
@@ -333,9 +335,10 @@ def _fit_task(task: Task, cfg: CompareConfig, data: Dataset) -> _Fit:
 
 
 @task_function("ncai-compare/fit")
-def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None) -> dict[str, Any]:
+def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None, figure: bool = False) -> dict[str, Any]:
     """One fit of the comparison (a sweep task): validation LL (for selection), the test metrics,
-    ``I(x; mu_z)``, ``HZ(mu_z)``, the final value of every logged training term, and seconds."""
+    ``I(x; mu_z)``, ``HZ(mu_z)``, the final value of every logged training term, and seconds;
+    with ``figure`` (1-D inputs) also its panel of :func:`plot_compare` (``figure_data``)."""
     cfg = CompareConfig(**config)
     data = data if data is not None else load_compare_data(task.dataset, seed=int(task.split))
     t0 = time.perf_counter()
@@ -345,7 +348,38 @@ def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None)
     if fit.history is not None:
         last = fit.history.ffill().iloc[-1]
         row.update({f"final_{k}": float(v) for k, v in last.items()})
+    if figure and data.input_dim == 1:  # what plot_compare draws, so the figure needs no refit
+        row["figure_data"] = figure_data(fit, data, cfg)
     return row
+
+
+def _rounded(values: Any) -> list[float | None]:
+    """Floats to 6 significant digits for the store's JSON (NaN as ``None``)."""
+    return [None if not math.isfinite(v) else float(f"{v:.6g}") for v in torch.as_tensor(values).double().tolist()]
+
+
+def figure_data(fit: _Fit, data: Dataset, cfg: CompareConfig) -> str:
+    """The panel of :func:`plot_compare` for one fit as JSON (a sweep result is a string or number):
+    the predictive mean and central 95% band on 200 inputs, the latent means ``mu_z`` of a BNN+LV
+    and the training log, on the original scale of ``x`` and ``y``."""
+    sx, mx, sy, my = (float(v) for v in (data.x_std[0], data.x_mean[0], data.y_std, data.y_mean))
+    lo, hi = float(data.x_train.min()), float(data.x_train.max())
+    grid = torch.linspace(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo), 200).unsqueeze(-1)
+    samples = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train, num_samples=300, seed=cfg.seed)
+    with torch.no_grad():
+        loc, scale = fit.model.predictive_components(grid, samples, generator=torch.Generator().manual_seed(0))
+    loc = loc[..., 0]
+    lower, upper = (mixture_quantile(loc, scale, q) for q in (0.025, 0.975))
+    panel: dict[str, Any] = {
+        "setting": fit.setting, "x": _rounded(grid[:, 0] * sx + mx), "mean": _rounded(loc.mean(0) * sy + my),
+        "lower": _rounded(lower * sy + my), "upper": _rounded(upper * sy + my), "mu_z": None, "history": None,
+    }  # fmt: skip
+    if isinstance(fit.model, BNNLV):
+        panel["mu_z"] = _rounded(latent_means(fit.guide, data.x_train, data.y_train)[:, 0])
+    if fit.history is not None:
+        h = fit.history
+        panel["history"] = {"step": [int(i) for i in h.index], **{c: _rounded(h[c]) for c in h.columns}}
+    return json.dumps(panel, separators=(",", ":"))
 
 
 def select_fits(results: pd.DataFrame) -> pd.DataFrame:
@@ -388,16 +422,18 @@ def run_compare(
     :func:`pyro_bnnlv.sweep.run_sweep` (``executor``, ``workers``, ``address``; ``out_dir`` keeps
     a resumable store). The default executor runs them in this process; ``executor="local"``
     uses worker processes (started with "spawn": call it under ``if __name__ == "__main__":``
-    in a script), as ``pyro-bnnlv compare`` does by default. The selected fits are refitted in this process (same seeds) to return
-    them and draw the figure (``return_fits=False`` and no ``figure``: skipped, ``fits`` is
-    empty). The table's ``attrs`` carry the sweep's summary and failures.
+    in a script), as ``pyro-bnnlv compare`` does by default. The figure is drawn from what each
+    fit stored (:func:`figure_data`), with no refit. With ``return_fits`` (default) the selected fits
+    are refitted in this process (same seeds) to return them (``return_fits=False``: skipped,
+    ``fits`` is empty). The table's ``attrs`` carry the sweep's summary and failures.
     """
     cfg = config or CompareConfig()
     named = not isinstance(dataset, Dataset)
     data = load_compare_data(dataset, seed=cfg.seed) if named else dataset
     tasks = compare_tasks(data.name, cfg)
     config = dataclasses.asdict(cfg)
-    fn = functools.partial(fit_task, config=config) if named else functools.partial(fit_task, config=config, data=data)
+    options = {"figure": True} if figure is not None and data.input_dim == 1 else {}
+    fn = functools.partial(fit_task, config=config, **options, **({} if named else {"data": data}))
     results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
                         sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
                         progress=progress, desc=f"compare {data.name}", stop_after=stop_after)  # fmt: skip
@@ -417,55 +453,56 @@ def run_compare(
     table.attrs.update(results.attrs)
     by_id = {t.id: t for t in tasks}
     fits = {}
-    for _, row in chosen.iterrows() if (return_fits or figure is not None) else ():
+    for _, row in chosen.iterrows() if return_fits else ():
         fits[row["method"]] = _fit_task(by_id[row["task_id"]], cfg, data)
         fits[row["method"]].setting = row["selected"]
-    if figure is not None and data.input_dim == 1 and fits:
-        plot_compare(data, fits, cfg, figure)
+    if figure is not None and data.input_dim == 1:
+        panels = {}
+        for _, row in chosen.iterrows():
+            stored = row.get("figure_data")
+            fit = fits.get(row["method"])
+            if not isinstance(stored, str):  # a store written before the figure data was kept
+                fit = fit or _fit_task(by_id[row["task_id"]], cfg, data)
+                stored = figure_data(fit, data, cfg)
+            panels[row["method"]] = {**json.loads(stored), "setting": row["selected"]}
+        plot_compare(data, panels, figure)
     return table, fits
 
 
-def plot_compare(data: Dataset, fits: dict[str, _Fit], cfg: CompareConfig, path: str | Path) -> Path:
+def plot_compare(data: Dataset, panels: dict[str, dict[str, Any]], path: str | Path) -> Path:
     """Fig. 4: predictive mean and 95% band per method (top), ``mu_z`` against ``x`` (middle),
-    and for the NCAI fits every penalty term and ``I(x; mu_z)`` during training (bottom)."""
+    and for the NCAI fits every penalty term and ``I(x; mu_z)`` during training (bottom); each
+    method's panel is its :func:`figure_data` (decoded)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, len(fits), figsize=(4 * len(fits), 9), squeeze=False)
+    fig, axes = plt.subplots(3, len(panels), figsize=(4 * len(panels), 9), squeeze=False)
     sx, mx, sy, my = (float(v) for v in (data.x_std[0], data.x_mean[0], data.y_std, data.y_mean))
-    lo, hi = float(data.x_train.min()), float(data.x_train.max())
-    grid = torch.linspace(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo), 200).unsqueeze(-1)
-    for col, (method, fit) in enumerate(fits.items()):
-        samples = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train,
-                                   num_samples=300, seed=cfg.seed)  # fmt: skip
-        with torch.no_grad():
-            loc, scale = fit.model.predictive_components(
-                grid, samples, generator=torch.Generator().manual_seed(0))
-        loc = loc[..., 0]
-        lower, upper = (mixture_quantile(loc, scale, q).float() for q in (0.025, 0.975))
-        gx = grid[:, 0] * sx + mx
+    x_train = data.x_train[:, 0] * sx + mx
+    for col, (method, panel) in enumerate(panels.items()):
         ax = axes[0][col]
-        ax.fill_between(gx, lower * sy + my, upper * sy + my, alpha=0.3)
-        ax.plot(gx, loc.mean(0) * sy + my, lw=1.5)
-        ax.scatter(data.x_train[:, 0] * sx + mx, data.y_train * sy + my, s=4, c="k")
-        ax.set_title(f"{method}\n{fit.setting}", fontsize=9)
+        ax.fill_between(panel["x"], panel["lower"], panel["upper"], alpha=0.3)
+        ax.plot(panel["x"], panel["mean"], lw=1.5)
+        ax.scatter(x_train, data.y_train * sy + my, s=4, c="k")
+        ax.set_title(f"{method}\n{panel['setting']}", fontsize=9)
         ax2, ax3 = axes[1][col], axes[2][col]
-        if isinstance(fit.model, BNNLV):
-            mu = latent_means(fit.guide, data.x_train, data.y_train)
-            ax2.scatter(data.x_train[:, 0] * sx + mx, mu[:, 0], s=4)
+        if panel["mu_z"] is not None:
+            ax2.scatter(x_train, panel["mu_z"], s=4)
             ax2.set_ylabel("variational mean of z")
         else:
             ax2.axis("off")
         ax2.set_xlabel("x")
-        if fit.history is not None:
-            h = fit.history
-            for name in [c for c in h.columns if c not in ("mi_x_mu_z",)]:
-                ax3.plot(h.index, h[name].abs().clip(lower=1e-8), lw=1, label=name)
+        history = panel["history"]
+        if history is not None:
+            steps = history["step"]
+            for name in [c for c in history if c not in ("step", "mi_x_mu_z")]:
+                values = [math.nan if v is None else max(abs(v), 1e-8) for v in history[name]]
+                ax3.plot(steps, values, lw=1, label=name)
             ax3.set_yscale("log")
             ax3.set_xlabel("step")
-            mi = h["mi_x_mu_z"].dropna()
-            if len(mi):
+            mi = [(t, v) for t, v in zip(steps, history.get("mi_x_mu_z", [])) if v is not None]
+            if mi:
                 twin = ax3.twinx()
-                twin.plot(mi.index, mi.values, "k.--", lw=1, label="I(x; mu_z)")
+                twin.plot(*zip(*mi), "k.--", lw=1, label="I(x; mu_z)")
                 twin.set_ylabel("I(x; mu_z) (nats)")
             ax3.legend(fontsize=7, loc="upper right")
             ax3.set_title("training: loss terms (log), I(x; mu_z)", fontsize=9)

@@ -190,6 +190,21 @@ def test_conv2d_block_order_in_w_with_one_output_position():
         torch.testing.assert_close(H_kfac[i][:, i], H[i][:, i], rtol=1e-10, atol=1e-12)
 
 
+def test_conv2d_predictive_and_marglik_against_the_dense_matrix():
+    net = conv_net()
+    g = torch.Generator().manual_seed(3)
+    x, xs = torch.randn(6, 36, generator=g, dtype=D64), torch.randn(4, 36, generator=g, dtype=D64)
+    w = net.init_weights().double()
+    model = pb.BNN(net, prior_scale=pb.fan_in_prior_scale(net), likelihood="categorical").double()
+    la = LinearizedLaplace(model, w, structure="kfac").fit(x, torch.randint(0, 3, (6,), generator=g))
+    H = la.dense_precision()
+    J, _ = network_jacobian(net, xs, w, method="func")
+    torch.testing.assert_close(la.predictive(xs).f_cov, J @ torch.linalg.solve(H, J.transpose(1, 2)),
+                               rtol=1e-9, atol=1e-12)  # fmt: skip
+    torch.testing.assert_close(la.log_marginal_likelihood(), dense_evidence(la, H, la.prior_precision, 1.0),
+                               rtol=1e-10, atol=1e-10)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------------
 # posterior quantities against the dense matrix
 # ----------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ i.e. ``N E[a a^T] (x) E[B^T Lambda B]`` written with the sums: ``(A_sum / sqrt N
 data set's curvature ``N E[Q] (x) E[H]``) and of laplace-torch (Daxberger et al. 2021,
 arXiv:2106.14806; Immer et al. 2021, arXiv:2008.08400), whose BackPACK KFLR factors are ``A``
 averaged over the batch and ``G`` summed over it (a loss with ``reduction="sum"``; laplace-torch
-then rescales the ``A`` factor by ``M / N`` for mini-batches of ``M``). For one data point and
+then rescales the ``A`` factor by ``M / N`` for mini-batches of ``M``, and its ASDL backend divides
+its summed ``A`` by ``N``: ``_rescale_kron_factors``). For one data point and
 ``T = 1`` (any number of outputs) the block is exact; for a model linear in the layer with a
 Gaussian likelihood (``B_n`` and ``Lambda_n`` constant) too, for any ``N``. Two differences from
 laplace-torch: (i) it keeps the bias in a Kronecker block of its own (``G`` alone, no

@@ -246,7 +246,7 @@ def test_hyperparameter_argument_errors():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(structure="kfac"), "structure"),
+        (dict(structure="kronecker"), "structure"),
         (dict(structure="diag", subset_indices=torch.tensor([0])), "subset_indices"),
         (dict(structure="last_layer", subset_indices=torch.tensor([0, 0])), "subset_indices"),
         (dict(prior_precision=torch.ones(3)), "prior_precision"),

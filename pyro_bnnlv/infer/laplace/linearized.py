@@ -30,6 +30,12 @@ Curvature structures (``structure=``):
   the rest of the network. ``f`` is linear in these weights, so the linearisation is exact and
   the Laplace posterior is Bayesian linear regression on the last hidden layer's features
   (the "BLR" of App. B).
+* ``"kfac"``: per layer (``nn.Linear`` / ``nn.Conv2d`` of a ModuleNet) a Kronecker product
+  ``G_l (x) A_l`` of an output-side and an input-side factor (K-FAC; KFC for convolutions),
+  layers independent: memory ``O(sum_l out_l^2 + in_l^2)``; the normalisation, the prior and the
+  eigenbasis are in :mod:`pyro_bnnlv.infer.laplace.kfac`. :meth:`LinearizedLaplace.kfac_factors`
+  gives the factors, :meth:`LinearizedLaplace.dense_precision` the ``P x P`` matrix they stand
+  for (small networks, tests).
 
 Jacobians: an :class:`~pyro_bnnlv.nets.MLP` gets them in one batched forward and backward sweep
 (the ``L`` one-hot output cotangents propagated through the layers at once, activation
@@ -93,6 +99,7 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int
 from ..._mlp_kernels import mlp_jacobian
+from . import kfac as _kfac
 from .guide import LaplaceGuide
 from ...nets import MLP, FlatNet, ModuleNet
 from ...models.bnn import BNN
@@ -109,8 +116,9 @@ __all__ = [
     "network_jacobian",
 ]
 
-Structure = Literal["full", "diag", "last_layer"]
-STRUCTURES = ("full", "diag", "last_layer")
+Structure = Literal["full", "diag", "last_layer", "kfac"]
+STRUCTURES = ("full", "diag", "last_layer", "kfac")
+_DENSE_LIMIT = 8192  # kfac: the largest P for which posterior_precision / _covariance build P x P
 _LOG2PI = math.log(2 * math.pi)
 
 
@@ -292,8 +300,9 @@ class LinearizedLaplace:
         model: a :class:`~pyro_bnnlv.models.BNN` (anything exposing ``net``, ``prior_scale`` and
             ``noise_scale``).
         w_map: the MAP weights ``(P,)`` (:func:`~pyro_bnnlv.infer.svi.train_map`).
-        structure: ``"full"``, ``"diag"`` or ``"last_layer"`` (module docstring).
-        prior_precision: ``p``, scalar or ``(P,)``; default ``1 / model.prior_scale^2``.
+        structure: ``"full"``, ``"diag"``, ``"last_layer"`` or ``"kfac"`` (module docstring).
+        prior_precision: ``p``, scalar or ``(P,)``; default ``1 / model.prior_scale^2``. For
+            ``"kfac"`` it must factor on each layer (:func:`~pyro_bnnlv.infer.laplace.kfac.prior_factors`).
         noise_scale: ``sigma``; default ``model.noise_scale``.
         subset_indices: for ``"last_layer"``, the weights to treat as Gaussian (default
             :func:`last_layer_indices`).
@@ -372,11 +381,15 @@ class LinearizedLaplace:
             raise ValueError("subset_indices is only used with structure='last_layer'")
         else:
             self.indices = None
+        # kfac: the layers' Kronecker blocks; the prior is checked to factor on each (ValueError)
+        self._layers = _kfac.kfac_layers(self.net) if structure == "kfac" else None
+        if self._layers is not None:
+            _kfac.prior_factors(self.prior_precision, self._layers)
         self.chunk_size = chunk_size
         self.jitter = 0.0
         self._fitted = False
         self._chol: Tensor | None = None
-        self._eig: tuple[Tensor, Tensor] | None = None
+        self._eig: Any = None  # eigendecomposition(s) relative to the prior precision (cached)
 
     # -- basic quantities ----------------------------------------------------------------------
     @property
@@ -408,6 +421,8 @@ class LinearizedLaplace:
         if hasattr(self.model, "check_data"):
             self.model.check_data(x, y)
         x = x.to(self.dtype)
+        if self.structure == "kfac":
+            return self._fit_kfac(x, y)
         if self.classification:
             return self._fit_classifier(x, self.likelihood.observed(y, self.net.out_features))
         y = y.to(self.dtype).reshape(x.shape[0], -1)
@@ -450,12 +465,85 @@ class LinearizedLaplace:
         self._chol, self._eig = None, None
         return self
 
+    def _fit_kfac(self, x: Tensor, y: Tensor) -> "LinearizedLaplace":
+        """K-FAC factors (:func:`~pyro_bnnlv.infer.laplace.kfac.kfac_factors`; a Gaussian's at
+        ``sigma = 1``) and the residual sum of squares or the log-likelihood at ``w*``."""
+        hessian = self.likelihood.hessian if self.classification else None
+        step = self.chunk_size or max(1, 4_000_000 // max(1, self.net.out_features * self.net.num_weights))
+        factors, f = _kfac.kfac_factors(self.net, self._layers, x, self.w_map, hessian, step)
+        N, L = f.shape
+        with torch.no_grad():
+            if self.classification:
+                labels = self.likelihood.observed(y, self.net.out_features)
+                labels = labels.to(self.dtype) if labels.is_floating_point() else labels
+                self.map_loglik, self.sse = self.likelihood.log_prob(f, labels).sum(), None
+                ok = torch.isfinite(self.map_loglik)
+            else:
+                self.sse = (y.to(self.dtype).reshape(N, -1) - f).square().sum()
+                ok = torch.isfinite(self.sse)
+        if not ok or not all(torch.isfinite(a).all() and torch.isfinite(g).all() for a, g in factors):
+            raise ValueError("the K-FAC factors or the fit at w_map are not finite")
+        self.factors, self.num_data, self.num_outputs = factors, N, L
+        self.gram = None
+        self._fitted = True
+        self._chol, self._eig = None, None
+        return self
+
+    def kfac_factors(self) -> list[tuple[Tensor, Tensor]]:
+        """``structure="kfac"``: per layer ``(A_l, G_l)`` with the GGN block ``~ G_l (x) A_l`` in the
+        row-major order of ``[W_l | b_l]`` (``G_l`` includes ``1 / sigma^2``);
+        :func:`~pyro_bnnlv.infer.laplace.kfac.kfac_layers` says where the block sits in ``w``."""
+        self._check_fitted()
+        if self.structure != "kfac":
+            raise ValueError(f"kfac_factors needs structure='kfac'; this fit has {self.structure!r}")
+        s2 = self.noise_scale.square()
+        return [(A, G / s2) for A, G in self.factors]
+
+    @property
+    def kfac_layers(self) -> list[_kfac.KronLayer]:
+        """The K-FAC layer blocks (``structure="kfac"``), each with its ``index`` in ``w``."""
+        if self._layers is None:
+            raise ValueError(f"kfac_layers needs structure='kfac'; this fit has {self.structure!r}")
+        return self._layers
+
+    def dense_precision(self) -> Tensor:
+        """``structure="kfac"``: the ``(P, P)`` posterior precision the factors stand for,
+        ``blockdiag_l(G_l (x) A_l) + diag(p)`` in the order of ``w`` (for checks on small networks)."""
+        H = torch.diag(self.prior_precision)
+        for layer, (A, G) in zip(self._layers, self.kfac_factors()):
+            idx = layer.index.reshape(-1)
+            H[idx[:, None], idx[None, :]] += torch.kron(G, A)
+        return H
+
+    def _kfac_eigen(self) -> list[_kfac.KronEigen]:
+        """Per layer eigenbasis relative to the current prior precision (cached)."""
+        if self._eig is None:
+            priors = _kfac.prior_factors(self.prior_precision, self._layers)
+            self._eig = [_kfac.kron_eigen(A, G, do, di) for (A, G), (do, di) in zip(self.factors, priors)]
+        return self._eig
+
+    def _projected(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(B (N, L, K), f (N, L), mu (K,))``: the Jacobian in the eigenbasis relative to ``p_0``
+        (``Sigma = V diag(1 / (mu / sigma^2 + delta)) V^T``, ``B = J V``) for ``"full"`` / ``"last_layer"``
+        (``V = D^{-1/2} U``) and ``"kfac"`` (``V`` the layers' ``U_o (x) U_i``)."""
+        if self.structure != "kfac":
+            J, f = self.jacobian(x)
+            mu, U = self._eigen()
+            return (J * self._sub(self.prior_precision).rsqrt()) @ U, f, mu
+        eig = self._kfac_eigen()
+        f, inputs, grads = _kfac.layer_quantities(self.net, self._layers, x.to(self.dtype), self.w_map)
+        B = torch.cat([_kfac.projected_jacobian(a, g, e) for a, g, e in zip(inputs, grads, eig)], -1)
+        return B, f, torch.cat([e.lam.reshape(-1) for e in eig])
+
     def set_hyperparameters(
         self, *, prior_precision: float | Tensor | None = None, noise_scale: float | Tensor | None = None
     ) -> "LinearizedLaplace":
         """Change ``p`` and/or ``sigma`` (the curvature is rescaled, not recomputed)."""
         if prior_precision is not None:
-            self.prior_precision = _as_vector(prior_precision, self.net.num_weights, "prior_precision", self.dtype)
+            p = _as_vector(prior_precision, self.net.num_weights, "prior_precision", self.dtype)
+            if self._layers is not None:
+                _kfac.prior_factors(p, self._layers)
+            self.prior_precision = p
             self._eig = None  # the eigendecomposition is taken relative to the prior precision
         if noise_scale is not None:
             if self.classification:
@@ -466,8 +554,12 @@ class LinearizedLaplace:
 
     @property
     def posterior_precision(self) -> Tensor:
-        """``H = G / sigma^2 + diag(p)``: ``(K, K)``, or its diagonal ``(K,)`` for ``"diag"``."""
+        """``H = G / sigma^2 + diag(p)``: ``(K, K)``, or its diagonal ``(K,)`` for ``"diag"``; for
+        ``"kfac"`` :meth:`dense_precision`, up to ``P = 8192`` (use :meth:`kfac_factors` beyond)."""
         self._check_fitted()
+        if self.structure == "kfac":
+            self._check_dense()
+            return self.dense_precision()
         p = self._sub(self.prior_precision)
         s2 = self.noise_scale.square()
         if self.structure == "diag":
@@ -508,7 +600,16 @@ class LinearizedLaplace:
         """``Sigma = H^{-1}``: ``(K, K)``, or the diagonal variances ``(K,)`` for ``"diag"``."""
         if self.structure == "diag":
             return 1.0 / self.posterior_precision
+        if self.structure == "kfac":
+            self._check_fitted()
+            self._check_dense()
+            return self.as_guide(self.dtype).distribution().covariance_matrix
         return torch.cholesky_inverse(self._cholesky())
+
+    def _check_dense(self) -> None:
+        if self.net.num_weights > _DENSE_LIMIT:
+            raise ValueError(f"structure='kfac' with P={self.net.num_weights} weights: a P x P matrix is not built "
+                             f"beyond P={_DENSE_LIMIT}; use kfac_factors() and kfac_layers")  # fmt: skip
 
     # -- predictive ------------------------------------------------------------------------------
     def predictive(self, x: Tensor) -> LaplacePredictive:
@@ -524,9 +625,14 @@ class LinearizedLaplace:
         with torch.no_grad():
             if self.structure == "diag":
                 sigma_diag = 1.0 / self.posterior_precision
-            else:
+            elif self.structure != "kfac":
                 chol = self._cholesky()
             for start in range(0, x.shape[0], step):
+                if self.structure == "kfac":  # Sigma in the layers' Kronecker eigenbases, never formed
+                    B, f, mu = self._projected(x[start : start + step])
+                    means.append(f)
+                    covs.append(torch.einsum("nak,k,nbk->nab", B, 1.0 / (mu / self.noise_scale.square() + 1.0), B))
+                    continue
                 J, f = self.jacobian(x[start : start + step])
                 n = J.shape[0]
                 if self.structure == "diag":
@@ -627,6 +733,13 @@ class LinearizedLaplace:
         p = self._sub(p.expand(P))
         sigma = self.noise_scale if noise_scale is None else torch.as_tensor(noise_scale, dtype=self.dtype)
         s2 = sigma.square()
+        if self.structure == "kfac":
+            priors = _kfac.prior_factors(p, self._layers)
+            logdet = p.log().sum() + sum(
+                (_kfac.kron_eigen(A, G, do, di).lam / s2 + 1.0).log().sum()
+                for (A, G), (do, di) in zip(self.factors, priors)
+            )
+            return self._log_evidence(logdet, p, s2)
         H = self.gram / s2 + (p if self.structure == "diag" else torch.diag(p))
         if self.structure == "diag":
             return self._log_evidence(H.log().sum(), p, s2)
@@ -663,6 +776,8 @@ class LinearizedLaplace:
         delta, s2 = log_delta.exp(), (2 * log_sigma).exp()
         if self.structure == "diag":
             logdet = (self.gram / s2 + delta * p0).log().sum()
+        elif self.structure == "kfac":
+            logdet = p0.log().sum() + sum((e.lam / s2 + delta).log().sum() for e in self._kfac_eigen())
         else:
             mu, _ = self._eigen()
             logdet = p0.log().sum() + (mu / s2 + delta).log().sum()
@@ -671,18 +786,17 @@ class LinearizedLaplace:
     def _valid_ll_fn(self, x: Tensor, y: Tensor):
         """``(delta, sigma) -> mean validation log-likelihood`` of the linearised predictive,
         ``p = delta p_0``, each evaluation ``O(N_valid L K)``."""
-        J, f = self.jacobian(x)  # (N, L, K)
+        if self.structure == "diag":
+            B, f = self.jacobian(x)  # (N, L, K)
+            scale = self._sub(self.prior_precision)
+        else:
+            B, f, mu = self._projected(x)  # J D^{-1/2} U (full, last_layer), J (U_o (x) U_i) (kfac)
+            scale = None
         if self.classification:
-            return self._valid_class_ll_fn(J, f, self.likelihood.observed(y, self.net.out_features).long())
+            return self._valid_class_ll_fn(B, f, self.likelihood.observed(y, self.net.out_features).long(),
+                                           None if scale is not None else mu)  # fmt: skip
         y = y.to(self.dtype).reshape(f.shape)
         r = y - f
-        p0 = self._sub(self.prior_precision)
-        if self.structure == "diag":
-            B, scale = J, p0
-        else:
-            mu, U = self._eigen()
-            B = (J * p0.rsqrt()) @ U  # J D^{-1/2} U
-            scale = None
 
         def ll(delta: float, sigma: float) -> float:
             s2 = sigma**2
@@ -697,18 +811,14 @@ class LinearizedLaplace:
 
         return ll
 
-    def _valid_class_ll_fn(self, J: Tensor, f: Tensor, labels: Tensor):
+    def _valid_class_ll_fn(self, B: Tensor, f: Tensor, labels: Tensor, mu: Tensor | None):
         """``(delta, sigma) -> mean validation log-likelihood`` of a classifier's probit predictive
-        (``sigma`` is unused), ``p = delta p_0``."""
+        (``sigma`` is unused), ``p = delta p_0``; ``B`` the Jacobian (``"diag"``, ``mu=None``) or
+        its projection on the eigenbasis with eigenvalues ``mu``."""
         p0 = self._sub(self.prior_precision)
-        if self.structure == "diag":
-            B = J
-        else:
-            mu, U = self._eigen()
-            B = (J * p0.rsqrt()) @ U
 
         def ll(delta: float, sigma: float) -> float:
-            lam = 1.0 / (self.gram + delta * p0) if self.structure == "diag" else 1.0 / (mu + delta)
+            lam = 1.0 / (self.gram + delta * p0) if mu is None else 1.0 / (mu + delta)
             kappa = (1.0 + math.pi / 8.0 * (B.square() @ lam)).rsqrt()  # (N, L)
             log_p = self.likelihood.log_probs(kappa * f)
             return float(log_p.gather(-1, labels.unsqueeze(-1)).mean())
@@ -817,6 +927,11 @@ class LinearizedLaplace:
         loc = self.w_map.to(dtype)
         if self.structure == "diag":
             return LaplaceGuide(loc, scale=self.posterior_precision.rsqrt().to(dtype))
+        if self.structure == "kfac":  # per layer w = w* + U_o (E / sqrt(lam / sigma^2 + 1)) U_i^T
+            s2 = self.noise_scale.square()
+            blocks = [(layer.index, e.U_out.to(dtype), e.U_in.to(dtype), (e.lam / s2 + 1.0).rsqrt().to(dtype))
+                      for layer, e in zip(self._layers, self._kfac_eigen())]  # fmt: skip
+            return LaplaceGuide(loc, kron=blocks)
         # Cholesky factor of Sigma = H^{-1}: with H = C C^T, Sigma = C^{-T} C^{-1}; the lower factor
         # of Sigma is flip(chol(flip(Sigma))) computed stably from flip(C^{-1}).
         C = self._cholesky()

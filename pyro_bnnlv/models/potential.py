@@ -291,7 +291,7 @@ def mlp_regression_potential(
 # classification
 # ----------------------------------------------------------------------------------------------
 #: the ``likelihood`` code of the compiled ``MLPPotential`` (``enum Likelihood`` in _flat_nuts.cpp)
-_LIKELIHOOD_CODES = {"gaussian": 0, "categorical": 1, "bernoulli": 2}  # for the C++ twin
+_LIKELIHOOD_CODES = {"gaussian": 0, "categorical": 1, "bernoulli": 2}
 
 
 def _prior_terms(P: int, dtype: torch.dtype, prior_loc: Tensor | float, prior_scale: Tensor | float
@@ -378,7 +378,10 @@ def mlp_classification_potential(
         prior_loc, prior_scale: prior mean and standard deviation of ``w`` (scalars or ``(P,)``).
         likelihood: ``"categorical"`` or ``"bernoulli"`` (or a classification
             :class:`~pyro_bnnlv.models.likelihoods.Likelihood`).
-        compiled: reserved for the C++ twin (not yet built: the Python code is used).
+        compiled: use the C++ twin (the ``MLPPotential`` of
+            :func:`pyro_bnnlv._compiled.nuts_extension` with its cross-entropy term): ``None``
+            (default) when it builds, ``True`` to require it (error otherwise), ``False`` for the
+            Python code.
     """
     if not isinstance(net, MLP):
         raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
@@ -409,4 +412,11 @@ def mlp_classification_potential(
         u = ce + 0.5 * torch.dot(pd, d).item() + const
         return u, torch.add(pd, gbuf)
 
-    return FlatPotential({"w": (P,)}, value_and_grad)
+    ext = resolve_extension(compiled)
+    if ext is None:
+        return FlatPotential({"w": (P,)}, value_and_grad)
+    core = ext.MLPPotential(
+        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
+        row.code, loc, prec, has_loc, 1.0, const, 0, torch.ones(0, dtype=dtype), _LIKELIHOOD_CODES[lik.name],
+    )  # fmt: skip
+    return FlatPotential({"w": (P,)}, core.value_and_grad, compiled=core)

@@ -8,8 +8,10 @@ bias slice)]`` (:attr:`pyro_bnnlv.nets.MLP.layers`: per layer the weight matrix
 * :func:`unflatten` and :func:`mlp_hidden`: the batched forward pass (:class:`~pyro_bnnlv.nets.MLP`);
 * :meth:`Activation.backward`: the hand-written ``dL/da`` of one layer, used by the NUTS potential
   (:func:`pyro_bnnlv.models.potential.mlp_regression_potential`) and by :func:`mlp_jacobian`;
-* :func:`mlp_squared_error_kernel`: the sum of squared residuals and its hand-written gradient
-  on preallocated buffers (the NUTS potential :func:`pyro_bnnlv.models.potential.mlp_regression_potential`);
+* :func:`mlp_loss_kernel`: a loss of the outputs (its value and ``dL/df`` given by a head) and
+  its hand-written gradient in the weights, on preallocated buffers; :func:`mlp_squared_error_kernel`
+  is its sum of squared residuals (the NUTS potentials
+  :func:`pyro_bnnlv.models.potential.mlp_regression_potential` and ``mlp_classification_potential``);
 * :func:`mlp_jacobian`: ``J = df/dw`` by one batched backward sweep of the ``L`` one-hot output
   cotangents (:mod:`pyro_bnnlv.infer.laplace.linearized`);
 * :func:`mlp_local_reparam_sample`: moment propagation of a mean-field Gaussian through the
@@ -43,6 +45,7 @@ __all__ = [
     "mlp_hidden",
     "mlp_jacobian",
     "mlp_local_reparam_sample",
+    "mlp_loss_kernel",
     "mlp_squared_error_kernel",
     "unflatten",
 ]
@@ -171,17 +174,22 @@ def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activati
 
 
 # ----------------------------------------------------------------------------------------------
-# squared error with a hand-written backward (the NUTS potential)
+# a loss of the outputs with a hand-written backward (the NUTS potentials)
 # ----------------------------------------------------------------------------------------------
-def mlp_squared_error_kernel(
-    layers: Sequence[LayerSpec], act: Activation, xin: Tensor, Y: Tensor
+def mlp_loss_kernel(
+    layers: Sequence[LayerSpec], act: Activation, xin: Tensor, head: Callable[[Tensor], tuple[float, Tensor]]
 ) -> tuple[Tensor, Tensor, Callable[[], tuple[float, Tensor]]]:
-    r"""Forward and hand-written backward of ``E(w) = sum_n |f(xin_n; w) - Y_n|^2`` on buffers.
+    r"""Forward and hand-written backward of ``E(w) = head(f(xin; w))`` on buffers.
 
-    Returns ``(buf, gbuf, run)``: write the weights into ``buf (P,)`` (``xin (N, D)`` may be
-    changed in place too), then ``run()`` returns ``(E, delta_0)`` and leaves ``dE/dw / 2`` in
-    ``gbuf (P,)``, with ``delta_0 (N, fan_out_0) = dE/da_0 / 2`` the derivative with respect to
-    the first layer's pre-activation (for gradients with respect to inputs). Every operation
+    ``head(f)`` takes the outputs ``f (N, L)`` (a buffer of the kernel: it may be overwritten)
+    and returns ``(E, delta)`` with ``delta (N, L)`` proportional to ``dE/df``: ``c dE/df`` for
+    one constant ``c`` of the head (the squared error returns the residual, ``c = 1/2``; the
+    cross-entropies ``c = 1``). Returns ``(buf, gbuf, run)``: write the weights into ``buf (P,)``
+    (``xin (N, D)`` may be changed in place too), then ``run()`` returns ``(E, delta_0)`` and
+    leaves ``c dE/dw`` in ``gbuf (P,)``, with ``delta_0 (N, fan_out_0) = c dE/da_0`` the
+    derivative with respect to the first layer's pre-activation (for gradients with respect to
+    inputs). Backward, layer ``l`` from the last: ``dE/dW_l = delta_l^T h_l``, ``dE/db_l =
+    sum_n delta_l``, ``delta_{l-1} = act.backward(delta_l W_l, a_{l-1}, h_l)``. Every operation
     works on views of the buffers, with no autograd graph (about twenty tensor operations for one
     hidden layer). tanh is evaluated as ``2 sigmoid(2a) - 1`` with the factor 2 folded into the
     affine map: torch's CPU sigmoid is several times faster than its tanh on a 100x50 input
@@ -190,12 +198,11 @@ def mlp_squared_error_kernel(
     """
     dtype = xin.dtype
     P = max(b_sl.stop for *_, b_sl in layers)
-    L = layers[-1][1]
     fast_tanh = act.name == "tanh"  # its backward reads only h, so the pre-activation is not kept
     neg_one = torch.full((1, 1), -1.0, dtype=dtype)
     value, backward = act.value, act.backward
     buf = torch.zeros(P, dtype=dtype)     # current weights
-    gbuf = torch.zeros(P, dtype=dtype)    # half the gradient of E w.r.t. the weights
+    gbuf = torch.zeros(P, dtype=dtype)    # c times the gradient of E w.r.t. the weights
     views = []
     for fan_in, fan_out, w_sl, b_sl in layers:
         W = buf[w_sl].view(fan_out, fan_in)
@@ -218,10 +225,8 @@ def mlp_squared_error_kernel(
                 pre.append(a)
                 h = value(a)
                 hs.append(h)
-        delta = a - Y                                      # residual r = f - y, (N, L)
+        loss, delta = head(a)
         delta_t = delta.t()
-        rr = torch.mm(delta_t, delta)                      # (L, L): sums of squares on the diagonal
-        sse = rr.item() if L == 1 else float(rr.trace())
         for i in range(last, -1, -1):
             W, _, _, gW, gb = views[i]
             torch.mm(delta_t, hs[i], out=gW)
@@ -229,9 +234,25 @@ def mlp_squared_error_kernel(
             if i > 0:
                 delta = backward(torch.mm(delta, W), pre[i - 1], hs[i])
                 delta_t = delta.t()
-        return sse, delta
+        return loss, delta
 
     return buf, gbuf, run
+
+
+def mlp_squared_error_kernel(
+    layers: Sequence[LayerSpec], act: Activation, xin: Tensor, Y: Tensor
+) -> tuple[Tensor, Tensor, Callable[[], tuple[float, Tensor]]]:
+    r""":func:`mlp_loss_kernel` of ``E(w) = sum_n |f(xin_n; w) - Y_n|^2``: ``run()`` returns
+    ``(E, delta_0)`` and leaves ``dE/dw / 2`` in ``gbuf`` (the head's ``delta`` is the residual
+    ``r = f - Y``, ``c = 1/2``)."""
+    L = layers[-1][1]
+
+    def squared_error(a: Tensor) -> tuple[float, Tensor]:
+        delta = a - Y                                      # residual r = f - y, (N, L)
+        rr = torch.mm(delta.t(), delta)                    # (L, L): sums of squares on the diagonal
+        return (rr.item() if L == 1 else float(rr.trace())), delta
+
+    return mlp_loss_kernel(layers, act, xin, squared_error)
 
 
 # ----------------------------------------------------------------------------------------------

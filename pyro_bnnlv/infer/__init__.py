@@ -23,7 +23,7 @@ from .elbos import (
 from .._state import isolated_param_store, set_seed
 from .empirical_bayes import EmpiricalBayes
 from .laplace import LaplaceGuide, LaplacePredictive, LinearizedLaplace, last_layer_indices, network_jacobian
-from .mcmc import FlatNUTS, FlatPotential, mlp_regression_potential, run_nuts
+from .mcmc import FlatNUTS, FlatPotential, mlp_classification_potential, mlp_regression_potential, run_nuts
 from .projection import FGEResult, fge, fit_projected_bnn, fit_projection
 from .svi import NonFiniteLossError, PlateauSchedule, fit_svi, train_map
 
@@ -53,6 +53,7 @@ __all__ = [
     "isolated_param_store",
     "last_layer_indices",
     "local_reparam_forward",
+    "mlp_classification_potential",
     "mlp_regression_potential",
     "network_jacobian",
     "run_nuts",

@@ -4,7 +4,9 @@
 * :class:`FlatPotential`: the potential on one flat vector of all latent sites, with its value and
   gradient in one call (``from_log_density`` builds one from any log density with autograd);
 * :func:`mlp_regression_potential`: MLP regression (BNN, BNN+LV) with a hand-written backward
-  pass, and its compiled twin from the C++ core (:func:`pyro_bnnlv._compiled.nuts_extension`).
+  pass, and its compiled twin from the C++ core (:func:`pyro_bnnlv._compiled.nuts_extension`);
+* :func:`mlp_classification_potential`: the same for MLP classifiers (categorical or Bernoulli
+  likelihood; only the likelihood term and its gradient ``dL/df`` differ).
 
 :mod:`pyro_bnnlv.infer.mcmc.nuts` runs NUTS on these (and re-exports both names).
 """
@@ -20,10 +22,11 @@ import torch
 from torch import Tensor
 
 from .._compiled import resolve_nuts_extension as resolve_extension
-from .._mlp_kernels import mlp_squared_error_kernel
+from .._mlp_kernels import mlp_loss_kernel, mlp_squared_error_kernel
 from ..nets import MLP
+from .likelihoods import Likelihood, as_likelihood
 
-__all__ = ["FlatPotential", "mlp_regression_potential"]
+__all__ = ["FlatPotential", "mlp_classification_potential", "mlp_regression_potential"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -282,3 +285,138 @@ def mlp_regression_potential(
         zprec if K else torch.ones(0, dtype=dtype),
     )  # fmt: skip
     return FlatPotential(sites, core.value_and_grad, compiled=core)
+
+
+# ----------------------------------------------------------------------------------------------
+# classification
+# ----------------------------------------------------------------------------------------------
+#: the ``likelihood`` code of the compiled ``MLPPotential`` (``enum Likelihood`` in _flat_nuts.cpp)
+_LIKELIHOOD_CODES = {"gaussian": 0, "categorical": 1, "bernoulli": 2}
+
+
+def _prior_terms(P: int, dtype: torch.dtype, prior_loc: Tensor | float, prior_scale: Tensor | float
+                 ) -> tuple[Tensor, Tensor, float]:  # fmt: skip
+    """``(loc (P,), prec (P,), const)`` of the prior ``N(w; m, diag(s^2))``, ``const`` its
+    normalising constant ``sum log s + P log sqrt(2 pi)``."""
+    scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
+    loc = torch.as_tensor(prior_loc, dtype=dtype).detach().expand(P).clone()
+    if (scale <= 0).any():
+        raise ValueError("prior_scale must be positive")
+    return loc, scale.pow(-2), float(scale.log().sum()) + P * _LOG_SQRT_2PI
+
+
+def _cross_entropy_head(name: str, labels: Tensor, K: int, dtype: torch.dtype
+                        ) -> tuple[Callable[[Tensor], tuple[float, Tensor]], Tensor]:  # fmt: skip
+    """The head ``f (N, K) -> (E, dE/df)`` of :func:`~pyro_bnnlv._mlp_kernels.mlp_loss_kernel` for
+    the cross-entropy ``E = -sum_n log p(y_n | f_n)`` (``name``: ``"categorical"`` or
+    ``"bernoulli"``), and the targets as an ``(N, K)`` matrix of ``dtype`` (one-hot rows;
+    Bernoulli: the 0/1 column) for the compiled twin."""
+    N = labels.shape[0]
+    if name == "bernoulli":
+        Y = labels.to(dtype).reshape(N, 1)
+
+        def bernoulli(f: Tensor) -> tuple[float, Tensor]:
+            # -log p = softplus(f) - y f = max(f, 0) - y f + log1p(exp(-|f|)) (torch's, as Pyro's)
+            e = torch.nn.functional.binary_cross_entropy_with_logits(f, Y, reduction="sum")
+            return e.item(), torch.sigmoid(f).sub_(Y)  # sigmoid(f) - y
+
+        return bernoulli, Y
+    idx = labels.long().reshape(N, 1)
+    onehot = torch.zeros(N, K, dtype=dtype).scatter_(1, idx, 1.0)
+
+    def categorical(f: Tensor) -> tuple[float, Tensor]:
+        logp = torch.log_softmax(f, 1)  # f - logsumexp(f), the log-sum-exp shifted by max_k f
+        e = -logp.gather(1, idx).sum().item()
+        return e, logp.exp_().sub_(onehot)  # softmax(f) - onehot(y)
+
+    return categorical, onehot
+
+
+def mlp_classification_potential(
+    net: Any,
+    x: Tensor,
+    y: Tensor,
+    *,
+    prior_loc: Tensor | float = 0.0,
+    prior_scale: Tensor | float = 1.0,
+    likelihood: str | Likelihood = "categorical",
+    compiled: bool | None = None,
+) -> FlatPotential:
+    r"""Fast potential of an MLP classifier, with a hand-written backward pass.
+
+    .. math::
+
+        U(w) = -\sum_n \log p(y_n \mid f(x_n; w)) - \log\mathcal N(w; m, \operatorname{diag}(s^2))
+
+    with, for the categorical likelihood over ``K`` logits (cross-entropy of the softmax),
+
+    .. math::
+
+        -\log p(y_n \mid f_n) = \log\sum_k e^{f_{nk}} - f_{n y_n},
+        \qquad \frac{\partial}{\partial f_n} = \operatorname{softmax}(f_n) - e_{y_n}
+
+    (``e_{y_n}`` the one-hot row of the label; the log-sum-exp is shifted by ``max_k f_nk``) and,
+    for the Bernoulli likelihood on one logit,
+
+    .. math::
+
+        -\log p(y_n \mid f_n) = \log(1 + e^{f_n}) - y_n f_n
+                              = \max(f_n, 0) - y_n f_n + \log(1 + e^{-|f_n|}),
+        \qquad \frac{\partial}{\partial f_n} = \sigma(f_n) - y_n .
+
+    The gradient in ``w`` is ``dL/df`` pulled back through the network by the same hand-written
+    backward pass as :func:`mlp_regression_potential`'s (:func:`~pyro_bnnlv._mlp_kernels.mlp_loss_kernel`),
+    plus the prior's ``diag(s^-2) (w - m)``. Site ``{"w": (P,)}``; ``U`` includes every
+    normalising constant, so it equals the traced potential of
+    ``pb.BNN(net, prior_scale=s, likelihood=...)``.
+
+    Args:
+        net: an :class:`~pyro_bnnlv.nets.MLP` with ``K`` outputs (categorical, ``K >= 2``) or one
+            (Bernoulli).
+        x: ``(N, D)`` inputs; y: ``(N,)`` labels, integers ``0..K-1`` (Bernoulli: 0/1 as
+            integers, bools or floats).
+        prior_loc, prior_scale: prior mean and standard deviation of ``w`` (scalars or ``(P,)``).
+        likelihood: ``"categorical"`` or ``"bernoulli"`` (or a classification
+            :class:`~pyro_bnnlv.models.likelihoods.Likelihood`).
+        compiled: use the C++ twin (the ``MLPPotential`` of
+            :func:`pyro_bnnlv._compiled.nuts_extension` with its cross-entropy term): ``None``
+            (default) when it builds, ``True`` to require it (error otherwise), ``False`` for the
+            Python code.
+    """
+    if not isinstance(net, MLP):
+        raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
+    lik = as_likelihood(likelihood)
+    if not lik.classification:
+        raise ValueError(f"likelihood must be 'categorical' or 'bernoulli', got {lik.name!r} "
+                         "(regression: mlp_regression_potential)")  # fmt: skip
+    dtype = x.dtype
+    N, D, K, P = x.shape[0], net.in_features, net.out_features, net.num_weights
+    lik.check_outputs(K)
+    if x.dim() != 2 or x.shape[1] != D:
+        raise ValueError(f"x must have shape (N, {D}) (net.in_features); got {tuple(x.shape)}")
+    if y.shape[0] != N:
+        raise ValueError(f"x and y have different numbers of rows: {N} vs {y.shape[0]}")
+    lik.check_targets(y, K)
+    loc, prec, const = _prior_terms(P, dtype, prior_loc, prior_scale)
+    has_loc = bool((loc != 0).any())
+    head, Y = _cross_entropy_head(lik.name, lik.observed(y.detach(), K), K, dtype)
+    row = net.activation_row
+    xin = x.detach().to(dtype)
+    buf, gbuf, cross_entropy = mlp_loss_kernel(net.layers, row, xin, head)
+
+    def value_and_grad(q: Tensor) -> tuple[float, Tensor]:
+        buf.copy_(q)
+        ce, _ = cross_entropy()
+        d = q - loc if has_loc else q
+        pd = prec * d
+        u = ce + 0.5 * torch.dot(pd, d).item() + const
+        return u, torch.add(pd, gbuf)
+
+    ext = resolve_extension(compiled)
+    if ext is None:
+        return FlatPotential({"w": (P,)}, value_and_grad)
+    core = ext.MLPPotential(
+        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
+        row.code, loc, prec, has_loc, 1.0, const, 0, torch.ones(0, dtype=dtype), _LIKELIHOOD_CODES[lik.name],
+    )  # fmt: skip
+    return FlatPotential({"w": (P,)}, core.value_and_grad, compiled=core)

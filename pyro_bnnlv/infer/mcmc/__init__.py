@@ -7,7 +7,7 @@
 * :mod:`.chains` and :mod:`.processes`: chains in this process or in watched child processes.
 """
 
-from ...models.potential import FlatPotential, mlp_regression_potential
+from ...models.potential import FlatPotential, mlp_classification_potential, mlp_regression_potential
 from .init import flat_potential
 from .kernel import FlatNUTS, TreeState
 from .nuts import chain_records, run_nuts
@@ -21,6 +21,7 @@ __all__ = [
     "chain_records",
     "chain_start_method",
     "flat_potential",
+    "mlp_classification_potential",
     "mlp_regression_potential",
     "run_nuts",
 ]

@@ -1,4 +1,5 @@
-// Compiled core of pyro_bnnlv.infer.mcmc.nuts: the MLP-regression potential and FlatNUTS's tree.
+// Compiled core of pyro_bnnlv.infer.mcmc.nuts: the MLP potentials (regression and classification)
+// and FlatNUTS's tree.
 //
 // Built on first use by pyro_bnnlv/_compiled.py (torch.utils.cpp_extension.load); the
 // Python code in infer/mcmc/kernel.py is the reference implementation and the fallback when no compiler is
@@ -11,6 +12,12 @@
 //                  + 1/2 sum_n z_n' diag(zprec) z_n + const
 //    with a hand-written backward pass (tanh: in float32 a rational approximation, largest
 //    error 3.4e-7; in float64 2 sigmoid(2a) - 1, as the Python code in both dtypes).
+//    With likelihood = CATEGORICAL or BERNOULLI it mirrors models.potential.mlp_classification_potential:
+//    the Gaussian term is replaced by the cross-entropy, and only it and its dL/df differ (same
+//    forward and backward through the network):
+//        categorical: -log p(y_n | f_n) = logsumexp_k f_nk - f_n,y_n,  dL/df_n = softmax(f_n) - onehot(y_n)
+//        bernoulli:   -log p(y_n | f_n) = max(f, 0) - y f + log1p(exp(-|f|)),  dL/df_n = sigmoid(f_n) - y_n
+//    (Y holds the one-hot rows / the 0/1 column; inv_var = 1).
 //  * build_tree mirrors FlatNUTS._build_tree_flat (Pyro's NUTS._build_tree, multinomial
 //    sampling): the same recursion, U-turn test, divergence threshold and the same Bernoulli
 //    draw per merge from the chain's torch.Generator (torch's default generator when none is
@@ -37,6 +44,8 @@ using at::Tensor;
 namespace {
 
 enum Activation { IDENTITY = 0, TANH = 1, RELU = 2, LEAKY_RELU = 3, SIGMOID = 4, RBF = 5 };
+// the observation model (models/potential.py: _LIKELIHOOD_CODES)
+enum Likelihood { GAUSSIAN = 0, CATEGORICAL = 1, BERNOULLI = 2 };
 
 struct Layer {
   int64_t fan_in, fan_out, w_off, b_off;  // W (fan_out, fan_in) row-major at w_off, b at b_off
@@ -205,21 +214,23 @@ __attribute__((always_inline)) inline void tanh_rational(const float* a, float* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// the potential of MLP regression
+// the potential of an MLP: regression (Gaussian) or classification (categorical, Bernoulli)
 // ---------------------------------------------------------------------------------------------
 class MLPPotential {
  public:
   // layers: (fan_in, fan_out, weight offset, bias offset) per layer, in net.layers order.
-  // xin: (N, D + K) inputs with K trailing columns for z; Y: (N, L) targets.
+  // xin: (N, D + K) inputs with K trailing columns for z; Y: (N, L) targets (classification:
+  // one-hot rows, or the 0/1 column for Bernoulli); likelihood: enum Likelihood.
   MLPPotential(Tensor xin, Tensor Y, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> layers,
                int64_t activation, Tensor loc, Tensor prec, bool has_loc, double inv_var,
-               double constant, int64_t latent_dim, Tensor zprec)
+               double constant, int64_t latent_dim, Tensor zprec, int64_t likelihood = GAUSSIAN)
       : xin_(xin.contiguous().clone()), Y_(Y.contiguous()), loc_(loc.contiguous()),
-        prec_(prec.contiguous()), zprec_(zprec.contiguous()), act_(activation), has_loc_(has_loc),
-        inv_var_(inv_var), const_(constant), K_(latent_dim), specs_(layers) {
+        prec_(prec.contiguous()), zprec_(zprec.contiguous()), act_(activation), lik_(likelihood),
+        has_loc_(has_loc), inv_var_(inv_var), const_(constant), K_(latent_dim), specs_(layers) {
     TORCH_CHECK(xin_.dim() == 2 && Y_.dim() == 2 && xin_.size(0) == Y_.size(0),
                 "MLPPotential: xin must be (N, D+K) and Y (N, L)");
     TORCH_CHECK(activation >= IDENTITY && activation <= RBF, "MLPPotential: unknown activation code");
+    TORCH_CHECK(likelihood >= GAUSSIAN && likelihood <= BERNOULLI, "MLPPotential: unknown likelihood code");
     TORCH_CHECK(latent_dim >= 0 && latent_dim <= xin_.size(1), "MLPPotential: latent_dim out of range");
     for (const Tensor* t : {&Y_, &loc_, &prec_, &zprec_}) {
       TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == xin_.scalar_type(),
@@ -259,12 +270,15 @@ class MLPPotential {
     TORCH_CHECK(!layers_.empty() && layers_.back().fan_out == Y_.size(1),
                 "MLPPotential: the last layer's width must equal Y's columns");
     const int64_t L = Y_.size(1);
+    TORCH_CHECK(lik_ != CATEGORICAL || L >= 2, "MLPPotential: the categorical likelihood needs K >= 2 outputs");
+    TORCH_CHECK(lik_ != BERNOULLI || L == 1, "MLPPotential: the bernoulli likelihood needs one output");
     // the inputs and targets feature-major, zero in the padding columns
     xT_ = at::zeros({xin_.size(1), Np_}, opts);
     xT_.narrow(1, 0, N_).copy_(xin_.t());
     YT_ = at::zeros({L, Np_}, opts);
     YT_.narrow(1, 0, N_).copy_(Y_.t());
     res_ = at::zeros({L, Np_}, opts);
+    if (lik_ == CATEGORICAL) scratch_ = at::zeros({3 * Np_}, opts);
     dh_[0] = at::zeros({widest * Np_}, opts);
     dh_[1] = at::zeros({widest * Np_}, opts);
   }
@@ -273,7 +287,7 @@ class MLPPotential {
 
   // An independent copy (same data, its own work buffers) for another thread.
   MLPPotential clone() const {
-    return MLPPotential(xin_, Y_, specs_, act_, loc_, prec_, has_loc_, inv_var_, const_, K_, zprec_);
+    return MLPPotential(xin_, Y_, specs_, act_, loc_, prec_, has_loc_, inv_var_, const_, K_, zprec_, lik_);
   }
 
   std::tuple<double, Tensor> value_and_grad(const Tensor& q) {
@@ -362,24 +376,10 @@ class MLPPotential {
       }
       h = H;
     }
-    // residual r = f - y (the 1/s^2 is applied once at the end), zero in the padding, and the
-    // data term
+    // the data term and delta = c dL/df in place of f (zero in the padding)
     T* delta = out;
-    const T* YT = YT_.data_ptr<T>();
-    const int64_t L = layers_[last].fan_out;
-    double u = 0.0;
-    for (int64_t o = 0; o < L; ++o) {
-      T* d = delta + o * Np;
-      const T* y = YT + o * Np;
-#pragma omp simd reduction(+ : u)
-      for (int64_t n = 0; n < N_; ++n) {
-        d[n] -= y[n];
-        u += double(d[n]) * double(d[n]);
-      }
-      for (int64_t n = N_; n < Np; ++n) d[n] = T(0);
-    }
-    u *= 0.5 * inv_var_;
-    // backward: likelihood gradient (times s^2) into gbuf in the weights' layout; delta is
+    double u = likelihood_term<T>(delta);
+    // backward: likelihood gradient (times c: s^2 for the Gaussian, else 1) into gbuf in the weights' layout; delta is
     // dL/d(pre-activation) of the current layer, (fo, Np), zero in the padding
     T* glik = gbuf_.data_ptr<T>();
     T* dh_buf[2] = {dh_[0].data_ptr<T>(), dh_[1].data_ptr<T>()};
@@ -455,10 +455,91 @@ class MLPPotential {
     return u;
   }
 
+  // The likelihood term -log p(y | f) from the outputs f (L, Np), feature-major, which it
+  // overwrites with delta = c dL/df, zero in the padding columns:
+  //  * GAUSSIAN: u = 1/(2 s^2) sum |f - y|^2 and the residual delta = f - y (c = s^2: the 1/s^2
+  //    is applied once at the end, to the weight gradient);
+  //  * CATEGORICAL: u = sum_n (m_n + log sum_k exp(f_nk - m_n) - f_n,y_n) with m_n = max_k f_nk
+  //    (no exp overflows), delta = softmax(f_n) - onehot(y_n) (c = 1);
+  //  * BERNOULLI: u = sum_n max(f_n, 0) - y_n f_n + log1p(exp(-|f_n|)), delta = sigmoid(f_n) - y_n,
+  //    the sigmoid from the same exp(-|f|) (c = 1).
+  // Loops run over the data axis (the rows of one output), the energy summed in double.
+  template <typename T>
+  __attribute__((always_inline)) inline double likelihood_term(T* f) {
+    const T* YT = YT_.data_ptr<T>();
+    const int64_t L = layers_.back().fan_out, Np = Np_;
+    double u = 0.0;
+    switch (lik_) {
+      case GAUSSIAN: {
+        for (int64_t o = 0; o < L; ++o) {
+          T* d = f + o * Np;
+          const T* y = YT + o * Np;
+#pragma omp simd reduction(+ : u)
+          for (int64_t n = 0; n < N_; ++n) {
+            d[n] -= y[n];
+            u += double(d[n]) * double(d[n]);
+          }
+        }
+        u *= 0.5 * inv_var_;
+        break;
+      }
+      case CATEGORICAL: {
+        T* mx = scratch_.data_ptr<T>();  // max_k f_nk, then log-sum-exp
+        T* se = mx + Np;                 // sum_k exp(f_nk - m_n), then its inverse
+        T* yf = se + Np;                 // f_n,y_n
+        for (int64_t n = 0; n < N_; ++n) {
+          mx[n] = f[n];
+          se[n] = T(0);
+          yf[n] = T(0);
+        }
+        for (int64_t o = 0; o < L; ++o) {
+          const T* fo = f + o * Np;
+          const T* y = YT + o * Np;
+          for (int64_t n = 0; n < N_; ++n) {
+            mx[n] = fo[n] > mx[n] ? fo[n] : mx[n];
+            yf[n] += y[n] * fo[n];  // a one-hot row: adds f_n,y_n and zeros
+          }
+        }
+        for (int64_t o = 0; o < L; ++o) {
+          T* fo = f + o * Np;
+          for (int64_t n = 0; n < N_; ++n) {
+            fo[n] = std::exp(fo[n] - mx[n]);
+            se[n] += fo[n];
+          }
+        }
+        for (int64_t n = 0; n < N_; ++n) {
+          u += double(mx[n]) + std::log(double(se[n])) - double(yf[n]);
+          se[n] = T(1) / se[n];
+        }
+        for (int64_t o = 0; o < L; ++o) {
+          T* fo = f + o * Np;
+          const T* y = YT + o * Np;
+          for (int64_t n = 0; n < N_; ++n) fo[n] = fo[n] * se[n] - y[n];
+        }
+        break;
+      }
+      case BERNOULLI: {
+        const T* y = YT;
+        for (int64_t n = 0; n < N_; ++n) {
+          const T a = f[n];
+          const T e = std::exp(-std::abs(a));
+          u += double(a > T(0) ? a : T(0)) - double(y[n]) * double(a) + std::log1p(double(e));
+          const T p = a >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+          f[n] = p - y[n];
+        }
+        break;
+      }
+    }
+    for (int64_t o = 0; o < L; ++o)
+      for (int64_t n = N_; n < Np; ++n) f[o * Np + n] = T(0);
+    return u;
+  }
+
   Tensor xin_, Y_, loc_, prec_, zprec_, gbuf_;
   Tensor xT_, YT_, res_, dh_[2];  // feature-major (., Np): x^T (z in its last K rows), Y^T, the residual, dL/dh
+  Tensor scratch_;                // categorical: three (Np,) rows for the log-sum-exp
   std::vector<Layer> layers_;
-  int64_t act_;
+  int64_t act_, lik_;
   bool has_loc_;
   double inv_var_, const_;
   int64_t N_ = 0, D_ = 0, K_ = 0, P_ = 0, Np_ = 0;
@@ -695,7 +776,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Compiled core of pyro_bnnlv's FlatNUTS (see pyro_bnnlv/_compiled.py)";
   py::class_<MLPPotential>(m, "MLPPotential")
       .def(py::init<Tensor, Tensor, std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>, int64_t,
-                    Tensor, Tensor, bool, double, double, int64_t, Tensor>())
+                    Tensor, Tensor, bool, double, double, int64_t, Tensor, int64_t>(),
+           py::arg("xin"), py::arg("Y"), py::arg("layers"), py::arg("activation"), py::arg("loc"), py::arg("prec"),
+           py::arg("has_loc"), py::arg("inv_var"), py::arg("constant"), py::arg("latent_dim"), py::arg("zprec"),
+           py::arg("likelihood") = int64_t(GAUSSIAN))
       .def("value_and_grad", &MLPPotential::value_and_grad)
       .def("clone", &MLPPotential::clone)
       .def_property_readonly("dim", &MLPPotential::dim);

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from ..._state import set_seed
 from ...models.bnn import BNN
-from ...models.potential import FlatPotential, mlp_regression_potential
+from ...models.potential import FlatPotential, mlp_classification_potential, mlp_regression_potential
 from ...nets import MLP
 from ..svi import fit_svi, train_map
 
@@ -65,7 +65,10 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
 
     Resolution order: ``model.nuts_potential(x, y)`` if the model defines it; the built-in
     potential of a plain :class:`~pyro_bnnlv.models.bnn.BNN` (hand-written gradient for an
-    ``MLP``, autograd through ``model.f`` for any other ``FlatNet``); otherwise ``None``.
+    ``MLP``: :func:`~pyro_bnnlv.models.potential.mlp_regression_potential`, or
+    :func:`~pyro_bnnlv.models.potential.mlp_classification_potential` for a categorical or
+    Bernoulli likelihood, each with its compiled twin; autograd through ``model.f`` for any other
+    ``FlatNet``); otherwise ``None``.
     Subclasses of ``BNN`` that override ``forward`` (BNN+LV, ...) are *not* treated as a BNN.
     """
     custom = getattr(model, "nuts_potential", None)
@@ -80,6 +83,9 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
     if not _is_plain_bnn(model):
         return None
     if model.likelihood.classification:
+        if isinstance(model.net, MLP):
+            return mlp_classification_potential(model.net, x, y, prior_loc=model.prior_loc,
+                                                prior_scale=model.prior_scale, likelihood=model.likelihood)  # fmt: skip
         return _classifier_potential(model, x, y)
     sigma = torch.as_tensor(model.noise_scale).detach()
     if isinstance(model.net, MLP):
@@ -99,10 +105,10 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
     return FlatPotential.from_log_density({"w": (model.net.num_weights,)}, log_density)
 
 
-
 def _classifier_potential(model: BNN, x: Tensor, y: Tensor) -> FlatPotential:
     """``U(w) = -log N(w; m, s^2) - sum_n log p(y_n | f(x_n; w))`` of a classifier BNN (categorical
-    or Bernoulli likelihood), its gradient by autograd through ``model.f``."""
+    or Bernoulli likelihood), its gradient by autograd through ``model.f``: for the classifiers
+    whose network is not an MLP (an MLP has :func:`~pyro_bnnlv.models.potential.mlp_classification_potential`)."""
     loc, scale = model.prior_loc.detach(), model.prior_scale.detach()
     labels = model._observed(y)
 

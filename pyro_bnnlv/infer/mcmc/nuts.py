@@ -14,8 +14,9 @@ Two ways to evaluate the potential ``U(q) = -log p(y, latents | x)``
 * **fast** (models with a :class:`FlatPotential`): ``U`` and ``dU/dq`` are computed directly on
   one flat vector ``q`` of all latent sites (``"w"``, plus ``"z"`` for BNN+LV), with no Pyro
   tracing. For a :class:`~pyro_bnnlv.models.bnn.BNN` with an :class:`~pyro_bnnlv.nets.MLP` the
-  gradient is a hand-written backward pass (:func:`mlp_regression_potential`, evaluated by its
-  compiled C++ twin when :func:`pyro_bnnlv._compiled.nuts_extension` builds); any other
+  gradient is a hand-written backward pass (:func:`mlp_regression_potential`, or
+  :func:`mlp_classification_potential` for a categorical or Bernoulli likelihood, evaluated by
+  its compiled C++ twin when :func:`pyro_bnnlv._compiled.nuts_extension` builds); any other
   potential can be given as a plain differentiable log density
   (:meth:`FlatPotential.from_log_density`). The fast potential equals Pyro's traced potential
   (all normalising constants included) at every point, value and gradient (tested, and checked
@@ -23,8 +24,8 @@ Two ways to evaluate the potential ``U(q) = -log p(y, latents | x)``
 
 The modules
 -----------
-* :mod:`pyro_bnnlv.models.potential`: :class:`FlatPotential` and :func:`mlp_regression_potential`
-  (the potential, value and gradient on one flat vector).
+* :mod:`pyro_bnnlv.models.potential`: :class:`FlatPotential`, :func:`mlp_regression_potential`
+  and :func:`mlp_classification_potential` (the potential, value and gradient on one flat vector).
 * :mod:`pyro_bnnlv.infer.mcmc.kernel`: the kernels, :class:`FlatNUTS` (Pyro's multinomial NUTS on
   one flat tensor, its tree built in C++ or by a Python twin, the tree a ``TreeState``) and Pyro's
   stock ``NUTS`` with step counting (``kernel="pyro"``).
@@ -188,13 +189,13 @@ def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: i
     if chain_method == "threads" and not threaded and num_chains > 1:
         raise ValueError(
             "chain_method='threads' needs the compiled core and a compiled potential (an MLP "
-            "regression potential): this potential is Python code, which holds the GIL. Use "
+            "regression or classification potential): this potential is Python code, which holds the GIL. Use "
             "chain_method='auto' or 'sequential'"
         )
     parallel = threaded and num_chains > 1 and chain_method != "sequential"
     if num_chains > 1 and not parallel and chain_method == "auto":
         reason = ("the compiled NUTS core is unavailable" if ext is None else
-                  "the potential is Python code (not an MLP regression potential), which holds the GIL")  # fmt: skip
+                  "the potential is Python code (not an MLP potential), which holds the GIL")  # fmt: skip
         warnings.warn(
             f"run_nuts: the {num_chains} chains run one after another in this process (about "
             f"{num_chains}x the time of one chain): {reason}. Chains run in parallel threads for "

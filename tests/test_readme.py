@@ -92,7 +92,7 @@ def test_every_moved_snippet_is_tested():
     tested = {"BNN+LV and NCAI in your own script", "NUTS, the gold standard, and ArviZ",
               "Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)",
               "Projected BNN: inference in a low-dimensional weight space",
-              "Linearised and sampled Laplace, in-between uncertainty",
+              "Linearised and sampled Laplace, in-between uncertainty", "Classification and K-FAC Laplace",
               "Sweeps: parallel, resumable experiments"}  # fmt: skip
     headings = re.findall(r"^## (.+)$", GUIDE.read_text(), re.M)
     with_code = {h for h in headings if _section_blocks(h, GUIDE)}
@@ -199,6 +199,19 @@ def test_readme_classification_section_runs_twice(tmp_path, monkeypatch):
     mfvi, laplace = printed[0], printed[1]
     assert mfvi["accuracy"] > 0.8 and laplace["accuracy"] > 0.8
     assert printed[0].equals(printed[2]) and printed[1].equals(printed[3])
+
+
+def test_guide_classification_section_runs(tmp_path, monkeypatch):
+    """The guide's CNN / K-FAC snippet as written but for the MAP's steps: it prints the MAP's and
+    the Laplace metrics and an OOD AUROC, and draws the reliability diagram."""
+    monkeypatch.chdir(tmp_path)
+    code = _small(_section_code("Classification and K-FAC Laplace", GUIDE), {"num_steps=1500": "num_steps=150"})
+    printed: list = []
+    exec(compile(code, "guide classification", "exec"), {"print": lambda *a: printed.append(a)})
+    (map_metrics,), (laplace_metrics,), (label, auroc) = printed
+    assert map_metrics["accuracy"] > 0.8 and laplace_metrics["accuracy"] > 0.8
+    assert label == "OOD AUROC" and 0.5 < auroc <= 1.0
+    assert (tmp_path / "reliability.png").stat().st_size > 5000
 
 
 def test_readme_laplace_section_runs(tmp_path, monkeypatch):

@@ -289,6 +289,8 @@ class BNN(PyroModule):
     def _observed(self, y: Tensor | None) -> Tensor | None:
         """Targets in the shape of ``"obs"``: a single-output ``(N, 1)`` column becomes ``(N,)``;
         class labels as the classification likelihood's distribution takes them."""
+        if self.likelihood.name == "bernoulli":  # 0/1 labels as the model's floats
+            return self.likelihood.observed(y, self.net.out_features, dtype=self.prior_loc.dtype)
         return self.likelihood.observed(y, self.net.out_features)
 
     def _likelihood(self, f: Tensor) -> dist.Distribution:

@@ -158,10 +158,14 @@ class Bernoulli(Likelihood):
             return
         _check_labels(y, 2, "bernoulli")
 
-    def observed(self, y: Tensor | None, out_features: int) -> Tensor | None:
+    def observed(self, y: Tensor | None, out_features: int, dtype: torch.dtype | None = None) -> Tensor | None:
+        """0/1 labels as floats (the Bernoulli's values) in ``dtype`` (the model's; default: float
+        labels keep theirs, integer ones take torch's default dtype)."""
         if y is None:
             return None
         y = y.reshape(-1) if y.dim() == 2 else y
+        if dtype is not None:
+            return y.to(dtype)
         return y if y.is_floating_point() else y.to(torch.get_default_dtype())
 
     def distribution(self, f: Tensor, noise: Tensor | None = None) -> dist.Distribution:

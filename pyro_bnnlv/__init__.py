@@ -40,6 +40,7 @@ from .guides import LaplaceGuide, MeanField
 from .infer import LinearizedLaplace, LocalReparamELBO
 from .infer import CompiledTraceElbo, FusedTraceElbo, PenalizedElbo
 from .datasets import extrapolation_split, gap_splits, interpolation_split
+from .sweep import grid_search
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,7 @@ __all__ = [
     "fan_in_prior_scale",
     "fit_svi",
     "gap_splits",
+    "grid_search",
     "init_to_network",
     "interpolation_split",
     "load_dataset",

@@ -15,6 +15,21 @@ def test_fit_command_end_to_end(tmp_path, capsys):
     assert png.exists() and png.stat().st_size > 10_000
 
 
+def test_fit_command_with_laplace_and_every_option_explained(tmp_path, capsys):
+    png = tmp_path / "la.png"
+    assert main(["fit", "--dataset", "cosine", "--guide", "laplace", "--steps", "100", "--hidden", "10",
+                 "--quiet", "--output", str(png)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "linearised Laplace" in out and "prior_factor" in out and "noise_scale" in out
+    assert png.stat().st_size > 10_000
+    from pyro_bnnlv.cli import _parser
+
+    subparsers = next(a for a in _parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    fit = subparsers.choices["fit"]
+    missing = [a.dest for a in fit._actions if not a.help]
+    assert not missing, f"fit options without help text: {missing}"
+
+
 def test_fit_split_chooses_the_train_test_split(capsys):
     args = ["fit", "--dataset", "yacht", "--steps", "3", "--hidden", "5", "--quiet", "--num-samples", "5", "--no-plot"]
     assert main(args + ["--split", "3"]) == 0

@@ -4,6 +4,7 @@ README's commands exist, and its links into docs/ point at headings that exist."
 import math
 import re
 import runpy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -129,7 +130,10 @@ def test_readme_sweep_example_runs(tmp_path, monkeypatch):
             .replace("workers=2", 'executor="inline", progress=False'))  # fmt: skip
     script = tmp_path / "sweep_section.py"  # run as a user's script: __main__ with a file
     script.write_text(code)
-    table = runpy.run_path(str(script), run_name="__main__")["table"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = runpy.run_path(str(script), run_name="__main__")["table"]
+    assert not [w for w in caught if "y_mean" in str(w.message)]  # the snippet reports the original scale
     assert len(table) == 2 and (table["status"] == "done").all() and table["test_ll"].notna().all()
     assert (tmp_path / "runs" / "yacht" / "sweep.sqlite").exists()
 

@@ -424,7 +424,9 @@ def _checked_xy(x: Any, y: Any, task: str) -> tuple[np.ndarray, np.ndarray, tupl
     if xa.ndim != 2:
         raise ValueError(f"x must have shape (N, D) or (N,), got {xa.shape}")
     if ya.ndim != 1:
-        raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}")
+        raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}: a Dataset holds one "
+                         "target; for several outputs fit the tensors directly (pb.BNN(pb.MLP(D, [50], L)) with y of "
+                         "shape (N, L) in fit_svi / evaluate), or one Dataset per column")  # fmt: skip
     if len(xa) != len(ya):
         raise ValueError(f"x and y have different numbers of rows: {len(xa)} vs {len(ya)}")
     return xa, ya, class_names

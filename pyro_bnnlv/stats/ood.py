@@ -83,6 +83,12 @@ def ood_report(
 ) -> pd.DataFrame:
     """Epistemic entropy on training, test and OOD inputs, and the OOD-vs-test AUROC.
 
+    The three input sets must be on the scale the model was trained on: for a standardised
+    :class:`~pyro_bnnlv.datasets.Dataset` its ``x_train``/``x_test`` and the OOD inputs standardised
+    with the same statistics (``(x_raw - data.x_mean) / data.x_std``, as ``data.extras["x_ood"]``
+    already is); raw OOD inputs beside standardised training inputs would look far out of
+    distribution whatever the posterior.
+
     Returns a DataFrame indexed by ``split`` (``train``, ``test``, ``ood``) with columns ``n``,
     ``mean``, ``median``, ``q10``, ``q90`` of the per-input epistemic entropy and ``auroc``
     (on the ``ood`` row: separating OOD from test inputs by entropy; NaN elsewhere). The

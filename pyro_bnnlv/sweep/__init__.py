@@ -12,10 +12,12 @@ Modules: :mod:`~pyro_bnnlv.sweep.task` (keys, ids, the sweep's identity),
 :mod:`~pyro_bnnlv.sweep.store` (the SQLite store), :mod:`~pyro_bnnlv.sweep.executors`
 (inline, local processes, Ray), :mod:`~pyro_bnnlv.sweep.run` (:func:`run_sweep`),
 :mod:`~pyro_bnnlv.sweep.status` (progress and time still needed, from a store alone),
-:mod:`~pyro_bnnlv.sweep.snapshot` (consistent copies of stores, also while a driver runs).
+:mod:`~pyro_bnnlv.sweep.snapshot` (consistent copies of stores, also while a driver runs),
+:mod:`~pyro_bnnlv.sweep.grid_search` (hyper-parameters, e.g. the noise, by validation LL).
 """
 
 from .executors import EXECUTORS, check_ray_address
+from .grid_search import grid_search
 from .run import failures, load_results, run_sweep, summarize
 from .store import STORE_NAME, SweepLockedError, SweepMismatchError, SweepStore, SweepStoreError
 from .task import Task, code_version, task_function
@@ -31,6 +33,7 @@ __all__ = [
     "check_ray_address",
     "code_version",
     "failures",
+    "grid_search",
     "load_results",
     "run_sweep",
     "summarize",

@@ -24,6 +24,7 @@ __all__ = [
     "from_arrays",
     "from_frame",
     "make_dataset",
+    "random_holdout",
     "register",
     "standardized_source",
     "stratified_split",
@@ -254,6 +255,13 @@ def _check_labels(name: str, split: str, y: np.ndarray, K: int) -> np.ndarray:
                          f"got {y[bad][0]:g}; map the classes to 0..K-1 first (from_arrays(..., "
                          f"task='classification') does it)")  # fmt: skip
     return y.astype(np.int64)
+
+
+def random_holdout(idx: np.ndarray, n_holdout: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, holdout)``: ``n_holdout`` of the indices ``idx`` drawn at random (seeded), both sorted;
+    the validation subsets of the UCI splits and of the gap / extrapolation splits."""
+    perm = np.random.default_rng(check_seed(seed)).permutation(idx)
+    return np.sort(perm[n_holdout:]), np.sort(perm[:n_holdout])
 
 
 def _mean_std(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

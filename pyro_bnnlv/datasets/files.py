@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import check_seed
-from .base import Dataset, make_dataset, register
+from .base import Dataset, make_dataset, random_holdout, register
 from .fetch import fetch_dataset
 
 __all__ = ["TABLES", "UCI_FOLDERS", "load_table", "load_uci", "uci_num_splits"]
@@ -66,14 +66,6 @@ def _read_uci_matrix(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, features], data[:, target]
 
 
-def _train_valid(idx: np.ndarray, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    if not 0.0 <= valid_fraction < 1.0:
-        raise ValueError(f"valid_fraction must lie in [0, 1), got {valid_fraction}")
-    perm = np.random.default_rng(check_seed(seed)).permutation(idx)
-    n_valid = int(round(valid_fraction * len(idx)))
-    return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
-
-
 def uci_num_splits(name: str, data_dir: str | Path | None = None, download: bool = True,
                    mirror: str | os.PathLike | None = None) -> int:  # fmt: skip
     """How many standard splits the UCI set ``name`` has (20; protein 5)."""
@@ -108,7 +100,9 @@ def load_uci(
     x, y = _read_uci_matrix(folder)
     train = np.loadtxt(folder / f"index_train_{split}.txt", dtype=int)
     test = np.loadtxt(folder / f"index_test_{split}.txt", dtype=int)
-    train, valid = _train_valid(train, valid_fraction, seed)
+    if not 0.0 <= valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must lie in [0, 1), got {valid_fraction}")
+    train, valid = random_holdout(train, int(round(valid_fraction * len(train))), seed)
     return make_dataset(
         name,
         {"train": (x[train], y[train]), "valid": (x[valid], y[valid]), "test": (x[test], y[test])},

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_fraction, check_seed
-from .base import Dataset, make_dataset
+from .._checks import check_fraction
+from .base import Dataset, make_dataset, random_holdout
 
 __all__ = ["extrapolation_split", "gap_split", "gap_splits", "interpolation_split", "pooled_data"]
 
@@ -60,11 +60,6 @@ def _build(
     )  # fmt: skip
 
 
-def _train_valid(rest: np.ndarray, n_valid: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    perm = np.random.default_rng(check_seed(seed)).permutation(rest)
-    return np.sort(perm[n_valid:]), np.sort(perm[:n_valid])
-
-
 def gap_split(
     dataset: Dataset, dim: int, *, valid_fraction: float = 0.1, seed: int = 0,
     standardize: bool | None = None,
@@ -85,7 +80,7 @@ def gap_split(
     lo = (N - n_test) // 2
     test = np.sort(order[lo : lo + n_test])
     rest = np.concatenate([order[:lo], order[lo + n_test :]])
-    train, valid = _train_valid(rest, int(round(valid_fraction * len(rest))), seed)
+    train, valid = random_holdout(rest, int(round(valid_fraction * len(rest))), seed)
     return _build(dataset, x, y, train, valid, test, f"{dataset.name}-gap{dim}",
                   f"{dataset.name}: gap split on input {dim} (middle third is the test set)",
                   standardize, {"gap_dim": np.array(dim)})  # fmt: skip
@@ -122,7 +117,7 @@ def _norm_split(dataset, kind, test_fraction, valid_fraction, seed, standardize)
     mask = np.zeros(N, dtype=bool)
     mask[test_pos] = True
     test, rest = np.sort(order[mask]), order[~mask]
-    train, valid = _train_valid(rest, int(round(valid_fraction * N)), seed)
+    train, valid = random_holdout(rest, int(round(valid_fraction * N)), seed)
     return _build(dataset, x, y, train, valid, test, f"{dataset.name}-{kind}",
                   f"{dataset.name}: {kind} split (test: the {test_fraction:.0%} with the {what})",
                   standardize, {})  # fmt: skip

@@ -82,6 +82,7 @@ __all__ = [
     "compare_tasks",
     "figure_data",
     "fit_task",
+    "keep_ncai0_where_better",
     "load_compare_data",
     "plot_compare",
     "run_compare",
@@ -392,14 +393,23 @@ def select_fits(results: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (_, _), group in best.groupby(["dataset", "split"], sort=False):
         rows = group.set_index("method")
-        if {"BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)"} <= set(rows.index):
-            zero, lam = rows.loc["BNN+LV (NCAI_0)"], rows.loc["BNN+LV (NCAI_lambda)"]
-            if zero["valid_ll"] >= lam["valid_ll"]:
-                replaced = zero.copy()
-                replaced["selected"] = "lambda=0 (" + str(zero["setting"]) + ")"
-                rows.loc["BNN+LV (NCAI_lambda)"] = replaced
+        for arm in keep_ncai0_where_better(rows, ["BNN+LV (NCAI_lambda)"]):
+            rows.loc[arm, "selected"] = "lambda=0 (" + str(rows.loc[arm, "setting"]) + ")"
         out.append(rows.reindex([m for m in METHODS if m in rows.index]).reset_index())
     return pd.concat(out, ignore_index=True)
+
+
+def keep_ncai0_where_better(rows: pd.DataFrame, lambda_arms: list[str]) -> list[str]:
+    """App. F.1's selection of lambda, in place: each NCAI_lambda arm of ``rows`` (the best fit per
+    arm, indexed by arm, with ``valid_ll``) takes the ``BNN+LV (NCAI_0)`` row where that validates at
+    least as well. Returns the arms so replaced."""
+    if "BNN+LV (NCAI_0)" not in rows.index:
+        return []
+    zero = rows.loc["BNN+LV (NCAI_0)"]
+    replaced = [arm for arm in lambda_arms if arm in rows.index and zero["valid_ll"] >= rows.loc[arm, "valid_ll"]]
+    for arm in replaced:
+        rows.loc[arm] = zero
+    return replaced
 
 
 def run_compare(

@@ -31,7 +31,7 @@ import torch
 from ..datasets.ncai_family import FAMILY, ceiling
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
-from .ncai_compare import CompareConfig, compare_tasks, fit_task
+from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
 
 __all__ = ["TERMS", "family_tasks", "main", "run_family", "select", "win_rates"]
 
@@ -65,12 +65,8 @@ def select(results: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, group in best.groupby("dataset", sort=False):
         g = group.set_index("arm")
-        zero = g.loc["BNN+LV (NCAI_0)"] if "BNN+LV (NCAI_0)" in g.index else None
-        for arm in list(g.index):
-            if arm.startswith("NCAI_lambda") and zero is not None and zero["valid_ll"] >= g.loc[arm, "valid_ll"]:
-                kept = zero.copy()
-                kept["lambda0"] = True
-                g.loc[arm] = kept
+        for arm in keep_ncai0_where_better(g, [a for a in g.index if a.startswith("NCAI_lambda")]):
+            g.loc[arm, "lambda0"] = True
         rows.append(g.reset_index())
     out = pd.concat(rows, ignore_index=True)
     ceilings = {p.name: _ceiling(p.index) for p in FAMILY if p.name in set(out["dataset"])}

@@ -26,8 +26,8 @@ Numerics shared by all estimators
   from the origin (in float32 a point's distance to itself can come out > 1), which would
   corrupt exactly the small distances these estimators take logs of; the explicit differences
   for all pairs (``torch.cdist(..., compute_mode="donot_use_mm_for_euclid_dist")``, used
-  before) gave the same numbers about 20x slower (``knn_kl`` of 500 x 751 samples, forward and
-  backward: 226 ms before, see ``tests/test_stats_knn.py`` for the equality with that form).
+  before) give the same numbers at a much higher cost (``tests/test_stats_knn.py`` checks the
+  equality with that form).
   The float64 centred products rank candidates correctly unless two distances agree to about
   ``1e-13`` of the samples' squared spread; such near-ties are re-measured among the spare
   candidates, and any residual swap changes a distance by that relative amount.

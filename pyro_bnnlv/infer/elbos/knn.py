@@ -38,16 +38,12 @@ subsampled ``pyro.plate``), so losses are comparable across ELBOs and batch size
 Cost. Per step the paper's settings (the defaults) run the model on ``num_particles = 100`` guide
 samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
 them through ``500 x 500`` nearest-neighbour searches (in predictor space after evaluating both
-sample sets at ``T`` inputs). On the cosine toy (1x50 tanh, minibatches of 50) a step of
-:class:`KNNElbo` costs about 12 MFVI steps (``AutoNormal`` + ``Trace_ELBO``) and one of
-:class:`FunctionalKNNElbo` about 25; :meth:`KNNElbo.fast` (``num_particles=10``,
-``num_kl_samples = num_prior_samples = 100``) about 4 and 5 (``docs/results/knn-elbo-presets.csv``,
-column ``cost_vs_mfvi``; on boston's 751 weights a default NN-HyVI step is about 15 ms). The
-preset is for exploring: fewer k-NN samples make the KL estimate noisier and more biased, and
-one 3,000-step fit with it can land far from the default's (measured twice: NN-HyVI fast test LL
-0.76 and 0.05 against the default's 0.80 and 0.77; FuNN-HyVI fast 0.21 and 0.77 against 0.60
-and 0.50), so final fits should use the defaults. Measured side by side, interleaved, one
-thread: ``python docs/bench/knn_elbo_presets.py`` (``docs/results/knn-elbo-presets.csv``).
+sample sets at ``T`` inputs), so a step costs several MFVI steps (``AutoNormal`` +
+``Trace_ELBO``); :meth:`KNNElbo.fast` (``num_particles=10``, ``num_kl_samples = num_prior_samples
+= 100``) is cheaper (the costs per step: ``docs/results/knn-elbo-presets.csv``, column
+``cost_vs_mfvi``, from ``python docs/bench/knn_elbo_presets.py``). The preset is for exploring:
+fewer k-NN samples make the KL estimate noisier and more biased, and one 3,000-step fit with it
+can land far from the default's (the same CSV), so final fits should use the defaults.
 
 Bias as an objective. The k-NN estimate of ``KL(q || p)`` is biased low, and the more so the
 wider ``q`` is, so minimising it can push the guide beyond the prior's draws, where the estimate

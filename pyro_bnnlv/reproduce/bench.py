@@ -2,7 +2,8 @@
 
 Each benchmark prints ratios measured side by side in one run (:mod:`.timing`). The papers'
 benchmarks live in their modules (``ncai`` in :mod:`.ncai`, ``knn`` and ``allocator`` in
-:mod:`.hyvi`, ``proj`` in :mod:`.projected`, ``laplace`` in :mod:`.in_between`), NUTS's in
+:mod:`.hyvi`, ``proj`` in :mod:`.projected`, ``laplace`` in :mod:`.in_between`, ``laplace-torch`` in
+:mod:`.laplace_torch_bench`), NUTS's in
 :mod:`.nuts_bench`; this module has the SVI engine's:
 
 ``svi-overhead``: one SVI step of a 1x50 tanh BNN, N(0, 1) prior, sigma 0.1, on the toy (100
@@ -45,6 +46,7 @@ from ..models.bnnlv import BNNLV
 from ..nets import MLP
 from .hyvi import allocator_bench, knn_bench
 from .in_between import laplace_bench
+from .laplace_torch_bench import laplace_torch_bench
 from .ncai import ncai_bench
 from .nuts_bench import nuts_benchmark, nuts_uci_benchmark
 from .projected import proj_bench
@@ -201,6 +203,8 @@ BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
              "4 chains; NumPyro"),
     "nuts-boston": (nuts_uci_benchmark, "NUTS on boston (1x50): 1 and 4 chains vs NumPyro, ESS/s of f"),
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
+    "laplace-torch": (laplace_torch_bench, "categorical GGN Laplace (full, K-FAC) vs laplace-torch's on the same "
+                      "MAP network: probit / MC predictive, log marginal likelihood, fit + predictive time"),
     "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step (fit_svi default) on heavy-tail"),
     "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
     "proj": (proj_bench, "proj-uci's SVI steps on boston: fused vs traced closed-form KL, and Monte Carlo"),

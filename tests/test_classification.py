@@ -261,3 +261,17 @@ def test_categorical_laplace_on_an_mlp_improves_on_map_calibration_and_samples_a
     assert out.keys() == {"prior_factor", "objective"}
     sampled = pb.evaluate(la.to_model(), la.as_guide(), data, num_samples=200, seed=0)
     assert sampled["accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("elbo", ["KNNElbo", "FunctionalKNNElbo"])
+def test_hypernetwork_guides_classify_with_both_knn_elbos(elbo):
+    """NN-HyVI (k-NN KL in weight space) and FuNN-HyVI (in predictor space: here on the logits f,
+    which model.f returns for a classifier) train a categorical BNN."""
+    data = pb.load_dataset("two-moons", seed=0)
+    model = pb.BNN(pb.MLP(2, [16], 2), likelihood="categorical")
+    guide = pb.HypernetGuide(model)
+    with pytest.warns(UserWarning, match="lie outside the region"):  # the early draws are wider than the prior's
+        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=200, lr=0.01, loss=getattr(pb, elbo).fast(),
+                   seed=0, progress=False)  # fmt: skip
+    m = pb.evaluate(model, guide, data, num_samples=200, seed=0)
+    assert m["accuracy"] > 0.9 and m["test_ll"] > -0.3

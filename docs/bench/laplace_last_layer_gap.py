@@ -1,6 +1,6 @@
 # Last-layer against full linearised Laplace after a MAP with a learned noise, on yacht gap splits 0-2
 # (issue 40 item 3). Run: OMP_NUM_THREADS=1 python docs/bench/laplace_last_layer_gap.py
-import torch, pyro_bnnlv as pb
+import pyro_bnnlv as pb
 data = pb.load_dataset("yacht")
 splits = pb.gap_splits(data)
 print(len(splits), splits[0])

@@ -38,7 +38,7 @@ def _small(code: str, replacements: dict[str, str]) -> str:
 
 def _run_quick_start(namespace: dict) -> None:
     code = _section_code("Quick start")
-    code = code.replace("num_steps=2000", "num_steps=50").replace("num_samples=500", "num_samples=50")
+    code = _small(code, {"num_steps=3000": "num_steps=50", "num_samples=500": "num_samples=50"})
     exec(compile(code, "README quick start", "exec"), namespace)
 
 

@@ -126,11 +126,11 @@ DIGITS_TASKS = {"MAP+K-FAC": ("MAP", "K-FAC"), "MFVI": ("MFVI",)}
 
 #: default sizes (about 20 minutes on one core) and the smoke-test sizes of ``--small``
 TWO_MOONS_SIZE = dict(hidden=16, grid=50, margin=1.0, nuts_chains=4, nuts_warmup=1000, nuts_samples=1000,
-                      ref_chains=2, ref_warmup=250, ref_samples=250, ref_tree_depth=10, vi_steps=3000,
+                      nuts_map_steps=2000, ref_chains=2, ref_warmup=250, ref_samples=250, ref_tree_depth=10, vi_steps=3000,
                       map_steps=2000, num_samples=1000)  # fmt: skip
-TWO_MOONS_SMALL = dict(hidden=8, grid=12, margin=1.0, nuts_chains=2, nuts_warmup=150, nuts_samples=150,
-                       ref_chains=1, ref_warmup=60, ref_samples=60, ref_tree_depth=6, vi_steps=300,
-                       map_steps=300, num_samples=200)  # fmt: skip
+TWO_MOONS_SMALL = dict(hidden=8, grid=12, margin=1.0, nuts_chains=2, nuts_warmup=100, nuts_samples=100,
+                       nuts_map_steps=300, ref_chains=1, ref_warmup=30, ref_samples=30, ref_tree_depth=5,
+                       vi_steps=200, map_steps=300, num_samples=200)  # fmt: skip
 DIGITS_SIZE = dict(map_steps=1500, vi_steps=1500, lr=0.01, la_samples=1000, vi_samples=500)
 DIGITS_SMALL = dict(map_steps=40, vi_steps=40, lr=0.01, la_samples=100, vi_samples=30)
 
@@ -260,9 +260,9 @@ def _two_moons_model(hidden: int) -> BNN:
 
 
 def _nuts_probs(model: BNN, data: Dataset, xg: Tensor, *, kernel: str, chains: int, warmup: int, samples: int,
-                seed: int, max_tree_depth: int = 10) -> tuple[Tensor, Tensor, dict[str, float]]:  # fmt: skip
+                seed: int, max_tree_depth: int = 10, map_steps: int = 2000) -> tuple[Tensor, Tensor, dict[str, float]]:  # fmt: skip
     mc = run_nuts(model, data.x_train, data.y_train, num_samples=samples, warmup_steps=warmup, num_chains=chains,
-                  seed=seed, progress=False, kernel=kernel, max_tree_depth=max_tree_depth)  # fmt: skip
+                  seed=seed, progress=False, kernel=kernel, max_tree_depth=max_tree_depth, map_steps=map_steps)  # fmt: skip
     w = mc.get_samples()["w"]
     info = mc.run_info
     extra = dict(leapfrog_per_draw=float(info.mean_leapfrog_per_sample), draws=int(w.shape[0]))
@@ -291,13 +291,15 @@ def two_moons_fit(task: Task, **size: Any) -> dict[str, Any]:
         if task.method == "NUTS":
             t = time.perf_counter()
             pt, pg, extra = _nuts_probs(model, data, xg, kernel="flat", chains=int(opts["nuts_chains"]),
-                                        warmup=int(opts["nuts_warmup"]), samples=int(opts["nuts_samples"]), seed=seed)  # fmt: skip
+                                        warmup=int(opts["nuts_warmup"]), samples=int(opts["nuts_samples"]), seed=seed,
+                                        map_steps=int(opts["nuts_map_steps"]))  # fmt: skip
             put("NUTS", pt, pg, time.perf_counter() - t, **extra)
         elif task.method == "NUTS-ref":
             t = time.perf_counter()
             pt, pg, extra = _nuts_probs(model, data, xg, kernel="pyro", chains=int(opts["ref_chains"]),
                                         warmup=int(opts["ref_warmup"]), samples=int(opts["ref_samples"]),
-                                        seed=1000 + seed, max_tree_depth=int(opts["ref_tree_depth"]))  # fmt: skip
+                                        seed=1000 + seed, max_tree_depth=int(opts["ref_tree_depth"]),
+                                        map_steps=int(opts["nuts_map_steps"]))  # fmt: skip
             put("NUTS-ref", pt, pg, time.perf_counter() - t, **extra)
         elif task.method in ("MFVI", "FCVI"):
             t = time.perf_counter()

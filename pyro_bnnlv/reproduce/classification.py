@@ -589,7 +589,7 @@ def two_moons_paired_table(frames: list[pd.DataFrame], paths: list[str], options
         cells = [f"{a} − {b}"]
         for col in ("tv_to_nuts", "kl_to_nuts"):
             mean, se, _ = paired_differences(t, a, b, col)
-            cells.append(f"{tables.num(mean, 3)} ± {tables.num(se, 3)}, {_verdict(mean, se, True, a, b)}")
+            cells.append(f"{tables.num(mean, 4)} ± {tables.num(se, 4)}, {_verdict(mean, se, True, a, b)}")
         rows.append(cells)
     return tables.table(["pair (ordered by mean TV)", "TV difference ± SE", "KL difference ± SE"], rows)
 

@@ -210,6 +210,7 @@ REPRODUCTIONS = {
     "proj-four-modes": ("pyro_bnnlv.reproduce.projected_toy", []),
     "ncai-family": ("pyro_bnnlv.reproduce.ncai_family", []),
     "ncai": ("pyro_bnnlv.reproduce.ncai", []),
+    "classification": ("pyro_bnnlv.reproduce.classification", []),
 }
 
 

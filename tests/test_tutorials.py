@@ -104,3 +104,21 @@ def test_invariance_tutorial_runs_at_small_size(run_tutorial, tmp_path):
     assert (totals.total_gap_mixture <= totals.total_gap).all()
     for name in ("invariance-gap.png", "invariance-gap-bnn-10.png", "invariance-gap-bnn-30.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_classification_tutorial_runs_at_small_size(run_tutorial, tmp_path):
+    ns = run_tutorial("classification.py")
+    assert ns["SMALL"] is True
+    moons = ns["moons"]
+    assert list(moons.index) == ["NUTS", "MFVI", "MAP", "linearised Laplace"]
+    assert moons.notna().all().all() and moons.loc["NUTS", "TV to NUTS (grid)"] == 0
+    assert (moons["accuracy"] > 0.8).all()
+    cnn = ns["cnn_table"]
+    assert list(cnn.index) == ["MAP", "K-FAC Laplace", "MFVI"]
+    assert cnn.drop(columns="AUROC BALD").notna().all().all() and math.isnan(cnn.loc["MAP", "AUROC BALD"])
+    assert ((cnn["AUROC entropy"] > 0.5) & (cnn["AUROC entropy"] <= 1)).all()
+    # K-FAC stores Kronecker factors: far below a dense covariance's P^2 float64s
+    P = ns["net"].num_weights
+    assert cnn.loc["K-FAC Laplace", "posterior MB"] < 0.01 * P * P * 8 / 2**20
+    for name in ("classification_two_moons_entropy.png", "classification_digits_reliability.png"):
+        assert (tmp_path / name).stat().st_size > 0

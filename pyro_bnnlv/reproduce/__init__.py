@@ -8,4 +8,7 @@
   synthetic sets (``pyro-bnnlv reproduce ncai``).
 * :mod:`pyro_bnnlv.reproduce.invariance`: the invariance paper's SVI and NUTS checks on the
   over-parametrised linear model, and its Fig. 1-2.
+* :mod:`pyro_bnnlv.reproduce.classification`: classifiers against NUTS on two moons (MFVI, FCVI,
+  MAP, linearised Laplace of every structure; Immer et al. 2021, arXiv:2008.08400) and a CNN on
+  digits with OOD digits (MAP, K-FAC Laplace, MFVI; ``pyro-bnnlv reproduce classification``).
 """

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import hyvi, in_between, ncai, projected, projected_toy
+from . import classification, hyvi, in_between, ncai, projected, projected_toy
 from . import tables
 
 __all__ = ["OUTPUT", "TABLES", "TEMPLATE", "build", "check", "default_root", "main", "render"]
@@ -88,6 +88,10 @@ TABLES: dict[str, Builder] = {
     "in-between": in_between.in_between_table,
     "proj-uci": projected.uci_table,
     "proj-four-modes": projected_toy.four_modes_table,
+    "classification-two-moons": classification.two_moons_table,
+    "classification-two-moons-paired": classification.two_moons_paired_table,
+    "classification-digits": classification.digits_table,
+    "classification-digits-paired": classification.digits_paired_table,
     "bench": _bench,
     "bench-runs": _bench_runs,
 }

@@ -175,7 +175,7 @@ def test_run_time_is_estimated_from_the_first_iterations(caplog):
 
 
 def test_python_potential_chains_run_one_after_another_and_say_so():
-    module = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    module = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.ELU(), torch.nn.Linear(3, 1))  # no MLP's
     model = pb.BNN(pb.ModuleNet(module, 1, 1), prior_scale=1.0, noise_scale=0.2)
     x, y = torch.randn(10, 1), torch.randn(10)
     with pytest.warns(UserWarning, match="one after another"):

@@ -23,7 +23,9 @@ The compiled NUTS core (``infer/mcmc/_flat_nuts.cpp``) has its own forward and b
 Adding an activation: one row in :data:`ACTIVATION_TABLE` (name, value, ``backward`` from
 ``(dL/dh, a, h = value(a))``, the C++ enum name and code, a description); then, for the compiled
 NUTS core, the entry in ``enum Activation`` and one ``case`` in each of the two ``switch (act_)``
-of ``infer/mcmc/_flat_nuts.cpp``. ``tests/test_nets.py`` checks every row: the derivative against
+of ``infer/mcmc/_flat_nuts.cpp`` (an activation whose derivative is not a cheap function of ``a``
+and ``h``, like silu, gelu and softplus, writes ``act'(a)`` into the layer's ``S`` buffer in the
+forward ``case`` and multiplies by it in the backward one). ``tests/test_nets.py`` checks every row: the derivative against
 autograd, the forward against :class:`~pyro_bnnlv.nets.MLP`, the row's enum entry and two
 ``case`` lines in the C++ source, and the compiled potential against the Python one.
 """

@@ -23,7 +23,9 @@ The compiled NUTS core (``infer/mcmc/_flat_nuts.cpp``) has its own forward and b
 Adding an activation: one row in :data:`ACTIVATION_TABLE` (name, value, ``backward`` from
 ``(dL/dh, a, h = value(a))``, the C++ enum name and code, a description); then, for the compiled
 NUTS core, the entry in ``enum Activation`` and one ``case`` in each of the two ``switch (act_)``
-of ``infer/mcmc/_flat_nuts.cpp``. ``tests/test_nets.py`` checks every row: the derivative against
+of ``infer/mcmc/_flat_nuts.cpp`` (an activation whose derivative is not a cheap function of ``a``
+and ``h``, like silu, gelu and softplus, writes ``act'(a)`` into the layer's ``S`` buffer in the
+forward ``case`` and multiplies by it in the backward one). ``tests/test_nets.py`` checks every row: the derivative against
 autograd, the forward against :class:`~pyro_bnnlv.nets.MLP`, the row's enum entry and two
 ``case`` lines in the C++ source, and the compiled potential against the Python one.
 """
@@ -39,6 +41,7 @@ from torch import Tensor
 __all__ = [
     "ACTIVATIONS",
     "ACTIVATION_TABLE",
+    "SOFTPLUS_THRESHOLD",
     "Activation",
     "LayerSpec",
     "get_activation",
@@ -91,6 +94,52 @@ def _identity(a: Tensor) -> Tensor:
     return a
 
 
+#: softplus's threshold: above it torch returns ``a`` itself (``torch.nn.functional.softplus``'s
+#: default ``beta = 1, threshold = 20``), so the derivative there is exactly 1
+SOFTPLUS_THRESHOLD = 20.0
+_SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
+
+
+def _silu(a: Tensor) -> Tensor:
+    r"""SiLU (swish) ``a sigma(a)``, ``torch.nn.functional.silu``."""
+    return torch.nn.functional.silu(a)
+
+
+def _silu_backward(dh: Tensor, a: Tensor, h: Tensor) -> Tensor:
+    r"""``dh * silu'(a)`` with ``silu'(a) = sigma(a) (1 + a (1 - sigma(a)))`` (from
+    ``d/da [a sigma(a)] = sigma(a) + a sigma(a)(1 - sigma(a))``)."""
+    s = torch.sigmoid(a)
+    return (1.0 - s).mul_(a).add_(1.0).mul_(s).mul_(dh)
+
+
+def _gelu(a: Tensor) -> Tensor:
+    r"""GELU, exact form ``a Phi(a)`` with ``Phi(a) = (1 + erf(a / sqrt 2)) / 2`` the standard
+    normal CDF (``torch.nn.functional.gelu``, ``approximate="none"``)."""
+    return torch.nn.functional.gelu(a)
+
+
+def _gelu_backward(dh: Tensor, a: Tensor, h: Tensor) -> Tensor:
+    r"""``dh * gelu'(a)`` with ``gelu'(a) = Phi(a) + a phi(a)``, ``phi(a) = exp(-a^2 / 2) / sqrt(2 pi)``
+    the standard normal density (torch's ``gelu_backward``, operation for operation)."""
+    cdf = torch.erf(a * _SQRT1_2).add_(1.0).mul_(0.5)
+    pdf = torch.exp(a.square().mul_(-0.5)).mul_(_INV_SQRT_2PI)
+    return pdf.mul_(a).add_(cdf).mul_(dh)
+
+
+def _softplus(a: Tensor) -> Tensor:
+    r"""Softplus ``log(1 + exp(a))``, and ``a`` itself where ``a > 20`` (``torch.nn.functional.softplus``
+    with its defaults ``beta = 1``, ``threshold = 20``; the two differ there by ``log1p(exp(-a)) < 2.1e-9``)."""
+    return torch.nn.functional.softplus(a)
+
+
+def _softplus_backward(dh: Tensor, a: Tensor, h: Tensor) -> Tensor:
+    r"""``dh * softplus'(a)`` with ``softplus'(a) = sigma(a) = exp(a) / (1 + exp(a))`` below the
+    threshold and exactly 1 above it (``a > 20``, where the function is ``a``), as torch's
+    ``softplus_backward``."""
+    return torch.where(a > SOFTPLUS_THRESHOLD, dh, torch.sigmoid(a).mul_(dh))
+
+
 # The backward formulas are the NUTS potential's hand-written ones, operation for operation (the
 # compiled core's float64 values are tested against them to 1e-12).
 ACTIVATION_TABLE: dict[str, Activation] = {
@@ -108,6 +157,11 @@ ACTIVATION_TABLE: dict[str, Activation] = {
         # h = exp(-a^2), dh/da = -2 a h
         Activation("rbf", _rbf, lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0), "RBF", 5,
                    "exp(-a^2) (Pradier et al. 2018, arXiv:1811.07006, sec. 5)"),
+        Activation("silu", _silu, _silu_backward, "SILU", 6, "a sigmoid(a) (SiLU / swish, nn.SiLU)"),
+        Activation("gelu", _gelu, _gelu_backward, "GELU", 7,
+                   "a Phi(a), Phi the standard normal CDF (exact GELU, nn.GELU(approximate='none'))"),
+        Activation("softplus", _softplus, _softplus_backward, "SOFTPLUS", 8,
+                   "log(1 + exp(a)), a above 20 (nn.Softplus(beta=1, threshold=20))"),
     ]
 }  # fmt: skip
 

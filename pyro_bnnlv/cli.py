@@ -281,7 +281,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, "
                         "otherwise seed k")  # fmt: skip
     f.add_argument("--hidden", type=int, nargs="*", default=[50], help="hidden layer widths; default 50")
-    f.add_argument("--activation", default="tanh", help="the MLP's activation (tanh, relu, leaky_relu, ...)")
+    f.add_argument("--activation", default="tanh",
+                   help="the MLP's activation (tanh, relu, leaky_relu, silu, gelu, softplus, ...)")
     f.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight; default 1")
     f.add_argument("--noise-scale", type=float, default=0.1,
                    help="observation noise sd on the standardised targets; default 0.1 (pb.grid_search "

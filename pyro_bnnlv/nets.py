@@ -29,7 +29,8 @@ from ._checks import ArgumentTypeError
 from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
 from ._mlp_kernels import unflatten as _unflatten
 
-__all__ = ["ACTIVATIONS", "MLP", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int"]
+__all__ = ["ACTIVATIONS", "MLP", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int", "equivalent_mlp",
+           "mlp_call", "mlp_mismatch"]
 
 
 def as_positive_int(value: object, name: str, role: str = "") -> int:
@@ -136,8 +137,10 @@ class MLP(FlatNet):
         hidden_sizes: widths of the hidden layers (may be empty: a linear model).
         out_features: output width ``L``.
         activation: one of ``tanh``, ``relu``, ``leaky_relu`` (slope 0.01), ``rbf``
-            (``exp(-a^2)``), ``sigmoid`` or ``identity``: the rows of
-            :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` (add one there).
+            (``exp(-a^2)``), ``sigmoid``, ``silu`` (``a sigmoid(a)``, ``nn.SiLU``), ``gelu`` (exact,
+            ``a Phi(a)``, ``nn.GELU()``), ``softplus`` (``nn.Softplus()``: ``beta=1``, ``threshold=20``)
+            or ``identity``: the rows of :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` (add one
+            there). Every one has the compiled NUTS potential.
     """
 
     def __init__(
@@ -262,14 +265,16 @@ class ModuleNet(FlatNet):
     * ``fit_svi`` trains a model on a ``ModuleNet`` with the eager ``Trace_ELBO`` by default (its
       ``vmap(functional_call)`` cannot be traced by the JIT), quietly: the same estimator, at a
       higher cost per step than the compiled loss an ``MLP`` gets.
-    * NUTS has no compiled fast path for it: ``run_nuts`` builds the potential from
-      ``log p(y | x, w) + log p(w)`` with autograd gradients (Python, ``FlatPotential.from_log_density``)
-      under the compiled tree. Each leapfrog step costs a forward and backward pass through
-      ``functional_call``: for a 6-32-32-1 tanh network on 300 points about an order of magnitude
-      more than the hand-written potential of the same :class:`MLP` (whose cost
-      ``pyro-bnnlv bench nuts`` reports), and NUTS's trees often take hundreds of steps per draw,
-      so budget accordingly. Rewrite a plain feed-forward module as an :class:`MLP` (same weight
-      layout as ``nn.Linear``) to get the fast path.
+    * NUTS: a plain ``nn.Sequential`` of biased ``nn.Linear`` layers and one activation of
+      :class:`MLP`'s (:func:`equivalent_mlp`) gets the compiled potential of that :class:`MLP` on
+      the same weight vector (``run_nuts`` says so in one line; its check against the traced model
+      compares the two). Any other module has no compiled fast path: ``run_nuts`` builds the
+      potential from ``log p(y | x, w) + log p(w)`` with autograd gradients (Python,
+      ``FlatPotential.from_log_density``) under the compiled tree, and warns once. Each leapfrog
+      step then costs a forward and backward pass through ``functional_call``: for a 6-32-32-1
+      network on 300 points several times the hand-written potential of the same :class:`MLP`
+      (whose cost ``pyro-bnnlv bench nuts`` reports), and NUTS's trees often take hundreds of
+      steps per draw, so budget accordingly.
     * Saving with :func:`~pyro_bnnlv.serialization.save_fit` needs an :class:`MLP`.
     """
 
@@ -366,3 +371,96 @@ class ModuleNet(FlatNet):
         x_b = torch.broadcast_to(x, (*batch, *x.shape[-2:]))
         out = torch.vmap(self._single)(x_b.reshape(-1, *x.shape[-2:]), w.reshape(-1, w.shape[-1]))
         return out.reshape(*batch, *out.shape[-2:])
+
+
+# ----------------------------------------------------------------------------------------------
+# nn.Sequential -> MLP
+# ----------------------------------------------------------------------------------------------
+def _activation_name(layer: nn.Module) -> str | None:
+    """The :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` name computing ``layer`` exactly, or
+    ``None``: only torch's own classes (not subclasses) with the table's parameters."""
+    kind = type(layer)
+    if kind is nn.LeakyReLU:
+        return "leaky_relu" if layer.negative_slope == 0.01 else None
+    if kind is nn.GELU:
+        return "gelu" if layer.approximate == "none" else None
+    if kind is nn.Softplus:
+        return "softplus" if layer.beta == 1 and layer.threshold == 20 else None
+    return {nn.Tanh: "tanh", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
+            nn.Identity: "identity"}.get(kind)  # fmt: skip
+
+
+def _has_hooks(layer: nn.Module) -> bool:
+    return any(getattr(layer, k, None) for k in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                 "_backward_pre_hooks", "_forward_hooks_with_kwargs"))  # fmt: skip
+
+
+def mlp_mismatch(module: nn.Module) -> tuple[MLP | None, str]:
+    """``(mlp, "")`` when ``module`` computes :class:`MLP` ``mlp`` on the same flat weight vector,
+    else ``(None, reason)``. See :func:`equivalent_mlp`."""
+    if type(module) is not nn.Sequential:
+        return None, f"the module is a {type(module).__name__}, not an nn.Sequential"
+    layers = list(module)
+    if not layers or type(layers[0]) is not nn.Linear or type(layers[-1]) is not nn.Linear:
+        return None, "the nn.Sequential does not start and end with an nn.Linear"
+    if any(isinstance(sub, nn.Sequential) for sub in layers):
+        return None, "the nn.Sequential is nested"
+    if _has_hooks(module) or any(_has_hooks(sub) for sub in layers) or any(
+            getattr(nn.modules.module, k, None) for k in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+        return None, "forward hooks are registered"
+    sizes, acts, expect = [layers[0].in_features], set(), []
+    for i, layer in enumerate(layers):
+        if type(layer) is nn.Linear:
+            if i > 0 and type(layers[i - 1]) is nn.Linear:
+                return None, f"layers {i - 1} and {i} are two nn.Linear in a row (no activation between them)"
+            if layer.bias is None:
+                return None, f"layer {i} is an nn.Linear without bias (an MLP layer has one)"
+            if layer.in_features != sizes[-1]:
+                return None, f"layer {i}'s in_features {layer.in_features} differ from the width {sizes[-1]} before it"
+            sizes.append(layer.out_features)
+            expect += [f"{i}.weight", f"{i}.bias"]
+            continue
+        name = _activation_name(layer)
+        if name is None:
+            return None, (f"layer {i} ({layer!r}) is not an activation of pb.MLP's "
+                          f"(nn.Tanh, nn.ReLU, nn.LeakyReLU(), nn.Sigmoid, nn.SiLU, nn.GELU(), nn.Softplus())")
+        if type(layers[i - 1]) is not nn.Linear:
+            return None, f"layer {i} is a second activation in a row"
+        acts.add(name)
+    if len(acts) > 1:
+        return None, f"it mixes activations {sorted(acts)} (pb.MLP has one)"
+    names = [n for n, _ in module.named_parameters()]
+    if names != expect or list(module.buffers()):
+        return None, "its parameters are not those of its nn.Linear layers (parametrizations or buffers)"
+    act = acts.pop() if acts else "identity"
+    return MLP(sizes[0], sizes[1:-1], sizes[-1], activation=act), ""
+
+
+def equivalent_mlp(module: nn.Module | ModuleNet) -> MLP | None:
+    r"""The :class:`MLP` that computes ``module`` (or a :class:`ModuleNet`'s module) on the same
+    flat weight vector, or ``None``.
+
+    An ``nn.Sequential`` ``Linear(D, H_1), act, Linear(H_1, H_2), act, ..., Linear(H_k, L)``, with
+    every ``nn.Linear`` biased and one activation throughout, is ``MLP(D, [H_1, .., H_k], L,
+    activation=act)``, weight for weight: :class:`ModuleNet` concatenates
+    ``named_parameters()`` (``0.weight``, ``0.bias``, ``2.weight``, ...), each ``weight (out, in)``
+    flattened row-major, which is :class:`MLP`'s layout (per layer ``W_l (fan_out, fan_in)``
+    row-major, then ``b_l``). The activations recognised are torch's own classes computing a
+    table row exactly: ``nn.Tanh``, ``nn.ReLU``, ``nn.LeakyReLU(0.01)`` (torch's default slope),
+    ``nn.Sigmoid``, ``nn.SiLU``, ``nn.GELU(approximate="none")``, ``nn.Softplus(beta=1,
+    threshold=20)`` (the defaults) and ``nn.Identity``. Anything else (subclasses, other
+    parameters, forward hooks, a nested ``nn.Sequential``, ``nn.Linear(bias=False)``) gives
+    ``None``; :func:`mlp_mismatch` says why. With a :class:`ModuleNet` its in/out widths must match.
+    """
+    net = module if isinstance(module, ModuleNet) else None
+    mlp, _ = mlp_mismatch(net.module if net is not None else module)
+    if mlp is None or net is None:
+        return mlp
+    same = (mlp.in_features, mlp.out_features, mlp.num_weights) == (net.in_features, net.out_features, net.num_weights)
+    return mlp if same else None
+
+
+def mlp_call(net: MLP) -> str:
+    """``net`` as the call that builds it: ``pb.MLP(6, [32, 32], 1, activation="silu")``."""
+    return (f"pb.MLP({net.in_features}, {list(net.hidden_sizes)}, {net.out_features}, "
+            f'activation="{net.activation}")')

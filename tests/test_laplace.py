@@ -53,7 +53,8 @@ def tiny_problem(out=2, hidden=(4,), activation="tanh", n=15, seed=0):
 # ----------------------------------------------------------------------------------------------
 # Jacobians
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hidden,activation,out", [((4,), "tanh", 1), ((3, 5), "sigmoid", 2), ((), "identity", 3), ((4,), "rbf", 2)])
+@pytest.mark.parametrize("hidden,activation,out", [((4,), "tanh", 1), ((3, 5), "sigmoid", 2), ((), "identity", 3), ((4,), "rbf", 2),
+                                                   ((3, 5), "silu", 2), ((4,), "gelu", 1), ((3, 5), "softplus", 2)])
 def test_mlp_jacobian_matches_torch_func_and_finite_differences(hidden, activation, out):
     net, w, x, _, _ = tiny_problem(out, hidden, activation)
     J_mlp, f_mlp = network_jacobian(net, x, w, method="mlp")

@@ -11,6 +11,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
 
 import pyro_bnnlv as pb
+from pyro_bnnlv._mlp_kernels import ACTIVATION_TABLE
 from pyro_bnnlv.infer.mcmc import (
     FlatNUTS,
     FlatPotential,
@@ -83,7 +84,7 @@ def _compare_to_traced(model, pot, x, y, scale=1.0, n=4, rtol=1e-5):
         assert torch.allclose(gz.reshape(-1), grad[: gz.numel()])
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu", "leaky_relu", "sigmoid", "rbf", "identity"])
+@pytest.mark.parametrize("activation", sorted(ACTIVATION_TABLE))
 def test_fast_potential_equals_traced_potential(activation):
     torch.manual_seed(0)
     x, y = torch.randn(30, 2), torch.randn(30)
@@ -104,11 +105,13 @@ def test_fast_potential_multi_output_prior_mean_and_float64():
 
 
 def test_fast_potential_for_any_flat_net_uses_autograd():
-    module = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    module = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.ELU(), torch.nn.Linear(4, 1))  # no MLP has ELU
     net = pb.ModuleNet(module, 1, 1)
     model = pb.BNN(net, prior_scale=1.0, noise_scale=0.2)
     x, y = torch.randn(20, 1), torch.randn(20)
-    _compare_to_traced(model, flat_potential(model, x, y), x, y)
+    pot = flat_potential(model, x, y)
+    assert pot.compiled is None
+    _compare_to_traced(model, pot, x, y)
 
 
 class LatentBNN(pb.BNN):
@@ -337,9 +340,15 @@ def test_library_bnnlv_traced_and_fast_paths():
     m = run_nuts(model, x, y, **kw)
     assert m.run_info.path == "fast/flat" and m.get_samples()["z"].shape == (10, 10, 1)
 
-    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ELU(), torch.nn.Linear(4, 1))
     other = pb.BNNLV(pb.ModuleNet(module, 3, 1), latent_dim=2, latent_scale=0.5, noise_scale=0.3)
     _compare_to_traced(other, flat_potential(other, x, y), x, y)
+    # an nn.Sequential that is an MLP gets that MLP's hand-written potential (same weights)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.SiLU(), torch.nn.Linear(4, 1))
+    same = pb.BNNLV(pb.ModuleNet(module, 3, 1), latent_dim=2, latent_scale=0.5, noise_scale=0.3)
+    pot = flat_potential(same, x, y)
+    assert pot.sites == {"w": (same.num_weights,), "z": (x.shape[0], 2)}
+    _compare_to_traced(same, pot, x, y)
 
 
 @pytest.mark.slow

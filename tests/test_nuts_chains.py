@@ -12,6 +12,7 @@ from pyro.infer import MCMC
 import pyro_bnnlv as pb
 from pyro_bnnlv import _compiled as compiled
 from pyro_bnnlv.infer.mcmc import FlatNUTS, chain_records, flat_potential, run_nuts
+from pyro_bnnlv.infer.mcmc.chains import _ChainRunner, warmup_reestimate
 
 from test_nuts import _draws, _linreg_data, _linreg_model, _tiny_bnn64
 
@@ -172,10 +173,54 @@ def test_run_time_is_estimated_from_the_first_iterations(caplog):
     assert est is not None and 0 < est < math.inf
     said = [r.getMessage() for r in caplog.records if "NUTS: estimated" in r.getMessage()]
     assert len(said) == 1 and "2 chains" in said[0] and "x 24 iterations" in said[0]
+    again = [r.getMessage() for r in caplog.records if "re-estimated" in r.getMessage()]
+    assert len(again) == 1 and "from the last 3 warm-up iterations" in again[0]  # ceil(12 / 4)
+    reest = m.run_info.reestimated_sampling_seconds
+    assert reest is not None and 0 < reest < math.inf
+
+
+def test_warmup_reestimate_projects_the_draws_from_the_end_of_the_warmup():
+    """The per-draw cost is the mean of the last quarter of the warm-up: with iterations costing
+    1, 1, 1, 1, 2, 2, 4, 4 s (deepening trees) the draws are projected at 4 s each, where the rate
+    of the first four iterations (1 s) would run 3.1x low."""
+    ends = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
+    r, T = warmup_reestimate(ends, num_samples=10)
+    assert (r, T) == (4.0, 16.0 + 10 * 4.0)
+    assert T / (4.0 * (8 + 10) / 4) == pytest.approx(56 / 18)   # against the estimate from the first 4
+    assert warmup_reestimate(ends, 10, tail=1.0) == (2.0, 36.0)  # the whole warm-up's mean
+    assert warmup_reestimate([3.0], 5) == (3.0, 18.0)            # one iteration: m = 1, t_0 = 0
+    assert warmup_reestimate(ends[:5], 2)[0] == pytest.approx((6.0 - 3.0) / 2)  # m = ceil(5 / 4) = 2
+    assert warmup_reestimate(ends, 0) == (4.0, 16.0)
+    for bad in ([], [2.0, 1.0], [-1.0]):
+        with pytest.raises(ValueError):
+            warmup_reestimate(bad, 3)
+    with pytest.raises(ValueError, match="tail"):
+        warmup_reestimate(ends, 3, tail=0.0)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_reestimate_of_a_run_takes_the_slowest_chain_or_k_times_the_first(parallel, caplog):
+    """In parallel threads the run ends with its slowest chain; one after another it takes K times
+    the first chain (re-estimated when that chain's warm-up ends); the line names the factor
+    against the first estimate."""
+    runner = _ChainRunner([object()] * 2, [{}] * 2, warmup_steps=4, num_samples=10, parallel=parallel,
+                          progress=False)  # fmt: skip
+    runner.estimate = {"seconds": 14.0, "from_iterations": 4}
+    fast, slow = [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 8.0]   # last-quarter costs 1 s and 4 s per draw
+    with caplog.at_level(logging.INFO, logger="pyro_bnnlv"):
+        if parallel:
+            runner._say_reestimate(None, [fast, slow], [0.5, 0.0], elapsed=8.0)
+            assert runner.reestimate["seconds"] == 8.0 + 10 * 4.0
+        else:
+            runner._say_reestimate(None, [slow], [0.5], elapsed=8.5)
+            assert runner.reestimate["seconds"] == 0.5 + 2 * (8.0 + 10 * 4.0)
+    (msg,) = [r.getMessage() for r in caplog.records]
+    factor = runner.reestimate["seconds"] / 14.0
+    assert msg.startswith("NUTS: warm-up done in") and f"{factor:.1f}x the first estimate" in msg
 
 
 def test_python_potential_chains_run_one_after_another_and_say_so():
-    module = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    module = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.ELU(), torch.nn.Linear(3, 1))  # no MLP's
     model = pb.BNN(pb.ModuleNet(module, 1, 1), prior_scale=1.0, noise_scale=0.2)
     x, y = torch.randn(10, 1), torch.randn(10)
     with pytest.warns(UserWarning, match="one after another"):

@@ -110,7 +110,7 @@ def test_flat_potential_of_an_mlp_classifier_is_compiled_and_other_nets_keep_aut
     u_ref, g_ref = _traced_potential(model, x, y, w)
     u, grad = pot(w)
     assert float(u) == pytest.approx(u_ref, rel=1e-12) and torch.allclose(grad, g_ref, atol=1e-10)
-    other = pb.BNN(pb.ModuleNet(torch.nn.Linear(2, 3), 2, 3), likelihood="categorical").double()
+    other = pb.BNN(pb.ModuleNet(torch.nn.Linear(2, 3, bias=False), 2, 3), likelihood="categorical").double()  # no MLP
     pot_other = flat_potential(other, x, y)
     assert isinstance(pot_other, FlatPotential) and pot_other.compiled is None
     w = torch.randn(other.num_weights, dtype=torch.float64)

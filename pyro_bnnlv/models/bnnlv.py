@@ -36,7 +36,7 @@ from torch.quasirandom import SobolEngine
 
 from ..nets import MLP, FlatNet, as_positive_int
 from .bnn import BNN, _positive_tensor, check_xy
-from .potential import FlatPotential, mlp_regression_potential
+from .potential import FlatPotential, mlp_of, mlp_regression_potential
 
 __all__ = ["BNNLV"]
 
@@ -190,16 +190,18 @@ class BNNLV(BNN):
 
         ``U(w, z) = -log p(y | x, z, w) - log p(w) - log p(z)`` with all constants, on the
         flat vector ``[w, z]`` (:class:`~pyro_bnnlv.models.potential.FlatPotential`). An
-        :class:`~pyro_bnnlv.nets.MLP` gets the hand-written gradient of
+        :class:`~pyro_bnnlv.nets.MLP` (or a :class:`~pyro_bnnlv.nets.ModuleNet` with an
+        :func:`~pyro_bnnlv.nets.equivalent_mlp`) gets the hand-written gradient of
         :func:`~pyro_bnnlv.models.potential.mlp_regression_potential`; any other network goes through
         autograd on ``self.net``. :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts` checks it against
         Pyro's traced potential before sampling.
         """
         self.check_data(x, y)
         sigma = torch.as_tensor(self.noise_scale).detach()
-        if isinstance(self.net, MLP):
+        mlp = mlp_of(self.net)  # an MLP, or a ModuleNet's equivalent MLP (same weights)
+        if mlp is not None:
             return mlp_regression_potential(
-                self.net, x, y, prior_loc=self.prior_loc, prior_scale=self.prior_scale,
+                mlp, x, y, prior_loc=self.prior_loc, prior_scale=self.prior_scale,
                 noise_scale=sigma, latent_dim=self.latent_dim, latent_scale=self.latent_scale,
             )  # fmt: skip
         N, K = x.shape[0], self.latent_dim

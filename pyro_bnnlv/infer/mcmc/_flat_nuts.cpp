@@ -43,13 +43,16 @@ using at::Tensor;
 
 namespace {
 
-enum Activation { IDENTITY = 0, TANH = 1, RELU = 2, LEAKY_RELU = 3, SIGMOID = 4, RBF = 5 };
+enum Activation { IDENTITY = 0, TANH = 1, RELU = 2, LEAKY_RELU = 3, SIGMOID = 4, RBF = 5, SILU = 6, GELU = 7, SOFTPLUS = 8 };
+// softplus is a itself above this (torch.nn.functional.softplus's default threshold, beta = 1)
+constexpr double kSoftplusThreshold = 20.0;
 // the observation model (models/potential.py: _LIKELIHOOD_CODES)
 enum Likelihood { GAUSSIAN = 0, CATEGORICAL = 1, BERNOULLI = 2 };
 
 struct Layer {
   int64_t fan_in, fan_out, w_off, b_off;  // W (fan_out, fan_in) row-major at w_off, b at b_off
   Tensor A, H;                            // pre-activation and output buffers (hidden layers)
+  Tensor S;                               // act'(A), kept by the forward pass (silu, gelu, softplus)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -229,7 +232,7 @@ class MLPPotential {
         has_loc_(has_loc), inv_var_(inv_var), const_(constant), K_(latent_dim), specs_(layers) {
     TORCH_CHECK(xin_.dim() == 2 && Y_.dim() == 2 && xin_.size(0) == Y_.size(0),
                 "MLPPotential: xin must be (N, D+K) and Y (N, L)");
-    TORCH_CHECK(activation >= IDENTITY && activation <= RBF, "MLPPotential: unknown activation code");
+    TORCH_CHECK(activation >= IDENTITY && activation <= SOFTPLUS, "MLPPotential: unknown activation code");
     TORCH_CHECK(likelihood >= GAUSSIAN && likelihood <= BERNOULLI, "MLPPotential: unknown likelihood code");
     TORCH_CHECK(latent_dim >= 0 && latent_dim <= xin_.size(1), "MLPPotential: latent_dim out of range");
     for (const Tensor* t : {&Y_, &loc_, &prec_, &zprec_}) {
@@ -264,6 +267,7 @@ class MLPPotential {
       if (i + 1 < layers.size()) {  // feature-major (fo, Np) buffers
         l.A = at::zeros({fo, Np_}, opts);
         l.H = at::zeros({fo, Np_}, opts);
+        if (activation == SILU || activation == GELU || activation == SOFTPLUS) l.S = at::zeros({fo, Np_}, opts);
       }
       layers_.push_back(l);
     }
@@ -303,7 +307,8 @@ class MLPPotential {
 
  private:
   // The value and gradient in plain loops over raw pointers on the feature-major layout (no
-  // ATen dispatch except, in float64 or for sigmoid / rbf, one sigmoid / exp per hidden layer):
+  // ATen dispatch except, in float64 or for sigmoid / rbf / silu / gelu / softplus, one to three
+  // elementwise calls per hidden layer):
   // for the small layers of NUTS on a BNN (100 x 50, 409 x 13 x 50) the per-operation overhead
   // of ATen (~1-10 us per addmm / sum) exceeded the arithmetic. Every inner loop runs over the
   // contiguous, padded data axis (vectorised by the compiler; compiled twice, for AVX2+FMA and
@@ -373,6 +378,36 @@ class MLPPotential {
           l.H.exp_();
           break;
         }
+        // the three below keep S = act'(a) for the backward pass (_mlp_kernels.py has the formulas)
+        case SILU: {  // h = a s, s = sigmoid(a); silu'(a) = s (1 + a (1 - s))
+          at::sigmoid_out(l.S, l.A);
+          T* S = l.S.data_ptr<T>();
+          for (int64_t j = 0; j < m; ++j) {
+            const T s = S[j], a = out[j];
+            H[j] = a * s;
+            S[j] = s * (T(1) + a * (T(1) - s));
+          }
+          break;
+        }
+        case GELU: {  // h = a Phi(a); gelu'(a) = Phi(a) + a phi(a), phi(a) = exp(-a^2 / 2) / sqrt(2 pi)
+          at::erf_out(l.S, l.A * M_SQRT1_2);
+          at::exp_out(l.H, l.A.square() * -0.5);  // phi's exponential, overwritten by h below
+          T* S = l.S.data_ptr<T>();
+          const T inv_sqrt_2pi = T(0.3989422804014327);
+          for (int64_t j = 0; j < m; ++j) {
+            const T a = out[j], cdf = T(0.5) * (T(1) + S[j]);
+            S[j] = cdf + a * (H[j] * inv_sqrt_2pi);
+            H[j] = a * cdf;
+          }
+          break;
+        }
+        case SOFTPLUS: {  // h = log1p(exp(a)) (a above the threshold); softplus'(a) = sigmoid(a) (1 above it)
+          at::softplus_out(l.H, l.A, 1, kSoftplusThreshold);
+          at::sigmoid_out(l.S, l.A);
+          T* S = l.S.data_ptr<T>();
+          for (int64_t j = 0; j < m; ++j) S[j] = out[j] > T(kSoftplusThreshold) ? T(1) : S[j];
+          break;
+        }
       }
       h = H;
     }
@@ -407,6 +442,13 @@ class MLPPotential {
         case RBF: {
           const T* ap = prev.A.data_ptr<T>();
           for (int64_t j = 0; j < m; ++j) dh[j] *= T(-2) * ap[j] * hp[j];
+          break;
+        }
+        case SILU:
+        case GELU:
+        case SOFTPLUS: {  // act'(a), kept by the forward pass
+          const T* sp = prev.S.data_ptr<T>();
+          for (int64_t j = 0; j < m; ++j) dh[j] *= sp[j];
           break;
         }
       }

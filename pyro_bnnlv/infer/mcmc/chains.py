@@ -20,6 +20,7 @@ exists.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import sys
 import threading
@@ -37,7 +38,8 @@ from ..._platform import usable_cores
 from ...models.potential import FlatPotential
 from .kernel import FlatNUTS
 
-__all__ = ["_ChainRunner", "_InProcessMCMC", "_chain_potentials", "_format_seconds", "_sampling_seed"]
+__all__ = ["_ChainRunner", "_InProcessMCMC", "_chain_potentials", "_format_seconds", "_sampling_seed",
+           "warmup_reestimate"]
 
 _log = logging.getLogger("pyro_bnnlv")
 
@@ -76,6 +78,39 @@ def _format_seconds(sec: float) -> str:
     return f"{sec / 3600:.1f} h"
 
 
+#: the share of the warm-up whose cost per iteration predicts the kept draws' (:func:`warmup_reestimate`)
+WARMUP_TAIL = 0.25
+
+
+def warmup_reestimate(warmup_ends: Sequence[float], num_samples: int, tail: float = WARMUP_TAIL
+                      ) -> tuple[float, float]:  # fmt: skip
+    r"""``(r, T)``: one chain's projected seconds per kept draw ``r`` and seconds from its start to
+    its end ``T``, from the times ``t_1 <= ... <= t_W`` (seconds since the chain started) at which its
+    ``W`` warm-up iterations ended.
+
+    An iteration costs its leapfrog steps (up to ``2^depth - 1``), and the trees deepen during the
+    warm-up: the step size adapts down from its initial value and the mass matrix is learned in
+    windows, so the first iterations are cheap and an estimate from them runs low (3.2x on issue
+    40's run). The kept draws cost about what the end of the warm-up cost, so ``r`` is the mean over
+    the last ``m = ceil(tail W)`` warm-up iterations,
+
+    .. math:: r = (t_W - t_{W-m}) / m \qquad (t_0 = 0), \qquad T = t_W + S r
+
+    with ``S = num_samples``. ``ValueError`` for no warm-up iterations or times out of order.
+    """
+    W = len(warmup_ends)
+    if W == 0:
+        raise ValueError("warmup_reestimate needs at least one warm-up iteration")
+    if any(b < a for a, b in zip([0.0, *warmup_ends], warmup_ends)):
+        raise ValueError("warm-up end times must be non-negative and non-decreasing")
+    if not 0 < tail <= 1:
+        raise ValueError(f"tail must lie in (0, 1], got {tail!r}")
+    m = max(1, math.ceil(tail * W))
+    start = warmup_ends[W - m - 1] if W > m else 0.0
+    r = (warmup_ends[-1] - start) / m
+    return r, warmup_ends[-1] + num_samples * r
+
+
 class _ChainRunner:
     """Runs several :class:`FlatNUTS` chains in this process, in Pyro's sampler protocol.
 
@@ -88,8 +123,11 @@ class _ChainRunner:
 
     After ``estimate_after`` iterations per running chain the total run time is estimated from
     the rate so far and said (a ``tqdm`` line above the progress bars when they are on and the
-    estimate is 10 s or more, and an INFO record of the ``pyro_bnnlv`` logger either way); the
-    bars' postfix keeps an updated estimate of the time left.
+    estimate is 10 s or more, and an INFO record of the ``pyro_bnnlv`` logger either way). At the
+    end of the warm-up (of every chain when they run in parallel, of the first chain otherwise)
+    it is re-estimated from the cost of the last warm-up iterations (:func:`warmup_reestimate`: the
+    trees deepen during the warm-up) and said again, one line; from then on the bars' postfix
+    projects the time left from the rate since that window began (before: from the rate so far).
 
     While the chains run in threads, torch's intra-op thread count is ``cores // K`` (at least
     1; restored afterwards): the chains themselves occupy the cores, and BLAS calls of BLAS-sized
@@ -108,6 +146,7 @@ class _ChainRunner:
         self.estimate_after = estimate_after
         self.cores = cores
         self.estimate: dict[str, float] | None = None
+        self.reestimate: dict[str, float] | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -183,19 +222,34 @@ class _ChainRunner:
         t0 = time.perf_counter()
         last_postfix = t0
         running = K if self.parallel else 1
+        starts = [t0] * K                           # when each chain began (its "structure" event)
+        warmup_ends: list[list[float]] = [[] for _ in range(K)]  # its warm-up iterations' end times
+        history: list[float] = []                   # the end time of every iteration, in order
+        mark = (t0, 0)                              # (time, iterations) the postfix's rate counts from
         try:
             for c, kind, payload in self._events():
+                now = time.perf_counter()
+                if kind == "structure":
+                    starts[c] = now
                 if kind in ("warmup", "draw"):
                     done[c] += 1
+                    history.append(now)
                     bar.update(pos=c)
                     if done[c] == W + 1 or (W == 0 and done[c] == 1):
                         bar.set_description("Sample" if K == 1 else f"Sample [{c + 1}]", pos=c)
-                    now = time.perf_counter()
                     n = sum(done)
+                    if kind == "warmup":
+                        warmup_ends[c].append(now - starts[c])
                     if self.estimate is None and n >= min(self.estimate_after * running, total):
                         self._say_estimate(bar, n, now - t0, total)
+                    if (self.reestimate is None and W > 0 and done[c] == W
+                            and all(len(warmup_ends[k]) == W for k in range(running))):
+                        self._say_reestimate(bar, warmup_ends[:running], [s - t0 for s in starts[:running]],
+                                             now - t0)  # fmt: skip
+                        tail = max(1, math.ceil(WARMUP_TAIL * n))  # the rate counts from the window's start
+                        mark = (history[-tail - 1], n - tail) if n > tail else (t0, 0)
                     if self.progress and now - last_postfix > 0.5:
-                        left = (now - t0) * (total - n) / n
+                        left = (now - mark[0]) * (total - n) / max(n - mark[1], 1)
                         for b in range(K):
                             bar.set_postfix({"left": _format_seconds(left)}, refresh=False, pos=b)
                         last_postfix = now
@@ -218,6 +272,30 @@ class _ChainRunner:
         self.estimate = {"seconds": est, "from_iterations": n}
         _log.info(msg)
         if self.progress and not bar.disable and est >= 10:  # worth a line above the bars
+            tqdm.write(msg, file=sys.stderr)
+
+
+    def _say_reestimate(self, bar: Any, warmup_ends: Sequence[Sequence[float]], offsets: Sequence[float],
+                        elapsed: float) -> None:  # fmt: skip
+        """The run time re-estimated at the end of the warm-up of the running chains (all of them
+        in parallel, else the first), by :func:`warmup_reestimate` per chain: in parallel the run
+        ends with its slowest chain, one after another it takes ``K`` times the first chain."""
+        K, S = len(self.kernels), self.num_samples
+        per_chain = [warmup_reestimate(ends, S) for ends in warmup_ends]
+        if len(per_chain) == K and self.parallel:
+            est = max(off + T for off, (_, T) in zip(offsets, per_chain))
+        else:
+            est = offsets[0] + K * per_chain[0][1]
+        W = len(warmup_ends[0])
+        r_ms = 1e3 * sum(r for r, _ in per_chain) / len(per_chain)
+        first = self.estimate["seconds"] if self.estimate is not None else None
+        msg = (f"NUTS: warm-up done in {_format_seconds(elapsed)}; re-estimated {_format_seconds(est)} in total "
+               f"({_format_seconds(max(est - elapsed, 0.0))} left) from the last {max(1, math.ceil(WARMUP_TAIL * W))} "
+               f"warm-up iterations ({r_ms:.1f} ms per iteration and chain)"
+               + (f", {est / first:.1f}x the first estimate" if first else ""))  # fmt: skip
+        self.reestimate = {"seconds": est, "ms_per_draw": r_ms}
+        _log.info(msg)
+        if self.progress and not bar.disable and est >= 10:
             tqdm.write(msg, file=sys.stderr)
 
 

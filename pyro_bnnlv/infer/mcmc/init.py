@@ -53,8 +53,7 @@ from torch import Tensor
 
 from ..._state import set_seed
 from ...models.bnn import BNN
-from ...models.potential import FlatPotential, mlp_classification_potential, mlp_regression_potential
-from ...nets import MLP
+from ...models.potential import FlatPotential, mlp_classification_potential, mlp_of, mlp_regression_potential
 from ..svi import fit_svi, train_map
 
 __all__ = ["_check_flat_potential", "_initial_values", "_model_sites", "_resolve_potential", "flat_potential"]
@@ -67,8 +66,9 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
     potential of a plain :class:`~pyro_bnnlv.models.bnn.BNN` (hand-written gradient for an
     ``MLP``: :func:`~pyro_bnnlv.models.potential.mlp_regression_potential`, or
     :func:`~pyro_bnnlv.models.potential.mlp_classification_potential` for a categorical or
-    Bernoulli likelihood, each with its compiled twin; autograd through ``model.f`` for any other
-    ``FlatNet``); otherwise ``None``.
+    Bernoulli likelihood, each with its compiled twin; the same for a
+    :class:`~pyro_bnnlv.nets.ModuleNet` with an :func:`~pyro_bnnlv.nets.equivalent_mlp`, on the
+    same weight vector; autograd through ``model.f`` for any other ``FlatNet``); otherwise ``None``.
     Subclasses of ``BNN`` that override ``forward`` (BNN+LV, ...) are *not* treated as a BNN.
     """
     custom = getattr(model, "nuts_potential", None)
@@ -82,15 +82,16 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
         return pot
     if not _is_plain_bnn(model):
         return None
+    mlp = mlp_of(model.net)
     if model.likelihood.classification:
-        if isinstance(model.net, MLP):
-            return mlp_classification_potential(model.net, x, y, prior_loc=model.prior_loc,
+        if mlp is not None:
+            return mlp_classification_potential(mlp, x, y, prior_loc=model.prior_loc,
                                                 prior_scale=model.prior_scale, likelihood=model.likelihood)  # fmt: skip
         return _classifier_potential(model, x, y)
     sigma = torch.as_tensor(model.noise_scale).detach()
-    if isinstance(model.net, MLP):
+    if mlp is not None:
         return mlp_regression_potential(
-            model.net, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
+            mlp, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
             noise_scale=sigma,
         )  # fmt: skip
     loc, scale = model.prior_loc.detach(), model.prior_scale.detach()

@@ -118,6 +118,9 @@ class RunInfo:
         init_seconds, sampling_seconds, total_seconds: wall times.
         estimated_sampling_seconds: the early estimate of the sampling time (flat kernel), or
             ``None``.
+        reestimated_sampling_seconds: its re-estimate at the end of the warm-up, from the cost of
+            the last warm-up iterations (:func:`~pyro_bnnlv.infer.mcmc.chains.warmup_reestimate`;
+            flat kernel), or ``None``.
         mean_leapfrog_per_sample: leapfrog steps per kept draw, over all chains.
         max_tree_depth_share: share of the kept draws that exhausted ``max_tree_depth``.
     """
@@ -137,6 +140,7 @@ class RunInfo:
     total_seconds: float
     mean_leapfrog_per_sample: float
     max_tree_depth_share: float
+    reestimated_sampling_seconds: float | None = None
 
 
 class _Plan(NamedTuple):
@@ -156,6 +160,7 @@ class _Sampled(NamedTuple):
     chain_method: str
     start_method: str | None
     estimate: dict | None
+    reestimate: dict | None = None
 
 
 def _plan(model: Any, x: Tensor, y: Tensor, *, init: Any, potential: Any, num_chains: int,
@@ -218,7 +223,7 @@ def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: i
     mcmc = _InProcessMCMC(kernels, num_samples, warmup_steps, starts, parallel, progress, cores=cores)
     mcmc.run()
     method = "threads" if parallel else "sequential"
-    return _Sampled(mcmc, kernels[0], "fast/flat", method, None, mcmc.sampler.estimate)
+    return _Sampled(mcmc, kernels[0], "fast/flat", method, None, mcmc.sampler.estimate, mcmc.sampler.reestimate)
 
 
 def _sample_pyro(plan: _Plan, model: Any, x: Tensor, y: Tensor, num_samples: int, warmup_steps: int,
@@ -300,6 +305,7 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
         total_seconds=time.perf_counter() - t_start,
         mean_leapfrog_per_sample=sum(steps) / len(steps) if steps else math.nan,
         max_tree_depth_share=saturated,
+        reestimated_sampling_seconds=None if sampled.reestimate is None else sampled.reestimate["seconds"],
     )
 
 
@@ -400,7 +406,8 @@ def run_nuts(
             initialised from ``seed + c`` and draws from a generator seeded with a 64-bit mix of
             ``seed + c``.
         progress: Pyro's progress bars, one per chain; the estimated total sampling time is
-            printed above them once it is known, when it is 10 s or more.
+            printed above them once it is known, when it is 10 s or more, and re-estimated in one
+            more line at the end of the warm-up (whose trees deepen as it adapts).
         potential: ``"auto"`` (fast when the model has a :class:`FlatPotential`, see
             :func:`flat_potential`; traced otherwise), ``"fast"`` (error if there is none),
             ``"traced"``, or a :class:`FlatPotential` to use.

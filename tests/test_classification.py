@@ -127,25 +127,6 @@ def test_mean_field_svi_and_map_classify_two_moons():
     assert float(map_objective(model, w, data.x_train, data.y_train, N)) == pytest.approx(float(expected), rel=1e-6)
 
 
-def test_nuts_on_logistic_regression_matches_quadrature():
-    """A Bernoulli model with no hidden layer is logistic regression on (w, b): its 2-D posterior
-    by quadrature on a grid is the independent answer for NUTS's posterior means."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 1, generator=g, dtype=torch.float64)
-    y = torch.bernoulli(torch.sigmoid(1.5 * x[:, 0] - 0.5), generator=g).long()
-    model = pb.BNN(pb.MLP(1, [], 1), prior_scale=2.0, likelihood="bernoulli").double()
-    grid = torch.linspace(-4, 6, 401, dtype=torch.float64)
-    W, B = torch.meshgrid(grid, grid, indexing="ij")
-    wb = torch.stack([W.reshape(-1), B.reshape(-1)], -1)  # MLP weight order: weight, then bias
-    logp = Bernoulli().log_prob(model.f(x, wb), y.double()).sum(-1) + torch.distributions.Normal(0, 2.0).log_prob(wb).sum(-1)
-    post = torch.softmax(logp, 0)
-    exact = (post[:, None] * wb).sum(0)
-    mc = pb.run_nuts(model, x, y, num_samples=600, warmup_steps=300, seed=0, progress=False)
-    draws = mc.get_samples()["w"]
-    se = draws.std(0) / math.sqrt(600 / 4)  # a conservative effective sample size
-    assert torch.all((draws.mean(0) - exact).abs() < 4 * se), (draws.mean(0), exact)
-
-
 def test_classifier_flat_potential_equals_the_traced_model():
     x, y = _blobs(N=30)
     model = pb.BNN(pb.MLP(2, [5], 3), likelihood="categorical", prior_scale=0.7).double()

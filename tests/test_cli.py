@@ -45,6 +45,7 @@ def test_fit_unknown_dataset_is_a_clear_error(capsys):
     assert "unknown dataset 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a benchmark command (its smoke run is long; `pytest -m slow`)
 def test_bench_svi_overhead_prints_ratios(capsys):
     assert main(["bench", "svi-overhead", "--steps", "10"]) == 0
     out = capsys.readouterr().out
@@ -63,6 +64,7 @@ def test_bench_knn_and_proj_print_their_ratios(capsys):
     assert "stage 3: traced / fused step" in out and "BbB: traced / fused step" in out
 
 
+@pytest.mark.slow  # a benchmark command (its smoke run is long; `pytest -m slow`)
 def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses():
     """``bench allocator``: glibc's default vs retain_freed_memory, each arm its own interpreter;
     the allocator must not change a number (the speed-up is measured by the bench, not here)."""

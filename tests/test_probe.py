@@ -543,7 +543,7 @@ ALREADY_CLEAN = {
                                    ValueError, r"max_tree_depth must be a positive integer"),
     "sample_posterior: num_samples 0": (lambda: pb.sample_posterior(_m(), None, _X, num_samples=0),
                                         ValueError, r"num_samples must be a positive integer"),
-    "MLP: unknown activation": (lambda: pb.MLP(2, [4], 1, activation="gelu"), ValueError, r"unknown activation 'gelu'"),
+    "MLP: unknown activation": (lambda: pb.MLP(2, [4], 1, activation="swish"), ValueError, r"unknown activation 'swish'"),
     "BNN: prior_scale < 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=-1), ValueError, r"prior_scale must be positive"),
     "BNN: noise_scale 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), noise_scale=0), ValueError, r"noise_scale must be positive"),
     "BNN: prior_scale shape": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=torch.ones(3)),

@@ -14,6 +14,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """``--dist loadgroup``: the tests of a module that share one of its module-scoped fixtures (a
     fitted posterior, a local Ray instance) run on one worker, so the fixture is built once, and

@@ -937,3 +937,22 @@ def test_compare_output_in_a_missing_directory_fails_before_the_run(tmp_path, ca
     assert f"--output '{missing}': the directory '{missing.parent}' does not exist" in capsys.readouterr().err
     assert cli.main(["compare", "heavy-tail", "--no-plot", "--output", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_a_pool_broken_between_results_refuses_the_submit_and_the_task_waits_for_a_fresh_pool():
+    """A worker can die after the last results were collected: the pool then refuses ``submit`` with
+    ``BrokenProcessPool`` (seen once in a full run: the test above failed that way). ``_submit`` says
+    so instead of raising, so the runner keeps the task for a fresh pool."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from pyro_bnnlv.sweep.executors import _submit
+
+    pool = ProcessPoolExecutor(max_workers=1)
+    try:
+        pool._broken = "a child process terminated abruptly"  # what the pool's manager thread sets
+        inflight: dict = {}
+        assert _submit(pool, inflight, toy_fit, _tasks(methods=("a",))[0], 1) is False
+        assert inflight == {}
+    finally:
+        pool._broken = False
+        pool.shutdown()

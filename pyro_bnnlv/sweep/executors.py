@@ -227,15 +227,23 @@ class LocalExecutor:
             inflight: dict[Any, Task] = {}
             try:
                 while True:
+                    broken = False  # a worker died after the last results: submit refuses new tasks
                     if suspects:  # one at a time, nothing else in flight
                         if not inflight:
                             task = suspects.pop()
-                            inflight[pool.submit(execute, fn, task, self.threads)] = task
+                            if not _submit(pool, inflight, fn, task, self.threads):
+                                suspects.append(task)
+                                broken = True
                     else:
                         while queue and len(inflight) < self.slots and accept():
                             task = queue.pop()
-                            inflight[pool.submit(execute, fn, task, self.threads)] = task
+                            if not _submit(pool, inflight, fn, task, self.threads):
+                                queue.append(task)  # it never started: it goes to the fresh pool
+                                broken = True
+                                break
                     if not inflight:
+                        if broken:
+                            break  # a fresh pool for the rest
                         return
                     done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                     lost, error = [], None
@@ -265,6 +273,16 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+def _submit(pool: ProcessPoolExecutor, inflight: dict[Any, Task], fn: Callable, task: Task, threads: int) -> bool:
+    """Submit ``task``; ``False`` if the pool is already broken (a worker died since the last
+    results came in: the tasks in flight then fail with ``BrokenProcessPool`` and are handled there)."""
+    try:
+        inflight[pool.submit(execute, fn, task, threads)] = task
+    except BrokenProcessPool:
+        return False
+    return True
 
 
 def _import_ray():

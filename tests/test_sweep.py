@@ -289,6 +289,17 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     assert not any(tmp_path.iterdir())  # every check comes before the store is created
 
 
+def test_load_results_between_a_run_creating_the_store_and_planning_its_tasks_is_an_empty_table(tmp_path):
+    # the state a reader met in CI while a run was starting: sqlite3 has created the file, not its tables
+    sqlite3.connect(tmp_path / STORE_NAME).close()
+    assert (tmp_path / STORE_NAME).exists()
+    empty = load_results(tmp_path)
+    assert empty.empty and {"task_id", "status"} <= set(empty.columns)
+    # and the run that then plans its tasks there is unaffected
+    run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="inline", progress=False)
+    assert (load_results(tmp_path)["status"] == "done").all()
+
+
 def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, monkeypatch):
     import ray
 
@@ -349,6 +360,12 @@ def test_stop_after_zero_reads_the_store_even_while_another_driver_runs_it(tmp_p
         look = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", progress=False, stop_after=0)
     assert look.attrs["ran"] == 0 and "another process is running this sweep" in look.attrs["executor"]
     pd.testing.assert_frame_equal(look, done)
+    for write in (False, True):  # another driver has created the file, then its tables, not yet its tasks
+        with SweepStore(tmp_path / f"starting-{write}").open(write=write):
+            look = run_sweep(tasks, toy_fit, out_dir=tmp_path / f"starting-{write}", executor="inline",
+                             progress=False, stop_after=0)  # fmt: skip
+            assert look.empty and "another process is running this sweep" in look.attrs["executor"]
+            assert load_results(tmp_path / f"starting-{write}").empty  # the look wrote nothing
     fresh = run_sweep(tasks, toy_fit, out_dir=tmp_path / "new", executor="inline", progress=False, stop_after=0)
     assert list(fresh["status"]) == ["pending", "pending"] and fresh.attrs["executor"] == "nothing run (stop_after=0)"
     for bad in (-1, float("nan"), "1h", True):

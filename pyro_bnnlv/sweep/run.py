@@ -157,8 +157,11 @@ def run_sweep(
                 raise
             store.open(lock=False)  # a look at a running sweep: read only
             note = "nothing run: another process is running this sweep"
-        store.claim(identity, version, tasks)
-        todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
+        if note.startswith("nothing run: another") and not store.meta():
+            todo = []  # that process has not planned its tasks yet: nothing to read, nothing to write
+        else:
+            store.claim(identity, version, tasks)
+            todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
         if todo and stop_after != 0:
             runner = make_executor(executor, workers=workers, threads=threads, address=address,
                                    num_tasks=len(todo))  # fmt: skip

@@ -188,7 +188,13 @@ class SweepStore:
     # -- identity ------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
         """The stored meta table (JSON values decoded); empty for a new store."""
+        if not self._has_table("meta"):
+            return {}  # created by a run that has not yet written its tables
         return {k: json.loads(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
+
+    def _has_table(self, name: str) -> bool:
+        q = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return self.conn.execute(q, (name,)).fetchone() is not None
 
     def claim(self, identity: Mapping[str, Any], code_version: str, tasks: Sequence[Task]) -> None:
         """Create the store for this sweep, or check that it already holds this sweep.
@@ -262,11 +268,12 @@ class SweepStore:
         Columns: ``task_id``, the key (``dataset, split, method``, one column per grid name,
         ``restart, seed``), ``status`` (``done``, ``failed`` or ``pending``), the result's
         entries, ``task_seconds`` (wall time of the task function), ``attempts`` and ``error``
-        (the traceback of a failed task).
+        (the traceback of a failed task). No rows while a starting run has not yet planned its tasks.
         """
         rows, grid_names, result_names = [], [], []
         q = "SELECT id, key, status, result, traceback, seconds, attempts FROM tasks ORDER BY position"
-        for tid, key, status, result, tb, seconds, attempts in self.conn.execute(q):
+        # a run creates the file before its tables: read between the two, the store is empty, not damaged
+        for tid, key, status, result, tb, seconds, attempts in self.conn.execute(q) if self._has_table("tasks") else ():
             key = json.loads(key)
             grid = key.pop("grid")
             res = json.loads(result) if result else {}

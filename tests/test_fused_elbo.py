@@ -14,6 +14,7 @@ from pyro.nn import PyroParam
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer.elbos.fused import fused_pair
+from fused_twin import compare_with_twin
 
 RTOL = 2e-6  # float32: a sum of a few hundred terms, in another order
 
@@ -38,43 +39,12 @@ def _pair(kind, guide_kind, L=1, learn_noise=False):
     return model, guide
 
 
-def _grads(params):
-    out = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
-    for p in params:
-        p.grad = None
-    return out
-
-
 def _compare(model, guide, x, y, kwargs, loss, steps=5, checks=3):
-    """Traced first step, Adam steps with the fused loss, then ``checks`` comparisons with
-    Trace_ELBO from the same random state (each on a fresh minibatch and fresh draws)."""
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(1)
-        with pyro.poutine.trace(param_only=True) as capture:
-            loss.loss_and_grads(model, guide, x, y, **kwargs)  # traced: creates the parameters
-        params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        opt = torch.optim.Adam(params, lr=0.05)
-        for _ in range(steps):
-            opt.step()
-            opt.zero_grad()
-            loss.loss_and_grads(model, guide, x, y, **kwargs)
-        _grads(params)
-        assert loss._compiled, "the pair was not recognised"
-        twin = loss.eager_twin()
-        assert type(twin) is Trace_ELBO
-        for _ in range(checks):
-            state = pyro.util.get_rng_state()
-            fused = loss.loss_and_grads(model, guide, x, y, **kwargs)
-            g_fused = _grads(params)
-            after_fused = torch.get_rng_state()
-            pyro.util.set_rng_state(state)
-            traced = twin.loss_and_grads(model, guide, x, y, **kwargs)
-            g_traced = _grads(params)
-            assert torch.equal(torch.get_rng_state(), after_fused)  # the same random numbers used
-            assert fused == pytest.approx(traced, rel=RTOL)
-            for a, b in zip(g_fused, g_traced):
-                assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
-        return len(params)
+    """:func:`fused_twin.compare_with_twin` for FusedTraceElbo, whose twin is Trace_ELBO."""
+    n, twin = compare_with_twin(model, guide, x, y, kwargs, loss, steps=steps, checks=checks, rtol=RTOL)
+    assert loss._compiled, "the pair was not recognised"
+    assert type(twin) is Trace_ELBO
+    return n
 
 
 @pytest.mark.parametrize("kind", ["bnn", "bnnlv"])

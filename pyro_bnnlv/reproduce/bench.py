@@ -205,7 +205,7 @@ BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
     "laplace-torch": (laplace_torch_bench, "categorical GGN Laplace (full, K-FAC) vs laplace-torch's on the same "
                       "MAP network: probit / MC predictive, log marginal likelihood, fit + predictive time"),
-    "ncai": (ncai_bench, "NCAIElbo step (JIT + guard) vs the BNN+LV MFVI step (fit_svi default) on heavy-tail"),
+    "ncai": (ncai_bench, "NCAIElbo step (default: fused) vs the BNN+LV MFVI step (fit_svi default) on heavy-tail"),
     "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
     "proj": (proj_bench, "proj-uci's SVI steps on boston: fused vs traced closed-form KL, and Monte Carlo"),
     "allocator": (allocator_bench, "hyvi-uci step on boston: glibc's default allocator vs retain_freed_memory"),

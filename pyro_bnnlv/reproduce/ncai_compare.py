@@ -246,14 +246,12 @@ def _fit(method: str, data: Dataset, cfg: CompareConfig, hidden: list[int], z_va
     if method.startswith("BNN+LV (NCAI"):
         log = _TrainingLog(guide, data.x_train, data.y_train, cfg.log_every, eb)
     callback = log if log is not None else eb
-    # compiled with empirical Bayes too: the prior scales it rewrites are inputs of the compiled
-    # graph (PenalizedElbo), and fit_svi's guard checks the compiled loss against the eager one
+    # fused (no Pyro trace, no torch.jit per step; the prior scales empirical Bayes rewrites are
+    # read each step), and fit_svi's guard checks it against the traced objective
     if ncai is not None:
-        # the k-NN and multi-scale terms run eagerly: their shape checks and seeded reference
-        # sets are not proven trace-safe (only "hsic" and "pc" are, tests/test_ncai_jit.py)
-        loss = NCAIElbo(**ncai, independence=cfg.independence, jit=cfg.independence in ("hsic", "pc"))
+        loss = NCAIElbo(**ncai, independence=cfg.independence)
     else:
-        loss = None  # fit_svi's JIT default
+        loss = None  # fit_svi's default: the fused Trace_ELBO
     hist = fit_svi(model, guide, data.x_train, data.y_train, num_steps=cfg.steps, lr=cfg.lr,
                    loss=loss, batch_size=cfg.batch_size, seed=seed, progress=False,
                    callback=callback)  # fmt: skip

@@ -345,6 +345,7 @@ class FusedTraceElbo(Trace_ELBO):
             half_inv_var = 0.5 / (sigma_value * sigma_value)
             log_sigma = math.log(sigma_value)
         total = 0.0
+        self.last_batch = (p, [])  # the parameters and each round's minibatch rows (None: all)
         for _ in range(rounds):
             idx = self._subsample(N, B) if pair.latent else None
             eps_w = torch.empty((s, loc_w.shape[-1]), dtype=dtype).normal_()
@@ -363,6 +364,7 @@ class FusedTraceElbo(Trace_ELBO):
                 const += factor * (s * z.shape[-2] * z.shape[-1] * math.log(zscale) - 0.5 * float(eps_z.square().sum()))
             else:
                 idx = self._subsample(N, B)
+            self.last_batch[1].append(idx)
             x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
             f = net(model.network_input(x_b, z) if pair.latent else x_b, w)  # (s, B, L)
             resid_sq = (f - (y_b.unsqueeze(-1) if y_b.dim() == 1 else y_b)).square().sum()

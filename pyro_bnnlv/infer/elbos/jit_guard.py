@@ -91,6 +91,9 @@ def forget_compiled(loss: ELBO) -> None:
             setattr(loss, name, None)
     if isinstance(getattr(loss, "_compiled", None), dict):
         loss._compiled.clear()
+    for value in vars(loss).values():  # an ELBO inside, e.g. the fuser of a fused PenalizedElbo
+        if isinstance(value, ELBO) and value is not loss:
+            forget_compiled(value)
 
 
 def _flat(grads: Sequence[Tensor | None], params: Sequence[Tensor]) -> Tensor:

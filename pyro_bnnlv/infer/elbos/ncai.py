@@ -222,8 +222,12 @@ class NCAIElbo(PenalizedElbo):
         latent_site: name of the latent-input site (``"z"``).
         plate_name: name of the data plate (``"data"``), whose value holds minibatch indices.
         hz_normalization: ``"per_point"`` (HZ / batch size, default) or ``"none"``; see module doc.
+        fused: compute a step of the library's BNN+LV with a mean-field guide without Pyro's
+            traces (:class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo` for the ELBO, the
+            statistics from the guide's means of the minibatch rows): the same draws, value and
+            gradients as the traced objective. Default: ``True`` unless ``jit=True``.
         **kwargs: ``Trace_ELBO`` options (``num_particles``, ``vectorize_particles``, ...) and
-            ``jit=True`` to compile the statistics.
+            ``jit=True`` to compile the statistics of traced steps.
 
     Every training step appends the ELBO loss, the raw statistics and the weighted penalty to
     :attr:`history` (see :class:`~pyro_bnnlv.infer.elbos.penalized.PenalizedElbo`).
@@ -243,16 +247,21 @@ class NCAIElbo(PenalizedElbo):
         latent_site: str = "z",
         plate_name: str = "data",
         hz_normalization: str = "per_point",
+        fused: bool | None = None,
         **kwargs,
     ) -> None:
         kwargs.setdefault("max_plate_nesting", 1)
+        if fused is None:
+            fused = not kwargs.get("jit", False)
         lambdas = tuple(_check_weight(v, f"lambda{i}", positive=False)
                         for i, v in enumerate((lambda1, lambda2, lambda3), start=1))  # fmt: skip
         eps = tuple(_check_weight(v, name, positive=True)
                     for name, v in (("eps_T", eps_T), ("eps_x", eps_x), ("eps_y", eps_y)))  # fmt: skip
         _check_options(hz_normalization, independence)
         warmup_steps = check_int(warmup_steps, "warmup_steps", minimum=0)
-        super().__init__(**kwargs)
+        if fused is True and (latent_site, plate_name) != ("z", "data"):
+            fused = False  # the fused step knows the library's site and plate names only
+        super().__init__(fused=fused, **kwargs)
         self.lambdas = lambdas
         self.eps_T, self.eps_x, self.eps_y = eps
         self.independence, self.warmup_steps = independence, warmup_steps
@@ -287,7 +296,23 @@ class NCAIElbo(PenalizedElbo):
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x_b, y_b, _ = self.batch_data(model_trace)
-        mu = self.latent_means(guide_trace)
+        return self._statistics(x_b, y_b, self.latent_means(guide_trace))
+
+    def fused_penalty_terms(self, model, args: tuple, params: dict[str, Tensor],
+                            batches: list[Tensor | None]) -> dict[str, Tensor]:  # fmt: skip
+        """The statistics of a fused step: :meth:`penalty_terms` on each particle round's
+        minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged."""
+        if self.lambdas == (0.0, 0.0, 0.0):
+            return {}
+        x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
+        terms: dict[str, Tensor] = {}
+        for idx in batches:
+            rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
+            for name, value in self._statistics(*rows).items():
+                terms[name] = value if name not in terms else terms[name] + value
+        return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
+
+    def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor) -> dict[str, Tensor]:
         need = _min_batch(self.independence)
         if not torch.jit.is_tracing() and mu.shape[0] < need:
             raise ValueError(f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "

@@ -18,6 +18,13 @@ and derives all three from it, so no entry point can bypass the penalty. It is s
   eagerly outside the trace, so a weight that changes during training is never frozen into the
   compiled graph as the constant it had when it was traced.
 
+With ``fused=True`` (a subclass that defines :meth:`PenalizedElbo.fused_penalty_terms`, such as
+:class:`~pyro_bnnlv.infer.elbos.ncai.NCAIElbo`), a pair that
+:class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo` computes without traces (the library's
+BNN / BNN+LV with a mean-field guide) gets its ELBO from there and its statistics from the
+guide's parameters and the step's minibatch rows: the same draws, values and gradients as the
+traced objective, with no Pyro trace and no ``torch.jit`` per step; any other pair is traced.
+
 Every training step (``loss_and_grads``) appends the ELBO loss, each raw term and the weighted
 penalty to :attr:`PenalizedElbo.history`, so an inactive or dominating constraint shows at once.
 """
@@ -36,6 +43,7 @@ from pyro.infer.util import is_identically_zero
 from pyro.poutine import Trace
 from torch import Tensor
 
+from .fused import FusedTraceElbo
 from .jit_guard import plate_shape_tracer_warnings_ignored
 
 __all__ = ["CompiledTraceElbo", "PenalizedElbo", "module_buffers"]
@@ -57,9 +65,20 @@ class PenalizedElbo(Trace_ELBO):
         steps_taken: number of ``loss_and_grads`` calls so far (drives warm-up ramps).
     """
 
-    def __init__(self, *args, jit: bool = False, **kwargs) -> None:
+    def __init__(self, *args, jit: bool = False, fused: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be True or False, got {fused!r}")
+        if fused and type(self).fused_penalty_terms is PenalizedElbo.fused_penalty_terms:
+            raise TypeError(f"{type(self).__name__} defines its penalty on traces only; fused=True needs a "
+                            "fused_penalty_terms method (see PenalizedElbo), or pass fused=False")
         self.jit = bool(jit)
+        self.fused = fused
+        # the ELBO part of fused steps; a separate FusedTraceElbo with this loss's particle settings
+        # (Pyro's ELBO counts the particle plate in max_plate_nesting: the fuser adds it again)
+        particle_plate = self.vectorize_particles and self.num_particles > 1
+        self._fuser = FusedTraceElbo(num_particles=self.num_particles, vectorize_particles=self.vectorize_particles,
+                                     max_plate_nesting=self.max_plate_nesting - particle_plate) if fused else None  # fmt: skip
         self._compiled: dict[tuple[int, int], object] = {}
         self._term_names: tuple[str, ...] = ()
         self.history: list[dict[str, float]] = []
@@ -73,6 +92,14 @@ class PenalizedElbo(Trace_ELBO):
         """Named raw statistics of one particle (compiled with ``jit=True``); default
         ``{"penalty": penalty(...)}``. Only tensor values count: a Python number is a constant."""
         return {"penalty": self.penalty(model_trace, guide_trace)}
+
+    def fused_penalty_terms(self, model, args: tuple, params: dict[str, Tensor],
+                            batches: list[Tensor | None]) -> dict[str, Tensor]:  # fmt: skip
+        """The particle-averaged terms of a fused step: ``params`` the guide's constrained
+        parameters by role (``loc_w``, ``scale_w``, ``loc_z``, ``scale_z``, ``sigma``: the
+        ``scale_z`` rows may be absent), ``batches`` each particle round's minibatch rows
+        (``None``: all). Not defined in the base class (then ``fused=True`` is refused)."""
+        raise NotImplementedError
 
     def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
         """The penalty from the particle-averaged terms (eager); default: their sum.
@@ -102,20 +129,48 @@ class PenalizedElbo(Trace_ELBO):
         return -elbo, -surrogate
 
     def _objective(self, model, guide, args, kwargs) -> tuple[Tensor, ...]:
-        """``(elbo_loss, elbo_surrogate, *terms)``, each averaged over particles."""
-        loss, surrogate, terms = 0.0, 0.0, {}
+        """``(elbo_loss, elbo_surrogate, *terms)``, each averaged over particles.
+
+        The terms are averaged over the traces: ``num_particles`` of them, or one holding every
+        particle with ``vectorize_particles`` (its statistics are not divided by the particles)."""
+        loss, surrogate, terms, n = 0.0, 0.0, {}, 0
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             lp, sp = self._elbo_particle(model_trace, guide_trace)
             loss = loss + lp / self.num_particles
             surrogate = surrogate + sp / self.num_particles
+            n += 1
             for name, value in self.penalty_terms(model_trace, guide_trace).items():
                 if isinstance(value, Tensor):
-                    terms[name] = terms.get(name, 0.0) + value / self.num_particles
+                    terms[name] = terms.get(name, 0.0) + value
         self._term_names = tuple(terms)
-        return (loss, surrogate, *terms.values())
+        return (loss, surrogate, *(value / n for value in terms.values()))
+
+    def _fused_objective(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
+        """``(elbo_loss, elbo_surrogate, terms)`` of a fused step, or ``None`` if this call is
+        not one (the fuser has not recognised the pair, or the call needs Pyro's traces)."""
+        pair = self._fuser._pair(model, guide, args, kwargs)
+        if pair is None:
+            return None
+        loss = self._fuser._fused_loss(pair, model, guide, *args, **kwargs)
+        params, batches = self._fuser.last_batch
+        terms = self.fused_penalty_terms(model, args, params, batches)
+        self._term_names = tuple(terms)
+        return loss, loss, terms
 
     def elbo_and_terms(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """``(elbo_loss, elbo_surrogate, terms)`` before weighting; compiled when ``jit=True``."""
+        """``(elbo_loss, elbo_surrogate, terms)`` before weighting; fused (``fused=True``) for a
+        recognised pair, else traced: compiled when ``jit=True``."""
+        if self._fuser is not None:
+            fused = self._fused_objective(model, guide, args, kwargs)
+            if fused is not None:
+                return fused
+        out = self._traced_objective(model, guide, args, kwargs)
+        if self._fuser is not None:
+            self._fuser._register(model, guide)  # from the next step on, fused if it is a known pair
+        return out[0], out[1], dict(zip(self._term_names, out[2:]))
+
+    def _traced_objective(self, model, guide, args: tuple, kwargs: dict) -> tuple[Tensor, ...]:
+        """``(elbo_loss, elbo_surrogate, *terms)`` from Pyro's traces, compiled when ``jit=True``."""
         if not self.jit:
             out = self._objective(model, guide, args, kwargs)
         else:
@@ -142,7 +197,7 @@ class PenalizedElbo(Trace_ELBO):
                     out = compiled(*args, *(t for _, _, t in state), **kwargs)
             else:
                 out = self._compiled[key](*args, *(t for _, _, t in state), **kwargs)
-        return out[0], out[1], dict(zip(self._term_names, out[2:]))
+        return out
 
     def _weighed(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
         """``(loss, surrogate, elbo_loss, terms, penalty)`` with the penalty weighed eagerly."""
@@ -177,15 +232,16 @@ class PenalizedElbo(Trace_ELBO):
         return loss.item()
 
     def eager_twin(self) -> "PenalizedElbo | None":
-        """A copy computing the same objective without JIT (``None`` if this one is eager).
+        """A copy computing the same objective from Pyro's traces, without JIT or fusing
+        (``None`` if this one is neither compiled nor fused).
 
         It shares :attr:`history` and continues :attr:`steps_taken` from this one, so training
         can switch to it mid-run (``fit_svi``'s JIT guard does).
         """
-        if not self.jit:
+        if not (self.jit or self.fused):
             return None
         twin = copy.copy(self)
-        twin.jit, twin._compiled = False, {}
+        twin.jit, twin._compiled, twin.fused, twin._fuser = False, {}, False, None
         return twin
 
 

@@ -1,0 +1,145 @@
+"""NCAIElbo on the fused ELBO: for the library's BNN+LV with a mean-field guide a step runs no
+Pyro trace and no torch.jit, and gives the traced objective's draws, value, gradients and
+statistics (checked away from the start: after Adam steps, on fresh minibatches)."""
+
+import warnings
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+
+import pyro_bnnlv as pb
+from pyro_bnnlv.infer.elbos.ncai import NCAIElbo
+from pyro_bnnlv.infer.elbos.penalized import PenalizedElbo
+from fused_twin import compare_with_twin
+
+# weights and growth rates at which the penalties and the ELBO are of one order (App. F.1's
+# eps_T = 0.01 makes exp(HZ / eps_T) dwarf the ELBO at a random start)
+MODERATE = dict(lambda1=1.0, lambda2=1.0, lambda3=1.0, eps_T=1.0, eps_x=1.0, eps_y=1.0)
+
+
+def _data(N=60):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 1, generator=g)
+    return x, torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(N, generator=g)
+
+
+def _pair(seed=0):
+    model = pb.BNNLV(pb.MLP(2, [7], 1, activation="tanh"), latent_scale=0.7, noise_scale=0.3)
+    return model, pb.MeanField(model, init_scale=0.2, seed=seed)
+
+
+def _compare(loss, kwargs):
+    """:func:`fused_twin.compare_with_twin` for NCAIElbo, each compared step fused."""
+    model, guide = _pair()
+    x, y = _data()
+    fused_calls = []
+    original = loss._fused_objective
+
+    def counted(*args):
+        out = original(*args)
+        fused_calls.append(out is not None)
+        return out
+
+    loss._fused_objective = counted
+    _, twin = compare_with_twin(model, guide, x, y, kwargs, loss)
+    assert type(twin) is NCAIElbo and not twin.fused and twin._fuser is None
+    assert fused_calls[0] is False and all(fused_calls[1:]), "the pair was not fused after its first step"
+    return loss.history[-1]
+
+
+@pytest.mark.parametrize(
+    "options, kwargs",
+    [
+        ({}, {}),
+        ({}, {"batch_size": 20}),
+        ({"num_particles": 3}, {"batch_size": 20}),
+        ({"num_particles": 4, "vectorize_particles": True}, {}),
+        ({"independence": "pc"}, {"batch_size": 20}),
+        ({"independence": "knn-mi"}, {"batch_size": 30}),
+        ({"independence": "hsic-multiscale", "warmup_steps": 20}, {}),
+        ({"lambda1": 0.0, "lambda2": 0.0, "lambda3": 0.0}, {"batch_size": 20}),
+    ],
+)
+def test_fused_ncai_equals_the_traced_objective(options, kwargs):
+    terms = _compare(NCAIElbo(**{**MODERATE, **options}), kwargs)
+    assert "elbo_loss" in terms and "penalty" in terms
+
+
+def test_the_statistics_do_not_depend_on_the_particles():
+    # on the full data the statistics are functions of the guide's means only: 1, 3 sequential
+    # and 4 vectorised particles must record the same values (the traced objective used to divide
+    # them by 4 with vectorised particles)
+    def statistics(**options):
+        model, guide = _pair()
+        x, y = _data()
+        with pyro.get_param_store().scope():
+            out = []
+            for fused in (True, False):
+                loss = NCAIElbo(**MODERATE, fused=fused, **options)
+                pyro.set_rng_seed(0)
+                for _ in range(2):  # the second call is fused (the first one registers the pair)
+                    loss.loss_and_grads(model, guide, x, y)
+                out.append({k: v for k, v in loss.history[-1].items() if k in ("hz", "offdiag", "hsic_x")})
+        return out
+
+    reference = statistics()[0]
+    assert set(reference) == {"hz", "offdiag", "hsic_x"}
+    for options in ({}, {"num_particles": 3}, {"num_particles": 4, "vectorize_particles": True}):
+        for terms in statistics(**options):
+            assert terms == pytest.approx(reference, rel=1e-6)
+
+
+def test_a_default_ncai_fit_runs_no_trace_after_its_first_step_and_no_jit(monkeypatch):
+    calls = {"traces": 0}
+    get_traces = Trace_ELBO._get_traces
+
+    def counting(self, *args, **kwargs):
+        calls["traces"] += 1
+        yield from get_traces(self, *args, **kwargs)
+
+    def no_jit(*args, **kwargs):
+        raise AssertionError("torch.jit.trace called")
+
+    monkeypatch.setattr(Trace_ELBO, "_get_traces", counting)
+    monkeypatch.setattr(torch.jit, "trace", no_jit)
+    model, guide = _pair()
+    x, y = _data()
+    loss = NCAIElbo(**MODERATE)
+    assert loss.fused and not loss.jit
+    pb.fit_svi(model, guide, x, y, num_steps=30, batch_size=20, loss=loss, seed=0, progress=False, check_jit=False)
+    assert calls["traces"] == 1 and len(loss.history) == 30
+
+
+def test_a_fused_ncai_fit_equals_the_traced_one_and_passes_the_guard():
+    x, y = _data()
+    out = []
+    for fused in (True, False):
+        model, guide = _pair()
+        loss = NCAIElbo(**MODERATE, fused=fused, warmup_steps=10)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hist = pb.fit_svi(model, guide, x, y, num_steps=120, lr=0.02, batch_size=20, loss=loss, seed=3,
+                              progress=False)  # fmt: skip
+        assert not [w for w in caught if "eager twin" in str(w.message)]  # the guard checked steps 1, 10, 100
+        out.append((hist, loss.history, [p.detach().clone() for p in guide.parameters()]))
+    (h_f, rec_f, p_f), (h_t, rec_t, p_t) = out
+    assert h_f == pytest.approx(h_t, rel=1e-4)
+    assert [r["hz"] for r in rec_f] == pytest.approx([r["hz"] for r in rec_t], rel=1e-4)
+    for a, b in zip(p_f, p_t):
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_options_that_cannot_fuse():
+    class TracePenalty(PenalizedElbo):
+        def penalty(self, model_trace, guide_trace):
+            return 0.0
+
+    with pytest.raises(TypeError, match="fused_penalty_terms"):
+        TracePenalty(fused=True)
+    with pytest.raises(TypeError, match="fused must be True or False"):
+        NCAIElbo(fused="yes")
+    assert not NCAIElbo(jit=True).fused  # the compiled path on request
+    assert NCAIElbo(jit=True, fused=True).fused
+    assert not NCAIElbo(latent_site="h").fused  # other site names: traced

@@ -104,10 +104,11 @@ def test_every_moved_snippet_is_tested():
 def test_readme_commands_match_ci():
     text = README.read_text()
     ci = (README.parent / ".ci" / "run").read_text()
-    install = re.search(r"## Install\s+```bash\n(.*?)\n```", text, re.S).group(1).strip()
+    install = re.search(r"## Install\s+```bash\n(.*?)\n```", text, re.S).group(1).strip().splitlines()
     tests = re.search(r"## Tests\s+```bash\n(.*?)\n```", text, re.S).group(1).strip()
-    assert install in ci.splitlines()
-    assert tests in ci.splitlines()
+    lines = ci.splitlines()
+    assert install == [line for line in lines if line in install]  # every install line, in order
+    assert lines.index(install[-1]) < lines.index(tests)
 
 
 @pytest.mark.parametrize("argv", [["datasets"], ["fit", "--help"], ["bench", "--help"]])

@@ -102,3 +102,37 @@ def test_errors_name_the_problem():
         LocalReparamELBO().loss(lv, AutoNormal(lv), x, y)
     with pytest.raises(ValueError, match="num_particles"):
         LocalReparamELBO(num_particles=0)
+
+
+@pytest.mark.parametrize("analytic_kl", [True, False])
+@pytest.mark.parametrize("particles, batch_size, learn_noise", [(1, None, False), (4, 10, False), (2, 10, True)])
+def test_fused_steps_equal_the_traced_estimate(analytic_kl, particles, batch_size, learn_noise):
+    from fused_twin import compare_with_twin
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 1, generator=g) * 2 - 1
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(40, generator=g)
+    net = pb.MLP(1, [8], 1)
+    model = pb.BNN(net, prior_scale=pb.fan_in_prior_scale(net), noise_scale=0.3, learn_noise=learn_noise)
+    guide = pb.MeanField(model, init_scale=0.2)
+    loss = LocalReparamELBO(num_particles=particles, analytic_kl=analytic_kl)
+    calls = []
+    original = loss._fused_estimate
+    loss._fused_estimate = lambda *a, **k: calls.append(1) or original(*a, **k)
+    kwargs = {} if batch_size is None else {"batch_size": batch_size}
+    n, twin = compare_with_twin(model, guide, x, y, kwargs, loss, rtol=1e-5)
+    assert n == 2 + learn_noise and type(twin) is LocalReparamELBO and not twin.fused
+    assert len(calls) == 5 + 3  # every step after the first, checks included
+
+
+def test_a_fused_fit_runs_no_pyro_trace_after_its_first_step(monkeypatch):
+    traced = []
+    original = LocalReparamELBO._get_trace
+    monkeypatch.setattr(LocalReparamELBO, "_get_trace", lambda self, *a: traced.append(1) or original(self, *a))
+    x = torch.linspace(-1, 1, 30).unsqueeze(-1)
+    y = torch.sin(3 * x[:, 0])
+    model = pb.BNN(pb.MLP(1, [8], 1), prior_scale=1.0, noise_scale=0.3)
+    guide = pb.MeanField(model)
+    pb.fit_svi(model, guide, x, y, num_steps=20, loss=LocalReparamELBO(), seed=0, progress=False, check_jit=False)
+    assert len(traced) == 1
+    assert not LocalReparamELBO(site="v").fused and LocalReparamELBO().eager_twin().eager_twin() is None

@@ -32,7 +32,13 @@ Use it as the ``loss`` of :func:`~pyro_bnnlv.fit_svi` (or ``pyro.infer.SVI``) wi
 
 Minibatches (``batch_size=``) and a learned noise (``learn_noise=True``) work as with
 ``Trace_ELBO``: the minibatch indices, targets, noise and likelihood scale ``N / B`` are read from
-the model's trace. The guide's ``"w"`` distribution must be a diagonal Gaussian (``AutoNormal``,
+the model's trace. For the library's :class:`~pyro_bnnlv.models.BNN` with a mean-field guide
+(``MeanField`` or ``AutoNormal``: the pairs :class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`
+recognises) steps after the first are **fused**: the same estimate from the network, the guide's
+parameters and the model's buffers, with the random numbers drawn in the traced order (the
+guide's draw of ``w``, the data plate's indices, then the pre-activations), so values and
+gradients equal the traced ones (tested) with no Pyro trace per step; ``fused=False`` traces
+every step. The guide's ``"w"`` distribution must be a diagonal Gaussian (``AutoNormal``,
 or any guide sampling ``"w"`` from ``Normal(loc, scale).to_event(1)``); the model must have no
 latent sites besides ``"w"``.
 """
@@ -50,6 +56,7 @@ from torch import Tensor
 
 from ..._mlp_kernels import mlp_local_reparam_sample
 from ...nets import MLP
+from .fused import FusedTraceElbo
 
 __all__ = ["LocalReparamELBO", "local_reparam_forward"]
 
@@ -81,16 +88,29 @@ class LocalReparamELBO(ELBO):
         analytic_kl: use the closed-form ``KL(q || p)`` (default) instead of the guide sample's
             ``log q(w) - log p(w)``.
         site, obs_site: names of the weight and observation sites.
+        fused: compute steps of a recognised pair without Pyro's traces (module docstring).
 
     ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all evaluate :meth:`elbo_estimate`.
     """
 
-    def __init__(self, num_particles: int = 1, analytic_kl: bool = True, site: str = "w", obs_site: str = "obs") -> None:
+    def __init__(self, num_particles: int = 1, analytic_kl: bool = True, site: str = "w", obs_site: str = "obs",
+                 *, fused: bool = True) -> None:  # fmt: skip
         if not isinstance(num_particles, int) or num_particles < 1:
             raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be True or False, got {fused!r}")
         super().__init__(num_particles=num_particles, max_plate_nesting=1)
         self.analytic_kl = bool(analytic_kl)
         self.site, self.obs_site = site, obs_site
+        # recognises the pair and reads its parameters; the library's site names only
+        self.fused = fused and (site, obs_site) == ("w", "obs")
+        self._fuser = FusedTraceElbo() if self.fused else None
+
+    def eager_twin(self) -> LocalReparamELBO | None:
+        """The same estimator traced every step (``None`` if this one is not fused)."""
+        if not self.fused:
+            return None
+        return LocalReparamELBO(self.num_particles, self.analytic_kl, self.site, self.obs_site, fused=False)
 
     def _get_trace(self, model: Any, guide: Any, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         """Model trace replayed against a guide trace (``ELBO``'s abstract hook)."""
@@ -100,6 +120,39 @@ class LocalReparamELBO(ELBO):
 
     def elbo_estimate(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
         """A differentiable one-step estimate of the ELBO (average over ``num_particles``)."""
+        if self._fuser is not None:
+            pair = self._fuser._pair(model, guide, args, kwargs)
+            if pair is not None and not pair.latent:
+                return self._fused_estimate(pair, model, guide, *args, **kwargs)
+        value = self._traced_estimate(model, guide, *args, **kwargs)
+        if self._fuser is not None:
+            self._fuser._register(model, guide)  # fused from the next step on, if it is a known pair
+        return value
+
+    def _fused_estimate(self, pair: Any, model: Any, guide: Any, x: Tensor, y: Tensor,
+                        batch_size: int | None = None) -> Tensor:  # fmt: skip
+        """:meth:`_traced_estimate` for a recognised BNN / mean-field pair, without traces."""
+        fuser = self._fuser
+        fuser._check_data(pair, model, x, y)
+        p = fuser._parameters(pair, model, guide)
+        loc, scale, sigma = p["loc_w"], p["scale_w"], p["sigma"]
+        eps = torch.empty_like(loc).normal_()  # the guide's draw of w (traced: AutoNormal samples it)
+        N = x.shape[0]
+        idx = fuser._subsample(N, N if batch_size is None else batch_size)
+        y = model._observed(y)
+        x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
+        f = local_reparam_forward(pair.net, x_b, loc, scale, self.num_particles)  # (K, B, L)
+        if f.shape[-1] == 1 and y_b.dim() == 1:
+            f = f.squeeze(-1)
+        log_lik = dist.Normal(f, sigma).log_prob(y_b).reshape(self.num_particles, -1).sum(-1).mean()
+        log_lik = log_lik * (N / y_b.shape[0])
+        prior = dist.Normal(model._buffers["prior_loc"], model._buffers["prior_scale"])
+        if self.analytic_kl:
+            return log_lik - torch.distributions.kl_divergence(dist.Normal(loc, scale), prior).sum()
+        w = loc + scale * eps
+        return log_lik - (dist.Normal(loc, scale).log_prob(w).sum() - prior.log_prob(w).sum())
+
+    def _traced_estimate(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
         model_tr, guide_tr = self._get_trace(model, guide, args, kwargs)
         net = getattr(model, "net", None)
         if not isinstance(net, MLP):

@@ -103,7 +103,8 @@ def test_safe_exp_is_finite_and_monotone():
     assert torch.isfinite(v).all() and (v[1:] > v[:-1]).all()
     assert v[1].item() == pytest.approx(math.exp(10.0), rel=1e-5)
     v.sum().backward()
-    assert (t.grad > 0).all()
+    assert (t.grad > 0).all()  # at t == 30, the cap, too (torch 2.15's clamp has gradient 0 there)
+    assert t.grad[2].item() == pytest.approx(math.exp(30.0), rel=1e-5)
 
 
 def test_bad_arguments():

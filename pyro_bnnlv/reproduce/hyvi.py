@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = uci_experiment(splits=splits, progress=not args.quiet, **kw, **sweep_options(args))
         done = table[table["status"] == "done"]
         summary = done.groupby(["dataset", "method"])[["rmse", "test_ll", "auroc_ood"]].agg(["mean", "sem"])
-        summary["fits"] = done.groupby(["dataset", "method"]).size()
+        summary[("fits", "")] = done.groupby(["dataset", "method"]).size()  # a full key: columns are (metric, stat)
         print(summary.to_string(float_format="%.3f"))
     print(table.to_string(float_format="%.3f"))
     if args.output:

@@ -55,7 +55,7 @@ from ..datasets import Dataset, default_data_dir, gap_split, load_dataset
 from ..datasets.files import uci_num_splits
 from ..guides import init_to_network
 from ..param_names import own_param_names
-from ..infer.elbos.penalized import CompiledTraceElbo
+from ..infer.elbos.fused import FusedTraceElbo
 from ..infer.laplace.linearized import LinearizedLaplace
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi, set_seed
@@ -219,7 +219,7 @@ def run_split(
         if paper:
             epochs = 1000 if n_train < 2000 else 100
             steps = epochs * math.ceil(n_train / batch_size)
-            loss = CompiledTraceElbo(num_particles=32, vectorize_particles=True)
+            loss = FusedTraceElbo(num_particles=32, vectorize_particles=True)  # Trace_ELBO's estimator, no JIT
         else:
             steps, loss = vi_steps, None
         fit_svi(vmodel, guide, data.x_train, data.y_train, num_steps=steps, lr=0.01,

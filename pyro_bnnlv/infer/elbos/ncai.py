@@ -87,9 +87,14 @@ _EXP_CAP = 30.0
 
 
 def safe_exp(t: Tensor, cap: float = _EXP_CAP) -> Tensor:
-    """``exp(t)`` for ``t <= cap``, continued linearly (value and slope match) beyond ``cap``."""
+    """``exp(t)`` for ``t <= cap``, continued linearly (value and slope match) beyond ``cap``.
+
+    The exponential's argument is capped with ``where``, not ``clamp``: at ``t == cap`` torch 2.15
+    gives ``clamp``'s gradient as 0 (2.13: 1), which would flatten the penalty's gradient there."""
     t = torch.as_tensor(t)
-    return torch.where(t <= cap, torch.exp(t.clamp(max=cap)), math.exp(cap) * (1.0 + t - cap))
+    inside = t <= cap
+    capped = torch.where(inside, t, torch.full_like(t, cap))
+    return torch.where(inside, torch.exp(capped), math.exp(cap) * (1.0 + t - cap))
 
 
 def _safe_exp_value_and_slope(t: float, cap: float = _EXP_CAP) -> tuple[float, float]:

@@ -522,7 +522,7 @@ def plot_compare(data: Dataset, panels: dict[str, dict[str, Any]], path: str | P
         else:
             ax3.axis("off")
     fig.suptitle(f"{data.name}: posterior predictives (top), latent means vs x (middle), training (bottom)")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.05, right=0.95, bottom=0.06, top=0.9, wspace=0.45, hspace=0.45)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -327,6 +327,57 @@ def _reemit_beside(held: list[warnings.WarningMessage], err: BaseException) -> N
         err.add_note(f"{type(raised).__name__} while tracing: {raised}")
 
 
+def _plateau_stopper(schedule: PlateauSchedule | None, optimizer: torch.optim.Optimizer, n: int,
+                     batch_size: int | None) -> _PlateauStopper | None:  # fmt: skip
+    """The schedule's stopper over ``optimizer`` (``None`` without a schedule); an epoch is
+    ``schedule.steps_per_epoch`` steps, by default one pass over the ``n`` points."""
+    if schedule is None:
+        return None
+    per_epoch = schedule.steps_per_epoch or (1 if batch_size is None else math.ceil(n / batch_size))
+    return _PlateauStopper(schedule, optimizer, per_epoch)
+
+
+def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor | None, *, num_steps: int,
+                         lr: float, batch_size: int | None, seed: int | None, callback: Callable | None,
+                         model_kwargs: dict | None, lr_schedule: PlateauSchedule | None) -> tuple[float, int | None]:  # fmt: skip
+    """:func:`fit_svi`'s argument checks, before anything runs (errors name the argument and the
+    fix; the model's own ``check_data`` before Pyro's trace appends its shape tables); returns the
+    checked ``(lr, seed)``."""
+    check_int(num_steps, "num_steps")
+    check_int(batch_size, "batch_size", allow_none=True)
+    lr = check_real(lr, "lr", positive=True)
+    seed = check_seed(seed)
+    for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"),
+                              ("guide", guide, "pb.MeanField(model)")):  # fmt: skip
+        if not callable(fn):
+            raise TypeError(f"{name} must be a Pyro callable {name}(x, y, ...), e.g. {example}; "
+                            f"got {type(fn).__name__}")  # fmt: skip
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable as callback(step, loss) (or None), got {type(callback).__name__}")
+    check = getattr(model, "check_data", None)
+    if callable(check):
+        accepted = inspect.signature(check).parameters
+        check(x, y, **{k: v for k, v in (model_kwargs or {}).items() if k in accepted})
+    if batch_size is not None and batch_size > len(x):
+        raise ValueError(f"batch_size={batch_size} exceeds the number of data points {len(x)}")
+    if lr_schedule is not None and not isinstance(lr_schedule, PlateauSchedule):
+        raise TypeError(f"lr_schedule must be a pb.PlateauSchedule (or None), got {type(lr_schedule).__name__}")
+    return lr, seed
+
+
+def _guarded_step(guard: JitGuard, loss: ELBO, step: int, params: list[Tensor], model: Callable, guide: Callable,
+                  args: tuple, kwargs: dict) -> tuple[ELBO, float]:  # fmt: skip
+    """One :meth:`JitGuard.step`; a distribution refusing a parameter the updates broke (its
+    ``ValueError``) becomes :class:`NonFiniteLossError` naming the step and the parameter."""
+    try:
+        return guard.step(loss, step, params, model, guide, args, kwargs)
+    except ValueError as err:
+        detail = _invalid_parameter(err)
+        if detail is None:
+            raise
+        raise NonFiniteLossError(step, math.nan, detail) from err
+
+
 def fit_svi(
     model: Callable,
     guide: Callable,
@@ -375,25 +426,9 @@ def fit_svi(
         NonFiniteLossError: training diverged (a NaN/inf loss, or a distribution parameter made
             invalid by the updates); the message names the step.
     """
-    check_int(num_steps, "num_steps")
-    check_int(batch_size, "batch_size", allow_none=True)
-    lr = check_real(lr, "lr", positive=True)
-    seed = check_seed(seed)
-    for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"),
-                              ("guide", guide, "pb.MeanField(model)")):  # fmt: skip
-        if not callable(fn):
-            raise TypeError(f"{name} must be a Pyro callable {name}(x, y, ...), e.g. {example}; "
-                            f"got {type(fn).__name__}")  # fmt: skip
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable as callback(step, loss) (or None), got {type(callback).__name__}")
-    check = getattr(model, "check_data", None)
-    if callable(check):  # clean errors before Pyro's trace appends its shape tables
-        accepted = inspect.signature(check).parameters
-        check(x, y, **{k: v for k, v in (model_kwargs or {}).items() if k in accepted})
-    if batch_size is not None and batch_size > len(x):
-        raise ValueError(f"batch_size={batch_size} exceeds the number of data points {len(x)}")
-    if lr_schedule is not None and not isinstance(lr_schedule, PlateauSchedule):
-        raise TypeError(f"lr_schedule must be a pb.PlateauSchedule (or None), got {type(lr_schedule).__name__}")
+    lr, seed = _check_fit_arguments(model, guide, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,
+                                    seed=seed, callback=callback, model_kwargs=model_kwargs,
+                                    lr_schedule=lr_schedule)  # fmt: skip
     set_seed(seed)
     loss = _default_loss(model, guide) if loss is None else loss
     forget_compiled(loss)
@@ -412,20 +447,11 @@ def fit_svi(
                     restart = _Restart(pyro.util.get_rng_state(), loss)
                 value, params = _first_step(loss, model, guide, x, y, kwargs)
                 optimizer = torch.optim.Adam(params, lr=lr)
-                if lr_schedule is not None:
-                    per_epoch = lr_schedule.steps_per_epoch or (
-                        1 if batch_size is None else math.ceil(len(x) / batch_size))
-                    stopper = _PlateauStopper(lr_schedule, optimizer, per_epoch)
+                stopper = _plateau_stopper(lr_schedule, optimizer, len(x), batch_size)
                 if restart is not None:
                     restart.record(params, optimizer, stopper, model, guide)
             else:
-                try:
-                    loss, value = guard.step(loss, step, params, model, guide, (x, y), kwargs)
-                except ValueError as err:  # a distribution refusing a parameter the updates broke
-                    detail = _invalid_parameter(err)
-                    if detail is None:
-                        raise
-                    raise NonFiniteLossError(step, math.nan, detail) from err
+                loss, value = _guarded_step(guard, loss, step, params, model, guide, (x, y), kwargs)
                 if guard.mismatch is not None and restart is not None:
                     step = restart.restore(loss, history)  # the eager twin, from the start
                     restart = None

@@ -79,6 +79,7 @@ import torch.nn as nn
 from pyro.infer.autoguide import AutoMultivariateNormal
 from torch import Tensor
 
+from .._compiled import nuts_extension
 from .._warning_tally import WarningTally
 from ..datasets import Dataset, load_dataset
 from ..guides import MeanField, init_to_network
@@ -88,6 +89,7 @@ from ..infer.svi import fit_svi, train_map
 from ..models.bnn import BNN, fan_in_prior_scale
 from ..nets import MLP, ModuleNet
 from ..param_names import own_param_names
+from ..plotting import plot_reliability
 from ..posterior import sample_posterior
 from ..stats.classification import classification_metrics, mutual_information, ood_auroc, predictive_entropy
 from ..sweep import Task, run_sweep, task_function
@@ -371,8 +373,6 @@ def two_moons_experiment(
     opts = {**(TWO_MOONS_SMALL if small else TWO_MOONS_SIZE), **size}
     tasks = [Task("two-moons", method=g, split=int(s), seed=int(s)) for s in seeds for g in TWO_MOONS_TASKS]
     fn = functools.partial(two_moons_fit, **opts)
-    from .._compiled import nuts_extension
-
     sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
                       code_version=code_version, progress=progress, desc="classification two-moons",
                       stop_after=stop_after, prepare=nuts_extension)  # fmt: skip
@@ -530,8 +530,6 @@ def plot_digits_reliability(sweep: pd.DataFrame, path: str | Path | None = None,
     """Reliability diagrams (Guo et al. 2017, Fig. 1) of MAP and K-FAC Laplace on the test digits of
     ``seed``, side by side, from the probabilities the sweep stored."""
     import matplotlib.pyplot as plt
-
-    from ..plotting import plot_reliability
 
     block = sweep[(sweep["seed"] == seed) & (sweep["status"] == "done")]
     stored = {}

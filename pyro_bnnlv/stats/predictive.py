@@ -230,6 +230,24 @@ def _check_sample_dtype(w: Tensor, x: Any) -> None:
     )
 
 
+def _dataset_split(data: Any, y: Any, split: str, y_mean: Any, y_std: Any, train_data: Any) -> tuple:
+    """``(x, y, y_mean, y_std, train_data)`` of :func:`evaluate` called with a data set: its
+    ``split``, its target statistics for a standardised regression set (unless given) and its
+    training split (unless given)."""
+    if y is not None:
+        raise ValueError("evaluate(model, posterior, data) takes no y: the targets come from data")
+    if split not in ("test", "valid"):
+        raise ValueError(f"split must be 'test' or 'valid', got {split!r}")
+    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+    if x.shape[0] == 0:
+        raise ValueError(f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
+                         f"{data.sizes}); evaluate another split, or make the data set with more rows or "
+                         f"a larger {split}_fraction")  # fmt: skip
+    if data.standardized and y_mean is None and y_std is None and data.num_classes is None:
+        y_mean, y_std = data.y_mean, data.y_std
+    return x, y, y_mean, y_std, (data.x_train, data.y_train) if train_data is None else train_data
+
+
 def evaluate(
     model: RegressionModel,
     posterior: Any,
@@ -286,20 +304,7 @@ def evaluate(
     """
     seed = check_seed(seed)
     if _is_dataset(x):
-        data = x
-        if y is not None:
-            raise ValueError("evaluate(model, posterior, data) takes no y: the targets come from data")
-        if split not in ("test", "valid"):
-            raise ValueError(f"split must be 'test' or 'valid', got {split!r}")
-        x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
-        if x.shape[0] == 0:
-            raise ValueError(f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
-                             f"{data.sizes}); evaluate another split, or make the data set with more rows or "
-                             f"a larger {split}_fraction")  # fmt: skip
-        if data.standardized and y_mean is None and y_std is None and data.num_classes is None:
-            y_mean, y_std = data.y_mean, data.y_std
-        if train_data is None:
-            train_data = (data.x_train, data.y_train)
+        x, y, y_mean, y_std, train_data = _dataset_split(x, y, split, y_mean, y_std, train_data)
     elif y is None:
         raise ValueError("evaluate needs targets: evaluate(model, posterior, x, y) or "
                          "evaluate(model, posterior, data) with a pyro_bnnlv Dataset")  # fmt: skip
@@ -327,9 +332,18 @@ def evaluate(
         model._check_dtype(x)  # x against the model's buffers before the samples against both
     samples = posterior_sample_dict(model, posterior, x, train_data=train_data,
                                     num_samples=num_samples, seed=seed)  # fmt: skip
-    N = x.shape[0]  # N >= 1: model.check_data rejects an empty x
     if classifier is not None:
         return _classification_evaluate(model, classifier, samples, x, y, seed=seed)
+    return _regression_evaluate(model, samples, x, y, level=level, y_mean=y_mean, y_std=y_std, seed=seed,
+                                latent_draws=latent_draws, intervals=intervals)  # fmt: skip
+
+
+def _regression_evaluate(model: RegressionModel, samples: dict[str, Tensor], x: Tensor, y: Tensor, *,
+                         level: float, y_mean: Any, y_std: Any, seed: int | None, latent_draws: int | None,
+                         intervals: bool) -> pd.Series:  # fmt: skip
+    """:func:`evaluate`'s regression metrics: :func:`predictive_metrics` per chunk of test points
+    (:func:`predictive_chunks`), averaged over the points (RMSE: its square)."""
+    N = x.shape[0]  # N >= 1: model.check_data rejects an empty x
     totals = {"test_ll": 0.0, "rmse": 0.0, "picp": 0.0, "mpiw": 0.0}
     for rows, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed,
                                               outputs=y.reshape(N, -1).shape[1]):  # fmt: skip

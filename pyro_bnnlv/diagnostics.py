@@ -175,6 +175,54 @@ def _np(t: Tensor) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # to_inference_data
 # ----------------------------------------------------------------------------------------------
+def _f_at_eval_points(model: Any, x: Tensor, x_eval: Tensor | None, draws: dict[str, Tensor],
+                      flat: dict[str, Tensor], mean: Tensor, num_points: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(x_eval, f)`` of :func:`to_inference_data`: ``f(x_eval, w)`` per draw at the given inputs
+    (a model with ``f`` and no local latents), else the replayed means at ``num_points`` training
+    inputs spread over the data (in the order of ``x`` for 1-D inputs)."""
+    if x_eval is not None:
+        if set(draws) != {"w"} or not hasattr(model, "f"):
+            raise ValueError("x_eval needs a model with f(x, w) and no local latent sites; leave it out "
+                             "to store f at num_points training inputs")  # fmt: skip
+        with torch.no_grad():
+            f = model.f(x_eval.to(x.dtype), flat["w"])
+        return x_eval, f.squeeze(-1) if f.shape[-1] == 1 else f
+    N = x.shape[0]
+    order = torch.argsort(x[:, 0]) if x.shape[1] == 1 else torch.arange(N)
+    idx = order[torch.linspace(0, N - 1, min(num_points, N)).round().long()]
+    return x[idx], mean[:, idx]
+
+
+def _coords(model: Any, x: Tensor, x_eval: Tensor, mean: Tensor, num_weights: int) -> dict[str, Any]:
+    """The coordinates of :func:`to_inference_data`'s dimensions; the weights are labelled by
+    layer and position (:func:`weight_labels`) when the model's network has that many weights."""
+    coords: dict[str, Any] = {"data": np.arange(x.shape[0]), "input": np.arange(x.shape[1]),
+                              "eval_point": _eval_point_labels(x_eval)}  # fmt: skip
+    if mean.dim() == 3:
+        coords["output"] = np.arange(mean.shape[-1])
+    net = getattr(model, "net", None)
+    labelled = net is not None and getattr(net, "num_weights", None) == num_weights
+    coords["weight"] = weight_labels(net) if labelled else np.arange(num_weights)
+    return coords
+
+
+def _posterior_groups(draws: dict[str, Tensor], f: Tensor, weights: bool, num_data: int, dims: dict,
+                      coords: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
+    """``(posterior, weights)`` groups of :func:`to_inference_data`: ``f`` and the scalar latent
+    sites in ``posterior``; ``w`` and other array sites there too with ``weights``, else in the
+    ``weights`` group. A per-point ``z`` gets its dimensions added to ``dims`` and ``coords``."""
+    C, S = draws["w"].shape[:2]
+    posterior_vars = {"f": _np(f.reshape(C, S, *f.shape[1:]))}
+    raw: dict[str, np.ndarray] = {}
+    for name, v in draws.items():
+        scalar = name != "w" and v[0, 0].numel() == 1
+        (posterior_vars if scalar or weights else raw)[name] = _np(v.reshape(C, S) if scalar else v)
+        if name == "z" and v.dim() == 4 and v.shape[2] == num_data:
+            dims["z"] = ["data", "latent_dim"]
+            coords["latent_dim"] = np.arange(v.shape[3])
+    return posterior_vars, raw
+
+
 def to_inference_data(
     model: Any,
     posterior: Any,
@@ -248,36 +296,12 @@ def to_inference_data(
     obs_dims = ["data", "output"] if pred.dim() == 3 else ["data"]  # a classifier's obs are labels
     f_dims = ["eval_point", "output"] if multi else ["eval_point"]
 
-    if x_eval is not None:
-        if set(draws) != {"w"} or not hasattr(model, "f"):
-            raise ValueError("x_eval needs a model with f(x, w) and no local latent sites; leave it out "
-                             "to store f at num_points training inputs")  # fmt: skip
-        with torch.no_grad():
-            f = model.f(x_eval.to(x.dtype), flat["w"])
-        f = f.squeeze(-1) if f.shape[-1] == 1 else f
-    else:
-        order = torch.argsort(x[:, 0]) if x.shape[1] == 1 else torch.arange(N)
-        idx = order[torch.linspace(0, N - 1, min(num_points, N)).round().long()]
-        x_eval, f = x[idx], mean[:, idx]
+    x_eval, f = _f_at_eval_points(model, x, x_eval, draws, flat, mean, num_points)
     dims: dict[str, list[str]] = {"f": f_dims, "obs": obs_dims, "x": ["data", "input"],
                                   "x_eval": ["eval_point", "input"], "w": ["weight"]}  # fmt: skip
-    coords: dict[str, Any] = {"data": np.arange(N), "input": np.arange(x.shape[1]),
-                              "eval_point": _eval_point_labels(x_eval)}  # fmt: skip
-    if multi:
-        coords["output"] = np.arange(mean.shape[-1])
-    net = getattr(model, "net", None)
-    P = draws["w"].shape[-1]
-    labelled = net is not None and getattr(net, "num_weights", None) == P
-    coords["weight"] = weight_labels(net) if labelled else np.arange(P)
+    coords = _coords(model, x, x_eval, mean, draws["w"].shape[-1])
 
-    posterior_vars = {"f": _np(f.reshape(C, S, *f.shape[1:]))}
-    raw: dict[str, np.ndarray] = {}
-    for name, v in draws.items():
-        scalar = name != "w" and v[0, 0].numel() == 1
-        (posterior_vars if scalar or weights else raw)[name] = _np(v.reshape(C, S) if scalar else v)
-        if name == "z" and v.dim() == 4 and v.shape[2] == N:
-            dims["z"] = ["data", "latent_dim"]
-            coords["latent_dim"] = np.arange(v.shape[3])
+    posterior_vars, raw = _posterior_groups(draws, f, weights, N, dims, coords)
     constant = {"x": _np(x), "x_eval": _np(x_eval)}
     idata = az.from_dict(
         posterior=posterior_vars,

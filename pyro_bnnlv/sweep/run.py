@@ -55,6 +55,34 @@ def _check_tasks(tasks: Sequence[Task]) -> list[Task]:
     return tasks
 
 
+def _check_run_arguments(fn: Callable, executor: str, workers: int | None, threads: int, address: str | None,
+                         stop_after: float | None, out_dir: str | Path | None) -> None:  # fmt: skip
+    """:func:`run_sweep`'s checks of its execution arguments (the task function picklable for
+    worker processes), before its store is touched."""
+    if out_dir is None and stop_after is not None:
+        raise ValueError("stop_after leaves tasks pending to run later, but without out_dir the store is a temporary "
+                         "directory, deleted on return: give out_dir (the command's --out DIR) to resume from")
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, (int, float))
+                                   or not stop_after >= 0):
+        raise ValueError(f"stop_after must be a number of seconds >= 0 (or None), got {stop_after!r}")
+    check_executor_args(executor, workers, threads, address)
+    if executor != "inline":
+        check_picklable(fn)
+
+
+def _open_store(store: SweepStore, stop_after: float | None) -> bool:
+    """Open ``store`` locked for a run; for ``stop_after=0`` (a look) read-only if another
+    process is running the sweep, which the result says (``True``)."""
+    try:
+        store.open(write=stop_after != 0 or not store.path.exists())
+        return False
+    except SweepLockedError:
+        if stop_after != 0:
+            raise
+        store.open(lock=False)
+        return True
+
+
 def run_sweep(
     tasks: Sequence[Task],
     fn: Callable[[Task], Mapping[str, Any]],
@@ -99,17 +127,12 @@ def run_sweep(
             otherwise depend on its worker count.
         sweep_meta: JSON-able settings that identify the sweep beyond its tasks (budgets, ...).
         code_version: the label of the code that computes the results, which the store must
-            agree on. Default :func:`~pyro_bnnlv.sweep.task.code_version` of ``fn``: package
-            version, a hash of its source, torch and Pyro versions, and for a task function
-            defined outside the package (or functions a partial binds) a hash of its module's
-            file (of its own source in a notebook), so rerunning after an edit of ``fn`` raises
-            :class:`~pyro_bnnlv.sweep.SweepMismatchError` instead of mixing the results of two
-            versions. A pinned label replaces all of it: it declares that the code under this
-            label (the package *and* the task function) computes the same results, so edits are
-            no longer detected; give a new label and another ``out_dir`` when an edit changes
-            what a task computes. To resume after an edit known not to change the finished
-            results, pass the stored label (the mismatch error quotes it). A task function whose
-            source cannot be read (a script read from standard input) needs a pinned label.
+            agree on (else :class:`~pyro_bnnlv.sweep.SweepMismatchError`). Default
+            :func:`~pyro_bnnlv.sweep.task.code_version` of ``fn``, which any edit of the package
+            or the task code changes. A pinned label declares that the code under it computes the
+            same results, so edits are no longer detected: resume after an edit that cannot change
+            the finished results with the stored label (the error quotes it). A task function
+            whose source cannot be read (a script read from standard input) needs a pinned label.
         retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
         prepare: called once in this process before any worker starts, e.g.
             ``pyro_bnnlv._compiled.nuts_extension`` so the NUTS core is compiled once and every
@@ -128,21 +151,13 @@ def run_sweep(
         failed task); commands built on a sweep copy these attrs onto their own tables.
     """
     tasks = _check_tasks(tasks)
-    if out_dir is None and stop_after is not None:
-        raise ValueError("stop_after leaves tasks pending to run later, but without out_dir the store is a temporary "
-                         "directory, deleted on return: give out_dir (the command's --out DIR) to resume from")
+    _check_run_arguments(fn, executor, workers, threads, address, stop_after, out_dir)  # before the store is touched
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-") as tmp:
             return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,
                              threads=threads, sweep_meta=sweep_meta, code_version=code_version,
                              retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc,
                              stop_after=stop_after)  # fmt: skip
-    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, (int, float))
-                                   or not stop_after >= 0):
-        raise ValueError(f"stop_after must be a number of seconds >= 0 (or None), got {stop_after!r}")
-    check_executor_args(executor, workers, threads, address)  # before the store is touched
-    if executor != "inline":
-        check_picklable(fn)
     version = code_version or current_code_version(fn)
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
@@ -150,41 +165,51 @@ def run_sweep(
     store = SweepStore(out_dir)
     note, ran = "nothing to run", 0
     try:
-        try:
-            store.open(write=stop_after != 0 or not store.path.exists())
-        except SweepLockedError:
-            if stop_after != 0:
-                raise
-            store.open(lock=False)  # a look at a running sweep: read only
-            note = "nothing run: another process is running this sweep"
-        if note.startswith("nothing run: another") and not store.meta():
+        looking = _open_store(store, stop_after)
+        note = "nothing run: another process is running this sweep" if looking else note
+        if looking and not store.meta():
             todo = []  # that process has not planned its tasks yet: nothing to read, nothing to write
         else:
             store.claim(identity, version, tasks)
             todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
         if todo and stop_after != 0:
-            runner = make_executor(executor, workers=workers, threads=threads, address=address,
-                                   num_tasks=len(todo))  # fmt: skip
-            note = cores_note(runner)
-            if prepare is not None:
-                prepare()
-
-            def accept() -> bool:
-                return stop_after is None or time.perf_counter() - t0 < stop_after
-
-            try:
-                ran = _drive(store, runner, fn, todo, version, accept, progress=progress, desc=f"{desc} ({note})")
-            finally:
-                runner.close()
+            deadline = None if stop_after is None else t0 + stop_after
+            ran, note = _run_pending(store, fn, todo, version, executor=executor, workers=workers, threads=threads,
+                                     address=address, prepare=prepare, deadline=deadline, progress=progress,
+                                     desc=desc)  # fmt: skip
         elif todo:
             note = "nothing run (stop_after=0)" if note == "nothing to run" else note
         table = store.table()
     finally:
         store.close()
+    return _with_run_attrs(table, seconds=time.perf_counter() - t0, note=note, ran=ran)
+
+
+def _with_run_attrs(table: pd.DataFrame, *, seconds: float, note: str, ran: int) -> pd.DataFrame:
+    """``table`` with :func:`run_sweep`'s ``attrs`` (see its Returns)."""
     pending = int((table["status"] == "pending").sum())
-    table.attrs.update(wall_seconds=time.perf_counter() - t0, executor=note, ran=ran)
+    table.attrs.update(wall_seconds=seconds, executor=note, ran=ran)
     table.attrs.update(failed=len(failures(table)), pending=pending, summary=summarize(table))
     return table
+
+
+def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version: str, *, executor: str,
+                 workers: int | None, threads: int, address: str | None, prepare: Callable[[], object] | None,
+                 deadline: float | None, progress: bool, desc: str) -> tuple[int, str]:  # fmt: skip
+    """Run ``todo`` on a new executor (after ``prepare``), starting no task after ``deadline``
+    (``time.perf_counter()`` seconds; ``None``: none); returns ``(tasks run, the executor's note)``."""
+    runner = make_executor(executor, workers=workers, threads=threads, address=address, num_tasks=len(todo))
+    note = cores_note(runner)
+    if prepare is not None:
+        prepare()
+
+    def accept() -> bool:
+        return deadline is None or time.perf_counter() < deadline
+
+    try:
+        return _drive(store, runner, fn, todo, version, accept, progress=progress, desc=f"{desc} ({note})"), note
+    finally:
+        runner.close()
 
 
 def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, accept: Callable[[], bool], *,

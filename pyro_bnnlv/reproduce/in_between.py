@@ -29,6 +29,10 @@ retraining on train+validation for MFVI; MAP's epoch grid replaced by validation
 one prior scale (``omega = 1``) for MAP; optionally a subset of the standard splits
 (``--standard-splits``; protein has 5, the others 20).
 
+``--protocol app-d`` runs MAP and both Laplace predictives as App. D states them instead (grid
+search on validation, refit on train + validation, minibatch training of the grid's length:
+:mod:`pyro_bnnlv.reproduce.app_d`).
+
 Commands (the numbers in the README)::
 
     pyro-bnnlv reproduce in-between --standard-splits 20 --output docs/results/in-between-uci-1hl.csv
@@ -62,6 +66,7 @@ from ..infer.svi import fit_svi, set_seed
 from ..models.bnn import BNN
 from ..nets import MLP
 from ..stats.predictive import evaluate
+from .app_d import app_d_map_laplace
 from ..sweep import Task, run_sweep, task_function
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .timing import median_ms
@@ -158,7 +163,7 @@ def _gaussian_metrics(mean: torch.Tensor, var: torch.Tensor, data: Dataset) -> f
 def run_split(
     data: Dataset, *, map_steps: int = 2000, vi_steps: int = 4000, batch_size: int = 100,
     num_samples: int = 100, seed: int = 0, methods: Sequence[str] = METHODS, hidden_layers: int = 1,
-    mfvi: str = "short",
+    mfvi: str = "short", protocol: str = "default",
 ) -> dict[str, float]:  # fmt: skip
     """Test log-likelihood (original scale) of each method on one split; also seconds per method.
 
@@ -166,16 +171,30 @@ def run_split(
     ``mfvi``: ``"short"`` (``vi_steps`` steps, one particle, initial scales 0.01) or ``"paper"``
     (App. D: 32 vectorised particles, initial variances 1e-5, 1,000 epochs of minibatches of 100
     for sets under 2,000 training points and 100 epochs for the larger ones, Adam 0.01).
-    MAP is fitted only when a MAP or Laplace method is asked for."""
+    MAP is fitted only when a MAP or Laplace method is asked for. ``protocol="app-d"``: MAP, LL
+    and SL by App. D's grid search and refit (:func:`~pyro_bnnlv.reproduce.app_d.app_d_map_laplace`;
+    ``LL-valid`` is then not run: the grid chooses every method's prior)."""
     if hidden_layers not in (1, 2):
         raise ValueError(f"hidden_layers must be 1 or 2 (the paper's networks), got {hidden_layers!r}")
     if mfvi not in ("short", "paper"):
         raise ValueError(f"mfvi must be 'short' or 'paper', got {mfvi!r}")
+    if protocol not in ("default", "app-d"):
+        raise ValueError(f"protocol must be 'default' or 'app-d', got {protocol!r}")
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; expected a subset of {list(METHODS)}")
     hidden = [50] * hidden_layers
     out: dict[str, float] = {}
+    if protocol == "app-d":
+        laplace = tuple(m for m in ("MAP", "LL", "SL") if m in methods)
+        if laplace:
+            t = time.perf_counter()
+            with WarningTally() as tally:
+                out.update(app_d_map_laplace(data, hidden_layers=hidden_layers, methods=laplace,
+                                             num_samples=num_samples, seed=seed))  # fmt: skip
+            out["sec_app_d"] = time.perf_counter() - t
+            out["warnings"] = tally.summary()
+        methods = [m for m in methods if m == "MFVI"]
     D = data.input_dim
     kwargs = dict(y_mean=data.y_mean, y_std=data.y_std)
     if any(m in methods for m in ("MAP", "LL", "SL", "LL-valid")):
@@ -317,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="methods to run (default all)")
     p.add_argument("--mfvi", default="short", choices=("short", "paper"),
                    help="MFVI budget: short (default) or the paper's App. D settings (slower)")
+    p.add_argument("--protocol", default="default", choices=("default", "app-d"),
+                   help="MAP and Laplace: this module's defaults, or App. D's grid search on validation "
+                        "and refit on train + validation (pyro_bnnlv.reproduce.app_d)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per task (default 1)")
     p.add_argument("--output", default=None, help="CSV of the per-split results")
@@ -327,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = uci_table(args.datasets, standard_splits=range(args.standard_splits), gap=not args.no_gap,
                       max_gap_dims=args.max_gap_dims, map_steps=args.map_steps, vi_steps=args.vi_steps,
                       seed=args.seed, hidden_layers=args.hidden_layers, methods=args.methods,
-                      mfvi=args.mfvi, threads=args.threads, progress=not args.quiet,
+                      mfvi=args.mfvi, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
                       **sweep_options(args))  # fmt: skip
     if args.output:
         table.to_csv(args.output, index=False)

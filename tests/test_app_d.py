@@ -84,3 +84,24 @@ def test_run_split_with_the_app_d_protocol(monkeypatch):
     assert {"MAP", "LL", "SL", "MAP_config", "sec_app_d"} <= set(out) and "LL-valid" not in out
     with pytest.raises(ValueError, match="protocol must be"):
         run_split(_data(), protocol="appendix")
+
+
+def test_the_fan_in_variant_gives_the_laplace_posterior_the_fan_in_prior(monkeypatch):
+    data = _data()
+    priors = []
+    bnn = app_d.BNN
+
+    def recording(net, prior_scale, noise_scale):
+        priors.append(prior_scale)
+        return bnn(net, prior_scale=prior_scale, noise_scale=noise_scale)
+
+    monkeypatch.setattr(app_d, "BNN", recording)
+    net = MLP(1, [5], 1, activation="tanh")
+    w, sigma = app_d.train_map_minibatch(net, data.x_train, data.y_train, omega=2.0, lr=0.01, epochs=(2,), seed=0)[2]
+    args = (net, w, sigma, 2.0, data.x_train, data.y_train, data.x_valid, data.y_valid, ("LL",))
+    stated = app_d._scores(*args, num_samples=5, seed=0, y_mean=0.0, y_std=1.0)
+    fan_in = app_d._scores(*args, num_samples=5, seed=0, y_mean=0.0, y_std=1.0, laplace_prior="fan-in")
+    assert priors[0] == 2.0 and torch.equal(priors[1], pb.fan_in_prior_scale(net, omega=2.0))
+    assert stated["LL"] != fan_in["LL"]
+    with pytest.raises(ValueError, match="laplace_prior must be"):
+        app_d.app_d_map_laplace(data, laplace_prior="wide")

@@ -163,7 +163,7 @@ def _gaussian_metrics(mean: torch.Tensor, var: torch.Tensor, data: Dataset) -> f
 def run_split(
     data: Dataset, *, map_steps: int = 2000, vi_steps: int = 4000, batch_size: int = 100,
     num_samples: int = 100, seed: int = 0, methods: Sequence[str] = METHODS, hidden_layers: int = 1,
-    mfvi: str = "short", protocol: str = "default",
+    mfvi: str = "short", protocol: str = "default", laplace_prior: str = "as-stated",
 ) -> dict[str, float]:  # fmt: skip
     """Test log-likelihood (original scale) of each method on one split; also seconds per method.
 
@@ -173,7 +173,7 @@ def run_split(
     for sets under 2,000 training points and 100 epochs for the larger ones, Adam 0.01).
     MAP is fitted only when a MAP or Laplace method is asked for. ``protocol="app-d"``: MAP, LL
     and SL by App. D's grid search and refit (:func:`~pyro_bnnlv.reproduce.app_d.app_d_map_laplace`;
-    ``LL-valid`` is then not run: the grid chooses every method's prior)."""
+    ``LL-valid`` is then not run: the grid chooses every method's prior; ``laplace_prior`` goes to it)."""
     if hidden_layers not in (1, 2):
         raise ValueError(f"hidden_layers must be 1 or 2 (the paper's networks), got {hidden_layers!r}")
     if mfvi not in ("short", "paper"):
@@ -191,7 +191,7 @@ def run_split(
             t = time.perf_counter()
             with WarningTally() as tally:
                 out.update(app_d_map_laplace(data, hidden_layers=hidden_layers, methods=laplace,
-                                             num_samples=num_samples, seed=seed))  # fmt: skip
+                                             num_samples=num_samples, seed=seed, laplace_prior=laplace_prior))  # fmt: skip
             out["sec_app_d"] = time.perf_counter() - t
             out["warnings"] = tally.summary()
         methods = [m for m in methods if m == "MFVI"]
@@ -339,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--protocol", default="default", choices=("default", "app-d"),
                    help="MAP and Laplace: this module's defaults, or App. D's grid search on validation "
                         "and refit on train + validation (pyro_bnnlv.reproduce.app_d)")
+    p.add_argument("--laplace-prior", default="as-stated", choices=("as-stated", "fan-in"),
+                   help="with --protocol app-d: the Laplace posterior's prior, N(0, omega^2) on every parameter "
+                        "(App. D's UCI text) or N(0, omega^2 / fan-in) on the weights (its toy experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per task (default 1)")
     p.add_argument("--output", default=None, help="CSV of the per-split results")
@@ -349,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = uci_table(args.datasets, standard_splits=range(args.standard_splits), gap=not args.no_gap,
                       max_gap_dims=args.max_gap_dims, map_steps=args.map_steps, vi_steps=args.vi_steps,
                       seed=args.seed, hidden_layers=args.hidden_layers, methods=args.methods,
-                      mfvi=args.mfvi, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
+                      mfvi=args.mfvi, protocol=args.protocol, laplace_prior=args.laplace_prior,
+                      threads=args.threads, progress=not args.quiet,
                       **sweep_options(args))  # fmt: skip
     if args.output:
         table.to_csv(args.output, index=False)

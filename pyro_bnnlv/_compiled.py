@@ -30,7 +30,6 @@ does it for both:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -40,17 +39,15 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import filelock
 import torch
 
-__all__ = ["ENV", "build_directory", "build_extension", "built_meanwhile", "compiled_enabled", "nuts_extension",
+__all__ = ["ENV", "build_directory", "build_extension", "compiled_enabled", "nuts_extension",
            "resolve_nuts_extension", "toolchain"]
 
 ENV = "PYRO_BNNLV_COMPILED"
@@ -183,23 +180,6 @@ def build_extension(prefix: str, source: Path, what: str, fallback: str) -> Modu
         module = None
     _built[prefix] = module
     return module
-
-
-@contextlib.contextmanager
-def built_meanwhile(*builds: Callable[[], object]) -> Iterator[None]:
-    """Run the extension loaders ``builds`` (e.g. :func:`nuts_extension`) in a thread of this
-    process while the block runs, and wait for them at its end.
-
-    For a driver whose worker processes need an extension that may not be built yet: the build
-    starts at once, beside the workers' first tasks, and a worker that needs it meanwhile waits on
-    its build lock (:func:`_build_once`), instead of the first worker to need it building it while
-    the others wait. Already built, a loader only loads (well under a second)."""
-    thread = threading.Thread(target=lambda: [build() for build in builds], name="pyro_bnnlv-build", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
 
 
 _NUTS_SOURCE = Path(__file__).parent / "infer" / "mcmc" / "_flat_nuts.cpp"

@@ -399,23 +399,3 @@ def test_build_command_builds_both_kernels(capsys):
     assert f"compiled NUTS core: {compiled.nuts_extension().__file__}" in out
     assert "compiled pairwise kernels: " in out and out.count(".so") == 2
 
-
-def test_built_meanwhile_runs_the_loaders_beside_the_block_and_waits_for_them():
-    import threading
-
-    from pyro_bnnlv._compiled import built_meanwhile
-
-    started, release, done = threading.Event(), threading.Event(), []
-
-    def loader():
-        started.set()
-        release.wait(5)
-        done.append(threading.current_thread().name)
-
-    with built_meanwhile(loader, lambda: done.append("second")):
-        assert started.wait(5)  # running while the block runs
-        assert done == []
-        release.set()
-    assert done == ["pyro_bnnlv-build", "second"]  # joined at the block's end, in order
-    with built_meanwhile():  # nothing to build
-        pass

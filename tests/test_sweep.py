@@ -577,6 +577,25 @@ def test_workers_load_the_compiled_nuts_core_built_once_by_the_driver(tmp_path):
     assert set(table["file"]) == {compiled.nuts_extension().__file__} and set(table["mtime_ns"]) == {built}
 
 
+def test_prepare_runs_beside_the_first_tasks_and_is_waited_for(tmp_path):
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def prepare():
+        started.set()
+        seen.append((threading.current_thread().name, release.wait(10)))  # True: a task released it
+
+    def fit(task):
+        assert started.wait(10)  # prepare is running while the first task does
+        seen.append("task")
+        release.set()
+        return {"value": 1.0}
+
+    table = run_sweep(_tasks(n_splits=1), fit, out_dir=tmp_path, executor="inline", prepare=prepare, progress=False)
+    assert (table["status"] == "done").all()
+    # prepare ran in its own thread while the first task ran, and was joined before run_sweep returned
+    assert seen.count("task") == 2 and ("pyro_bnnlv-sweep-prepare", True) in seen
+
+
 @pytest.mark.slow
 def test_a_script_without_a_main_guard_gets_a_hint_instead_of_a_bare_broken_pool(tmp_path):
     script = tmp_path / "no_guard.py"

@@ -63,7 +63,6 @@ from ..guides.mean_field import MeanField
 from ..guides.ncai_init import ncai_guide
 from ..infer.empirical_bayes import EmpiricalBayes
 from .._checks import check_int, check_real
-from .._compiled import built_meanwhile
 from ..infer.elbos.ncai import INDEPENDENCE_TERMS, NCAIElbo
 from ..posterior import sample_posterior
 from ..infer.svi import fit_svi
@@ -444,12 +443,12 @@ def run_compare(
     config = dataclasses.asdict(cfg)
     options = {"figure": True} if figure is not None and data.input_dim == 1 else {}
     fn = functools.partial(fit_task, config=config, **options, **({} if named else {"data": data}))
-    # workers fitting BNN+LVs need the pairwise kernels (NCAI's statistics, the HZ diagnostic):
-    # build them here, beside the first tasks, rather than in the first worker while the others wait
-    with built_meanwhile(*([pairwise_extension] if executor != "inline" else [])):
-        results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                            sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
-                            progress=progress, desc=f"compare {data.name}", stop_after=stop_after)  # fmt: skip
+    # fits of BNN+LVs need the pairwise kernels (NCAI's statistics, the HZ diagnostic): built by
+    # the driver beside the first tasks (run_sweep's prepare)
+    results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
+                        sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
+                        progress=progress, desc=f"compare {data.name}", stop_after=stop_after,
+                        prepare=pairwise_extension)  # fmt: skip
     if results.attrs["pending"]:  # stopped by stop_after: the table so far, no refits
         done = results[results["status"] == "done"]
         table = pd.DataFrame(columns=COLUMNS)

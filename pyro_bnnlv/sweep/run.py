@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -134,9 +135,11 @@ def run_sweep(
             the finished results with the stored label (the error quotes it). A task function
             whose source cannot be read (a script read from standard input) needs a pinned label.
         retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
-        prepare: called once in this process before any worker starts, e.g.
-            ``pyro_bnnlv._compiled.nuts_extension`` so the NUTS core is compiled once and every
-            worker loads the cached build instead of compiling it.
+        prepare: called once in this process, in a thread beside the first tasks (waited for
+            before ``run_sweep`` returns), e.g. ``pyro_bnnlv._compiled.nuts_extension``: the NUTS
+            core is compiled once while the workers start on the tasks, a worker that needs it
+            meanwhile waits on its build lock and loads the cached build, instead of the first
+            worker to need it compiling it while the others wait.
         progress: one tqdm bar over the tasks (done / running / failed, ETA).
         stop_after: seconds after which no task starts (running tasks finish; the others stay
             pending for the next run); ``None``: run every task. ``0`` runs nothing: the table of
@@ -152,19 +155,16 @@ def run_sweep(
     """
     tasks = _check_tasks(tasks)
     _check_run_arguments(fn, executor, workers, threads, address, stop_after, out_dir)  # before the store is touched
-    if out_dir is None:
-        with tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-") as tmp:
-            return run_sweep(tasks, fn, out_dir=tmp, executor=executor, workers=workers, address=address,
-                             threads=threads, sweep_meta=sweep_meta, code_version=code_version,
-                             retry_failed=retry_failed, prepare=prepare, progress=progress, desc=desc,
-                             stop_after=stop_after)  # fmt: skip
     version = code_version or current_code_version(fn)
     identity = sweep_identity(tasks, fn, sweep_meta)
     by_id = {t.id: t for t in tasks}
     t0 = time.perf_counter()
-    store = SweepStore(out_dir)
     note, ran = "nothing to run", 0
-    try:
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:  # a temporary store, removed on return (after the store is closed)
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pyro-bnnlv-sweep-"))
+        store = SweepStore(out_dir)
+        stack.callback(store.close)
         looking = _open_store(store, stop_after)
         note = "nothing run: another process is running this sweep" if looking else note
         if looking and not store.meta():
@@ -180,8 +180,6 @@ def run_sweep(
         elif todo:
             note = "nothing run (stop_after=0)" if note == "nothing to run" else note
         table = store.table()
-    finally:
-        store.close()
     return _with_run_attrs(table, seconds=time.perf_counter() - t0, note=note, ran=ran)
 
 
@@ -196,12 +194,14 @@ def _with_run_attrs(table: pd.DataFrame, *, seconds: float, note: str, ran: int)
 def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version: str, *, executor: str,
                  workers: int | None, threads: int, address: str | None, prepare: Callable[[], object] | None,
                  deadline: float | None, progress: bool, desc: str) -> tuple[int, str]:  # fmt: skip
-    """Run ``todo`` on a new executor (after ``prepare``), starting no task after ``deadline``
+    """Run ``todo`` on a new executor, with ``prepare`` in a thread of this process beside the
+    tasks (waited for before returning), starting no task after ``deadline``
     (``time.perf_counter()`` seconds; ``None``: none); returns ``(tasks run, the executor's note)``."""
     runner = make_executor(executor, workers=workers, threads=threads, address=address, num_tasks=len(todo))
     note = cores_note(runner)
-    if prepare is not None:
-        prepare()
+    preparing = threading.Thread(target=prepare, name="pyro_bnnlv-sweep-prepare", daemon=True) if prepare else None
+    if preparing is not None:
+        preparing.start()
 
     def accept() -> bool:
         return deadline is None or time.perf_counter() < deadline
@@ -210,6 +210,8 @@ def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version:
         return _drive(store, runner, fn, todo, version, accept, progress=progress, desc=f"{desc} ({note})"), note
     finally:
         runner.close()
+        if preparing is not None:
+            preparing.join()
 
 
 def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, accept: Callable[[], bool], *,

@@ -141,16 +141,20 @@ class LocalReparamELBO(ELBO):
         idx = fuser._subsample(N, N if batch_size is None else batch_size)
         y = model._observed(y)
         x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
-        f = local_reparam_forward(pair.net, x_b, loc, scale, self.num_particles)  # (K, B, L)
-        if f.shape[-1] == 1 and y_b.dim() == 1:
-            f = f.squeeze(-1)
-        log_lik = dist.Normal(f, sigma).log_prob(y_b).reshape(self.num_particles, -1).sum(-1).mean()
-        log_lik = log_lik * (N / y_b.shape[0])
+        log_lik = self._batch_log_lik(pair.net, x_b, y_b, loc, scale, sigma) * (N / y_b.shape[0])
         prior = dist.Normal(model._buffers["prior_loc"], model._buffers["prior_scale"])
         if self.analytic_kl:
             return log_lik - torch.distributions.kl_divergence(dist.Normal(loc, scale), prior).sum()
         w = loc + scale * eps
         return log_lik - (dist.Normal(loc, scale).log_prob(w).sum() - prior.log_prob(w).sum())
+
+    def _batch_log_lik(self, net: MLP, x_b: Tensor, y_b: Tensor, loc: Tensor, scale: Tensor, sigma: Tensor) -> Tensor:
+        """``log p(y_b | f)`` summed over the batch and averaged over ``num_particles`` draws of
+        ``f`` from its local-reparameterisation marginals (:func:`local_reparam_forward`)."""
+        f = local_reparam_forward(net, x_b, loc, scale, self.num_particles)  # (K, B, L)
+        if f.shape[-1] == 1 and y_b.dim() == 1:
+            f = f.squeeze(-1)
+        return dist.Normal(f, sigma).log_prob(y_b).reshape(self.num_particles, -1).sum(-1).mean()
 
     def _traced_estimate(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> Tensor:
         model_tr, guide_tr = self._get_trace(model, guide, args, kwargs)
@@ -173,12 +177,7 @@ class LocalReparamELBO(ELBO):
         x = args[0] if args else kwargs["x"]
         idx = next((s["value"] for s in model_tr.nodes.values() if s["type"] == "sample" and site_is_subsample(s)), None)
         x_b = x if idx is None else x[idx]
-        f = local_reparam_forward(net, x_b, loc, scale, self.num_particles)  # (K, B, L)
-        y = obs["value"]
-        if f.shape[-1] == 1 and y.dim() == 1:
-            f = f.squeeze(-1)
-        log_lik = dist.Normal(f, base.scale).log_prob(y)
-        log_lik = log_lik.reshape(self.num_particles, -1).sum(-1).mean() * obs["scale"]
+        log_lik = self._batch_log_lik(net, x_b, obs["value"], loc, scale, base.scale) * obs["scale"]
         prior = model_tr.nodes[self.site]["fn"]
         p_base = prior.base_dist if isinstance(prior, dist.Independent) else prior
         if self.analytic_kl:

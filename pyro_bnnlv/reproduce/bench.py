@@ -167,10 +167,15 @@ def _hand_lv_step(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int) -> Cal
     return step
 
 
-def _fit_svi_lv_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int, loss: object) -> float:
+def _lv_pair(net: MLP) -> tuple[BNNLV, AutoNormal]:
+    """The benchmarks' BNN+LV and its mean-field guide over ``w`` and every ``z``."""
     model = BNNLV(net, latent_dim=1, noise_scale=0.3)
-    guide = AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
-                       init_loc_fn=init_to_network(model))  # fmt: skip
+    return model, AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
+                             init_loc_fn=init_to_network(model))  # fmt: skip
+
+
+def _fit_svi_lv_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int, loss: object) -> float:
+    model, guide = _lv_pair(net)
     return fit_step_ms(model, guide, x, y, steps, lr=1e-3, loss=loss,
                        batch_size=batch if batch < x.shape[0] else None)  # fmt: skip
 
@@ -211,9 +216,7 @@ _ALTERNATED = "alternated step by step"
 def _fit_svi_lv_beside_hand_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int) -> tuple[float, float]:
     """``fit_svi``'s default BNN+LV step and the hand-written one, alternated step by step
     (:func:`~pyro_bnnlv.reproduce.timing.fit_step_ms_beside`): ``(ours, hand)`` ms."""
-    model = BNNLV(net, latent_dim=1, noise_scale=0.3)
-    guide = AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
-                       init_loc_fn=init_to_network(model))  # fmt: skip
+    model, guide = _lv_pair(net)
     return fit_step_ms_beside(_hand_lv_step(net, x, y, batch), model, guide, x, y, steps, lr=1e-3,
                               batch_size=batch if batch < x.shape[0] else None)  # fmt: skip
 

@@ -5,6 +5,7 @@ each on fresh draws and a fresh minibatch)."""
 import pyro
 import pytest
 import torch
+from pyro.infer import Trace_ELBO
 
 
 def take_grads(params):
@@ -45,3 +46,16 @@ def compare_with_twin(model, guide, x, y, kwargs, loss, *, steps=5, checks=3, rt
             for a, b in zip(g_fused, g_traced):
                 assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
     return len(params), twin
+
+
+def count_traced_steps(monkeypatch) -> dict[str, int]:
+    """``{"n": ...}``, counting the calls of ``Trace_ELBO._get_traces`` (one per traced step)."""
+    calls = {"n": 0}
+    get_traces = Trace_ELBO._get_traces
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        yield from get_traces(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trace_ELBO, "_get_traces", counting)
+    return calls

@@ -14,7 +14,7 @@ from pyro.nn import PyroParam
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer.elbos.fused import fused_pair
-from fused_twin import compare_with_twin
+from fused_twin import compare_with_twin, count_traced_steps
 
 RTOL = 2e-6  # float32: a sum of a few hundred terms, in another order
 
@@ -94,14 +94,7 @@ def test_fit_svi_default_equals_trace_elbo_over_a_fit(kind, batch_size):
 
 
 def test_steps_after_the_first_run_no_pyro_trace(monkeypatch):
-    calls = {"n": 0}
-    get_traces = Trace_ELBO._get_traces
-
-    def counting(self, *args, **kwargs):
-        calls["n"] += 1
-        yield from get_traces(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trace_ELBO, "_get_traces", counting)
+    calls = count_traced_steps(monkeypatch)
     model, guide = _pair("bnnlv", "meanfield")
     x, y = _data()
     pb.fit_svi(model, guide, x, y, num_steps=30, batch_size=8, seed=0, progress=False, check_jit=False)

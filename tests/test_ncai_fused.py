@@ -7,12 +7,11 @@ import warnings
 import pyro
 import pytest
 import torch
-from pyro.infer import Trace_ELBO
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer.elbos.ncai import NCAIElbo
 from pyro_bnnlv.infer.elbos.penalized import PenalizedElbo
-from fused_twin import compare_with_twin
+from fused_twin import compare_with_twin, count_traced_steps
 
 # weights and growth rates at which the penalties and the ELBO are of one order (App. F.1's
 # eps_T = 0.01 makes exp(HZ / eps_T) dwarf the ELBO at a random start)
@@ -92,24 +91,18 @@ def test_the_statistics_do_not_depend_on_the_particles():
 
 
 def test_a_default_ncai_fit_runs_no_trace_after_its_first_step_and_no_jit(monkeypatch):
-    calls = {"traces": 0}
-    get_traces = Trace_ELBO._get_traces
-
-    def counting(self, *args, **kwargs):
-        calls["traces"] += 1
-        yield from get_traces(self, *args, **kwargs)
+    calls = count_traced_steps(monkeypatch)
 
     def no_jit(*args, **kwargs):
         raise AssertionError("torch.jit.trace called")
 
-    monkeypatch.setattr(Trace_ELBO, "_get_traces", counting)
     monkeypatch.setattr(torch.jit, "trace", no_jit)
     model, guide = _pair()
     x, y = _data()
     loss = NCAIElbo(**MODERATE)
     assert loss.fused and not loss.jit
     pb.fit_svi(model, guide, x, y, num_steps=30, batch_size=20, loss=loss, seed=0, progress=False, check_jit=False)
-    assert calls["traces"] == 1 and len(loss.history) == 30
+    assert calls["n"] == 1 and len(loss.history) == 30
 
 
 def test_a_fused_ncai_fit_equals_the_traced_one_and_passes_the_guard():

@@ -29,8 +29,8 @@ from ._checks import ArgumentTypeError
 from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
 from ._mlp_kernels import unflatten as _unflatten
 
-__all__ = ["ACTIVATIONS", "MLP", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int", "equivalent_mlp",
-           "mlp_call", "mlp_mismatch"]
+__all__ = ["ACTIVATIONS", "MLP", "MLP_ACTIVATION_MODULES", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int",
+           "equivalent_mlp", "mlp_call", "mlp_mismatch"]
 
 
 def as_positive_int(value: object, name: str, role: str = "") -> int:
@@ -376,6 +376,10 @@ class ModuleNet(FlatNet):
 # ----------------------------------------------------------------------------------------------
 # nn.Sequential -> MLP
 # ----------------------------------------------------------------------------------------------
+#: the activation modules :func:`equivalent_mlp` recognises, as messages name them
+MLP_ACTIVATION_MODULES = "nn.Tanh, nn.ReLU, nn.LeakyReLU(), nn.Sigmoid, nn.SiLU, nn.GELU(), nn.Softplus()"
+
+
 def _activation_name(layer: nn.Module) -> str | None:
     """The :data:`~pyro_bnnlv._mlp_kernels.ACTIVATION_TABLE` name computing ``layer`` exactly, or
     ``None``: only torch's own classes (not subclasses) with the table's parameters."""
@@ -423,7 +427,7 @@ def mlp_mismatch(module: nn.Module) -> tuple[MLP | None, str]:
         name = _activation_name(layer)
         if name is None:
             return None, (f"layer {i} ({layer!r}) is not an activation of pb.MLP's "
-                          f"(nn.Tanh, nn.ReLU, nn.LeakyReLU(), nn.Sigmoid, nn.SiLU, nn.GELU(), nn.Softplus())")
+                          f"({MLP_ACTIVATION_MODULES})")
         if type(layers[i - 1]) is not nn.Linear:
             return None, f"layer {i} is a second activation in a row"
         acts.add(name)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._compiled import resolve_nuts_extension as resolve_extension
 from .._mlp_kernels import mlp_loss_kernel, mlp_squared_error_kernel
-from ..nets import MLP, ModuleNet, equivalent_mlp, mlp_call, mlp_mismatch
+from ..nets import MLP, MLP_ACTIVATION_MODULES, ModuleNet, equivalent_mlp, mlp_call, mlp_mismatch
 from .likelihoods import Likelihood, as_likelihood
 
 __all__ = ["FlatPotential", "mlp_classification_potential", "mlp_of", "mlp_regression_potential"]
@@ -66,8 +66,8 @@ def mlp_of(net: Any) -> MLP | None:
         reason = f"its widths differ from the ModuleNet's ({net.in_features} -> {net.out_features})"
     msg = (f"NUTS: this ModuleNet has no compiled potential ({reason}), so NUTS evaluates it by "
            f"autograd through the module, {_MODULENET_SLOWDOWN} slower per leapfrog step than a pb.MLP; an "
-           "nn.Sequential of biased nn.Linear layers and one activation of pb.MLP's (nn.Tanh, nn.ReLU, "
-           "nn.LeakyReLU(), nn.Sigmoid, nn.SiLU, nn.GELU(), nn.Softplus()) gets the MLP's (pb.nets.equivalent_mlp)")
+           f"nn.Sequential of biased nn.Linear layers and one activation of pb.MLP's ({MLP_ACTIVATION_MODULES}) "
+           "gets the MLP's (pb.nets.equivalent_mlp)")
     if msg not in _SAID:
         _SAID.add(msg)
         warnings.warn(msg, UserWarning, stacklevel=3)

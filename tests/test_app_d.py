@@ -3,6 +3,8 @@ with replacement, snapshots that equal runs of their own length, selection on ea
 validation log-likelihood and the refit on training + validation."""
 
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 import pyro_bnnlv as pb
 from pyro_bnnlv.nets import MLP
-from pyro_bnnlv.reproduce import app_d
+from pyro_bnnlv.reproduce import app_d, in_between
 from pyro_bnnlv.reproduce.in_between import run_split
 
 
@@ -105,3 +107,15 @@ def test_the_fan_in_variant_gives_the_laplace_posterior_the_fan_in_prior(monkeyp
     assert stated["LL"] != fan_in["LL"]
     with pytest.raises(ValueError, match="laplace_prior must be"):
         app_d.app_d_map_laplace(data, laplace_prior="wide")
+
+
+def test_the_documented_app_d_command_reads_the_committed_store(tmp_path, capsys):
+    # the fan-in option came after this store: as-stated (the default) must leave the recorded
+    # task function unchanged, so rerunning the results page's command runs nothing
+    store = Path(__file__).resolve().parents[1] / "docs/results/sweeps/in-between-app-d-1hl"
+    shutil.copytree(store, tmp_path / "store")
+    argv = ["--protocol", "app-d", "--methods", "MAP", "LL", "SL", "--datasets", "yacht", "boston", "energy",
+            "concrete", "wine", "--standard-splits", "20", "--workers", "2", "--out", str(tmp_path / "store"),
+            "--code-version", "app-d-1", "--quiet"]  # fmt: skip
+    assert in_between.main(argv) == 0
+    assert "146 tasks: 146 done" in capsys.readouterr().out

@@ -246,6 +246,19 @@ def test_kill_9_mid_sweep_then_rerun_completes_the_table_without_running_a_task_
 
 
 # -- bad input ------------------------------------------------------------------------------------
+def test_a_mismatch_names_what_differs_when_the_task_function_is_a_partial_with_a_tuple(tmp_path):
+    # JSON stores the tuple as a list; the message compares like with like, so it names the tasks
+    # (the real difference), not the unchanged function
+    fn = functools.partial(toy_fit_with_options, methods=("a", "b"))
+    run_sweep(_tasks(n_splits=2), fn, out_dir=tmp_path, executor="inline", progress=False)
+    with pytest.raises(SweepMismatchError, match=r"different sweep \(tasks: 0 stored tasks not in this sweep, 2 new"):
+        run_sweep(_tasks(n_splits=3), fn, out_dir=tmp_path, executor="inline", progress=False)
+
+
+def toy_fit_with_options(task: Task, *, methods: tuple = ()) -> dict:
+    return toy_fit(task)
+
+
 def test_a_different_sweep_in_the_same_directory_is_an_error_and_overwrites_nothing(tmp_path):
     tasks = _tasks(n_splits=2)
     run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10}, progress=False)

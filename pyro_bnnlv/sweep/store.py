@@ -226,10 +226,11 @@ class SweepStore:
             )
 
     def _difference(self, stored: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
-        if stored.get("fn") != identity["fn"]:
-            return f"task function {stored.get('fn')} -> {identity['fn']}"
-        if stored.get("sweep_meta") != identity["meta"]:
-            old, new = stored.get("sweep_meta") or {}, identity["meta"]
+        fn, meta = json.loads(canonical_json(identity["fn"])), json.loads(canonical_json(identity["meta"]))
+        if stored.get("fn") != fn:  # as stored (JSON: a tuple reads back as a list)
+            return f"task function {stored.get('fn')} -> {fn}"
+        if stored.get("sweep_meta") != meta:
+            old, new = stored.get("sweep_meta") or {}, meta
             keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             return "settings " + ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
         old_ids = {r[0] for r in self.conn.execute("SELECT id FROM tasks")}

@@ -42,6 +42,7 @@ smaller size).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Sequence
 
 import torch
@@ -142,6 +143,17 @@ def _standardise(a: Tensor) -> Tensor:
     return a / torch.where(sd > 0, sd, torch.ones_like(sd))
 
 
+@functools.lru_cache(maxsize=8)
+def _reference_sets(n: int, m: int, subsets: int, seed: int) -> Tensor:
+    """``(subsets, n, m)`` indices: for each point ``i``, ``subsets`` random ``m``-subsets of the
+    other points (the first ``m`` of a random permutation of them, drawn with ``seed``). A pure
+    function of its arguments, kept for the next call: an NCAI fit asks for the same sets at
+    every full-batch step, and drawing them is most of the statistic's cost at ``n`` ~ 1,000."""
+    keys = torch.rand(subsets, n, n, generator=torch.Generator().manual_seed(seed))
+    keys.masked_fill_(torch.eye(n, dtype=torch.bool), float("inf"))  # never i itself
+    return keys.topk(m, dim=-1, largest=False).indices
+
+
 def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4,
                            seed: int = 0) -> Tensor:  # fmt: skip
     r"""Differentiable k-NN estimate of ``I(x; mu_z)`` in nats, from ``x``-neighbourhoods.
@@ -175,18 +187,17 @@ def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, sub
     if not k <= m <= n - 1:
         raise ValueError(f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
                          f"larger batch, or a smaller m (neighbourhood size) or k")  # fmt: skip
-    generator = torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
     xs = _standardise(a.detach().to(torch.float64))
     eye = torch.eye(n, dtype=torch.bool, device=a.device)
     neighbours = _sq_dists(xs).masked_fill(eye, float("inf")).topk(m, largest=False).indices
-    # random m-subsets of the other points: the i-th row of a random permutation of the others
-    keys = torch.rand(subsets, n, n, generator=generator).to(a.device).masked_fill(eye, float("inf"))
-    randoms = keys.topk(m, dim=-1, largest=False).indices  # (R, n, m), never i itself
+    randoms = _reference_sets(n, m, subsets, check_int(seed, "seed", minimum=0)).to(a.device)
     mu = _standardise(b)
-    dist = (_sq_dists(mu) + 1e-24).sqrt()
-    local = torch.gather(dist, 1, neighbours).kthvalue(k, dim=1).values.log()
-    marginal = torch.gather(dist.expand(subsets, n, n), 2, randoms).kthvalue(k, dim=2).values.log()
-    return b.shape[1] * (marginal.mean(0) - local).mean()
+
+    def log_kth_distance(others: Tensor) -> Tensor:  # others (..., n, m) -> log rho_k (..., n)
+        gap = mu[others] - mu.unsqueeze(-2)  # only the n m pairs asked for, not all n^2
+        return (gap.square().sum(-1) + 1e-24).sqrt().kthvalue(k, dim=-1).values.log()
+
+    return b.shape[1] * (log_kth_distance(randoms).mean(0) - log_kth_distance(neighbours)).mean()
 
 
 def independence_statistic(

@@ -32,7 +32,6 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pandas as pd
-from scipy import stats
 import torch
 from pyro.infer.autoguide import AutoNormal
 
@@ -404,9 +403,9 @@ def protocol_table(frames: list[pd.DataFrame], paths: list[str], options: dict[s
 def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """NCAI_lambda against each other method per data set, paired by evaluation split: the mean
     difference of test LL, ``I(x; mu_z)`` and ``HZ(mu_z)`` over the splits with its standard error,
-    and the verdict. "tie" where a paired t-test does not reject equality at the 5% level
-    (``|mean| < t_{0.975, n-1} SE``), else which way the difference goes: an ordering of two means
-    over a few splits is a claim only with this."""
+    and the verdict (:func:`.tables.paired_verdict`): "tie" where a paired t-test does not reject
+    equality at the 5% level (``|mean| < t_{0.975, n-1} SE``), else which way the difference goes:
+    an ordering of two means over a few splits is a claim only with this."""
     table = pd.concat(frames, ignore_index=True)
     lam = "BNN+LV (NCAI_lambda)"
     rows = []
@@ -414,22 +413,10 @@ def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
         wide = {col: block.pivot_table(index="split", columns="method", values=col) for col in ("test_ll", "mi_x_z", "hz_z")}
         for k, other in enumerate(m for m in METHODS if m != lam and m in wide["test_ll"].columns):
             cells = []
-            for col, better in (("test_ll", "higher"), ("mi_x_z", "lower"), ("hz_z", "lower")):
+            for col in ("test_ll", "mi_x_z", "hz_z"):
                 w = wide[col]
-                if lam not in w.columns or other not in w.columns or w[[lam, other]].dropna().empty:
-                    cells.append("")
-                    continue
-                d = (w[lam] - w[other]).dropna()
-                n = len(d)
-                se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-                mean = float(d.mean())
-                if n < 2 or not se > 0:
-                    verdict = "n/a"
-                elif abs(mean) < stats.t.ppf(0.975, n - 1) * se:
-                    verdict = "tie"
-                else:
-                    verdict = better if (mean > 0) == (better == "higher") else ("lower" if better == "higher" else "higher")
-                cells.append(f"{tables.num(mean)} ({tables.num(se)}), {verdict}")
+                both = lam in w.columns and other in w.columns
+                cells.append(tables.paired_cell(w[lam], w[other]) if both else "")
             rows.append([f"**{dataset}**" if k == 0 else "", _NCAI_LABELS.get(other, other), *cells])
     header = ["set", "NCAI_lambda minus", "test LL: mean (SE), verdict", "`I(x; mu_z)`", "`HZ(mu_z)`"]
     return tables.table(header, rows)

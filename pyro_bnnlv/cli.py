@@ -13,7 +13,8 @@ Sub-commands:
   (``hyvi-cosine``, ``hyvi-uci``, ``in-between``, ``proj-uci``); ``ARGS`` go to the experiment
   (``pyro-bnnlv reproduce hyvi-cosine --help``);
 * ``pyro-bnnlv results [--check]``: regenerate ``docs/results.md`` from ``docs/results.in.md``
-  and the CSVs under ``docs/results/`` (``--check``: exit 1 if the committed page is stale).
+  and the CSVs under ``docs/results/``, and README.md's generated blocks (``--check``: exit 1 if
+  either is stale).
 """
 
 from __future__ import annotations
@@ -343,9 +344,9 @@ def _parser() -> argparse.ArgumentParser:
                         "not on first use (once per machine, source and compiler; 1-2 minutes)")
     bu.set_defaults(func=_cmd_build)
 
-    res = sub.add_parser("results", help="regenerate docs/results.md from the CSVs under docs/results/")
+    res = sub.add_parser("results", help="regenerate docs/results.md and README.md's generated blocks from the CSVs under docs/results/")
     res.add_argument("--check", action="store_true",
-                     help="write nothing; exit 1, naming the stale file, if docs/results.md is out of date")
+                     help="write nothing; exit 1, naming the stale file, if docs/results.md or README.md is out of date")
     res.add_argument("--root", help="repository root (default: the checkout pyro_bnnlv is installed from)")
     res.set_defaults(func=_cmd_results)
     return p

@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def checkout(tmp_path):
-    """A copy of the template, the page and the CSVs it reads (not the sweep stores)."""
+    """A copy of the template, the page, README.md and the CSVs they read (not the sweep stores)."""
     (tmp_path / "docs" / "results").mkdir(parents=True)
-    for name in (report.TEMPLATE, report.OUTPUT):
+    for name in (report.TEMPLATE, report.OUTPUT, report.README):
         shutil.copy(ROOT / name, tmp_path / name)
     for csv in (ROOT / "docs" / "results").glob("*.csv"):
         shutil.copy(csv, tmp_path / "docs" / "results" / csv.name)
@@ -205,3 +205,118 @@ def test_ncai_paired_table_says_tie_within_the_splits_noise():
     se = float(pd.Series(d).std(ddof=1)) / math.sqrt(5)
     assert abs(0.1) < stats.t.ppf(0.975, 4) * se
     assert "0.10 (" in zero and ", tie" in zero.split("|")[3]
+
+
+def test_stale_readme_block_fails_check_naming_readme_and_passes_after_regeneration(checkout, capsys):
+    """README.md's sentences that quote the CSVs are generated blocks: a block whose body no
+    longer matches its builder fails ``--check`` (naming README.md and the block), and
+    ``pyro-bnnlv results`` rewrites it."""
+    readme = checkout / report.README
+    text = readme.read_text()
+    assert "<!-- generated: ncai-paired-summary" in text
+    readme.write_text(text.replace("SE at most 0.11", "SE at most 0.01", 1))
+    assert main(["results", "--check", "--root", str(checkout)]) == 1
+    err = capsys.readouterr().err
+    assert "README.md is stale" in err and "ncai-paired-summary from docs/results/ncai-protocol-full.csv" in err
+    assert main(["results", "--root", str(checkout)]) == 0
+    assert readme.read_text() == text
+    assert main(["results", "--check", "--root", str(checkout)]) == 0
+    # a rerun committed without regenerating: the check names both files
+    csv = checkout / "docs" / "results" / "proj-uci-paper.csv"
+    table = pd.read_csv(csv)
+    table.loc[table["method"] == "FGE", "test_ll"] += 100.0
+    table.to_csv(csv, index=False)
+    capsys.readouterr()
+    assert main(["results", "--check", "--root", str(checkout)]) == 1
+    err = capsys.readouterr().err
+    assert "docs/results.md is stale" in err and "README.md is stale" in err
+    assert "proj-uci-wins from docs/results/proj-uci-paper.csv" in err
+
+
+def test_generated_block_without_end_is_a_clear_error(tmp_path):
+    text = "x\n  <!-- generated: proj-uci-wins p.csv -->\n  old text\n"
+    with pytest.raises(ValueError, match=r"README.md:2: generated block without an end.*end generated"):
+        report.render_blocks(text, tmp_path)
+
+
+def test_generated_block_keeps_its_indent_and_wraps(tmp_path):
+    rows = [dict(dataset="d", scheme=s, method=m, valid_ll=v, test_ll=t)
+            for s in ("random", "extrapolation")
+            for m, v, t in (("BbB", 0.0, -1.0), ("FGE", 0.0, -2.0), ("Proj-BNN", 1.0, -0.5),
+                            ("Proj-BNN (MMD)", 0.5, -3.0))]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "p.csv", index=False)
+    text = "* bullet\n  <!-- generated: proj-uci-wins p.csv -->\n  stale\n  <!-- end generated -->\n  after\n"
+    new, changed = report.render_blocks(text, tmp_path)
+    assert changed == ["README.md:2 (proj-uci-wins from p.csv)"]
+    body = new.split("-->\n", 1)[1].split("  <!-- end generated -->")[0]
+    assert all(line.startswith("  ") and len(line) <= 100 for line in body.splitlines())
+    assert " ".join(body.split()).startswith("Against BbB and FGE in test LL, the Proj-BNN variant chosen")
+    assert new.endswith("  <!-- end generated -->\n  after\n")
+    assert report.render_blocks(new, tmp_path) == (new, [])
+
+
+def test_proj_uci_wins_counts_the_variant_validation_chose_not_the_better_test_value():
+    """A cell where eq. 6 validates better but the MMD decoder tests better counts for "chosen"
+    only if eq. 6 itself beats BbB and FGE."""
+    from pyro_bnnlv.reproduce.projected import uci_wins_summary
+
+    def cell(scheme, eq6, mmd):  # (valid_ll, test_ll) per variant; BbB -1, FGE -2
+        return [dict(dataset="d", scheme=scheme, method="BbB", valid_ll=0.0, test_ll=-1.0),
+                dict(dataset="d", scheme=scheme, method="FGE", valid_ll=0.0, test_ll=-2.0),
+                dict(dataset="d", scheme=scheme, method="Proj-BNN", valid_ll=eq6[0], test_ll=eq6[1]),
+                dict(dataset="d", scheme=scheme, method="Proj-BNN (MMD)", valid_ll=mmd[0], test_ll=mmd[1])]  # fmt: skip
+
+    rows = cell("a", (1.0, -1.5), (0.0, -0.5)) + cell("b", (0.0, -0.8), (1.0, -0.7))
+    text = uci_wins_summary([pd.DataFrame(rows)], ["x.csv"], {})
+    assert "(the MMD decoder in 1 of 2 cells, eq. 6 in 1) is best in 1 of 2 (not on d a)" in text
+    assert "eq. 6's decoder alone in 1 of 2 (not on d a)" in text
+    assert "the MMD decoder alone in 2 of 2." in text
+
+
+def _hyvi_rows(diffs_nn: list[float], diffs_funn: list[float]) -> pd.DataFrame:
+    """Ten splits; MFVI's test LL -1 each, NN-HyVI and FuNN-HyVI MFVI's plus the given differences."""
+    rows = []
+    for split, (a, b) in enumerate(zip(diffs_nn, diffs_funn)):
+        for method, ll in (("MFVI", -1.0), ("NN-HyVI", -1.0 + a), ("FuNN-HyVI", -1.0 + b)):
+            rows.append(dict(dataset="wine", split=split, method=method, test_ll=ll, rmse=0.7, auroc_ood=0.9,
+                             status="done"))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_hyvi_uci_paired_table_gives_a_clear_win_and_a_tie():
+    from pyro_bnnlv.reproduce.hyvi import uci_paired_summary, uci_paired_table
+
+    # NN-HyVI 0.5 above MFVI on every split (+-0.05): a win; FuNN-HyVI's +0.6 / -0.6 alternate: a tie
+    nn = [0.5 + (0.05 if s % 2 else -0.05) for s in range(10)]
+    funn = [0.6 if s % 2 else -0.6 for s in range(10)]
+    table = uci_paired_table([_hyvi_rows(nn, funn)], ["x.csv"], {})
+    lines = {line.split("|")[2].strip(): line for line in table.splitlines()[2:]}
+    assert set(lines) == {"NN-HyVI minus MFVI", "NN-HyVI minus FuNN-HyVI", "MFVI minus FuNN-HyVI"}
+    assert "0.50 (0.02), NN-HyVI" in lines["NN-HyVI minus MFVI"]
+    assert "0.00 (0.20), tie" in lines["MFVI minus FuNN-HyVI"]
+    # Table 5's wine: NN-HyVI -1.342, MFVI -0.981
+    assert "| -0.36 |" in lines["NN-HyVI minus MFVI"] and "0.00 (0.00), n/a" in lines["NN-HyVI minus MFVI"]
+    text = uci_paired_summary([_hyvi_rows(nn, funn)], ["x.csv"], {})
+    assert "Table 5's best method on 0 of 1 sets" in text and "ahead of both others on wine" in text
+    tie = uci_paired_summary([_hyvi_rows(funn, [-1.0] * 10)], ["x.csv"], {})
+    assert "ties the runner-up on wine (MFVI minus NN-HyVI 0.00, SE 0.20)" in tie
+    with pytest.raises(ValueError, match="at least 2"):
+        uci_paired_summary([_hyvi_rows(nn, funn).query("split == 0")], ["x.csv"], {})
+
+
+def test_ncai_paired_summary_names_wins_and_ties():
+    from pyro_bnnlv.reproduce.ncai import paired_summary
+
+    rows = []
+    noisy = [0.9, -0.7, 0.8, -0.6, 0.1]
+    for split in range(5):
+        rows += [dict(dataset="toy", split=split, method="BNN (MFVI)", test_ll=-1.0, mi_x_z=None, hz_z=None),
+                 dict(dataset="toy", split=split, method="BNN+LV (MFVI)", test_ll=0.5 - noisy[split], mi_x_z=0.5,
+                      hz_z=0.1 + noisy[split]),
+                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_lambda)", test_ll=0.5 + 0.01 * split,
+                      mi_x_z=0.1 + 0.01 * split, hz_z=0.1)]  # fmt: skip
+    text = paired_summary([pd.DataFrame(rows)], ["x.csv"], {})
+    assert "above the BNN's on toy (1.52, SE 0.01)" in text
+    assert "; tied with BNN+LV MFVI's on toy (0.12, SE 0.33)." in text  # differences 0.9, -0.69, 0.82, -0.57, 0.14
+    assert "`I(x; mu_z)` is below MFVI's on 1 of 1." in text
+    assert "`HZ(mu_z)` is below MFVI's on 0 of 1 (a tie on toy)" in text

@@ -221,10 +221,7 @@ def paired_differences(table: pd.DataFrame, a: str, b: str, column: str) -> tupl
     wide = table.pivot_table(index="seed", columns="method", values=column)
     if a not in wide.columns or b not in wide.columns:
         return math.nan, math.nan, 0
-    d = (wide[a] - wide[b]).dropna()
-    n = len(d)
-    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-    return (float(d.mean()) if n else math.nan), se, n
+    return tables.paired(wide[a], wide[b])
 
 
 def _verdict(mean: float, se: float, lower_is_better: bool, a: str, b: str) -> str:

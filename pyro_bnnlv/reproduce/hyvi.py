@@ -537,3 +537,82 @@ def knn_presets_table(frames: list[pd.DataFrame], paths: list[str], options: dic
     out = [[row["setting"], tables.num(row["ms_per_step"], 1), tables.num(row["cost_vs_mfvi"], 1), tables.num(row["sd_data"], 3),
             tables.num(row["sd_gap"]), tables.num(row["sd_far"]), tables.num(row["test_ll"])] for _, row in t.iterrows()]  # fmt: skip
     return tables.table(["setting", "ms / step", "cost vs MFVI", "sd data", "sd gap", "sd far", "test LL"], out)
+
+
+def _uci_done(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The finished fits of ``pyro-bnnlv reproduce hyvi-uci --output CSV`` frames."""
+    t = pd.concat(frames, ignore_index=True)
+    return t[t["status"] == "done"] if "status" in t else t
+
+
+def _uci_ranked(t: pd.DataFrame) -> dict[str, tuple[list[str], dict[str, pd.DataFrame]]]:
+    """Per data set: its methods from the best mean test LL down, and per column (test LL, RMSE,
+    AUROC) a frame of splits x methods, so that a difference of two columns is paired by split."""
+    out = {}
+    for dataset, block in t.groupby("dataset", sort=False):
+        order = list(block.groupby("method", sort=False)["test_ll"].mean().sort_values(ascending=False).index)
+        wide = {col: block.pivot_table(index="split", columns="method", values=col)
+                for col in ("test_ll", "rmse", "auroc_ood")}  # fmt: skip
+        out[dataset] = order, wide
+    return out
+
+
+def _paper_ll(method: str, dataset: str) -> float:
+    return HYVI_PAPER["test_ll"].get(method, {}).get(dataset, float("nan"))
+
+
+def uci_paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """The ``hyvi-uci`` methods of each data set ordered by mean test LL, each pair ``A minus B``
+    paired by split: the mean difference of test LL, RMSE and OOD AUROC over the splits with its
+    standard error and the verdict (:func:`.tables.paired_verdict`: the better method, or "tie"
+    where a paired t-test at 5% does not reject equality), beside Table 5's test-LL difference of
+    the same pair (Pequignot et al. 2020, App. D; printed means, no paired spread given)."""
+    out = []
+    for dataset, (order, wide) in _uci_ranked(_uci_done(frames)).items():
+        pairs = [(order[i], order[j]) for i in range(len(order)) for j in range(i + 1, len(order))]
+        for k, (a, b) in enumerate(pairs):
+            paper = _paper_ll(a, dataset) - _paper_ll(b, dataset)
+            out.append([f"**{dataset}**" if k == 0 else "", f"{a} minus {b}",
+                        tables.paired_cell(wide["test_ll"][a], wide["test_ll"][b], a, b),
+                        tables.num(paper),
+                        tables.paired_cell(wide["rmse"][a], wide["rmse"][b], b, a),
+                        tables.paired_cell(wide["auroc_ood"][a], wide["auroc_ood"][b], a, b, decimals=3)])  # fmt: skip
+    header = ["set", "pair (by mean test LL)", "test LL: mean (SE), verdict", "Table 5's test LL difference",
+              "RMSE", "OOD AUROC"]  # fmt: skip
+    return tables.table(header, out)
+
+
+def uci_paired_summary(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """One paragraph from the same paired differences as :func:`uci_paired_table`: on how many
+    sets the best mean test LL is Table 5's best method, where it is ahead of both others by a
+    paired t-test at 5% and where it ties the runner-up, and per set the largest gap between a
+    method's mean test LL and Table 5's."""
+    t = _uci_done(frames)
+    ranked = _uci_ranked(t)
+    splits = sorted(set(t.groupby(["dataset", "method"])["split"].nunique()))
+    if splits[0] < 2:
+        raise ValueError(f"{', '.join(paths)} has {splits[0]} finished split(s) for some method; a paired test "
+                         "needs at least 2 (use the paper run's CSV, e.g. docs/results/hyvi-uci-paper.csv)")
+    paper_best = {d: max(HYVI_PAPER["test_ll"], key=lambda m: _paper_ll(m, d)) for d in ranked}
+    same = [d for d, (order, _) in ranked.items() if order[0] == paper_best[d]]
+    ahead, ties = [], []
+    for dataset, (order, wide) in ranked.items():
+        ll = wide["test_ll"]
+        verdicts = [tables.paired_verdict(*tables.paired(ll[order[0]], ll[b])) for b in order[1:]]
+        if all(v == "higher" for v in verdicts):
+            ahead.append(dataset)
+        elif verdicts[0] == "tie":
+            mean, se, _ = tables.paired(ll[order[0]], ll[order[1]])
+            ties.append(f"{dataset} ({order[0]} minus {order[1]} {tables.num(mean)}, SE {tables.num(se)})")
+    gaps = {d: max(abs(t[(t["dataset"] == d) & (t["method"] == m)]["test_ll"].mean() - _paper_ll(m, d))
+                   for m in order if not math.isnan(_paper_ll(m, d)))
+            for d, (order, _) in ranked.items()}  # fmt: skip
+    gap_text = ", ".join(f"{d} {tables.num(g)}" for d, g in sorted(gaps.items(), key=lambda kv: kv[1]))
+    n = " or ".join(str(s) for s in splits)
+    text = (f"The best mean test LL is Table 5's best method on {len(same)} of {len(ranked)} sets"
+            + (f" ({tables.listing(same)})" if 0 < len(same) < len(ranked) else "")
+            + f"; paired by split ({n} splits, t-test at 5%) it is ahead of both others on "
+            + (tables.listing(ahead) if ahead else "no set"))
+    if ties:
+        text += f", and ties the runner-up on {tables.listing(ties)}"
+    return text + (f". Largest gap between a method's mean test LL and Table 5's, in nats: {gap_text}.")

@@ -32,7 +32,6 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pandas as pd
-from scipy import stats
 import torch
 from pyro.infer.autoguide import AutoNormal
 
@@ -404,9 +403,9 @@ def protocol_table(frames: list[pd.DataFrame], paths: list[str], options: dict[s
 def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """NCAI_lambda against each other method per data set, paired by evaluation split: the mean
     difference of test LL, ``I(x; mu_z)`` and ``HZ(mu_z)`` over the splits with its standard error,
-    and the verdict. "tie" where a paired t-test does not reject equality at the 5% level
-    (``|mean| < t_{0.975, n-1} SE``), else which way the difference goes: an ordering of two means
-    over a few splits is a claim only with this."""
+    and the verdict (:func:`.tables.paired_verdict`): "tie" where a paired t-test does not reject
+    equality at the 5% level (``|mean| < t_{0.975, n-1} SE``), else which way the difference goes:
+    an ordering of two means over a few splits is a claim only with this."""
     table = pd.concat(frames, ignore_index=True)
     lam = "BNN+LV (NCAI_lambda)"
     rows = []
@@ -414,22 +413,55 @@ def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
         wide = {col: block.pivot_table(index="split", columns="method", values=col) for col in ("test_ll", "mi_x_z", "hz_z")}
         for k, other in enumerate(m for m in METHODS if m != lam and m in wide["test_ll"].columns):
             cells = []
-            for col, better in (("test_ll", "higher"), ("mi_x_z", "lower"), ("hz_z", "lower")):
+            for col in ("test_ll", "mi_x_z", "hz_z"):
                 w = wide[col]
-                if lam not in w.columns or other not in w.columns or w[[lam, other]].dropna().empty:
-                    cells.append("")
-                    continue
-                d = (w[lam] - w[other]).dropna()
-                n = len(d)
-                se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-                mean = float(d.mean())
-                if n < 2 or not se > 0:
-                    verdict = "n/a"
-                elif abs(mean) < stats.t.ppf(0.975, n - 1) * se:
-                    verdict = "tie"
-                else:
-                    verdict = better if (mean > 0) == (better == "higher") else ("lower" if better == "higher" else "higher")
-                cells.append(f"{tables.num(mean)} ({tables.num(se)}), {verdict}")
+                both = lam in w.columns and other in w.columns
+                cells.append(tables.paired_cell(w[lam], w[other]) if both else "")
             rows.append([f"**{dataset}**" if k == 0 else "", _NCAI_LABELS.get(other, other), *cells])
     header = ["set", "NCAI_lambda minus", "test LL: mean (SE), verdict", "`I(x; mu_z)`", "`HZ(mu_z)`"]
     return tables.table(header, rows)
+
+
+def paired_summary(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """One paragraph from the same paired differences as :func:`paired_table`: the sets where
+    NCAI_lambda's test LL is above, tied with (paired t-test at 5%) or below the BNN's and BNN+LV
+    MFVI's, with the mean difference and its standard error, and where its ``I(x; mu_z)`` and
+    ``HZ(mu_z)`` are below MFVI's."""
+    table = pd.concat(frames, ignore_index=True)
+    lam, mfvi, bnn = "BNN+LV (NCAI_lambda)", "BNN+LV (MFVI)", "BNN (MFVI)"
+    sets = list(table["dataset"].drop_duplicates())
+    splits = sorted(set(table.groupby(["dataset", "method"])["split"].nunique()))
+
+    def verdicts(other: str, col: str) -> dict[str, list[tuple[str, float, float]]]:
+        out: dict[str, list[tuple[str, float, float]]] = {}
+        for dataset in sets:
+            w = table[table["dataset"] == dataset].pivot_table(index="split", columns="method", values=col)
+            if lam in w.columns and other in w.columns:
+                mean, se, n = tables.paired(w[lam], w[other])
+                out.setdefault(tables.paired_verdict(mean, se, n), []).append((dataset, mean, se))
+        return out
+
+    def where(items: list[tuple[str, float, float]], each: bool = False) -> str:
+        if len(items) > 2 and not each:
+            means, ses = [m for _, m, _ in items], [s for _, _, s in items]
+            names = f"all {len(sets)}" if len(items) == len(sets) else tables.listing([d for d, _, _ in items])
+            return (f"{names} (differences {tables.num(min(means))} to {tables.num(max(means))} nats, SE at most "
+                    f"{tables.num(max(ses))})")  # fmt: skip
+        return tables.listing([f"{d} ({tables.num(m)}, SE {tables.num(s)})" for d, m, s in items])
+
+    parts = []
+    for other, name in ((bnn, "the BNN"), (mfvi, "BNN+LV MFVI")):
+        v = verdicts(other, "test_ll")
+        said = [f"above {{}} on {where(v['higher'])}"] if v.get("higher") else []
+        said += [f"tied with {{}} on {where(v['tie'], each=True)}"] if v.get("tie") else []
+        said += [f"below {{}} on {where(v['lower'])}"] if v.get("lower") else []
+        parts.append(", ".join(c.format(f"{name}'s" if k == 0 else "it") for k, c in enumerate(said)))
+    n = " or ".join(str(s) for s in splits)
+    text = f"Paired by split ({n} splits, t-test at 5%), NCAI_lambda's test LL is " + "; ".join(parts) + "."
+    for col, stat in (("mi_x_z", "`I(x; mu_z)`"), ("hz_z", "`HZ(mu_z)`")):
+        v = verdicts(mfvi, col)
+        lower = [d for d, _, _ in v.get("lower", [])]
+        rest = [f"{'a tie' if k == 'tie' else 'higher'} on {tables.listing([d for d, _, _ in v[k]])}"
+                for k in ("tie", "higher") if v.get(k)]  # fmt: skip
+        text += f" Its {stat} is below MFVI's on {len(lower)} of {len(sets)}" + (f" ({'; '.join(rest)})" if rest else "") + "."
+    return text

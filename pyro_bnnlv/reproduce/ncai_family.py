@@ -32,6 +32,7 @@ from ..datasets.ncai_family import FAMILY, ceiling
 from ..sweep import Task, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
+from . import tables
 
 __all__ = ["TERMS", "family_tasks", "main", "run_family", "select", "win_rates"]
 
@@ -99,16 +100,15 @@ def win_rates(selected: pd.DataFrame, baseline: str = "BNN+LV (MFVI)") -> pd.Dat
         both = wide["test_ll"][[arm, baseline]].dropna().index
         if not len(both):
             continue
-        d_ll = wide["test_ll"].loc[both, arm] - wide["test_ll"].loc[both, baseline]
-        d_mi = wide["mi_x_z"].loc[both, arm] - wide["mi_x_z"].loc[both, baseline]
-        n = len(both)
-        ll_wins, mi_wins = int((d_ll > 0).sum()), int((d_mi < 0).sum())
+        ll, mi = wide["test_ll"].loc[both], wide["mi_x_z"].loc[both]
+        (ll_mean, ll_se, n), (mi_mean, mi_se, _) = tables.paired(ll[arm], ll[baseline]), tables.paired(mi[arm], mi[baseline])
+        ll_wins, mi_wins = int((ll[arm] > ll[baseline]).sum()), int((mi[arm] < mi[baseline]).sum())
         rows.append({
             "arm": arm, "problems": n,
             "ll_win_rate": ll_wins / n, "ll_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(ll_wins, n)),
-            "ll_diff_mean": float(d_ll.mean()), "ll_diff_se": float(d_ll.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
+            "ll_diff_mean": ll_mean, "ll_diff_se": ll_se,
             "mi_win_rate": mi_wins / n, "mi_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(mi_wins, n)),
-            "mi_diff_mean": float(d_mi.mean()), "mi_diff_se": float(d_mi.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
+            "mi_diff_mean": mi_mean, "mi_diff_se": mi_se,
             "lambda0_kept": int(wide["lambda0"].loc[both, arm].astype(bool).sum()) if "lambda0" in wide else 0,
         })  # fmt: skip
     return pd.DataFrame(rows)

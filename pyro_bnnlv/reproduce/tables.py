@@ -12,7 +12,11 @@ import math
 from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
-__all__ = ["as_printed", "auto", "best", "bold", "mean_se", "num", "paper_value", "share", "table", "with_paper"]
+import pandas as pd
+from scipy import stats
+
+__all__ = ["as_printed", "auto", "best", "bold", "listing", "mean_se", "num", "paired", "paired_cell", "paired_verdict",
+           "paper_value", "share", "table", "with_paper"]
 
 
 def num(value: float, decimals: int = 2) -> str:
@@ -61,6 +65,12 @@ def bold(text: str, on: bool) -> str:
     return f"**{text}**" if on and text else text
 
 
+def listing(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -94,3 +104,34 @@ def share(value: float) -> str:
     """A share as ``0``, ``1`` or ``.37``."""
     text = num(value)
     return text if not text else ("0" if float(text) == 0 else "1" if float(text) == 1 else text.lstrip("0"))
+
+
+def paired(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
+    """``(mean, SE, n)`` of the differences ``a - b`` paired by index (split or seed), over the
+    indices where both have a value: ``SE = sd / sqrt(n)`` (``ddof = 1``), NaN for ``n < 2``."""
+    d = (a - b).dropna()
+    n = len(d)
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+    return (float(d.mean()) if n else math.nan), se, n
+
+
+def paired_verdict(mean: float, se: float, n: int, above: str = "higher", below: str = "lower") -> str:
+    """The verdict of a paired t-test at the 5% level on ``n`` differences with mean ``mean`` and
+    standard error ``se``: "tie" where it does not reject equality (``|mean| < t_{0.975, n-1}
+    SE``), else ``above`` (the difference is positive) or ``below``; "n/a" without two
+    differences or with ``SE = 0``. An ordering of two means over a few splits is a claim only
+    with this (Student 1908; paired form: e.g. Wasserman (2004), *All of Statistics*, sec. 10.5)."""
+    if n < 2 or not se > 0 or not math.isfinite(mean):
+        return "n/a"
+    if abs(mean) < stats.t.ppf(0.975, n - 1) * se:
+        return "tie"
+    return above if mean > 0 else below
+
+
+def paired_cell(a: pd.Series, b: pd.Series, above: str = "higher", below: str = "lower", decimals: int = 2) -> str:
+    """``"mean (SE), verdict"`` of ``a - b`` paired by index (:func:`paired`, :func:`paired_verdict`);
+    empty without a common index."""
+    mean, se, n = paired(a, b)
+    if not n:
+        return ""
+    return f"{num(mean, decimals)} ({num(se, decimals)}), {paired_verdict(mean, se, n, above, below)}"

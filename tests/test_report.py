@@ -320,3 +320,26 @@ def test_ncai_paired_summary_names_wins_and_ties():
     assert "; tied with BNN+LV MFVI's on toy (0.12, SE 0.33)." in text  # differences 0.9, -0.69, 0.82, -0.57, 0.14
     assert "`I(x; mu_z)` is below MFVI's on 1 of 1." in text
     assert "`HZ(mu_z)` is below MFVI's on 0 of 1 (a tie on toy)" in text
+
+
+def test_in_between_paired_table_pairs_by_split_and_says_tie_within_noise():
+    from pyro_bnnlv.reproduce.in_between import protocol_paired_table
+
+    # MAP 0.3 above the default on every split (+-0.01): a win; LL +-0.5 alternating: a tie;
+    # SL only in the first run: no row; split 5 only in the first run: not paired
+    def run(map_ll, ll, sl=None, splits=range(5)):
+        rows = [{"dataset": "boston", "kind": "standard", "split": s, "MAP": map_ll[s], "LL": ll[s],
+                 **({"SL": sl} if sl is not None else {})} for s in splits]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    first = run([-2.0 + (0.01 if s % 2 else -0.01) for s in range(6)], [0.5 if s % 2 else -0.5 for s in range(6)],
+                sl=-3.0, splits=range(6))  # fmt: skip
+    default = run([-2.3] * 5, [0.0] * 5)
+    lines = protocol_paired_table([first, default], ["a.csv", "b.csv"], {"label": "App._D"}).splitlines()
+    assert lines[0].startswith("| set | splits | method | n | App. D | default | App. D - default (SE), verdict |")
+    rows = {line.split("|")[3].strip(): line for line in lines[2:]}
+    assert set(rows) == {"MAP", "LL"}
+    assert "| 5 | -2.00 | -2.30 | +0.30 (0.00), App. D better | -2.69 |" in rows["MAP"]
+    assert "| -0.10 (0.24), tie |" in rows["LL"]
+    with pytest.raises(ValueError, match="two CSVs"):
+        protocol_paired_table([first], ["a.csv"], {})

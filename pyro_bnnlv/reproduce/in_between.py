@@ -512,3 +512,32 @@ def in_between_table(frames: list[pd.DataFrame], paths: list[str], options: dict
         rows = [[_IB_LABELS.get(m, m)] + [cell(kind, m, d) for d in datasets] for m in methods]
         parts.append(f"{kind} splits ({counts(kind)})\n\n" + tables.table([""] + datasets, rows))
     return "\n\n".join(parts)
+
+
+def protocol_paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """Two runs of ``reproduce in-between`` (first CSV: another protocol, e.g. ``--protocol
+    app-d``; second: this module's default) paired by split: per set, split kind and method, the
+    mean test LL of each over the splits both have, the paired difference (first minus second)
+    with its standard error and the paired t-test's verdict (:func:`tables.paired_verdict`), and
+    the paper's number (``hidden_layers=2``: its 2HL rows); ``label=NAME`` names the first run
+    (default: its file name; "_" for a space, which marker options cannot hold)."""
+    if len(frames) != 2:
+        raise ValueError(f"the in-between-paired table compares two CSVs (another protocol, then the default); got {paths}")
+    hidden = int(options.get("hidden_layers", 1))
+    label = options.get("label", Path(paths[0]).stem).replace("_", " ")
+    both = frames[0].merge(frames[1], on=["dataset", "kind", "split"], suffixes=("_first", "_default"))
+    methods = [m for m in ("MAP", "LL", "SL") if f"{m}_first" in both and f"{m}_default" in both]
+    rows = []
+    for (name, kind), g in both.groupby(["dataset", "kind"], sort=False):
+        for m in methods:
+            a, b = g[f"{m}_first"].astype(float), g[f"{m}_default"].astype(float)
+            ok = a.notna() & b.notna()
+            mean, se, n = tables.paired(a[ok], b[ok])
+            if not n:
+                continue
+            verdict = tables.paired_verdict(mean, se, n, f"{label} better", "default better")
+            paper = PAPER_LL[hidden][kind].get(m, {}).get(name, math.nan)
+            rows.append([name, kind, m, str(n), tables.num(float(a[ok].mean())), tables.num(float(b[ok].mean())),
+                         f"{mean:+.2f} ({se:.2f}), {verdict}", tables.num(paper)])  # fmt: skip
+    header = ["set", "splits", "method", "n", label, "default", f"{label} - default (SE), verdict", "paper"]
+    return tables.table(header, rows)

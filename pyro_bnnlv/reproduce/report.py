@@ -104,6 +104,7 @@ TABLES: dict[str, Builder] = {
     "hyvi-uci-summary": hyvi.uci_paired_summary,
     "knn-elbo-presets": hyvi.knn_presets_table,
     "in-between": in_between.in_between_table,
+    "in-between-paired": in_between.protocol_paired_table,
     "proj-uci": projected.uci_table,
     "proj-uci-wins": projected.uci_wins_summary,
     "proj-four-modes": projected_toy.four_modes_table,

@@ -113,18 +113,19 @@ def _recentre_first_layer(decoder: MLP, phi: Tensor, codes: Tensor, target_scale
     return phi, (codes - mu) / s * target_scale
 
 
-class _DecoderTraining:
+class _DecoderFit:
     """State of :func:`fit_projection`'s Adam steps: the candidates standardised per weight,
     ``u = (w - loc) / scale`` (``scale`` floored at 1e-3 of its mean), the encoder ``f_theta``
     (mirroring the decoder unless ``encoder_hidden``) and the decoder ``g_psi`` trained on that
-    scale (module docstring), both drawn from ``gen``, the data of the prediction term and, for
-    the MMD (``mmd``: space and bandwidths), the features (``f(x; w)`` at 64 training inputs drawn
-    from ``gen``, or the standardised weights), the candidates' features and the kernel's
-    bandwidths in units of the candidates' median pairwise distance."""
+    scale (module docstring), both drawn from a generator seeded by ``seed``, the data of the
+    prediction term and, for the MMD, the features in ``mmd_space`` (``f(x; w)`` at 64 training
+    inputs drawn from that generator, or the standardised weights), the candidates' features and
+    the kernel's bandwidths in units of the candidates' median pairwise distance."""
 
     def __init__(self, model: ProjectedBNN, objective: str, candidates: Tensor, x: Tensor, y: Tensor,
-                 batch_size: int | None, encoder_hidden: tuple[int, ...] | None, mmd: tuple[str, tuple[float, ...]],
-                 gen: torch.Generator) -> None:  # fmt: skip
+                 batch_size: int | None, encoder_hidden: tuple[int, ...] | None, mmd_space: str,
+                 mmd_bandwidths: tuple[float, ...], seed: int | None) -> None:  # fmt: skip
+        gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
         self.model, self.objective, self.x, self.batch_size = model, objective, x, batch_size
         self.y2 = y.reshape(x.shape[0], -1).to(x.dtype)
         loc, scale = candidates.mean(0), candidates.std(0)
@@ -139,11 +140,11 @@ class _DecoderTraining:
         self.mmd: tuple[Callable[[Tensor], Tensor], Tensor, Tensor] | None = None
         if objective == "mmd":
             x_feat = x[torch.randperm(x.shape[0], generator=gen)[:64]]
-            features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd[0] == "function" else \
+            features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd_space == "function" else \
                 (lambda w: (w - self.loc) / self.scale)  # fmt: skip
             with torch.no_grad():
                 target = features(candidates)
-            self.mmd = features, target, median_distance(target) * torch.as_tensor(mmd[1], dtype=target.dtype)
+            self.mmd = features, target, median_distance(target) * torch.as_tensor(mmd_bandwidths, dtype=target.dtype)
 
     def encode(self, u: Tensor) -> Tensor:
         return self.encoder(u.unsqueeze(-2), self.theta).squeeze(-2)
@@ -267,14 +268,12 @@ def fit_projection(
     num_prior_draws = as_positive_int(num_prior_draws, "num_prior_draws")
     model.check_data(x, y)
     set_seed(seed)
-    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    mmd = (mmd_space, mmd_bandwidths)
-    train = _DecoderTraining(model, objective, candidates, x, y, batch_size, encoder_hidden, mmd, gen)
-    params = [train.phi] if objective == "mmd" else [train.theta, train.phi]
-    opt = torch.optim.Adam(params + ([train.log_tau] if objective == "vae" else []), lr=lr)
-    out = ProjectionFit(phi=train.phi.detach(), encoder=train.encoder, encoder_weights=train.theta, objective=objective)
+    dec = _DecoderFit(model, objective, candidates, x, y, batch_size, encoder_hidden, mmd_space, mmd_bandwidths, seed)
+    params = [dec.phi] if objective == "mmd" else [dec.theta, dec.phi]
+    opt = torch.optim.Adam(params + ([dec.log_tau] if objective == "vae" else []), lr=lr)
+    out = ProjectionFit(phi=dec.phi.detach(), encoder=dec.encoder, encoder_weights=dec.theta, objective=objective)
     for step in tqdm(range(num_steps), disable=not progress, desc=objective, leave=False):
-        loss, recon, nll, kl = train.loss(beta, input_noise, num_prior_draws)
+        loss, recon, nll, kl = dec.loss(beta, input_noise, num_prior_draws)
         if kl is not None:
             out.kl.append(float(kl.detach()))
         if not torch.isfinite(loss):
@@ -284,7 +283,7 @@ def fit_projection(
         opt.step()
         out.reconstruction.append(float(recon.detach()))
         out.neg_log_lik.append(float(nll.detach()))
-    (out.phi, out.codes), out.encoder_weights = train.phi_star(), train.theta.detach()
+    (out.phi, out.codes), out.encoder_weights = dec.phi_star(), dec.theta.detach()
     return out
 
 
@@ -314,9 +313,8 @@ def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed
 
 def _stage3_guide(model: ProjectedBNN, projection: ProjectionFit | None, z_init: str | None, x: Tensor, y: Tensor,
                   seed: int | None) -> AutoNormal:  # fmt: skip
-    """Stage 3's guide (:func:`init_projected_guide`, ``phi``'s mean at ``projection.phi``) with
-    ``phi``'s scales at ``exp(N(-9, 0.1))`` (footnote 4); ``z_init=None``: ``"prior"`` after a
-    generative decoder objective, ``"random"`` otherwise."""
+    """Stage 3's guide (:func:`init_projected_guide` from ``projection.phi``), ``phi``'s scales at ``exp(N(-9, 0.1))``
+    (footnote 4); ``z_init=None``: ``"prior"`` after a generative decoder objective, else ``"random"``."""
     if z_init is None:
         generative = projection is not None and projection.objective in GENERATIVE_OBJECTIVES
         z_init = "prior" if generative else "random"

@@ -240,12 +240,10 @@ def fit_projection(
         num_steps, lr: Adam on encoder and decoder jointly; ``None``:
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_NUM_STEPS` and
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_LR` (eq. 6: 3,000 steps at 0.005;
-            the generative objectives: 2,000 at 0.01, the budget ``beta`` was measured at).
-            For the generative objectives these two matter together with ``beta``: they fix
-            how far the decoder moves along the balance between matching the candidates and
-            predicting well from prior draws, and stage 3's mean-field ``q(z)`` covers two
-            modes only if the decoder leaves adjacent regions of ``p(z)`` decoding to different
-            good modes (the four-mode toy's measurements, issue 43: the constants' notes).
+            the generative objectives: 2,000 at 0.01, the budget ``beta`` was measured at and
+            calibrated with: the constants' notes, issue 43); stage 3's mean-field ``q(z)`` covers
+            two modes only if the decoder leaves adjacent regions of ``p(z)`` decoding to
+            different good modes.
         batch_size: data points per step for the prediction term (``None``: all).
         num_prior_draws: ``M``, draws of ``z ~ p(z)`` per step (generative objectives).
         mmd_space: ``"weight"`` or ``"function"``, the MMD's features.

@@ -32,7 +32,7 @@ over all weights) for reference.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +224,7 @@ def _posterior_groups(draws: dict[str, Tensor], f: Tensor, weights: bool, num_da
 
 
 def to_inference_data(
-    model: Any,
+    model: Callable[..., Any],
     posterior: Any,
     x: Tensor,
     y: Tensor,

@@ -8,6 +8,7 @@ that part on boston, 1x50).
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ import pandas as pd
 import pyro
 import torch
 from pyro.infer import MCMC
+from pyro.infer.autoguide import init_to_value
 from torch import Tensor
 
 from .._checks import check_int
@@ -28,7 +30,6 @@ from ..nets import MLP
 __all__ = ["nuts_benchmark", "nuts_chains_benchmark", "nuts_uci_benchmark"]
 
 
-#: name -> (function, one-line description); the CLI prints the returned DataFrame.
 def _fixed_tuning_run(kernel: Any, start: dict[str, Tensor], iters: int, args: tuple) -> tuple[float, int]:
     """Seconds and leapfrog steps of ``iters`` NUTS draws with adaptation off."""
     mcmc = MCMC(kernel, num_samples=iters, warmup_steps=0, initial_params=start, disable_progbar=True)
@@ -66,7 +67,7 @@ def nuts_benchmark(
     seed: int = 0,
     num_chains: int = 4,
     numpyro: bool = True,
-) -> Any:
+) -> pd.DataFrame:
     """``pyro-bnnlv bench nuts``: NUTS on the 1x``hidden`` tanh BNN, two-cluster toy, N(0,1), sigma 0.1.
 
     1. *Per-step cost, side by side.* The fast path's warm-up (part 2) gives a step size, a
@@ -96,70 +97,53 @@ def nuts_benchmark(
     and ``ess_per_s_measured`` (False: estimated from the full run's ESS per leapfrog step,
     sampling phase only). ``attrs`` holds the headline numbers and the breakdown.
     """
-    import pandas as pd
-
     iters = 5 if steps is None else int(steps)
     check_int(iters, "steps")
-    data = load_dataset("clusters")
-    x, y = data.x_train, data.y_train
-    model = BNN(MLP(1, [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
-    x_eval = torch.tensor([[-1.0], [-0.75], [0.0], [0.75], [1.0]])
-
+    x, y, x_eval, model = _bench_problem("clusters", hidden)
     extension()  # build the compiled core (once per machine) before any clock starts
     # part 2 first: it provides the tuned settings for part 1
-    mcmc = run_nuts(model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, seed=seed,
-                    progress=False)  # fmt: skip
-    info = mcmc.run_info
-    w = mcmc.get_samples(group_by_chain=True)["w"]
-    f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
-    ess_min = _bulk_ess_min(f.detach().numpy())
-    rec = chain_records(mcmc)[0]
-    steps_run = rec["num_steps"]
-    per_sample = sum(steps_run) / len(steps_run)
-    total_leapfrog = sum(steps_run) + sum(rec["warmup_num_steps"])
-    kernel_seconds = sum(rec["seconds"]) + sum(rec["warmup_seconds"])
-    ess_per_leapfrog = ess_min / sum(steps_run)
-
-    kernel = mcmc.kernel
-    eps = float(kernel.step_size)
-    imm = {k: v.clone() for k, v in kernel.inverse_mass_matrix.items()}
-    start_w = w[0, -1].clone()
+    mcmc, ess_min = _nuts_run(model, x, y, x_eval, 1, num_samples, warmup_steps, seed)
     pot = flat_potential(model, x, y)
     assert pot is not None
-    pot_py = mlp_regression_potential(model.net, x, y, prior_loc=model.prior_loc,
-                                      prior_scale=model.prior_scale,
+    pot_py = mlp_regression_potential(model.net, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
                                       noise_scale=model.noise_scale, compiled=False)  # fmt: skip
-    common = dict(step_size=eps, adapt_step_size=False, adapt_mass_matrix=False)
-    names = ("traced", "stock", "python", "flat")
-    times: dict[str, list[float]] = {k: [] for k in names}
-    counts: dict[str, list[int]] = {k: [] for k in names}
-    walls: dict[str, list[float]] = {k: [] for k in names}
-    pot_ms: dict[str, list[float]] = {"compiled": [], "python": []}
-    from pyro.infer.autoguide import init_to_value
+    start_w = mcmc.get_samples(group_by_chain=True)["w"][0, -1].clone()
+    timed = _timing_rounds(model, x, y, mcmc.kernel, start_w, (pot, pot_py), iters, rounds, seed)
+    table = _step_table(*timed, mcmc, ess_min, iters, pot.compiled is not None, num_samples, warmup_steps)
+    if num_chains > 0:
+        chains = nuts_chains_benchmark("clusters", num_chains, num_samples, warmup_steps, hidden, seed, numpyro)
+        attrs = {**table.attrs, **chains.attrs}
+        table = pd.concat([table, chains])
+        table.attrs = attrs
+    return table
 
+
+_CONTENDERS = ("traced", "stock", "python", "flat")
+
+
+def _timing_rounds(model: BNN, x: Tensor, y: Tensor, tuned: Any, start_w: Tensor, potentials: tuple[Any, Any],
+                   iters: int, rounds: int, seed: int) -> tuple[dict[str, list], dict[str, list]]:  # fmt: skip
+    """Parts 1 and 3 of :func:`nuts_benchmark` from the ``tuned`` kernel's settings: per contender and
+    round the seconds and leapfrog steps of ``iters`` draws; per round ms per potential call."""
+    pot, pot_py = potentials
+    imm = {k: v.clone() for k, v in tuned.inverse_mass_matrix.items()}
+    common = dict(step_size=float(tuned.step_size), adapt_step_size=False, adapt_mass_matrix=False)
+    runs: dict[str, list[tuple[float, int]]] = {k: [] for k in _CONTENDERS}
+    pot_ms: dict[str, list[float]] = {"compiled": [], "python": []}
     for r in range(rounds):
-        for name in names:
+        for name in _CONTENDERS:
             pyro.set_rng_seed(seed + r)
             if name == "traced":
-                k = _BenchCountingNUTS(
-                    model, jit_compile=True,
-                    init_strategy=init_to_value(values={"w": start_w}), **common,
-                )  # fmt: skip
-                args: tuple = (x, y)
+                init = init_to_value(values={"w": start_w})
+                k, args = _BenchCountingNUTS(model, jit_compile=True, init_strategy=init, **common), (x, y)
             elif name == "stock":
-                k = _BenchCountingNUTS(potential_fn=pot.potential_fn, **common)
-                args = ()
+                k, args = _BenchCountingNUTS(potential_fn=pot.potential_fn, **common), ()
             elif name == "python":
-                k = _BenchFlatNUTS(pot_py, compiled=False, **common)
-                args = ()
+                k, args = _BenchFlatNUTS(pot_py, compiled=False, **common), ()
             else:
-                k = _BenchFlatNUTS(pot, **common)
-                args = ()
+                k, args = _BenchFlatNUTS(pot, **common), ()
             k.fixed_inverse_mass = imm
-            sec, n = _fixed_tuning_run(k, {"w": start_w}, iters, args)
-            times[name].append(1e3 * sec / max(n, 1))
-            counts[name].append(n)
-            walls[name].append(sec)
+            runs[name].append(_fixed_tuning_run(k, {"w": start_w}, iters, args))
         # the potential alone: where the time of a leapfrog step goes
         with torch.no_grad():
             q = start_w.clone()
@@ -170,12 +154,22 @@ def nuts_benchmark(
                 for _ in range(1000):
                     vg(q)
                 pot_ms[key].append(time.perf_counter() - t)  # seconds per 1000 calls = ms per call
-    import statistics
+    return runs, pot_ms
 
-    med = {k: statistics.median(v) for k, v in times.items()}
+
+def _step_table(runs: dict[str, list], pot_ms: dict[str, list], mcmc: Any, ess_min: float, iters: int, compiled: bool,
+                num_samples: int, warmup_steps: int) -> pd.DataFrame:  # fmt: skip
+    """Parts 1 to 3 of :func:`nuts_benchmark` as its table: the medians over rounds per contender,
+    the full run ``mcmc`` (chain 0's steps and seconds, ``ess_min``) and the breakdown in ``attrs``."""
+    info, rec = mcmc.run_info, chain_records(mcmc)[0]
+    steps_run = rec["num_steps"]
+    total_leapfrog = sum(steps_run) + sum(rec["warmup_num_steps"])
+    kernel_seconds = sum(rec["seconds"]) + sum(rec["warmup_seconds"])
+    ess_per_leapfrog = ess_min / sum(steps_run)
+    med = {k: statistics.median(1e3 * sec / max(n, 1) for sec, n in v) for k, v in runs.items()}
     pot_med = statistics.median(pot_ms["compiled"])
     pot_py_med = statistics.median(pot_ms["python"])
-    core = "compiled core" if pot.compiled is not None else "compiled core UNAVAILABLE: Python"
+    core = "compiled core" if compiled else "compiled core UNAVAILABLE: Python"
     labels = {
         "traced": "Pyro MCMC(NUTS(model, jit_compile=True))",
         "stock": "fast potential + Pyro NUTS(potential_fn=...)",
@@ -183,13 +177,13 @@ def nuts_benchmark(
         "flat": f"FlatNUTS, {core} (run_nuts default)",
     }
     rows = []
-    for name in names:
+    for name in _CONTENDERS:
         rows.append({
             "contender": labels[name],
             "ms_per_leapfrog": med[name],
             "speedup_vs_traced": med["traced"] / med[name],
-            "leapfrog_per_draw": statistics.median(counts[name]) / iters,
-            "seconds": statistics.median(walls[name]),
+            "leapfrog_per_draw": statistics.median(n for _, n in runs[name]) / iters,
+            "seconds": statistics.median(sec for sec, _ in runs[name]),
             "bulk_ess_f_per_s": ess_per_leapfrog * 1e3 / med[name],
             "ess_per_s_measured": False,
         })  # fmt: skip
@@ -197,7 +191,7 @@ def nuts_benchmark(
         "contender": f"run_nuts default, full run ({warmup_steps} warm-up + {num_samples} draws)",
         "ms_per_leapfrog": 1e3 * kernel_seconds / total_leapfrog,
         "speedup_vs_traced": med["traced"] / (1e3 * kernel_seconds / total_leapfrog),
-        "leapfrog_per_draw": per_sample,
+        "leapfrog_per_draw": sum(steps_run) / len(steps_run),
         "seconds": info.total_seconds,
         "bulk_ess_f_per_s": ess_min / info.total_seconds,
         "ess_per_s_measured": True,
@@ -208,17 +202,12 @@ def nuts_benchmark(
     table.attrs["flat_nuts_overhead_us_per_step"] = 1e3 * (med["flat"] - pot_med)
     table.attrs["python_flat_nuts_overhead_us_per_step"] = 1e3 * (med["python"] - pot_py_med)
     table.attrs["pyro_nuts_overhead_us_per_step"] = 1e3 * (med["stock"] - pot_med)
-    table.attrs["compiled_core"] = pot.compiled is not None
+    table.attrs["compiled_core"] = compiled
     table.attrs["speedup_flat_vs_traced"] = med["traced"] / med["flat"]
     table.attrs["speedup_python_flat_vs_traced"] = med["traced"] / med["python"]
     table.attrs["speedup_stock_potential_fn_vs_traced"] = med["traced"] / med["stock"]
     table.attrs["full_run_seconds"] = info.total_seconds
     table.attrs["full_run_min_bulk_ess_f"] = ess_min
-    if num_chains > 0:
-        chains = nuts_chains_benchmark("clusters", num_chains, num_samples, warmup_steps, hidden, seed, numpyro)
-        attrs = {**table.attrs, **chains.attrs}
-        table = pd.concat([table, chains])
-        table.attrs = attrs
     return table
 
 
@@ -240,20 +229,36 @@ def _bulk_ess_min(f: Any) -> float:
     return float(az.ess(az.convert_to_dataset(np.asarray(f)), method="bulk").to_array().min())
 
 
-def _ours_chains_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
-                     warmup_steps: int, seed: int) -> dict[str, float]:  # fmt: skip
-    """``run_nuts`` with ``num_chains`` chains: wall time (MAP init included), leapfrog steps,
-    kernel seconds and the minimum bulk ESS of ``f(x_eval)``."""
+def _bench_problem(data: str, hidden: int) -> tuple[Tensor, Tensor, Tensor, BNN]:
+    """Training data, inputs of ``f`` (``{-1, -0.75, 0, 0.75, 1}`` in 1-D, else the first 5 training
+    inputs) and the 1x``hidden`` tanh BNN, N(0, 1) prior, sigma 0.1."""
+    ds = load_dataset(data)
+    x, y = ds.x_train, ds.y_train
+    x_eval = torch.tensor([[-1.0], [-0.75], [0.0], [0.75], [1.0]]) if x.shape[1] == 1 else x[:5].clone()
+    return x, y, x_eval, BNN(MLP(x.shape[1], [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+
+
+def _nuts_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
+              warmup_steps: int, seed: int) -> tuple[MCMC, float]:  # fmt: skip
+    """``run_nuts`` with ``num_chains`` chains and the minimum over ``x_eval`` of the bulk ESS of ``f``."""
     mcmc = run_nuts(model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, seed=seed,
                     num_chains=num_chains, progress=False)  # fmt: skip
     w = mcmc.get_samples(group_by_chain=True)["w"]
     with torch.no_grad():
         f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
+    return mcmc, _bulk_ess_min(f.numpy())
+
+
+def _ours_chains_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
+                     warmup_steps: int, seed: int) -> dict[str, float]:  # fmt: skip
+    """``run_nuts`` with ``num_chains`` chains: wall time (MAP init included), leapfrog steps,
+    kernel seconds and the minimum bulk ESS of ``f(x_eval)``."""
+    mcmc, ess = _nuts_run(model, x, y, x_eval, num_chains, num_samples, warmup_steps, seed)
     recs = chain_records(mcmc)
     steps = sum(sum(r["num_steps"]) + sum(r["warmup_num_steps"]) for r in recs)
     info = mcmc.run_info
     return {"seconds": info.total_seconds, "sampling_seconds": info.sampling_seconds,
-            "leapfrog": steps, "ess": _bulk_ess_min(f.numpy()), "method": info.chain_method,
+            "leapfrog": steps, "ess": ess, "method": info.chain_method,
             "saturated": info.max_tree_depth_share}  # fmt: skip
 
 
@@ -366,14 +371,7 @@ def nuts_chains_benchmark(
     import os
 
     loads = [os.getloadavg()]
-    ds = load_dataset(data)
-    x, y = ds.x_train, ds.y_train
-    D = x.shape[1]
-    if D == 1:
-        x_eval = torch.tensor([[-1.0], [-0.75], [0.0], [0.75], [1.0]])
-    else:
-        x_eval = x[:5].clone()
-    model = BNN(MLP(D, [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
+    x, y, x_eval, model = _bench_problem(data, hidden)
     extension()
     # one chain per seed of the K chains: the one-chain figure is their median ESS/s (a single
     # chain's ESS of 200 draws varies by 2x between seeds, measured on boston: 66 to 121)

@@ -77,7 +77,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 from torch import Tensor
 
-from ..datasets import extrapolation_split, interpolation_split, load_dataset, load_split
+from ..datasets import Dataset, extrapolation_split, interpolation_split, load_dataset, load_split
 from ..guides import init_to_network
 from ..infer import fit_svi
 from ..posterior import sample_posterior
@@ -241,12 +241,6 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
     bnn = BNN(net, prior_scale=PAPER_SCALE, noise_scale=0.1)
     batch = min(128, len(x))
 
-    def metrics(w, prefix=""):
-        m = evaluate(bnn, {"w": w}, data.x_test, data.y_test, y_mean=0.0, y_std=1.0)   # standardised scale
-        v = evaluate(bnn, {"w": w}, data.x_valid, data.y_valid, y_mean=0.0, y_std=1.0)
-        return {f"{prefix}valid_ll": float(v["test_ll"]), f"{prefix}test_ll": float(m["test_ll"]),
-                f"{prefix}rmse": float(m["rmse"])}  # fmt: skip
-
     t0 = time.perf_counter()
     out: dict[str, float] = {}
     model = projection = None
@@ -255,15 +249,15 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
         t1 = time.perf_counter()
         res = fge(bnn, x, y, x_valid=data.x_valid, y_valid=data.y_valid, num_candidates=num_candidates, keep=keep,
                   map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
-        out.update(metrics(res.kept, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
+        out.update(_metrics(bnn, res.kept, data, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
         projection = fit_projection(model, res.kept, x, y, objective=_OBJECTIVE[task.method], num_steps=ae_steps,
                                     lr=0.005, batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
 
     def fit_at(step_size: float) -> dict[str, float]:
+        draws = _CheckDraws(("w",) if task.method == "BbB" else ("z", "phi"), check_draws, seed)
+        check = (lambda g: draws(g)["w"]) if task.method == "BbB" else (lambda g: model.project(**draws(g)))
+        stop = _EarlyStopping(check, bnn, data.x_valid, data.y_valid, eval_every, patience)
         if task.method == "BbB":
-            draws = _CheckDraws(("w",), check_draws, seed)
-            stop = _EarlyStopping(lambda g: draws(g)["w"], bnn, data.x_valid, data.y_valid, eval_every, patience)
-
             def run() -> tuple[BNN, AutoNormal]:
                 with pyro.get_param_store().scope():
                     guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
@@ -275,14 +269,6 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
                             callback=lambda step, value: stop(step, value, guide))  # fmt: skip
                 return bnn, guide
         else:
-            draws = _CheckDraws(("z", "phi"), check_draws, seed)
-
-            def projected_draws(g: AutoNormal) -> Tensor:
-                d = draws(g)
-                return model.project(d["z"], d["phi"])
-
-            stop = _EarlyStopping(projected_draws, bnn, data.x_valid, data.y_valid, eval_every, patience)
-
             def run() -> tuple[ProjectedBNN, AutoNormal]:
                 fit = fit_projected_bnn(model, x, y, projection=projection, num_steps=vi_steps, lr=step_size,
                                         batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
@@ -298,8 +284,23 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
             out[f"diverged_at@lr={step_size:g}"] = stop.steps
         stop.restore(guide)
         w = sample_posterior(fitted, guide, x, num_samples=num_samples, seed=seed)["w"]
-        return {"lr": step_size, **metrics(w), "steps": stop.steps, "best_step": stop.best_step}
+        return {"lr": step_size, **_metrics(bnn, w, data), "steps": stop.steps, "best_step": stop.best_step}
 
+    best = _best_step_size(step_sizes, fit_at, out)  # writes each step size's outcome into out
+    return {**out, **best, "seconds": time.perf_counter() - t0}
+
+
+def _metrics(bnn: BNN, w: Tensor, data: Dataset, prefix: str = "") -> dict[str, float]:
+    """Validation and test log-likelihood and test RMSE of the draws ``w`` (standardised scale)."""
+    m = evaluate(bnn, {"w": w}, data.x_test, data.y_test, y_mean=0.0, y_std=1.0)
+    v = evaluate(bnn, {"w": w}, data.x_valid, data.y_valid, y_mean=0.0, y_std=1.0)
+    return {f"{prefix}valid_ll": float(v["test_ll"]), f"{prefix}test_ll": float(m["test_ll"]),
+            f"{prefix}rmse": float(m["rmse"])}  # fmt: skip
+
+
+def _best_step_size(step_sizes: list[float], fit_at: Callable[[float], dict], out: dict) -> dict[str, float]:
+    """:func:`uci_task`'s cross-validation: ``fit_at`` per step size, the fit with the best finite
+    validation log-likelihood; a diverging or non-finite fit loses (``out`` records why)."""
     best: dict[str, float] | None = None
     for step_size in step_sizes:
         key = f"{step_size:g}"
@@ -318,7 +319,7 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
             best = result
     if best is None:
         raise FloatingPointError(f"every step size {step_sizes} diverged: {out}")
-    return {**out, **best, "seconds": time.perf_counter() - t0}
+    return best
 
 
 def uci_tasks(datasets: Sequence[str] = DATASETS, schemes: Sequence[str] = SCHEMES, *,

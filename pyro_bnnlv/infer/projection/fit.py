@@ -108,25 +108,93 @@ def _recentre_first_layer(decoder: MLP, phi: Tensor, codes: Tensor, target_scale
     fan_in, fan_out, w_sl, b_sl = decoder.layers[0]
     phi = phi.clone()
     W1 = phi[w_sl].view(fan_out, fan_in)
-    b1 = phi[b_sl]
-    new_b = b1 + W1 @ mu
-    new_W = W1 * (s / target_scale)
-    phi[w_sl] = new_W.reshape(-1)
-    phi[b_sl] = new_b
+    phi[b_sl] = phi[b_sl] + W1 @ mu
+    phi[w_sl] = (W1 * (s / target_scale)).reshape(-1)
     return phi, (codes - mu) / s * target_scale
 
 
-def _prediction_nll(model: ProjectedBNN, w_hat: Tensor, x: Tensor, y2: Tensor, sigma: Tensor,
-                    batch_size: int | None) -> Tensor:  # fmt: skip
-    """Mean over weight vectors and (a minibatch of) data points of ``-log p(y_n | x_n, w)``."""
-    N = x.shape[0]
-    if batch_size is None or batch_size >= N:
-        xb, yb = x, y2
-    else:
-        idx = torch.randint(N, (batch_size,))
-        xb, yb = x[idx], y2[idx]
-    f = model.net(xb, w_hat)                                                     # (R, B, L)
-    return -torch.distributions.Normal(f, sigma).log_prob(yb).sum(-1).mean()
+class _DecoderFit:
+    """State of :func:`fit_projection`'s Adam steps: the candidates standardised per weight,
+    ``u = (w - loc) / scale`` (``scale`` floored at 1e-3 of its mean), the encoder ``f_theta``
+    (mirroring the decoder unless ``encoder_hidden``) and the decoder ``g_psi`` trained on that
+    scale (module docstring), both drawn from a generator seeded by ``seed``, the data of the
+    prediction term and, for the MMD, the features in ``mmd_space`` (``f(x; w)`` at 64 training
+    inputs drawn from that generator, or the standardised weights), the candidates' features and
+    the kernel's bandwidths in units of the candidates' median pairwise distance."""
+
+    def __init__(self, model: ProjectedBNN, objective: str, candidates: Tensor, x: Tensor, y: Tensor,
+                 batch_size: int | None, encoder_hidden: tuple[int, ...] | None, mmd_space: str,
+                 mmd_bandwidths: tuple[float, ...], seed: int | None) -> None:  # fmt: skip
+        gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+        self.model, self.objective, self.x, self.batch_size = model, objective, x, batch_size
+        self.y2 = y.reshape(x.shape[0], -1).to(x.dtype)
+        loc, scale = candidates.mean(0), candidates.std(0)
+        self.loc, self.scale = loc, scale.clamp_min(1e-3 * float(scale.mean()) + 1e-12)
+        self.u = (candidates - self.loc) / self.scale
+        K, hidden = model.latent_dim, model.decoder.hidden_sizes[::-1] if encoder_hidden is None else encoder_hidden
+        out = 2 * K if objective == "vae" else K
+        self.encoder = MLP(candidates.shape[1], list(hidden), out, activation=model.decoder.activation)
+        self.theta = torch.nn.Parameter(self.encoder.init_weights(gen))
+        self.phi = torch.nn.Parameter(model.decoder.init_weights(gen))
+        self.log_tau = torch.nn.Parameter(torch.zeros(()))
+        self.mmd: tuple[Callable[[Tensor], Tensor], Tensor, Tensor] | None = None
+        if objective == "mmd":
+            x_feat = x[torch.randperm(x.shape[0], generator=gen)[:64]]
+            features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd_space == "function" else \
+                (lambda w: (w - self.loc) / self.scale)  # fmt: skip
+            with torch.no_grad():
+                target = features(candidates)
+            self.mmd = features, target, median_distance(target) * torch.as_tensor(mmd_bandwidths, dtype=target.dtype)
+
+    def encode(self, u: Tensor) -> Tensor:
+        return self.encoder(u.unsqueeze(-2), self.theta).squeeze(-2)
+
+    def decode(self, z: Tensor) -> Tensor:
+        """Raw weights ``g_phi(z) = loc + scale * g_psi(z)``."""
+        return self.loc + self.scale * self.model.project(z, self.phi)
+
+    def neg_log_lik(self, w_hat: Tensor) -> Tensor:
+        """Mean over weight vectors and (a minibatch of) data points of ``-log p(y_n | x_n, w)``."""
+        N, B = self.x.shape[0], self.batch_size
+        idx = None if B is None or B >= N else torch.randint(N, (B,))
+        xb, yb = (self.x, self.y2) if idx is None else (self.x[idx], self.y2[idx])
+        sigma = torch.as_tensor(self.model.noise_scale).detach()
+        return -torch.distributions.Normal(self.model.net(xb, w_hat), sigma).log_prob(yb).sum(-1).mean()
+
+    def loss(self, beta: float, input_noise: float, draws: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """One step's loss and its terms ``(loss, reconstruction, neg_log_lik, kl)`` (module docstring;
+        :mod:`~pyro_bnnlv.infer.projection.decoder` for the generative objectives, ``draws`` of ``p(z)``)."""
+        u, K, sigma_z = self.u, self.model.latent_dim, float(self.model.latent_scale)
+        if self.objective == "autoencoder":
+            w_hat = self.decode(self.encode(u + input_noise * torch.randn(u.shape)))  # (R, P)
+            recon, nll = ((w_hat - self.loc) / self.scale - u).pow(2).mean(), self.neg_log_lik(w_hat)
+            return recon + beta * nll, recon, nll, None
+        w_prior = self.decode(sigma_z * torch.randn(draws, K))  # (M, P)
+        nll = self.neg_log_lik(w_prior)
+        if self.mmd is not None:
+            features, target, bandwidths = self.mmd
+            recon = mmd2(features(w_prior), target, bandwidths)
+            return recon + beta * nll, recon, nll, None
+        stats = self.encode(u)
+        mu, log_sd = stats[..., :K], stats[..., K:].clamp(-10.0, 5.0)
+        codes = mu + log_sd.exp() * torch.randn(u.shape[0], K)
+        recon, kl = vae_terms(u, self.model.project(codes, self.phi), mu, log_sd, self.log_tau, sigma_z)
+        return recon + kl + beta * nll, recon, nll, kl
+
+    def phi_star(self) -> tuple[Tensor, Tensor | None]:
+        """``phi`` with ``(loc, scale)`` folded into the last layer (eq. 6: and re-centred,
+        :func:`_recentre_first_layer`), and the candidates' codes (``None`` for the MMD)."""
+        with torch.no_grad():
+            phi_star = self.phi.detach().clone()
+            _, fan_out, w_sl, b_sl = self.model.decoder.layers[-1]
+            phi_star[w_sl] = (phi_star[w_sl].view(fan_out, -1) * self.scale[:, None]).reshape(-1)
+            phi_star[b_sl] = self.loc + self.scale * phi_star[b_sl]
+            if self.objective == "mmd":
+                return phi_star, None
+            codes = self.encode(self.u)
+            if self.objective == "vae":
+                return phi_star, codes[..., : self.model.latent_dim]
+            return _recentre_first_layer(self.model.decoder, phi_star, codes, float(self.model.latent_scale))
 
 
 def fit_projection(
@@ -172,14 +240,10 @@ def fit_projection(
         num_steps, lr: Adam on encoder and decoder jointly; ``None``:
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_NUM_STEPS` and
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_LR` (eq. 6: 3,000 steps at 0.005;
-            the generative objectives: 2,000 at 0.01, the budget ``beta`` was measured at).
-            For the generative objectives these two matter together with ``beta``: they fix
-            how far the decoder moves along the balance between matching the candidates and
-            predicting well from prior draws, and stage 3's mean-field ``q(z)`` covers two
-            modes only if the decoder leaves adjacent regions of ``p(z)`` decoding to different
-            good modes. On the four-mode toy (issue 43) the MMD decoder at 3,000 steps and
-            0.005 (the earlier defaults) left seed 0's posterior in one mode, and so did
-            changing either of the two alone; 2,000 at 0.01 gave two modes for seeds 0, 1, 2.
+            the generative objectives: 2,000 at 0.01, the budget ``beta`` was measured at and
+            calibrated with: the constants' notes, issue 43); stage 3's mean-field ``q(z)`` covers
+            two modes only if the decoder leaves adjacent regions of ``p(z)`` decoding to
+            different good modes.
         batch_size: data points per step for the prediction term (``None``: all).
         num_prior_draws: ``M``, draws of ``z ~ p(z)`` per step (generative objectives).
         mmd_space: ``"weight"`` or ``"function"``, the MMD's features.
@@ -202,60 +266,14 @@ def fit_projection(
     num_prior_draws = as_positive_int(num_prior_draws, "num_prior_draws")
     model.check_data(x, y)
     set_seed(seed)
-    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    loc, scale = candidates.mean(0), candidates.std(0)
-    scale = scale.clamp_min(1e-3 * float(scale.mean()) + 1e-12)
-    u = (candidates - loc) / scale
-    R, P = u.shape
-    K = model.latent_dim
-    sigma_z = float(model.latent_scale)
-    hidden = list(reversed(model.decoder.hidden_sizes)) if encoder_hidden is None else list(encoder_hidden)
-    encoder = MLP(P, hidden, 2 * K if objective == "vae" else K, activation=model.decoder.activation)
-    theta = torch.nn.Parameter(encoder.init_weights(gen))
-    # the decoder is trained on the standardised scale, u_hat = g_psi(z), so that Adam's steps are
-    # the same size for every weight whatever its spread among the candidates; phi folds (loc,
-    # scale) into the last layer afterwards: g_phi(z) = loc + scale * g_psi(z)
-    phi = torch.nn.Parameter(model.decoder.init_weights(gen))
-
-    def decode(z: Tensor, psi: Tensor) -> Tensor:
-        return loc + scale * model.project(z, psi)
-
-    log_tau = torch.nn.Parameter(torch.zeros(()))
-    params = [phi] if objective == "mmd" else [theta, phi]
-    opt = torch.optim.Adam(params + ([log_tau] if objective == "vae" else []), lr=lr)
-    N = x.shape[0]
-    y2 = y.reshape(N, -1).to(x.dtype)
-    sigma = torch.as_tensor(model.noise_scale).detach()
-    if objective == "mmd":
-        x_feat = x[torch.randperm(N, generator=gen)[:64]]
-        features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd_space == "function" else \
-            (lambda w: (w - loc) / scale)  # fmt: skip
-        with torch.no_grad():
-            target = features(candidates)
-        bandwidths = median_distance(target) * torch.as_tensor(mmd_bandwidths, dtype=target.dtype)
-    out = ProjectionFit(phi=phi.detach(), encoder=encoder, encoder_weights=theta.detach(), objective=objective)
+    dec = _DecoderFit(model, objective, candidates, x, y, batch_size, encoder_hidden, mmd_space, mmd_bandwidths, seed)
+    params = [dec.phi] if objective == "mmd" else [dec.theta, dec.phi]
+    opt = torch.optim.Adam(params + ([dec.log_tau] if objective == "vae" else []), lr=lr)
+    out = ProjectionFit(phi=dec.phi.detach(), encoder=dec.encoder, encoder_weights=dec.theta, objective=objective)
     for step in tqdm(range(num_steps), disable=not progress, desc=objective, leave=False):
-        if objective == "autoencoder":
-            noisy = u + input_noise * torch.randn(R, P)
-            codes = encoder(noisy.unsqueeze(-2), theta).squeeze(-2)     # (R, D_z)
-            w_hat = decode(codes, phi)                                               # (R, P)
-            recon = ((w_hat - loc) / scale - u).pow(2).mean()
-            nll = _prediction_nll(model, w_hat, x, y2, sigma, batch_size)
-            loss = recon + beta * nll
-        else:
-            w_prior = decode(sigma_z * torch.randn(num_prior_draws, K), phi)         # (M, P)
-            nll = _prediction_nll(model, w_prior, x, y2, sigma, batch_size)
-            if objective == "vae":
-                stats = encoder(u.unsqueeze(-2), theta).squeeze(-2)
-                mu, log_sd = stats[..., :K], stats[..., K:].clamp(-10.0, 5.0)
-                codes = mu + log_sd.exp() * torch.randn(R, K)
-                u_hat = model.project(codes, phi)
-                recon, kl = vae_terms(u, u_hat, mu, log_sd, log_tau, sigma_z)
-                out.kl.append(float(kl.detach()))
-                loss = recon + kl + beta * nll
-            else:
-                recon = mmd2(features(w_prior), target, bandwidths)
-                loss = recon + beta * nll
+        loss, recon, nll, kl = dec.loss(beta, input_noise, num_prior_draws)
+        if kl is not None:
+            out.kl.append(float(kl.detach()))
         if not torch.isfinite(loss):
             raise FloatingPointError(f"fit_projection: non-finite loss at step {step}")
         opt.zero_grad()
@@ -263,19 +281,7 @@ def fit_projection(
         opt.step()
         out.reconstruction.append(float(recon.detach()))
         out.neg_log_lik.append(float(nll.detach()))
-    with torch.no_grad():
-        phi_star = phi.detach().clone()
-        _, fan_out, w_sl, b_sl = model.decoder.layers[-1]
-        phi_star[w_sl] = (phi_star[w_sl].view(fan_out, -1) * scale[:, None]).reshape(-1)
-        phi_star[b_sl] = loc + scale * phi_star[b_sl]
-        if objective == "autoencoder":
-            codes = encoder(u.unsqueeze(-2), theta).squeeze(-2)
-            phi_star, codes = _recentre_first_layer(model.decoder, phi_star, codes, sigma_z)
-        elif objective == "vae":
-            codes = encoder(u.unsqueeze(-2), theta).squeeze(-2)[..., :K]
-        else:
-            codes = None
-    out.phi, out.encoder_weights, out.codes = phi_star, theta.detach(), codes
+    (out.phi, out.codes), out.encoder_weights = dec.phi_star(), dec.theta.detach()
     return out
 
 
@@ -303,13 +309,32 @@ def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed
     return own_param_names(AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale))
 
 
-def _set_phi_scales(guide: AutoNormal, model: ProjectedBNN, x: Tensor, y: Tensor, seed: int | None,
-                    **kwargs) -> None:  # fmt: skip
+def _stage3_guide(model: ProjectedBNN, projection: ProjectionFit | None, z_init: str | None, x: Tensor, y: Tensor,
+                  seed: int | None) -> AutoNormal:  # fmt: skip
+    """Stage 3's guide (:func:`init_projected_guide` from ``projection.phi``), ``phi``'s scales at ``exp(N(-9, 0.1))``
+    (footnote 4); ``z_init=None``: ``"prior"`` after a generative decoder objective, else ``"random"``."""
+    if z_init is None:
+        generative = projection is not None and projection.objective in GENERATIVE_OBJECTIVES
+        z_init = "prior" if generative else "random"
+    guide = init_projected_guide(model, None if projection is None else projection.phi, seed=seed, z_init=z_init)
     gen = torch.Generator().manual_seed(1 if seed is None else int(seed) + 1)
-    guide(x, y, **kwargs)  # create the parameters
+    guide(x, y)  # create the parameters
     if model.fixed_phi is None:
-        log_sd = -9.0 + 0.1 * torch.randn(model.num_phi, generator=gen)
-        guide.scales.phi = log_sd.exp()
+        guide.scales.phi = (-9.0 + 0.1 * torch.randn(model.num_phi, generator=gen)).exp()
+    return guide
+
+
+def _stage3_elbo(model: ProjectedBNN, variant: str, kl: str, num_particles: int, fused: bool) -> Trace_ELBO:
+    """Stage 3's ELBO (``kl``: :func:`fit_projected_bnn`), without ``phi``'s KL when ``phi`` is fixed. The
+    model's only plate is "data" (dim -1): said, not guessed (Pyro logs every guess)."""
+    if kl not in ("closed-form", "monte-carlo"):
+        raise ValueError(f"kl must be 'closed-form' (the paper's) or 'monte-carlo', got {kl!r}")
+    if not isinstance(fused, bool):
+        raise TypeError(f"fused must be True or False, got {fused!r}")
+    if kl == "monte-carlo":
+        return Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
+    sites = ("z",) if variant == "qz-only" or model.fixed_phi is not None else ("z", "phi")
+    return ClosedFormKLElbo(sites, num_particles=num_particles, max_plate_nesting=1, fused=fused)
 
 
 @dataclass
@@ -374,10 +399,9 @@ def fit_projected_bnn(
             ``"mmd"``), ``"random"`` otherwise.
         kl: stage 3's KL terms of ``z`` and ``phi``: ``"closed-form"`` (the paper, below eq. 6:
             "the KL-divergence terms in Eq. (5) can be computed in closed form";
-            :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`, about 2x faster per step
-            on UCI, no Monte-Carlo noise in those terms) or ``"monte-carlo"`` (``Trace_ELBO``:
-            ``log p - log q`` at the particles' draws, this library's estimator before issue 17's
-            paper-budget run).
+            :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`, no Monte-Carlo noise in
+            those terms) or ``"monte-carlo"`` (``Trace_ELBO``: ``log p - log q`` at the particles'
+            draws, this library's estimator before issue 17's paper-budget run).
         fused: compute the closed-form steps without Pyro's traces (the same estimator and
             random draws, checked against the traced steps during training; module docstring
             of :mod:`~pyro_bnnlv.infer.elbos.closed_form_kl`, 'Fused steps'); ``False``: traced.
@@ -389,16 +413,12 @@ def fit_projected_bnn(
     """
     if variant not in ("full", "one-stage", "qz-only"):
         raise ValueError(f"variant must be 'full', 'one-stage' or 'qz-only', got {variant!r}")
-    if kl not in ("closed-form", "monte-carlo"):
-        raise ValueError(f"kl must be 'closed-form' (the paper's) or 'monte-carlo', got {kl!r}")
-    if not isinstance(fused, bool):
-        raise TypeError(f"fused must be True or False, got {fused!r}")
+    loss = _stage3_elbo(model, variant, kl, num_particles, fused)
     if model.num_tasks is not None:
-        raise ValueError("fit_projected_bnn is for single-task models (FGE trains one network); for "
-                         "num_tasks=M use init_projected_guide(model) and fit_svi(..., "
-                         "model_kwargs={'task': task})")
+        raise ValueError("fit_projected_bnn is for single-task models (FGE trains one network); for num_tasks=M "
+                         "use init_projected_guide(model) and fit_svi(..., model_kwargs={'task': task})")
     seconds: dict[str, float] = {}
-    fge_result = phi_star = None
+    fge_result = None
     if projection is not None:
         if variant == "one-stage":
             raise ValueError("projection= gives a trained decoder; variant='one-stage' starts from a random one")
@@ -416,23 +436,11 @@ def fit_projected_bnn(
         projection = fit_projection(model, candidates, x, y, seed=seed, progress=progress,
                                     **(projection_kwargs or {}))  # fmt: skip
         seconds["autoencoder"] = time.perf_counter() - t0
-    if projection is not None:
-        phi_star = projection.phi
-        if variant == "qz-only":
-            model.fixed_phi = phi_star.clone()
+    if variant == "qz-only":
+        model.fixed_phi = projection.phi.clone()
     t0 = time.perf_counter()
     with pyro.get_param_store().scope():
-        if z_init is None:
-            generative = projection is not None and projection.objective in GENERATIVE_OBJECTIVES
-            z_init = "prior" if generative else "random"
-        guide = init_projected_guide(model, phi_star, seed=seed, z_init=z_init)
-        _set_phi_scales(guide, model, x, y, seed)
-        # the model's only plate is "data" (dim -1): said, not guessed (Pyro logs every guess)
-        if kl == "closed-form":
-            sites = ("z",) if model.fixed_phi is not None else ("z", "phi")
-            loss = ClosedFormKLElbo(sites, num_particles=num_particles, max_plate_nesting=1, fused=fused)
-        else:
-            loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
+        guide = _stage3_guide(model, projection, z_init, x, y, seed)
         losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
                          seed=seed, progress=progress,
                          callback=None if callback is None else lambda step, value: callback(step, value, guide))

@@ -290,7 +290,8 @@ def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed
     """Stage 3's mean-field guide: ``AutoNormal`` over ``z`` (and ``phi``).
 
     ``phi``'s mean starts at ``phi`` (a random decoder initialisation if ``None``: the one-stage
-    ablation) and its scales at ``exp(N(-9, 0.1))`` (footnote 4). ``z_init="random"`` (the
+    ablation) and its scales at ``z``'s (:func:`fit_projected_bnn` then sets them to
+    ``exp(N(-9, 0.1))``, footnote 4). ``z_init="random"`` (the
     paper's "initialized randomly"): ``z``'s means at a draw from ``p(z)`` and its scales at
     ``z_scale`` (default half the prior's); ``z_init="prior"``: ``q(z)`` starts at ``p(z)``
     (means 0, scales ``z_scale``, default the prior's), the natural start for a generative

@@ -313,7 +313,7 @@ def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
     ``n >= 3``, ``x`` ``n`` rows, both on the CPU, and the compiled kernels available
     (:func:`pairwise_extension` not ``None``)."""
     n, k = mu.shape
-    x2 = x.reshape(n, -1).to(mu.dtype)
+    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
     if isinstance(n, int) and isinstance(k, int):
         beta2 = _beta2_tensor(n, k)
     else:  # sizes traced as tensors

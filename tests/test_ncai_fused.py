@@ -105,6 +105,22 @@ def test_a_default_ncai_fit_runs_no_trace_after_its_first_step_and_no_jit(monkey
     assert calls["n"] == 1 and len(loss.history) == 30
 
 
+def test_a_non_finite_latent_mean_stops_a_fused_fit_with_the_step():
+    """The fused step's statistics skip the per-step input checks: a latent mean made NaN shows
+    as a non-finite loss, reported with its step (not a ValueError from the statistics)."""
+    model, guide = _pair()
+    x, y = _data()
+
+    def poison(step, value):
+        if step == 4:
+            with torch.no_grad():
+                guide.locs.z[0] = float("nan")
+
+    with pytest.raises(pb.NonFiniteLossError, match="at step 5"):
+        pb.fit_svi(model, guide, x, y, num_steps=10, loss=NCAIElbo(**MODERATE), seed=0, progress=False,
+                   callback=poison)  # fmt: skip
+
+
 def test_a_fused_ncai_fit_equals_the_traced_one_and_passes_the_guard():
     x, y = _data()
     out = []

@@ -15,7 +15,10 @@ from torch import Tensor
 
 from ..infer.svi import fit_svi
 
-__all__ = ["fit_step_ms", "fit_step_ms_beside", "median_ms"]
+__all__ = ["ALTERNATED", "fit_step_ms", "fit_step_ms_beside", "median_ms"]
+
+#: the label prefix of the benchmarks' rows timed by :func:`fit_step_ms_beside`
+ALTERNATED = "alternated step by step"
 
 
 def median_ms(fn: Callable[[], None], steps: int, warmup: int = 20) -> float:

@@ -7,7 +7,8 @@
 // the input dtype (results are cast back), takes squared distances as sums of squared
 // differences (the torch path expands |y_i|^2 + |y_j|^2 - 2 y_i.y_j and clamps at 0), and
 // exponentiates with ATen's vectorised exp on the packed triangle (in float32 for float32
-// inputs, see exp_inplace). Inner loops run over j with
+// inputs, see exp_packed; the triangle is then stored as float32, each exponent rounded once
+// from its double value, and read back into double sums). Inner loops run over j with
 // contiguous operands (coordinates stored transposed) so that they vectorise; `omp simd
 // reduction` lets the compiler reorder those sums (build flag -fopenmp-simd), nothing else.
 //
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 using at::Tensor;
@@ -50,44 +52,68 @@ inline int64_t row_start(int64_t n, int64_t i) { return i * n - i * (i + 1) / 2;
 // coordinates in double, transposed: pt[c * n + i] = p[i, c]
 Tensor transposed(const Tensor& p) { return p.to(at::kDouble).t().contiguous(); }
 
-// exp of a packed triangle of exponents in place (ATen's vectorised exp). For float32 inputs
-// (`single`) the exponentials are taken in float32: their error (~1e-7 relative) is that of the
+// The packed triangles hold T: double for float64 inputs; float for float32 inputs, whose
+// exponentials are taken in float32: their error (~1e-7 relative) is that of the
 // float32 result the statistic is returned as, and the float exp is 2x faster (heavy-tail's
-// 44,850 pairs: 28 against 58 us); the sums stay in double. float64 inputs: exp in double.
-void exp_inplace(Tensor& t, bool single) {
-  if (single)
-    t.copy_(t.to(at::kFloat).exp_());
-  else
-    t.exp_();
+// 44,850 pairs: 28 against 58 us). Exponents are computed in double and rounded once on storing;
+// every sum reads the stored values into double.
+template <typename T>
+constexpr at::ScalarType packed_type() {
+  return std::is_same<T, float>::value ? at::kFloat : at::kDouble;
 }
 
-// exponents -|p_i - p_j|^2 of the pairs i < j into out (packed); scale p by sqrt(gamma) first
-PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, double* out) {
+// exp of a packed triangle of npairs exponents in place (ATen's vectorised exp)
+template <typename T>
+void exp_packed(T* p, int64_t npairs) {
+  at::from_blob(p, {npairs}, at::TensorOptions().dtype(packed_type<T>())).exp_();
+}
+
+// exponents -|p_i - p_j|^2 of the pairs i < j into out (packed); scale p by sqrt(gamma) first.
+// Summed over the coordinates in double (in `row`, n doubles, for float storage) and rounded to
+// T once.
+template <typename T>
+PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, T* out, double* row) {
   for (int64_t i = 0; i < n; ++i) {
-    double* o = out + row_start(n, i);
+    T* o = out + row_start(n, i);
+    double* acc = row;
+    if constexpr (std::is_same<T, double>::value) acc = o;
     const int64_t m = n - 1 - i;
     for (int64_t c = 0; c < d; ++c) {
       const double pic = pt[c * n + i];
       const double* pj = pt + c * n + i + 1;
       if (c == 0) {
 #pragma omp simd
-        for (int64_t j = 0; j < m; ++j) o[j] = -(pic - pj[j]) * (pic - pj[j]);
+        for (int64_t j = 0; j < m; ++j) acc[j] = -(pic - pj[j]) * (pic - pj[j]);
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < m; ++j) o[j] -= (pic - pj[j]) * (pic - pj[j]);
+        for (int64_t j = 0; j < m; ++j) acc[j] -= (pic - pj[j]) * (pic - pj[j]);
       }
+    }
+    if constexpr (!std::is_same<T, double>::value) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) o[j] = static_cast<T>(acc[j]);
     }
   }
 }
 
+// exp(-|p_i - p_j|^2) of the pairs i < j (packed), as T
+template <typename T>
+std::vector<T> pair_kernel(const double* pt, int64_t n, int64_t d) {
+  std::vector<T> k(n * (n - 1) / 2);
+  std::vector<double> row(std::is_same<T, double>::value ? 0 : n);
+  pair_exponents<T>(pt, n, d, k.data(), row.data());
+  exp_packed<T>(k.data(), int64_t(k.size()));
+  return k;
+}
+
 // sum of a packed symmetric kernel w over the pairs i < j and, if q is given, the pair sums
 // q[c * n + i] = sum_j w_ij (p_ic - p_jc) (transposed (d, n), all j != i), in one sweep
-PAIRWISE_CLONES double kernel_pair_sums(const double* pt, int64_t n, int64_t d, const double* w,
-                                        double* q) {
+template <typename T>
+PAIRWISE_CLONES double kernel_pair_sums(const double* pt, int64_t n, int64_t d, const T* w, double* q) {
   double total = 0.0;
   if (q != nullptr) std::fill(q, q + n * d, 0.0);
   for (int64_t i = 0; i < n; ++i) {
-    const double* wi = w + row_start(n, i);
+    const T* wi = w + row_start(n, i);
     const int64_t m = n - 1 - i;
     double t = 0.0;
     if (q == nullptr) {
@@ -162,11 +188,12 @@ Tensor from_transposed(const std::vector<double>& p, const std::vector<double>& 
 }
 
 // row sums R (unit diagonal included) of a packed symmetric kernel into r; returns the total
-PAIRWISE_CLONES double row_sums(const double* k, int64_t n, std::vector<double>& r) {
+template <typename T>
+PAIRWISE_CLONES double row_sums(const T* k, int64_t n, std::vector<double>& r) {
   r.assign(n, 1.0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t q = row_start(n, i), m = n - 1 - i;
-    const double* ki = k + q;
+    const T* ki = k + q;
     double* rj = r.data() + i + 1;
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
@@ -185,52 +212,46 @@ PAIRWISE_CLONES double row_sums(const double* k, int64_t n, std::vector<double>&
 // step), its row sums and total, kept per thread with a copy of the coordinates and bandwidth it
 // was computed from: a call whose sample is identical value for value (compared in full, so a
 // tensor changed in place or a new tensor at the same address is never mistaken for it) reuses
-// it; anything else recomputes. The cached numbers are those a recomputation would give.
+// it; anything else recomputes. The cached numbers are those a recomputation would give. One
+// cache per storage type T (float: exponentials taken in float32).
+template <typename T>
 struct GramCache {
-  std::vector<double> coords, gram, rows;
+  std::vector<double> coords, rows;
+  std::vector<T> gram;
   double gamma = 0.0, total = 0.0;
   int64_t n = -1, d = -1;
-  bool single = false;  // exponentials taken in float32
 };
 
-const GramCache& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma, bool single) {
-  thread_local GramCache cache;
+template <typename T>
+const GramCache<T>& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma) {
+  thread_local GramCache<T> cache;
   const double* p = pt.data_ptr<double>();
-  const bool same = cache.n == n && cache.d == d && cache.gamma == gamma && cache.single == single &&
+  const bool same = cache.n == n && cache.d == d && cache.gamma == gamma &&
                     std::equal(p, p + n * d, cache.coords.begin());
   if (same) return cache;
-  const int64_t npairs = n * (n - 1) / 2;
   cache.n = n;
   cache.d = d;
   cache.gamma = gamma;
-  cache.single = single;
   cache.coords.assign(p, p + n * d);
-  cache.gram.resize(npairs);
-  pair_exponents((pt * std::sqrt(gamma)).contiguous().data_ptr<double>(), n, d, cache.gram.data());
-  Tensor gram = at::from_blob(cache.gram.data(), {npairs}, pt.options());
-  exp_inplace(gram, single);
+  cache.gram = pair_kernel<T>((pt * std::sqrt(gamma)).contiguous().data_ptr<double>(), n, d);
   cache.total = row_sums(cache.gram.data(), n, cache.rows);
   return cache;
 }
 
-PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
+template <typename T>
+PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment_packed(
     const Tensor& a, const Tensor& b, double eps, bool grad_a, bool grad_b) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0),
-              "centred_alignment: a and b must be (n, da), (n, db)");
-  const int64_t n = a.size(0), da = a.size(1), db = b.size(1), npairs = n * (n - 1) / 2;
+  const int64_t n = a.size(0), da = a.size(1), db = b.size(1);
   const Tensor at_ = transposed(a), bt = transposed(b);
   const double* pa = at_.data_ptr<double>();
   const double* pb = bt.data_ptr<double>();
   const double gamma_a = bandwidth_gamma(pa, n, da, eps), gamma_b = bandwidth_gamma(pb, n, db, eps);
-  const bool single = a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat;
-  const GramCache& cache = gram_of(at_, n, da, gamma_a, single);  // K: reused while a is unchanged
-  const double* pk = cache.gram.data();
+  const GramCache<T>& cache = gram_of<T>(at_, n, da, gamma_a);  // K: reused while a is unchanged
+  const T* pk = cache.gram.data();
   const std::vector<double>& rk = cache.rows;
   const double tk = cache.total;
-  Tensor lt = at::empty({npairs}, bt.options());
-  double* pl = lt.data_ptr<double>();
-  pair_exponents((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db, pl);
-  exp_inplace(lt, single);
+  const std::vector<T> lv = pair_kernel<T>((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db);
+  const T* pl = lv.data();
   std::vector<double> rl;
   const double tl = row_sums(pl, n, rl);
   // sweep 2: <Kc, Lc>, |Kc|^2, |Lc|^2 with Kc_ij = K_ij - R_i/n - R_j/n + T/n^2 formed explicitly
@@ -250,7 +271,8 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
     ckk += kd * kd;
     cll += ld * ld;
     const int64_t q = row_start(n, i), m = n - 1 - i;
-    const double *ki = pk + q, *li = pl + q, *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
+    const T *ki = pk + q, *li = pl + q;
+    const double *rkj = rk.data() + i + 1, *rlj = rl.data() + i + 1;
     double s1 = 0.0, s2 = 0.0, s3 = 0.0;
     if (grad_b && db == 1) {  // one-dimensional b (NCAI's K = 1): sums and gradient in one loop
       const double bi = pb[i], *bj = pb + i + 1;
@@ -312,6 +334,15 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
   return {value, ga, gb};
 }
 
+std::tuple<Tensor, Tensor, Tensor> centred_alignment(const Tensor& a, const Tensor& b, double eps, bool grad_a,
+                                                     bool grad_b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0),
+              "centred_alignment: a and b must be (n, da), (n, db)");
+  if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat)
+    return centred_alignment_packed<float>(a, b, eps, grad_a, grad_b);
+  return centred_alignment_packed<double>(a, b, eps, grad_a, grad_b);
+}
+
 // Henze-Zirkler statistic of x (n, k) and its gradient (see henze_zirkler in dependence.py):
 //   u_i = x_i - xbar, C = U'U / n, S = C + (ridge tr(C) / k + 1e-30) I = L L', y_i = L^{-1} u_i,
 //   HZ = (1/n) sum_ij exp(-g1 |y_i - y_j|^2) - c2 sum_i exp(-g2 |y_i|^2) + c3,
@@ -324,7 +355,7 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment(
 PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const Tensor& beta2_t, double ridge, bool want_grad) {
   TORCH_CHECK(x.dim() == 2, "henze_zirkler: x must be (n, k)");
   const double beta2 = beta2_t.item<double>();
-  const int64_t n = x.size(0), k = x.size(1), npairs = n * (n - 1) / 2;
+  const int64_t n = x.size(0), k = x.size(1);
   const Tensor xt = transposed(x);  // (k, n) double
   const double* px = xt.data_ptr<double>();
   std::vector<double> u(k * n), cov(k * k, 0.0), chol(k * k, 0.0), yt(k * n);
@@ -361,12 +392,8 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
   const double g1 = 0.5 * beta2, g2 = beta2 / (2.0 * (1.0 + beta2));
   const double c2 = 2.0 * std::pow(1.0 + beta2, -0.5 * double(k));
   const double c3 = double(n) * std::pow(1.0 + 2.0 * beta2, -0.5 * double(k));
-  Tensor e = at::empty({npairs}, xt.options());
-  double* pe = e.data_ptr<double>();
   std::vector<double> ys(yt);
   for (double& v : ys) v *= std::sqrt(g1);
-  pair_exponents(ys.data(), n, k, pe);
-  exp_inplace(e, x.scalar_type() == at::kFloat);
   std::vector<double> ei(n);
   double term2 = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -377,7 +404,10 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
   }
   // q_i = sum_j E_ij (y_i - y_j) (transposed (k, n)) with the sum of E, in one sweep
   std::vector<double> qv(want_grad ? k * n : 0);
-  const double pairs = kernel_pair_sums(yt.data(), n, k, pe, want_grad ? qv.data() : nullptr);
+  double* qp = want_grad ? qv.data() : nullptr;
+  const double pairs = x.scalar_type() == at::kFloat
+                           ? kernel_pair_sums(yt.data(), n, k, pair_kernel<float>(ys.data(), n, k).data(), qp)
+                           : kernel_pair_sums(yt.data(), n, k, pair_kernel<double>(ys.data(), n, k).data(), qp);
   const double hz = (double(n) + 2.0 * pairs) / double(n) - c2 * term2 + c3;
   Tensor value = at::full({}, hz, x.options());
   if (!want_grad) return {value, at::empty({0}, x.options())};

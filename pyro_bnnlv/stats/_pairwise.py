@@ -48,6 +48,7 @@ into the graph); scalars derived from data (bandwidths) are computed inside each
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from types import ModuleType
@@ -65,6 +66,7 @@ __all__ = [
     "gauss_kernel_sum",
     "henze_zirkler_beta",
     "ncai_statistics",
+    "ncai_statistics_unchecked",
     "pairwise_extension",
 ]
 
@@ -289,7 +291,7 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     tested), in one registered operator (``torch.ops.pyro_bnnlv_pairwise.ncai_statistics``) with
     a C++ autograd node: a ``torch.jit.trace`` graph calls it without entering Python, where three
     Python functions cost a Python dispatch each per step. Same input checks and errors as the
-    separate functions.
+    separate functions; :func:`ncai_statistics_unchecked` is the call after them.
     """
     if _use_compiled(compiled, x, mu_z) is None:
         return None
@@ -300,8 +302,28 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
         _check_same_n("x", x, "mu_z", mu)
         if mu.shape[0] < 3:
             raise ValueError(f"`mu_z` must have at least 3 rows (datapoints), got {mu.shape[0]}")
+    return ncai_statistics_unchecked(x, mu, ridge=ridge, eps=eps)
+
+
+def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
+                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """:func:`ncai_statistics` without its input checks, for a caller that has made them (a
+    training step's rows of data checked once and of the guide's means; a non-finite mean then
+    shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)`` tensor with
+    ``n >= 3``, ``x`` ``n`` rows, both on the CPU, and the compiled kernels available
+    (:func:`pairwise_extension` not ``None``)."""
     n, k = mu.shape
     x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
-    beta2 = henze_zirkler_beta(n, k) ** 2
-    beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
+    if isinstance(n, int) and isinstance(k, int):
+        beta2 = _beta2_tensor(n, k)
+    else:  # sizes traced as tensors
+        beta2 = henze_zirkler_beta(n, k) ** 2
+        beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
     return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps)
+
+
+@functools.lru_cache(maxsize=64)
+def _beta2_tensor(n: int, k: int) -> Tensor:
+    """``henze_zirkler_beta(n, k)^2`` as the 0-dim double tensor the kernel reads (one per batch
+    shape: the kernel only reads it)."""
+    return torch.full((), henze_zirkler_beta(n, k) ** 2, dtype=torch.float64)

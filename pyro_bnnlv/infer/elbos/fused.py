@@ -335,6 +335,7 @@ class FusedTraceElbo(Trace_ELBO):
         factor = N / B
         vectorized = self.vectorize_particles and S > 1
         rounds, s = (1, S) if vectorized else (S, 1)
+        draws = (s,) if vectorized else ()  # one draw per round: no particle dimension (2-D matmuls)
         loc_w, scale_w, sigma = p["loc_w"], p["scale_w"], p["sigma"]
         inv_prior, prior_loc, const_prior = self._prior_constants(pair, buffers, s)
         net = pair.net
@@ -348,7 +349,7 @@ class FusedTraceElbo(Trace_ELBO):
         self.last_batch = (p, [])  # the parameters and each round's minibatch rows (None: all)
         for _ in range(rounds):
             idx = self._subsample(N, B) if pair.latent else None
-            eps_w = torch.empty((s, loc_w.shape[-1]), dtype=dtype).normal_()
+            eps_w = torch.empty((*draws, loc_w.shape[-1]), dtype=dtype).normal_()
             w = torch.addcmul(loc_w, eps_w, scale_w)
             const = const_prior - 0.5 * float(eps_w.square().sum())  # log q(w)'s eps term, log p(w)'s log s_p
             local = None
@@ -356,7 +357,7 @@ class FusedTraceElbo(Trace_ELBO):
                 loc_z, scale_z = p["loc_z"], self._rows(pair, p, idx)
                 if idx is not None:
                     loc_z = loc_z[idx]
-                eps_z = torch.empty((s, *loc_z.shape), dtype=dtype).normal_()
+                eps_z = torch.empty((*draws, *loc_z.shape), dtype=dtype).normal_()
                 z = torch.addcmul(loc_z, eps_z, scale_z)
                 zscale = float(buffers["latent_scale"])
                 # -(log p(z) - log q(z)) up to the terms without gradient (into const)
@@ -366,7 +367,7 @@ class FusedTraceElbo(Trace_ELBO):
                 idx = self._subsample(N, B)
             self.last_batch[1].append(idx)
             x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
-            f = net(model.network_input(x_b, z) if pair.latent else x_b, w)  # (s, B, L)
+            f = net(model.network_input(x_b, z) if pair.latent else x_b, w)  # (s, B, L); (B, L) for one draw
             resid_sq = (f - (y_b.unsqueeze(-1) if y_b.dim() == 1 else y_b)).square().sum()
             count = f.numel()
             if learned_sigma:

@@ -80,7 +80,7 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int, check_real
 from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ...stats._pairwise import ncai_statistics
+from ...stats._pairwise import ncai_statistics, ncai_statistics_unchecked, pairwise_extension
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
 from .penalized import PenalizedElbo
@@ -170,6 +170,13 @@ def ncai_penalties(
     gradients)."""
     _check_options(hz_normalization, independence)
     fused = ncai_statistics(x, mu_z) if independence == "hsic" else None  # one compiled call
+    return _penalties(x, y, mu_z, fused, hz_normalization, independence)
+
+
+def _penalties(x: Tensor, y: Tensor, mu_z: Tensor, fused: tuple[Tensor, Tensor, Tensor] | None,
+               hz_normalization: str, independence: str) -> dict[str, Tensor]:  # fmt: skip
+    """:func:`ncai_penalties` from the compiled statistics ``fused`` (``None``: each statistic
+    by its own function, which checks its inputs)."""
     hz = henze_zirkler(mu_z) if fused is None else fused[0]
     if hz_normalization == "per_point":
         hz = hz / mu_z.shape[0]
@@ -312,25 +319,36 @@ class NCAIElbo(PenalizedElbo):
     def fused_penalty_terms(self, model, args: tuple, params: dict[str, Tensor],
                             batches: list[Tensor | None]) -> dict[str, Tensor]:  # fmt: skip
         """The statistics of a fused step: :meth:`penalty_terms` on each particle round's
-        minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged."""
+        minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged.
+
+        The compiled statistics (``independence="hsic"``) skip :func:`ncai_penalties`' input
+        checks here: the data passed the model's checks when the fused step set up (and again
+        whenever they change), the rows match by construction, and a non-finite mean makes the
+        loss non-finite, which ``fit_svi`` reports with the step."""
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
+        compiled = (self.independence == "hsic" and x.device.type == loc_z.device.type == "cpu"
+                    and pairwise_extension() is not None)  # fmt: skip
         terms: dict[str, Tensor] = {}
         for idx in batches:
             rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
-            for name, value in self._statistics(*rows).items():
+            for name, value in self._statistics(*rows, checked=not compiled).items():
                 terms[name] = value if name not in terms else terms[name] + value
         return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
 
-    def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor) -> dict[str, Tensor]:
+    def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor, checked: bool = True) -> dict[str, Tensor]:
+        """:func:`ncai_penalties` of a batch; ``checked=False``: the compiled statistics without
+        their input checks (the fused step's call, see :meth:`fused_penalty_terms`)."""
         need = _min_batch(self.independence)
         if not torch.jit.is_tracing() and mu.shape[0] < need:
             raise ValueError(f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
                              f"points per step, got a batch of {mu.shape[0]}: use batch_size >= {need} "
                              "(or None for the full data)")
-        return ncai_penalties(x_b, y_b, mu, hz_normalization=self.hz_normalization,
-                              independence=self.independence)  # fmt: skip
+        if checked:
+            return ncai_penalties(x_b, y_b, mu, hz_normalization=self.hz_normalization,
+                                  independence=self.independence)  # fmt: skip
+        return _penalties(x_b, y_b, mu, ncai_statistics_unchecked(x_b, mu), self.hz_normalization, self.independence)
 
     def ramp(self) -> float:
         """Warm-up factor of the lambdas at the current step, ``min(1, steps_taken / warmup_steps)``."""
@@ -341,7 +359,8 @@ class NCAIElbo(PenalizedElbo):
         if not terms:
             return 0.0
         N = len(args[0])
-        l1, l2, l3 = (lam * self.ramp() for lam in self.lambdas)
+        ramp = self.ramp()
+        l1, l2, l3 = (lam * ramp for lam in self.lambdas)
         coeffs, scales, stats = [], [], []
         if l1:
             coeffs.append(l1 * N), scales.append(self.eps_T), stats.append(terms["hz"])

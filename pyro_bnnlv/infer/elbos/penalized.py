@@ -203,7 +203,9 @@ class PenalizedElbo(Trace_ELBO):
         """``(loss, surrogate, elbo_loss, terms, penalty)`` with the penalty weighed eagerly."""
         elbo_loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
         pen = self.weigh(terms, args, kwargs)
-        return elbo_loss + pen, surrogate + pen, elbo_loss, terms, pen
+        total = elbo_loss + pen
+        # a fused step's surrogate is its loss (no score-function terms): one sum serves both
+        return total, total if surrogate is elbo_loss else surrogate + pen, elbo_loss, terms, pen
 
     def loss_and_surrogate_loss(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor]:
         return self._weighed(model, guide, args, kwargs)[:2]

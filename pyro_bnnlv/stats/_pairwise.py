@@ -302,16 +302,21 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
         _check_same_n("x", x, "mu_z", mu)
         if mu.shape[0] < 3:
             raise ValueError(f"`mu_z` must have at least 3 rows (datapoints), got {mu.shape[0]}")
-    return ncai_statistics_unchecked(x, mu, ridge=ridge, eps=eps)
+    return _kernel_statistics(x, mu, ridge, eps)
 
 
 def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
-                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
     """:func:`ncai_statistics` without its input checks, for a caller that has made them (a
     training step's rows of data checked once and of the guide's means; a non-finite mean then
     shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)`` tensor with
-    ``n >= 3``, ``x`` ``n`` rows, both on the CPU, and the compiled kernels available
-    (:func:`pairwise_extension` not ``None``)."""
+    ``n >= 3``, ``x`` ``n`` rows. ``None`` where :func:`ncai_statistics` gives ``None`` (the
+    kernels unavailable, or a tensor off the CPU)."""
+    return None if _use_compiled(None, x, mu) is None else _kernel_statistics(x, mu, ridge, eps)
+
+
+def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The compiled operator's call on checked inputs (``mu`` ``(n, k)``)."""
     n, k = mu.shape
     x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
     if isinstance(n, int) and isinstance(k, int):

@@ -46,7 +46,7 @@ the family benchmark (``pyro-bnnlv reproduce ncai-family``). These terms are pen
 far below 0 by arranging the means (minimising it alone over 120 free means takes it to -0.6 to
 -1.3 nats, on fresh reference sets too; its null spread is a few hundredths). Unfloored, NCAI did
 that on the family benchmark's first problems (the estimate at -0.75 to -1.14 after training, test
-LL 0.2-0.5 nats below the floored term's).
+LL 0.14-0.34 nats below the floored term's fits on problems 0-3; docs/results.md).
 
 Readings of the printed text (documented choices):
 
@@ -80,7 +80,7 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int, check_real
 from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ...stats._pairwise import ncai_statistics, ncai_statistics_unchecked, pairwise_extension
+from ...stats._pairwise import ncai_statistics, ncai_statistics_unchecked
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
 from .penalized import PenalizedElbo
@@ -321,25 +321,24 @@ class NCAIElbo(PenalizedElbo):
         """The statistics of a fused step: :meth:`penalty_terms` on each particle round's
         minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged.
 
-        The compiled statistics (``independence="hsic"``) skip :func:`ncai_penalties`' input
-        checks here: the data passed the model's checks when the fused step set up (and again
+        The compiled statistics (``independence="hsic"``, where available) skip
+        :func:`ncai_penalties`' input checks here: the data passed the model's checks when the fused step set up (and again
         whenever they change), the rows match by construction, and a non-finite mean makes the
         loss non-finite, which ``fit_svi`` reports with the step."""
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
-        compiled = (self.independence == "hsic" and x.device.type == loc_z.device.type == "cpu"
-                    and pairwise_extension() is not None)  # fmt: skip
         terms: dict[str, Tensor] = {}
         for idx in batches:
             rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
-            for name, value in self._statistics(*rows, checked=not compiled).items():
+            for name, value in self._statistics(*rows, checked=False).items():
                 terms[name] = value if name not in terms else terms[name] + value
         return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
 
     def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor, checked: bool = True) -> dict[str, Tensor]:
-        """:func:`ncai_penalties` of a batch; ``checked=False``: the compiled statistics without
-        their input checks (the fused step's call, see :meth:`fused_penalty_terms`)."""
+        """:func:`ncai_penalties` of a batch; ``checked=False``: the compiled statistics, where
+        available, without their input checks (the fused step's call, see
+        :meth:`fused_penalty_terms`); the other statistics check their inputs either way."""
         need = _min_batch(self.independence)
         if not torch.jit.is_tracing() and mu.shape[0] < need:
             raise ValueError(f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
@@ -348,7 +347,8 @@ class NCAIElbo(PenalizedElbo):
         if checked:
             return ncai_penalties(x_b, y_b, mu, hz_normalization=self.hz_normalization,
                                   independence=self.independence)  # fmt: skip
-        return _penalties(x_b, y_b, mu, ncai_statistics_unchecked(x_b, mu), self.hz_normalization, self.independence)
+        fused = ncai_statistics_unchecked(x_b, mu) if self.independence == "hsic" else None
+        return _penalties(x_b, y_b, mu, fused, self.hz_normalization, self.independence)
 
     def ramp(self) -> float:
         """Warm-up factor of the lambdas at the current step, ``min(1, steps_taken / warmup_steps)``."""

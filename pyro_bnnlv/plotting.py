@@ -14,7 +14,7 @@ draws, seeded by ``seed``; a sampled Laplace's ``la.as_guide()`` too) or a fitte
 input is the Gaussian mixture ``(1/S) sum_s N(f(x; w_s), sigma^2)`` of :func:`~pyro_bnnlv.evaluate`
 (latent inputs drawn from their prior, ``latent_draws`` per weight sample for BNN+LV, eq. 34 of
 Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569), or one Gaussian for the linearised Laplace;
-intervals are its exact quantiles (:func:`~pyro_bnnlv.stats.predictive.mixture_quantile`).
+intervals are its exact quantiles (:func:`~pyro_bnnlv.stats.predictive.mixture_interval`).
 
 Every helper returns the ``matplotlib.figure.Figure``, draws into ``ax=`` when given (so it can
 be a panel of your own figure) and never changes matplotlib's backend: in a notebook or an
@@ -42,7 +42,7 @@ from .posterior import SelfEvaluatingPosterior
 from .stats.classification import classification_metrics, reliability_curve
 from .stats.predictive import (
     check_level,
-    mixture_quantile,
+    mixture_interval,
     posterior_sample_dict,
     predictive_chunks,
     predictive_metrics,
@@ -182,8 +182,7 @@ def plot_predictive_1d(
     loc, scale = _predictive_mixture(model, posterior, data, grid, num_samples=num_samples, seed=seed,
                                      latent_draws=latent_draws)  # fmt: skip
     loc, scale = loc[..., 0], scale[..., 0]
-    alpha = (1 - level) / 2
-    lower, upper = (mixture_quantile(loc, scale, q) for q in (alpha, 1 - alpha))
+    lower, upper = mixture_interval(loc, scale, level)
     sx, mx = float(data.x_std[0]), float(data.x_mean[0])
 
     def ox(t):
@@ -242,9 +241,8 @@ def plot_predicted_vs_observed(
                                             num_samples, seed, latent_draws)  # fmt: skip
     picp = float(predictive_metrics(y, loc, scale, level=level)["picp"])
     loc, scale = loc[..., 0], scale[..., 0]
-    alpha = (1 - level) / 2
     mean = _original_y(data, loc.mean(0))
-    lower, upper = (_original_y(data, mixture_quantile(loc, scale, q)) for q in (alpha, 1 - alpha))
+    lower, upper = (_original_y(data, bound) for bound in mixture_interval(loc, scale, level))
     observed = _original_y(data, y)
     owned = ax is None
     fig, ax = new_axes(ax, figsize=(5.5, 5))

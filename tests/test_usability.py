@@ -22,7 +22,7 @@ import pyro_bnnlv as pb
 from pyro_bnnlv.plotting import plot_predictive_1d
 from pyro_bnnlv.stats.latent import plot_uncertainty_decomposition, uncertainty_decomposition
 from pyro_bnnlv.stats.ood import ood_report
-from pyro_bnnlv.stats.predictive import mixture_quantile
+from pyro_bnnlv.stats.predictive import mixture_interval, mixture_quantile
 
 
 def _sine_frame(n=60, seed=0):
@@ -364,3 +364,18 @@ def test_mixture_quantile_solves_the_mixture_cdf():
     loc = torch.tensor([[-1.0], [0.5], [2.0]])
     ref = optimize.brentq(lambda v: stats.norm([-1.0, 0.5, 2.0], 0.7).cdf(v).mean() - 0.9, -20, 20, xtol=1e-14)
     assert float(mixture_quantile(loc, 0.7, 0.9)) == pytest.approx(ref, abs=1e-10)
+
+
+def test_mixture_interval_is_the_pair_of_quantiles_found_together():
+    """Both ends in one pass equal the two quantiles found one at a time (to the solver's
+    tolerance), with a scalar and a per-component scale; a percentage for ``level`` is refused."""
+    g = torch.Generator().manual_seed(1)
+    loc = torch.randn(300, 7, 1, generator=g) * 3
+    for scale in (torch.tensor(0.4), torch.rand(300, 7, 1, generator=g) + 0.05):
+        lower, upper = mixture_interval(loc, scale, 0.9)
+        assert lower.shape == upper.shape == (7, 1)
+        torch.testing.assert_close(lower, mixture_quantile(loc, scale, 0.05), rtol=0, atol=1e-10)
+        torch.testing.assert_close(upper, mixture_quantile(loc, scale, 0.95), rtol=0, atol=1e-10)
+        assert (lower < upper).all()
+    with pytest.raises(ValueError, match="level=0.95"):
+        mixture_interval(loc, 0.4, 95)

@@ -3,9 +3,10 @@
 ``fit_svi`` runs the loop of ``pyro.infer.SVI.step`` with Adam, leaner: the first step
 collects the parameters the ELBO touches (exactly as ``SVI.step`` does, with a param-only
 trace), then every step is ``loss.loss_and_grads(...)`` followed by one ``torch.optim.Adam``
-step over all parameters. Adam is elementwise, so this is the same update as Pyro's
-per-parameter ``pyro.optim.Adam``; it skips SVI's per-step parameter trace and per-parameter
-optimiser dispatch (``pyro-bnnlv bench svi-overhead``). Parameters are collected once, so the
+step over all parameters (torch's fused kernel where the parameters allow it). Adam is elementwise,
+so this is the same update as Pyro's per-parameter ``pyro.optim.Adam`` (to float rounding: the
+fused kernel orders its arithmetic differently); it skips SVI's per-step parameter trace and
+per-parameter optimiser dispatch (``pyro-bnnlv bench svi-overhead``). Parameters are collected once, so the
 model and guide must create all parameters on the first call (static structure, as the JIT
 requires anyway). Besides:
 
@@ -327,6 +328,14 @@ def _reemit_beside(held: list[warnings.WarningMessage], err: BaseException) -> N
         err.add_note(f"{type(raised).__name__} while tracing: {raised}")
 
 
+def adam(params: list[Tensor], lr: float) -> torch.optim.Adam:
+    """``torch.optim.Adam(params, lr=lr)``, with torch's fused kernel (one call per step for all
+    parameters, ``fused=True``) when every parameter is a floating-point tensor on the CPU or a
+    CUDA device, the devices it supports; the same update as the per-tensor loop to rounding."""
+    fused = all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.Adam(params, lr=lr, fused=fused or None)
+
+
 def _plateau_stopper(schedule: PlateauSchedule | None, optimizer: torch.optim.Optimizer, n: int,
                      batch_size: int | None) -> _PlateauStopper | None:  # fmt: skip
     """The schedule's stopper over ``optimizer`` (``None`` without a schedule); an epoch is
@@ -446,7 +455,7 @@ def fit_svi(
                 if guard.steps and is_compiled(loss):
                     restart = _Restart(pyro.util.get_rng_state(), loss)
                 value, params = _first_step(loss, model, guide, x, y, kwargs)
-                optimizer = torch.optim.Adam(params, lr=lr)
+                optimizer = adam(params, lr)
                 stopper = _plateau_stopper(lr_schedule, optimizer, len(x), batch_size)
                 if restart is not None:
                     restart.record(params, optimizer, stopper, model, guide)
@@ -537,7 +546,7 @@ def train_map(
     learn_noise = bool(getattr(model, "learn_noise", False))
     noise = getattr(model, "noise_scale", None)  # None: a classifier
     log_sigma = torch.nn.Parameter(torch.as_tensor(1.0 if noise is None else noise, dtype=x.dtype).detach().log())
-    opt = torch.optim.Adam([w, log_sigma] if learn_noise else [w], lr=lr)
+    opt = adam([w, log_sigma] if learn_noise else [w], lr)
     N = x.shape[0]
     y2 = y.reshape(N, -1) if noise is not None else model._observed(y)
     for step in tqdm(range(num_steps), disable=not progress, desc="MAP", leave=False):

@@ -72,7 +72,7 @@ from ..nets import MLP
 from ..stats._pairwise import pairwise_extension
 from ..stats.dependence import ksg_mutual_information
 from ..stats.latent import latent_diagnostics, latent_means
-from ..stats.predictive import evaluate, mixture_quantile
+from ..stats.predictive import evaluate, mixture_interval
 from ..sweep import Task, run_sweep, task_function
 
 __all__ = [
@@ -369,7 +369,7 @@ def figure_data(fit: _Fit, data: Dataset, cfg: CompareConfig) -> str:
     with torch.no_grad():
         loc, scale = fit.model.predictive_components(grid, samples, generator=torch.Generator().manual_seed(0))
     loc = loc[..., 0]
-    lower, upper = (mixture_quantile(loc, scale, q) for q in (0.025, 0.975))
+    lower, upper = mixture_interval(loc, scale, 0.95)
     panel: dict[str, Any] = {
         "setting": fit.setting, "x": _rounded(grid[:, 0] * sx + mx), "mean": _rounded(loc.mean(0) * sy + my),
         "lower": _rounded(lower * sy + my), "upper": _rounded(upper * sy + my), "mu_z": None, "history": None,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 __all__ = ["as_printed", "auto", "best", "bold", "listing", "mean_se", "num", "paired", "paired_cell", "paired_verdict",
            "paper_value", "share", "table", "with_paper"]
@@ -123,7 +123,7 @@ def paired_verdict(mean: float, se: float, n: int, above: str = "higher", below:
     with this (Student 1908; paired form: e.g. Wasserman (2004), *All of Statistics*, sec. 10.5)."""
     if n < 2 or not se > 0 or not math.isfinite(mean):
         return "n/a"
-    if abs(mean) < stats.t.ppf(0.975, n - 1) * se:
+    if abs(mean) < special.stdtrit(n - 1, 0.975) * se:  # Student t quantile
         return "tie"
     return above if mean > 0 else below
 

@@ -50,7 +50,7 @@ from .latent import (
     uncertainty_decomposition,
 )
 from .ood import auroc, epistemic_entropy, ood_report, plot_epistemic_histograms
-from .predictive import evaluate, mixture_log_density, mixture_quantile, predictive_metrics
+from .predictive import evaluate, mixture_interval, mixture_log_density, mixture_quantile, predictive_metrics
 from .invariance_gap import (
     first_layer_invariance_gap,
     invariance_gap_by_layer,
@@ -82,6 +82,7 @@ __all__ = [
     "latent_diagnostics",
     "latent_means",
     "layer_invariance_gap",
+    "mixture_interval",
     "mixture_log_density",
     "mixture_quantile",
     "mutual_information",

@@ -17,8 +17,8 @@ The posterior predictive at an input is approximated by the equal-weight Gaussia
 * PICP: fraction of test targets inside the central 95% interval of the predictive mixture;
 * MPIW: mean width of that interval.
 
-Interval endpoints are the exact quantiles of the Gaussian mixture, found by bisection on its
-CDF (deterministic, no extra sampling noise). With ``y_mean``/``y_std`` (standardisation
+Interval endpoints are the exact quantiles of the Gaussian mixture, found by safeguarded Newton on
+its CDF (deterministic, no extra sampling noise). With ``y_mean``/``y_std`` (standardisation
 statistics) every metric is reported on the original scale of ``y``.
 """
 
@@ -46,6 +46,7 @@ from .classification import classification_metrics
 __all__ = [
     "check_level",
     "evaluate",
+    "mixture_interval",
     "mixture_log_density",
     "mixture_quantile",
     "predictive_chunks",
@@ -73,31 +74,55 @@ def mixture_quantile(loc: Tensor, scale: Tensor | float, q: float, iters: int = 
     """
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must lie in (0, 1), got {q}")
+    return _mixture_quantiles(loc, scale, (q,), iters)[0]
+
+
+def mixture_interval(loc: Tensor, scale: Tensor | float, level: float = 0.95) -> tuple[Tensor, Tensor]:
+    """The central ``level`` interval of the mixture ``(1/S) sum_s N(loc[s, ...], scale^2)``: its
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (:func:`mixture_quantile`, both found in
+    one pass over the components), each of the shape of ``loc[0]``."""
+    check_level(level)
+    alpha = (1.0 - level) / 2
+    lower, upper = _mixture_quantiles(loc, scale, (alpha, 1.0 - alpha), 60)
+    return lower, upper
+
+
+def _mixture_quantiles(loc: Tensor, scale: Tensor | float, qs: tuple[float, ...], iters: int) -> list[Tensor]:
+    """:func:`mixture_quantile` at each level of ``qs``, sharing the bracket and the moment match.
+
+    With ``t = (m - loc) / (sqrt(2) scale)``: ``F(m) = 1/2 + mean_s erf(t_s) / 2`` and
+    ``F'(m) = mean_s exp(-t_s^2) / (sqrt(2 pi) scale_s)``; ``scale`` stays in its broadcast shape
+    (a scalar noise scale costs no pass over the components).
+    """
     loc = loc.double()
-    scale = torch.as_tensor(scale, dtype=torch.float64).expand_as(loc)
-    inv = scale.reciprocal()
-    lo = (loc - 12 * scale).amin(0)
-    hi = (loc + 12 * scale).amax(0)
-    tol = 1e-12 * (hi - lo)
+    scale = torch.as_tensor(scale, dtype=torch.float64)
+    c = (scale * math.sqrt(2.0)).reciprocal()  # 1 / (sqrt(2) scale), broadcast shape
+    lower = (loc - 12 * scale).amin(0)
+    upper = (loc + 12 * scale).amax(0)
+    tol = 1e-12 * (upper - lower)
     mean = loc.mean(0)
-    sd = (loc.var(0, unbiased=False) + scale.square().mean(0)).sqrt()
-    m = (mean + sd * math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64)))
-    m = m.clamp(lo, hi)
-    root2 = math.sqrt(2.0)
-    for _ in range(iters):
-        z = (m.unsqueeze(0) - loc) * inv
-        F = 0.5 * (1 + torch.special.erf(z / root2)).mean(0) - q
-        dF = (torch.exp(-0.5 * z.square()) * inv).mean(0) / math.sqrt(2 * math.pi)
-        lo = torch.where(F < 0, m, lo)
-        hi = torch.where(F < 0, hi, m)
-        step = F / dF
-        newton = m - step
-        small = step.abs() <= tol  # converged: m - step may sit on a bracket end by rounding
-        bad = ~small & (~torch.isfinite(newton) | (newton <= lo) | (newton >= hi))
-        m = torch.where(bad, 0.5 * (lo + hi), newton)
-        if bool(small.all()):
-            break
-    return m
+    sd = (loc.var(0, unbiased=False) + scale.square().expand_as(loc).mean(0)).sqrt()
+    out = []
+    for q in qs:
+        lo, hi = lower, upper
+        m = (mean + sd * math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64)))
+        m = m.clamp(lo, hi)
+        for _ in range(iters):
+            t = (m - loc).mul_(c)
+            F = torch.special.erf(t).mean(0).mul_(0.5).add_(0.5 - q)
+            density = t.square_().neg_().exp_()  # exp(-t^2), in t's memory
+            dF = (density.mean(0) * c if c.numel() == 1 else (density * c).mean(0)) / math.sqrt(math.pi)
+            lo = torch.where(F < 0, m, lo)
+            hi = torch.where(F < 0, hi, m)
+            step = F / dF
+            newton = m - step
+            small = step.abs() <= tol  # converged: m - step may sit on a bracket end by rounding
+            bad = ~small & (~torch.isfinite(newton) | (newton <= lo) | (newton >= hi))
+            m = torch.where(bad, 0.5 * (lo + hi), newton)
+            if bool(small.all()):
+                break
+        out.append(m)
+    return out
 
 
 def check_level(level: float) -> None:
@@ -172,9 +197,7 @@ def predictive_metrics(
     pred_mean = loc.mean(0)
     picp = mpiw = math.nan
     if intervals:
-        alpha = (1.0 - level) / 2
-        lower = mixture_quantile(loc, scale, alpha).to(loc.dtype)
-        upper = mixture_quantile(loc, scale, 1.0 - alpha).to(loc.dtype)
+        lower, upper = (bound.to(loc.dtype) for bound in mixture_interval(loc, scale, level))
         picp = ((y >= lower) & (y <= upper)).to(loc.dtype).mean().item()
         mpiw = (upper - lower).mean().item()
     return pd.Series(
@@ -377,7 +400,9 @@ def _classification_evaluate(model: Any, likelihood: Any, samples: dict[str, Ten
 
 #: Latent draws per weight sample and test input of a BNN+LV's predictive in :func:`evaluate`.
 DEFAULT_LATENT_DRAWS = 64
-_CHUNK_ELEMENTS = 2**22  # mixture components x test points per chunk of evaluate
+# mixture components x test points x widest layer per chunk of evaluate: a chunk's activations
+# (4 MiB in float32) stay in cache, where 2**22 ran the same evaluation about a third slower
+_CHUNK_ELEMENTS = 2**20
 
 
 def predictive_chunks(
@@ -387,7 +412,7 @@ def predictive_chunks(
     """The predictive mixture at ``x`` in row chunks, as :func:`evaluate` computes it: yields
     ``(rows, loc, scale)`` with ``loc`` and ``scale`` of ``model.predictive_components`` for
     ``x[rows]`` (``(S', n, L)``: a component per weight sample, times ``latent_draws`` latent draws
-    for a BNN+LV), each chunk holding at most about ``2**22`` components x points x widest layer.
+    for a BNN+LV), each chunk holding at most about ``2**20`` components x points x widest layer (or one point).
     One generator seeded with ``seed`` draws the latents of every chunk in turn."""
     _check_sample_dtype(samples["w"], x)
     draws = _latent_draws_option(model, latent_draws)

@@ -46,3 +46,24 @@ def test_proj_early_stopping_check_script_runs_and_stops_where_its_rule_says(mon
     for rule in script.RULES:
         assert f"  {rule} " in text
     assert all(math.isfinite(r[k]) for r in rows for k in (*script.RULES, "test500"))
+
+
+def test_ncai_family_exact_posterior_matches_the_gaussian_case_in_closed_form(capsys):
+    """Additive effect: y = f(x) + c z + e is Gaussian in z, so p(z | x, y) = N(c (y - f) / (c^2 +
+    s^2), s^2 / (c^2 + s^2)); the grid's means and the draws' moments agree with it."""
+    import numpy as np
+
+    script = _load("ncai_family_exact_posterior")
+    problem = script.FAMILY[0]
+    assert problem.effect == "additive"
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (4000, problem.input_dim))
+    y = problem.mean(x, rng.normal(size=4000)) + rng.normal(0, problem.noise_var**0.5, 4000)
+    mean, draw = script.exact_posterior(problem, x, y, np.random.default_rng(1))
+    c, s2 = problem.amplitude, problem.noise_var
+    exact_mean, exact_var = c * (y - problem.f(x)) / (c**2 + s2), s2 / (c**2 + s2)
+    assert np.abs(mean - exact_mean).max() < 1e-6
+    standardised = (draw - exact_mean) / exact_var**0.5  # N(0, 1) if the draws are exact
+    assert abs(standardised.mean()) < 0.06 and abs(standardised.std() - 1) < 0.06
+    table = script.main(["--problems", "2"])
+    assert list(table["problem"]) == ["00", "01"] and "I(x; E[z|x,y])" in capsys.readouterr().out

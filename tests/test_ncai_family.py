@@ -10,7 +10,15 @@ from scipy import special, stats
 import pyro_bnnlv as pb
 from pyro_bnnlv.datasets import ncai_family as fam
 from pyro_bnnlv.reproduce.ncai_compare import CompareConfig, compare_tasks
-from pyro_bnnlv.reproduce.ncai_family import _wilson, family_tasks, select, win_rates
+from pyro_bnnlv.reproduce.ncai_family import (
+    _wilson,
+    family_lambda_table,
+    family_table,
+    family_tasks,
+    family_wins_table,
+    select,
+    win_rates,
+)
 
 
 def test_the_family_spans_effects_dimensions_and_sizes():
@@ -76,8 +84,9 @@ def _results() -> pd.DataFrame:
     rows = []
     for i, name in enumerate(["ncai-family-00", "ncai-family-01", "ncai-family-02"]):
         def row(method, valid, test, mi, term=None):
+            stat = {"knn-mi": {"final_indep_x": -0.01}, "hsic": {"final_hsic_x": 0.03}}.get(term, {})
             return dict(dataset=name, method=method, status="done", valid_ll=valid, test_ll=test, rmse=1.0,
-                        mi_x_z=mi, hz_z=0.1, setting="s", independence=term)  # fmt: skip
+                        mi_x_z=mi, hz_z=0.1, setting="s", independence=term, **stat)  # fmt: skip
         rows += [row("BNN (MFVI)", -2.0, -2.0, math.nan), row("BNN+LV (MFVI)", -1.5, -1.5, 0.5),
                  row("BNN+LV (MFVI)", -1.6, -0.9, 0.1),  # a worse restart by validation: not kept
                  row("BNN+LV (NCAI_0)", -1.4 + (i == 2), -1.45, 0.4),
@@ -109,3 +118,37 @@ def test_win_rates_with_wilson_intervals_and_paired_differences():
     lo, hi = _wilson(2, 3)
     assert knn["ll_win_ci"] == f"[{lo:.2f}, {hi:.2f}]" and 0.2 < lo < 2 / 3 < hi < 1
     assert _wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and _wilson(10, 10)[1] == pytest.approx(1.0)
+
+
+def test_selection_keeps_what_it_weighed_and_leaves_out_unfinished_problems():
+    results = _results()
+    chosen = select(results).set_index(["dataset", "arm"])
+    # lambda = 0 kept on problem 0 for hsic: the row is NCAI_0's, the lambda_* columns the hsic fit's
+    hsic = chosen.loc[("ncai-family-00", "NCAI_lambda (hsic)")]
+    assert hsic["lambda0"] and hsic["test_ll"] == -1.45
+    assert (hsic["lambda_valid_ll"], hsic["lambda_test_ll"], hsic["lambda_mi_x_z"]) == (-1.45, -1.0, 0.05)
+    assert hsic["lambda_final_statistic"] == 0.03  # hsic logs hsic_x, knn-mi indep_x
+    assert chosen.loc[("ncai-family-00", "NCAI_lambda (knn-mi)"), "lambda_final_statistic"] == -0.01
+    assert np.isnan(chosen.loc[("ncai-family-00", "BNN+LV (MFVI)"), "lambda_test_ll"])
+    # one fit of problem 1 still pending: the problem is left out, not selected over its other fits
+    results.loc[(results["dataset"] == "ncai-family-01").idxmax(), "status"] = "pending"
+    assert sorted(select(results)["dataset"].unique()) == ["ncai-family-00", "ncai-family-02"]
+    results["status"] = "pending"
+    assert select(results).empty
+
+
+def test_family_tables_render_the_selection_and_its_paired_verdicts():
+    chosen = select(_results())
+    text = family_table([chosen], [], {})
+    lines = text.splitlines()
+    assert lines[0].startswith("| problem | latent effect, x dim, N | ceiling | test LL: BNN | test LL: MFVI |")
+    assert len(lines) == 2 + 3 and lines[2].startswith("| 00 | additive, D = 1, N = ")
+    assert "-1.45 (0)" in lines[2]  # hsic's selection kept NCAI_0's fit
+    wins = family_wins_table([chosen], [], {})
+    assert "| selected NCAI (knn-mi) | 3 | 2 of 3, [" in wins
+    # paired differences: knn-mi's own fits minus NCAI_0's in validation LL: 0.1, 0.1, -0.9
+    lam = family_lambda_table([chosen], [], {})
+    row = next(line for line in lam.splitlines() if "knn-mi" in line)
+    d = np.array([0.1, 0.1, -0.9])
+    assert f"{d.mean():.2f} ({d.std(ddof=1) / math.sqrt(3):.2f}), tie" in row
+    assert row.endswith("| 0 of 3 |")  # its statistic ended <= 0.02, but KSG I (0.1) is not above 0.1

@@ -34,7 +34,7 @@ from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
 from . import tables
 
-__all__ = ["TERMS", "family_tasks", "main", "run_family", "select", "win_rates"]
+__all__ = ["TERMS", "family_lambda_table", "family_table", "family_tasks", "family_wins_table", "main", "run_family", "select", "win_rates"]
 
 #: the independence terms compared by default: today's and issue 37's
 TERMS = ("hsic", "knn-mi")
@@ -55,24 +55,42 @@ def family_tasks(problems: Sequence[str], cfg: CompareConfig, terms: Sequence[st
 
 
 def select(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (problem, method): the best fit by validation LL; NCAI_lambda per term
-    (``method`` ``"NCAI_lambda (TERM)"``), replaced by NCAI_0's fit where that validates
-    better (``lambda0`` True)."""
-    done = results[results["status"] == "done"].copy()
+    """One row per (problem, method) of the problems whose every fit is done: the best fit by
+    validation LL; NCAI_lambda per term (``method`` ``"NCAI_lambda (TERM)"``), replaced by NCAI_0's
+    fit where that validates better (``lambda0`` True); an NCAI_lambda row keeps its own best fit's
+    numbers in the ``lambda_*`` columns either way (what selection weighed). A problem with a fit
+    still pending (or failed) is left out: a selection over some of its restarts would be another
+    protocol."""
+    complete = results.groupby("dataset")["status"].transform(lambda s: bool((s == "done").all()))
+    done = results[complete.astype(bool)].copy()
+    if done.empty:
+        return pd.DataFrame(columns=_SELECTED)
     term = done["independence"] if "independence" in done else pd.Series("", index=done.index)
     done["arm"] = [f"NCAI_lambda ({t})" if m == _LAMBDA else m for m, t in zip(done["method"], term.fillna(""))]
+    # the penalised dependence statistic at the end of training (logged as hsic_x or indep_x)
+    logged = [done[c] for c in ("final_indep_x", "final_hsic_x") if c in done]
+    done["final_statistic"] = logged[0].fillna(logged[1]) if len(logged) == 2 else (logged or [math.nan])[0]
     best = done.loc[done.groupby(["dataset", "arm"])["valid_ll"].idxmax()].copy()
     best["lambda0"] = False
+    for col in _OWN:
+        best[f"lambda_{col}"] = best[col].where(best["arm"].str.startswith("NCAI_lambda"))
     rows = []
     for _, group in best.groupby("dataset", sort=False):
         g = group.set_index("arm")
+        own = g[[f"lambda_{c}" for c in _OWN]].copy()
         for arm in keep_ncai0_where_better(g, [a for a in g.index if a.startswith("NCAI_lambda")]):
             g.loc[arm, "lambda0"] = True
+            g.loc[arm, own.columns] = own.loc[arm]
         rows.append(g.reset_index())
     out = pd.concat(rows, ignore_index=True)
     ceilings = {p.name: _ceiling(p.index) for p in FAMILY if p.name in set(out["dataset"])}
     out["ceiling"] = out["dataset"].map(ceilings)
-    return out[["dataset", "arm", "test_ll", "rmse", "mi_x_z", "hz_z", "valid_ll", "lambda0", "setting", "ceiling"]]
+    return out[_SELECTED]
+
+
+_OWN = ("valid_ll", "test_ll", "mi_x_z", "final_statistic")
+_SELECTED = ["dataset", "arm", "test_ll", "rmse", "mi_x_z", "hz_z", "valid_ll", "lambda0", "setting", "ceiling",
+             *(f"lambda_{c}" for c in _OWN)]  # fmt: skip
 
 
 @functools.cache
@@ -112,6 +130,74 @@ def win_rates(selected: pd.DataFrame, baseline: str = "BNN+LV (MFVI)") -> pd.Dat
             "lambda0_kept": int(wide["lambda0"].loc[both, arm].astype(bool).sum()) if "lambda0" in wide else 0,
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+_ARMS = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)")
+_LABELS = {"BNN (MFVI)": "BNN", "BNN+LV (MFVI)": "MFVI", "BNN+LV (NCAI_0)": "NCAI_0"}
+
+
+def family_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """The results page's family table (``<!-- generated: ncai-family CSV -->``, the CSV of
+    :func:`select`): per problem its structure and true-density ceiling, the selected fit's test
+    LL of each method (NCAI_lambda per term, ``(0)`` where selection kept ``lambda = 0``, bold the
+    best), and ``I(x; mu_z)`` of BNN+LV MFVI and of each term's selected fit."""
+    chosen = pd.concat(frames, ignore_index=True)
+    lambda_arms = sorted(a for a in chosen["arm"].unique() if a.startswith("NCAI_lambda"))
+    arms = [a for a in _ARMS if a in set(chosen["arm"])] + lambda_arms
+    problems = {p.name: p for p in FAMILY}
+    rows = []
+    for name, block in chosen.groupby("dataset", sort=True):
+        g = block.set_index("arm")
+        ll = [float(g.loc[a, "test_ll"]) if a in g.index else math.nan for a in arms]
+        top = tables.best(ll, largest=True)
+        cells = [tables.bold(tables.num(v) + (" (0)" if a in lambda_arms and bool(g.loc[a, "lambda0"]) else ""), k == top)
+                 for k, (a, v) in enumerate(zip(arms, ll))]  # fmt: skip
+        mi = [tables.num(float(g.loc[a, "mi_x_z"])) if a in g.index else "" for a in ["BNN+LV (MFVI)", *lambda_arms]]
+        p = problems.get(name)
+        what = f"{p.effect}, D = {p.input_dim}, N = {p.n_train:,}" if p is not None else ""
+        rows.append([name.removeprefix("ncai-family-"), what, tables.num(float(g["ceiling"].iloc[0])), *cells, *mi])
+    labels = [_LABELS.get(a, a.replace("NCAI_lambda (", "NCAI ").rstrip(")")) for a in arms]
+    header = ["problem", "latent effect, x dim, N", "ceiling", *(f"test LL: {a}" for a in labels),
+              *(f"`I(x; mu_z)`: {a}" for a in ["MFVI", *labels[len(arms) - len(lambda_arms):]])]  # fmt: skip
+    return tables.table(header, rows)
+
+
+def family_wins_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """The family's win rates (:func:`win_rates` of the CSV of :func:`select`): per NCAI term
+    against BNN+LV MFVI, the share of problems with the higher test LL and with the lower
+    ``I(x; mu_z)`` (Wilson 95% intervals), the mean paired differences with SE and the paired
+    t-test's verdict (:func:`.tables.paired_verdict`), and how often ``lambda = 0`` was kept."""
+    rates = win_rates(pd.concat(frames, ignore_index=True))
+    rows = []
+    for r in rates.itertuples(index=False):
+        n = int(r.problems)
+        ll = f"{tables.num(r.ll_diff_mean)} ({tables.num(r.ll_diff_se)}), {tables.paired_verdict(r.ll_diff_mean, r.ll_diff_se, n)}"
+        mi = f"{tables.num(r.mi_diff_mean)} ({tables.num(r.mi_diff_se)}), {tables.paired_verdict(r.mi_diff_mean, r.mi_diff_se, n)}"
+        rows.append([r.arm.replace("NCAI_lambda", "selected NCAI"), str(n),
+                     f"{round(r.ll_win_rate * n)} of {n}, {r.ll_win_ci}", ll,
+                     f"{round(r.mi_win_rate * n)} of {n}, {r.mi_win_ci}", mi, f"{int(r.lambda0_kept)} of {n}"])  # fmt: skip
+    header = ["against BNN+LV (MFVI)", "problems", "test LL higher (95% CI)", "test LL difference: mean (SE), verdict",
+              "`I(x; mu_z)` lower (95% CI)", "`I(x; mu_z)` difference: mean (SE), verdict", "`lambda = 0` kept"]  # fmt: skip
+    return tables.table(header, rows)
+
+
+def family_lambda_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
+    """What selection weighed (the CSV of :func:`select`): per NCAI term, its best ``lambda > 0``
+    fit minus NCAI_0's best, paired by problem, in validation LL, test LL and ``I(x; mu_z)`` (mean
+    (SE), verdict of :func:`.tables.paired_verdict`), and on how many problems the fit's own
+    penalised statistic ended at or below 0.02 (its penalty spent) while KSG still measured
+    ``I(x; mu_z)`` above 0.1 on the same means."""
+    chosen = pd.concat(frames, ignore_index=True)
+    zero = chosen[chosen["arm"] == "BNN+LV (NCAI_0)"].set_index("dataset")
+    rows = []
+    for arm in sorted(a for a in chosen["arm"].unique() if a.startswith("NCAI_lambda")):
+        lam = chosen[chosen["arm"] == arm].set_index("dataset")
+        cells = [tables.paired_cell(lam[f"lambda_{c}"], zero[c]) for c in ("valid_ll", "test_ll", "mi_x_z")]
+        spent = (lam["lambda_final_statistic"] <= 0.02) & (lam["lambda_mi_x_z"] > 0.1)
+        rows.append([arm.replace("NCAI_lambda", "NCAI_lambda fit"), str(len(lam)), *cells, f"{int(spent.sum())} of {len(lam)}"])
+    header = ["term", "problems", "validation LL minus NCAI_0's: mean (SE), verdict", "test LL", "`I(x; mu_z)`",
+              "statistic <= 0.02 and `I(x; mu_z)` > 0.1"]  # fmt: skip
+    return tables.table(header, rows)
 
 
 def run_family(problems: Sequence[str] | None = None, config: CompareConfig | None = None,

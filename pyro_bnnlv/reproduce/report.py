@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import classification, hyvi, in_between, ncai, projected, projected_toy
+from . import classification, hyvi, in_between, ncai, ncai_family, projected, projected_toy
 from . import tables
 
 __all__ = ["OUTPUT", "README", "TABLES", "TEMPLATE", "build", "check", "default_root", "main", "render",
@@ -98,6 +98,9 @@ TABLES: dict[str, Builder] = {
     "ncai-protocol": ncai.protocol_table,
     "ncai-paired": ncai.paired_table,
     "ncai-paired-summary": ncai.paired_summary,
+    "ncai-family": ncai_family.family_table,
+    "ncai-family-wins": ncai_family.family_wins_table,
+    "ncai-family-lambda": ncai_family.family_lambda_table,
     "hyvi-cosine": hyvi.cosine_table,
     "hyvi-uci": hyvi.uci_table,
     "hyvi-uci-paired": hyvi.uci_paired_table,

@@ -78,6 +78,11 @@ def test_family_tasks_run_ncai_lambda_once_per_term():
     terms = sorted(t.params["independence"] for t in tasks if t.method == "BNN+LV (NCAI_lambda)")
     assert terms == sorted(["hsic", "knn-mi"] * len(lam))
     assert len({t.id for t in tasks}) == len(tasks)
+    # a term added later runs its NCAI_lambda fits alone, with the ids the full family gives them
+    added = family_tasks(names, cfg, ("knn-mi-multiscale",), lambda_only=True)
+    full = family_tasks(names, cfg, ("hsic", "knn-mi-multiscale"))
+    assert {t.method for t in added} == {"BNN+LV (NCAI_lambda)"} and len(added) == len(lam)
+    assert {t.id for t in added} <= {t.id for t in full}
 
 
 def _results() -> pd.DataFrame:
@@ -152,3 +157,34 @@ def test_family_tables_render_the_selection_and_its_paired_verdicts():
     d = np.array([0.1, 0.1, -0.9])
     assert f"{d.mean():.2f} ({d.std(ddof=1) / math.sqrt(3):.2f}), tie" in row
     assert row.endswith("| 0 of 3 |")  # its statistic ended <= 0.02, but KSG I (0.1) is not above 0.1
+
+
+def test_a_term_added_later_runs_alone_and_is_selected_with_the_other_store(tmp_path, monkeypatch, capsys):
+    """``--lambda-only`` runs a new term's NCAI_lambda fits into a store of their own;
+    ``--with-store`` joins the family's store, so the CSV selects over all fits of a problem."""
+    from pyro_bnnlv.reproduce import ncai_family
+    from pyro_bnnlv.sweep import task_function
+
+    @task_function("test/ncai-family-fake-fit")
+    def fake_fit(task, *, config, data=None, figure=False):  # the fit's row, made up from the task
+        lam = task.method == "BNN+LV (NCAI_lambda)"
+        term = task.params.get("independence", "")
+        valid = {"knn-mi-multiscale": -0.9, "hsic": -1.3}.get(term, -1.0) - 0.01 * task.restart
+        return {"valid_ll": valid, "test_ll": valid, "rmse": 1.0, "mi_x_z": 0.1 if lam else 0.3, "hz_z": 0.0,
+                "setting": "s", "final_indep_x": 0.0 if lam else math.nan}  # fmt: skip
+
+    monkeypatch.setattr(ncai_family, "fit_task", fake_fit)
+    base, added, csv = tmp_path / "base", tmp_path / "added", tmp_path / "chosen.csv"
+    common = ["--problems", "2", "--executor", "inline", "--quiet"]
+    assert ncai_family.main([*common, "--independence", "hsic", "--out", str(base)]) == 0
+    assert ncai_family.main([*common, "--independence", "knn-mi-multiscale", "--lambda-only", "--out", str(added),
+                             "--with-store", str(base), "--output", str(csv)]) == 0  # fmt: skip
+    assert len(pb.sweep.load_results(added)) == 2 * 2  # two problems x two restarts, lambda fits only
+    chosen = pd.read_csv(csv).set_index(["dataset", "arm"])
+    row = chosen.loc[("ncai-family-00", "NCAI_lambda (knn-mi-multiscale)")]
+    assert row["valid_ll"] == -0.9 and not row["lambda0"]
+    assert chosen.loc[("ncai-family-00", "NCAI_lambda (hsic)"), "lambda0"]  # -1.3 loses to NCAI_0's -1.0
+    assert len(chosen.loc["ncai-family-01"]) == 5  # BNN, MFVI, NCAI_0 and both terms
+    with pytest.raises(SystemExit):
+        ncai_family.main([*common, "--lambda-only", "--out", str(added), "--with-store", str(tmp_path / "none")])
+    assert "holds no sweep store" in capsys.readouterr().err

@@ -24,12 +24,13 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..datasets.ncai_family import FAMILY, ceiling
-from ..sweep import Task, run_sweep
+from ..sweep import STORE_NAME, Task, load_results, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
 from . import tables
@@ -41,13 +42,17 @@ TERMS = ("hsic", "knn-mi")
 _LAMBDA = "BNN+LV (NCAI_lambda)"
 
 
-def family_tasks(problems: Sequence[str], cfg: CompareConfig, terms: Sequence[str] = TERMS) -> list[Task]:
-    """``compare``'s tasks on each problem (data seed ``cfg.seed``), NCAI_lambda once per term."""
+def family_tasks(problems: Sequence[str], cfg: CompareConfig, terms: Sequence[str] = TERMS, *,
+                 lambda_only: bool = False) -> list[Task]:  # fmt: skip
+    """``compare``'s tasks on each problem (data seed ``cfg.seed``), NCAI_lambda once per term;
+    with ``lambda_only`` the NCAI_lambda tasks alone (a term added to a family whose other fits
+    are in another store: the task ids are the same in both)."""
     tasks = []
     for name in problems:
         for task in compare_tasks(name, cfg):
             if task.method != _LAMBDA:
-                tasks.append(task)
+                if not lambda_only:
+                    tasks.append(task)
                 continue
             for term in terms:
                 tasks.append(dataclasses.replace(task, grid={**task.params, "independence": term}))
@@ -201,16 +206,17 @@ def family_lambda_table(frames: list[pd.DataFrame], paths: list[str], options: d
 
 
 def run_family(problems: Sequence[str] | None = None, config: CompareConfig | None = None,
-               terms: Sequence[str] = TERMS, *, progress: bool = True, **sweep: object) -> pd.DataFrame:
+               terms: Sequence[str] = TERMS, *, lambda_only: bool = False, progress: bool = True,
+               **sweep: object) -> pd.DataFrame:  # fmt: skip
     """Run the family's sweep (``sweep``: :func:`~pyro_bnnlv.sweep.run_sweep`'s options) and
-    return its results table (one row per fit)."""
+    return its results table (one row per fit); ``lambda_only``: :func:`family_tasks`'."""
     cfg = config or CompareConfig()
     names = list(problems) if problems is not None else [p.name for p in FAMILY]
-    tasks = family_tasks(names, cfg, terms)
+    tasks = family_tasks(names, cfg, terms, lambda_only=lambda_only)
     conf = dataclasses.asdict(cfg)
-    return run_sweep(tasks, functools.partial(fit_task, config=conf),
-                     sweep_meta={"experiment": "ncai-family", "config": conf, "terms": list(terms)},
-                     progress=progress, desc="ncai-family", **sweep)  # fmt: skip
+    meta = {"experiment": "ncai-family", "config": conf, "terms": list(terms)} | ({"lambda_only": True} if lambda_only else {})
+    return run_sweep(tasks, functools.partial(fit_task, config=conf), sweep_meta=meta, progress=progress,
+                     desc="ncai-family", **sweep)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--independence", nargs="+", default=list(TERMS), help="NCAI's independence terms to compare")
     p.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default: compare's 3,000)")
     p.add_argument("--restarts", type=int, default=None, help="restarts per setting (default: compare's 2)")
+    p.add_argument("--lambda-only", action="store_true",
+                   help="only the NCAI_lambda fits of --independence (a term added to the family; "
+                        "its other fits come from --with-store)")
+    p.add_argument("--with-store", action="append", default=[], metavar="DIR",
+                   help="another store of this family (e.g. the one with the other methods' fits) whose "
+                        "results join this run's before selection; repeatable")
     p.add_argument("--output", help="CSV of the selected fits (one row per problem and method)")
     p.add_argument("--quiet", action="store_true")
     add_sweep_arguments(p)
@@ -226,23 +238,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.problems <= len(FAMILY):
         p.error(f"--problems must lie in 1..{len(FAMILY)}, got {args.problems}")
     if args.output:
-        from pathlib import Path
-
         folder = Path(args.output).resolve().parent
         if not folder.is_dir():
             p.error(f"--output: the folder {folder} does not exist; create it first")
     torch.set_num_threads(1)
     overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts).items() if v is not None}
     cfg = CompareConfig(**overrides)
+    for folder in args.with_store:
+        if not (Path(folder) / STORE_NAME).is_file():
+            p.error(f"--with-store: {folder} holds no sweep store ({STORE_NAME})")
     results = run_family([q.name for q in FAMILY[: args.problems]], cfg, args.independence,
-                         progress=not args.quiet, **sweep_options(args))  # fmt: skip
+                         lambda_only=args.lambda_only, progress=not args.quiet, **sweep_options(args))  # fmt: skip
+    own = results
+    if args.with_store:
+        results = pd.concat([results, *(load_results(folder) for folder in args.with_store)], ignore_index=True)
     if (results["status"] == "done").any():
         chosen = select(results)
         print(chosen.pivot(index="dataset", columns="arm", values="test_ll").to_string(float_format="%.3f"))
         print(win_rates(chosen).to_string(index=False, float_format="%.3f"))
         if args.output:
             chosen.to_csv(args.output, index=False)
-    return report(results)
+    return report(own)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -267,55 +267,8 @@ def _parser() -> argparse.ArgumentParser:
                     "in a checkout, else ~/.cache/pyro_bnnlv)")
     ds.set_defaults(func=_cmd_datasets)
 
-    f = sub.add_parser("fit", help="train a model and print test metrics")
-    f.add_argument("--dataset", required=True, help="a registered data set (pyro-bnnlv datasets lists them)")
-    f.add_argument("--model", default="bnn", choices=["bnn"], help="the model (a BNN: MLP with a flat weight site)")
-    f.add_argument("--guide", default="meanfield", choices=GUIDES,
-                   help="meanfield (pb.MeanField), fullcov (AutoMultivariateNormal), map (AutoDelta), or laplace "
-                        "(MAP then the full linearised Laplace, prior and noise by marginal likelihood)")
-    f.add_argument("--steps", type=int, default=2000, help="SVI steps (laplace: MAP steps); default 2000")
-    f.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate; default 0.01")
-    f.add_argument("--seed", type=int, default=None,
-                   help="seeds the fit and, without --split, the data (a synthetic set's generator, a UCI "
-                        "set's validation subset: not its test set); default 0, with --split the split")
-    f.add_argument("--split", type=int, default=None,
-                   help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, "
-                        "otherwise seed k")  # fmt: skip
-    f.add_argument("--hidden", type=int, nargs="*", default=[50], help="hidden layer widths; default 50")
-    f.add_argument("--activation", default="tanh",
-                   help="the MLP's activation (tanh, relu, leaky_relu, silu, gelu, softplus, ...)")
-    f.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight; default 1")
-    f.add_argument("--noise-scale", type=float, default=0.1,
-                   help="observation noise sd on the standardised targets; default 0.1 (pb.grid_search "
-                        "chooses it by validation LL)")
-    f.add_argument("--learn-noise", action="store_true", help="learn the noise with the weights (type-II ML)")
-    f.add_argument("--batch-size", type=int, default=None, help="minibatch size; default full batch")
-    f.add_argument("--num-samples", type=int, default=500, help="posterior draws for the metrics; default 500")
-    f.add_argument("--output", help="PNG path for 1-D data (default: DATASET-bnn-GUIDE.png)")
-    f.add_argument("--no-plot", action="store_true", help="no figure (1-D data get one by default)")
-    f.add_argument("--quiet", action="store_true", help="no progress bar")
-    f.set_defaults(func=_cmd_fit)
-
-    c = sub.add_parser("compare", help="BNN vs BNN+LV (MFVI, NCAI) on one data set")
-    c.add_argument("dataset")
-    c.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default 3000)")
-    c.add_argument("--restarts", type=int, default=None, help="restarts per setting (default 2)")
-    c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--grid", nargs="*", metavar="NAME=V1,V2",
-                   help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5 (names: lambda1-3, eps_T, eps_x, eps_y). "
-                        "The noise is chosen by validation LL from its own grid: variances 1.0, 0.1 for the BNN "
-                        "and 0.1 for BNN+LV (--full: App. F.1's 1.0, 0.1, 0.01 and 0.1, 0.01); for your own "
-                        "model, pb.grid_search picks the noise (or any setting) the same way")
-    c.add_argument("--independence", choices=["hsic", "pc"], default=None,
-                   help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations")
-    c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
-    c.add_argument("--output", help="write the table as CSV")
-    c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")
-    c.add_argument("--no-plot", action="store_true")
-    c.add_argument("--quiet", action="store_true")
-
-    add_sweep_arguments(c)
-    c.set_defaults(func=_cmd_compare)
+    _add_fit_parser(sub)
+    _add_compare_parser(sub)
 
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("name", choices=sorted(BENCHMARKS))
@@ -350,6 +303,62 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--root", help="repository root (default: the checkout pyro_bnnlv is installed from)")
     res.set_defaults(func=_cmd_results)
     return p
+
+
+def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``fit`` command's options."""
+    f = sub.add_parser("fit", help="train a model and print test metrics")
+    f.add_argument("--dataset", required=True, help="a registered data set (pyro-bnnlv datasets lists them)")
+    f.add_argument("--model", default="bnn", choices=["bnn"], help="the model (a BNN: MLP with a flat weight site)")
+    f.add_argument("--guide", default="meanfield", choices=GUIDES,
+                   help="meanfield (pb.MeanField), fullcov (AutoMultivariateNormal), map (AutoDelta), or laplace "
+                        "(MAP then the full linearised Laplace, prior and noise by marginal likelihood)")
+    f.add_argument("--steps", type=int, default=2000, help="SVI steps (laplace: MAP steps); default 2000")
+    f.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate; default 0.01")
+    f.add_argument("--seed", type=int, default=None,
+                   help="seeds the fit and, without --split, the data (a synthetic set's generator, a UCI "
+                        "set's validation subset: not its test set); default 0, with --split the split")
+    f.add_argument("--split", type=int, default=None,
+                   help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, "
+                        "otherwise seed k")  # fmt: skip
+    f.add_argument("--hidden", type=int, nargs="*", default=[50], help="hidden layer widths; default 50")
+    f.add_argument("--activation", default="tanh",
+                   help="the MLP's activation (tanh, relu, leaky_relu, silu, gelu, softplus, ...)")
+    f.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight; default 1")
+    f.add_argument("--noise-scale", type=float, default=0.1,
+                   help="observation noise sd on the standardised targets; default 0.1 (pb.grid_search "
+                        "chooses it by validation LL)")
+    f.add_argument("--learn-noise", action="store_true", help="learn the noise with the weights (type-II ML)")
+    f.add_argument("--batch-size", type=int, default=None, help="minibatch size; default full batch")
+    f.add_argument("--num-samples", type=int, default=500, help="posterior draws for the metrics; default 500")
+    f.add_argument("--output", help="PNG path for 1-D data (default: DATASET-bnn-GUIDE.png)")
+    f.add_argument("--no-plot", action="store_true", help="no figure (1-D data get one by default)")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=_cmd_fit)
+
+
+def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``compare`` command's options (and the sweep's)."""
+    c = sub.add_parser("compare", help="BNN vs BNN+LV (MFVI, NCAI) on one data set")
+    c.add_argument("dataset")
+    c.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default 3000)")
+    c.add_argument("--restarts", type=int, default=None, help="restarts per setting (default 2)")
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--grid", nargs="*", metavar="NAME=V1,V2",
+                   help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5 (names: lambda1-3, eps_T, eps_x, eps_y). "
+                        "The noise is chosen by validation LL from its own grid: variances 1.0, 0.1 for the BNN "
+                        "and 0.1 for BNN+LV (--full: App. F.1's 1.0, 0.1, 0.01 and 0.1, 0.01); for your own "
+                        "model, pb.grid_search picks the noise (or any setting) the same way")
+    c.add_argument("--independence", choices=["hsic", "pc"], default=None,
+                   help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations")
+    c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
+    c.add_argument("--output", help="write the table as CSV")
+    c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")
+    c.add_argument("--no-plot", action="store_true")
+    c.add_argument("--quiet", action="store_true")
+
+    add_sweep_arguments(c)
+    c.set_defaults(func=_cmd_compare)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -223,6 +223,15 @@ def _posterior_groups(draws: dict[str, Tensor], f: Tensor, weights: bool, num_da
     return posterior_vars, raw
 
 
+def _dims(mean: Tensor, pred: Tensor) -> dict[str, list[str]]:
+    """The dimensions of :func:`to_inference_data`'s variables, from the replayed means ``mean``
+    and observations ``pred`` (draws first)."""
+    multi = mean.dim() == 3  # several outputs, or a classifier's class probabilities
+    obs_dims = ["data", "output"] if pred.dim() == 3 else ["data"]  # a classifier's obs are labels
+    f_dims = ["eval_point", "output"] if multi else ["eval_point"]
+    return {"f": f_dims, "obs": obs_dims, "x": ["data", "input"], "x_eval": ["eval_point", "input"], "w": ["weight"]}
+
+
 def to_inference_data(
     model: Callable[..., Any],
     posterior: Any,
@@ -292,13 +301,8 @@ def to_inference_data(
     flat = {k: v.reshape(C * S, *v.shape[2:]) for k, v in draws.items()}
     mean, ll, pred = _replay(model, x, y, flat, latent, nesting, obs_site, chunk_size)
     N = x.shape[0]
-    multi = mean.dim() == 3  # several outputs, or a classifier's class probabilities
-    obs_dims = ["data", "output"] if pred.dim() == 3 else ["data"]  # a classifier's obs are labels
-    f_dims = ["eval_point", "output"] if multi else ["eval_point"]
-
     x_eval, f = _f_at_eval_points(model, x, x_eval, draws, flat, mean, num_points)
-    dims: dict[str, list[str]] = {"f": f_dims, "obs": obs_dims, "x": ["data", "input"],
-                                  "x_eval": ["eval_point", "input"], "w": ["weight"]}  # fmt: skip
+    dims = _dims(mean, pred)
     coords = _coords(model, x, x_eval, mean, draws["w"].shape[-1])
 
     posterior_vars, raw = _posterior_groups(draws, f, weights, N, dims, coords)

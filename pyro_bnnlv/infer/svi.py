@@ -346,7 +346,7 @@ def _plateau_stopper(schedule: PlateauSchedule | None, optimizer: torch.optim.Op
     return _PlateauStopper(schedule, optimizer, per_epoch)
 
 
-def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor | None, *, num_steps: int,
+def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor | None, num_steps: int,
                          lr: float, batch_size: int | None, seed: int | None, callback: Callable | None,
                          model_kwargs: dict | None, lr_schedule: PlateauSchedule | None) -> tuple[float, int | None]:  # fmt: skip
     """:func:`fit_svi`'s argument checks, before anything runs (errors name the argument and the
@@ -385,6 +385,18 @@ def _guarded_step(guard: JitGuard, loss: ELBO, step: int, params: list[Tensor], 
         if detail is None:
             raise
         raise NonFiniteLossError(step, math.nan, detail) from err
+
+
+def _stop_requested(callback: Callable[[int, float], None] | None, stopper: _PlateauStopper | None, step: int,
+                    value: float) -> bool:  # fmt: skip
+    """Whether :func:`fit_svi` ends after ``step``: the callback raised ``StopIteration``, or else
+    the plateau schedule's learning rate is spent."""
+    if callback is not None:
+        try:
+            callback(step, value)
+        except StopIteration:
+            return True
+    return stopper is not None and stopper.done(value)
 
 
 def fit_svi(
@@ -435,9 +447,8 @@ def fit_svi(
         NonFiniteLossError: training diverged (a NaN/inf loss, or a distribution parameter made
             invalid by the updates); the message names the step.
     """
-    lr, seed = _check_fit_arguments(model, guide, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,
-                                    seed=seed, callback=callback, model_kwargs=model_kwargs,
-                                    lr_schedule=lr_schedule)  # fmt: skip
+    lr, seed = _check_fit_arguments(model, guide, x, y, num_steps, lr, batch_size, seed, callback, model_kwargs,
+                                    lr_schedule)  # fmt: skip
     set_seed(seed)
     loss = _default_loss(model, guide) if loss is None else loss
     forget_compiled(loss)
@@ -476,12 +487,7 @@ def fit_svi(
             if progress and (step % 50 == 0 or step == num_steps - 1):
                 bar.set_postfix(loss=f"{value:.4g}")
             step += 1
-            if callback is not None:
-                try:
-                    callback(step - 1, value)
-                except StopIteration:
-                    break
-            if stopper is not None and stopper.done(value):
+            if _stop_requested(callback, stopper, step - 1, value):
                 break
         bar.close()
     _claim_param_names(guide)

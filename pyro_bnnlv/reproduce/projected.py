@@ -83,7 +83,7 @@ from ..infer import fit_svi
 from ..posterior import sample_posterior
 from ..infer.elbos.closed_form_kl import ClosedFormKLElbo
 from ..infer.projection.fge import fge
-from ..infer.projection.fit import fit_projected_bnn, fit_projection
+from ..infer.projection.fit import ProjectionFit, fit_projected_bnn, fit_projection
 from ..infer.svi import set_seed
 from ..models import BNN, ProjectedBNN
 from ..models.projected import PAPER_SCALE
@@ -236,7 +236,7 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
     seed = task.seed
     set_seed(seed)
     data = _split(task.dataset, str(task.split), seed)
-    x, y = data.x_train, data.y_train
+    x = data.x_train
     net = MLP(data.input_dim, [hidden], 1, activation="relu")
     bnn = BNN(net, prior_scale=PAPER_SCALE, noise_scale=0.1)
     batch = min(128, len(x))
@@ -246,48 +246,71 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
     model = projection = None
     if task.method != "BbB":
         model = ProjectedBNN(net, latent_dim=latent_dim, decoder_hidden=[20])
-        t1 = time.perf_counter()
-        res = fge(bnn, x, y, x_valid=data.x_valid, y_valid=data.y_valid, num_candidates=num_candidates, keep=keep,
-                  map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
-        out.update(_metrics(bnn, res.kept, data, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
-        projection = fit_projection(model, res.kept, x, y, objective=_OBJECTIVE[task.method], num_steps=ae_steps,
-                                    lr=0.005, batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
-
-    def fit_at(step_size: float) -> dict[str, float]:
-        draws = _CheckDraws(("w",) if task.method == "BbB" else ("z", "phi"), check_draws, seed)
-        check = (lambda g: draws(g)["w"]) if task.method == "BbB" else (lambda g: model.project(**draws(g)))
-        stop = _EarlyStopping(check, bnn, data.x_valid, data.y_valid, eval_every, patience)
-        if task.method == "BbB":
-            def run() -> tuple[BNN, AutoNormal]:
-                with pyro.get_param_store().scope():
-                    guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
-                    # BbB is Proj-BNN with the identity projection (App. A): the same 20 particles
-                    # and closed-form KL as stage 3
-                    loss = ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1)
-                    fit_svi(bnn, guide, x, y, num_steps=vi_steps, lr=step_size, batch_size=batch, seed=seed,
-                            progress=False, loss=loss,
-                            callback=lambda step, value: stop(step, value, guide))  # fmt: skip
-                return bnn, guide
-        else:
-            def run() -> tuple[ProjectedBNN, AutoNormal]:
-                fit = fit_projected_bnn(model, x, y, projection=projection, num_steps=vi_steps, lr=step_size,
-                                        batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
-                return fit.model, fit.guide
-
-        try:
-            fitted, guide = run()
-        except (FloatingPointError, ValueError) as err:
-            if not (_diverged(err) and stop.has_checkpoint):
-                raise
-            # early stopping would have kept the best checked state: evaluate that one
-            fitted, guide = (bnn if task.method == "BbB" else model), stop.guide
-            out[f"diverged_at@lr={step_size:g}"] = stop.steps
-        stop.restore(guide)
-        w = sample_posterior(fitted, guide, x, num_samples=num_samples, seed=seed)["w"]
-        return {"lr": step_size, **_metrics(bnn, w, data), "steps": stop.steps, "best_step": stop.best_step}
-
+        projection = _fge_and_decoder(model, bnn, data, out, objective=_OBJECTIVE[task.method],
+                                      num_candidates=num_candidates, keep=keep, map_steps=map_steps,
+                                      map_lr=map_lr, cycle_epochs=cycle_epochs, ae_steps=ae_steps,
+                                      ae_batch=ae_batch, seed=seed)  # fmt: skip
+    fit_at = functools.partial(_fit_at_step_size, task.method, bnn, model, projection, data, out, seed=seed,
+                               vi_steps=vi_steps, batch=batch, check_draws=check_draws, eval_every=eval_every,
+                               patience=patience, num_samples=num_samples)  # fmt: skip
     best = _best_step_size(step_sizes, fit_at, out)  # writes each step size's outcome into out
     return {**out, **best, "seconds": time.perf_counter() - t0}
+
+
+def _fge_and_decoder(model: ProjectedBNN, bnn: BNN, data: Dataset, out: dict[str, float], *, objective: str,
+                     num_candidates: int, keep: int, map_steps: int, map_lr: float, cycle_epochs: float,
+                     ae_steps: int, ae_batch: int | None, seed: int) -> ProjectionFit:  # fmt: skip
+    """The Proj-BNN tasks' stages 1 and 2 (shared by every step size): FGE candidates, whose
+    ensemble metrics go into ``out`` (``fge_*``), and the decoder fitted to them."""
+    x, y = data.x_train, data.y_train
+    t1 = time.perf_counter()
+    res = fge(bnn, x, y, x_valid=data.x_valid, y_valid=data.y_valid, num_candidates=num_candidates, keep=keep,
+              map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
+    out.update(_metrics(bnn, res.kept, data, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
+    return fit_projection(model, res.kept, x, y, objective=objective, num_steps=ae_steps, lr=0.005,
+                          batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
+
+
+def _fit_bbb(bnn: BNN, x: Tensor, y: Tensor, stop: _EarlyStopping, *, step_size: float, vi_steps: int, batch: int,
+             seed: int) -> tuple[BNN, AutoNormal]:  # fmt: skip
+    """BbB: mean-field VI on the weights from the network's initial weights, with early stopping."""
+    with pyro.get_param_store().scope():
+        guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
+        # BbB is Proj-BNN with the identity projection (App. A): the same 20 particles
+        # and closed-form KL as stage 3
+        loss = ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1)
+        fit_svi(bnn, guide, x, y, num_steps=vi_steps, lr=step_size, batch_size=batch, seed=seed,
+                progress=False, loss=loss, callback=lambda step, value: stop(step, value, guide))  # fmt: skip
+    return bnn, guide
+
+
+def _fit_at_step_size(method: str, bnn: BNN, model: ProjectedBNN | None, projection: ProjectionFit | None,
+                      data: Dataset, out: dict[str, float], step_size: float, *, seed: int, vi_steps: int,
+                      batch: int, check_draws: int, eval_every: int, patience: int | None,
+                      num_samples: int) -> dict[str, float]:  # fmt: skip
+    """:func:`uci_task`'s fit at one step size (BbB, or stage 3 on the task's decoder) with early
+    stopping, evaluated at its best check; a fit that diverges after a check is evaluated at the
+    checked state and ``out`` records the step (``diverged_at@lr=<v>``)."""
+    x, y = data.x_train, data.y_train
+    draws = _CheckDraws(("w",) if method == "BbB" else ("z", "phi"), check_draws, seed)
+    check = (lambda g: draws(g)["w"]) if method == "BbB" else (lambda g: model.project(**draws(g)))
+    stop = _EarlyStopping(check, bnn, data.x_valid, data.y_valid, eval_every, patience)
+    try:
+        if method == "BbB":
+            fitted, guide = _fit_bbb(bnn, x, y, stop, step_size=step_size, vi_steps=vi_steps, batch=batch, seed=seed)
+        else:
+            fit = fit_projected_bnn(model, x, y, projection=projection, num_steps=vi_steps, lr=step_size,
+                                    batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
+            fitted, guide = fit.model, fit.guide
+    except (FloatingPointError, ValueError) as err:
+        if not (_diverged(err) and stop.has_checkpoint):
+            raise
+        # early stopping would have kept the best checked state: evaluate that one
+        fitted, guide = (bnn if method == "BbB" else model), stop.guide
+        out[f"diverged_at@lr={step_size:g}"] = stop.steps
+    stop.restore(guide)
+    w = sample_posterior(fitted, guide, x, num_samples=num_samples, seed=seed)["w"]
+    return {"lr": step_size, **_metrics(bnn, w, data), "steps": stop.steps, "best_step": stop.best_step}
 
 
 def _metrics(bnn: BNN, w: Tensor, data: Dataset, prefix: str = "") -> dict[str, float]:

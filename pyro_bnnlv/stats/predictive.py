@@ -271,6 +271,19 @@ def _dataset_split(data: Any, y: Any, split: str, y_mean: Any, y_std: Any, train
     return x, y, y_mean, y_std, (data.x_train, data.y_train) if train_data is None else train_data
 
 
+def _warn_if_standardized(y: Tensor, y_mean: Tensor | float | None, y_std: Tensor | float | None) -> None:
+    """:func:`evaluate`'s warning (attributed to its caller) when ``y`` is a standardised data set's
+    target and neither ``y_mean`` nor ``y_std`` is given."""
+    if y_std is None and y_mean is None:
+        source = standardized_source(y)
+        if source is not None:
+            warnings.warn(
+                f"evaluate: y is the {source} but y_mean/y_std were not given, so the metrics are "
+                "on the standardised scale; pass y_mean=data.y_mean, y_std=data.y_std (or call "
+                "evaluate(model, posterior, data)); y_mean=0, y_std=1 keeps the standardised scale "
+                "without this warning", UserWarning, stacklevel=3)  # fmt: skip
+
+
 def evaluate(
     model: RegressionModel,
     posterior: Any,
@@ -331,14 +344,7 @@ def evaluate(
     elif y is None:
         raise ValueError("evaluate needs targets: evaluate(model, posterior, x, y) or "
                          "evaluate(model, posterior, data) with a pyro_bnnlv Dataset")  # fmt: skip
-    if y_std is None and y_mean is None:
-        source = standardized_source(y)
-        if source is not None:
-            warnings.warn(
-                f"evaluate: y is the {source} but y_mean/y_std were not given, so the metrics are "
-                "on the standardised scale; pass y_mean=data.y_mean, y_std=data.y_std (or call "
-                "evaluate(model, posterior, data)); y_mean=0, y_std=1 keeps the standardised scale "
-                "without this warning", UserWarning, stacklevel=2)  # fmt: skip
+    _warn_if_standardized(y, y_mean, y_std)
     classifier = _classification_likelihood(model)
     if classifier is not None and (y_mean is not None or y_std is not None):
         raise ValueError(f"y_mean/y_std standardise regression targets; a {classifier.name} model's targets are "

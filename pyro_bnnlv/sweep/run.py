@@ -157,7 +157,6 @@ def run_sweep(
     _check_run_arguments(fn, executor, workers, threads, address, stop_after, out_dir)  # before the store is touched
     version = code_version or current_code_version(fn)
     identity = sweep_identity(tasks, fn, sweep_meta)
-    by_id = {t.id: t for t in tasks}
     t0 = time.perf_counter()
     note, ran = "nothing to run", 0
     with contextlib.ExitStack() as stack:
@@ -167,16 +166,11 @@ def run_sweep(
         stack.callback(store.close)
         looking = _open_store(store, stop_after)
         note = "nothing run: another process is running this sweep" if looking else note
-        if looking and not store.meta():
-            todo = []  # that process has not planned its tasks yet: nothing to read, nothing to write
-        else:
-            store.claim(identity, version, tasks)
-            todo = [by_id[i] for i in store.pending(retry_failed=retry_failed)]
+        todo = _tasks_to_run(store, tasks, identity, version, looking, retry_failed)
         if todo and stop_after != 0:
             deadline = None if stop_after is None else t0 + stop_after
-            ran, note = _run_pending(store, fn, todo, version, executor=executor, workers=workers, threads=threads,
-                                     address=address, prepare=prepare, deadline=deadline, progress=progress,
-                                     desc=desc)  # fmt: skip
+            ran, note = _run_pending(store, fn, todo, version, executor, workers, threads, address, prepare, deadline,
+                                     progress, desc)  # fmt: skip
         elif todo:
             note = "nothing run (stop_after=0)" if note == "nothing to run" else note
         table = store.table()
@@ -191,7 +185,19 @@ def _with_run_attrs(table: pd.DataFrame, *, seconds: float, note: str, ran: int)
     return table
 
 
-def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version: str, *, executor: str,
+def _tasks_to_run(store: SweepStore, tasks: Sequence[Task], identity: Mapping[str, Any], version: str,
+                  looking: bool, retry_failed: bool) -> list[Task]:  # fmt: skip
+    """The tasks without a result in ``store``, after claiming it for this sweep; none while
+    another process runs the sweep and has not planned its tasks yet (``looking`` and no
+    metadata: nothing to read, nothing to write)."""
+    if looking and not store.meta():
+        return []
+    store.claim(identity, version, tasks)
+    by_id = {t.id: t for t in tasks}
+    return [by_id[i] for i in store.pending(retry_failed=retry_failed)]
+
+
+def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version: str, executor: str,
                  workers: int | None, threads: int, address: str | None, prepare: Callable[[], object] | None,
                  deadline: float | None, progress: bool, desc: str) -> tuple[int, str]:  # fmt: skip
     """Run ``todo`` on a new executor, with ``prepare`` in a thread of this process beside the

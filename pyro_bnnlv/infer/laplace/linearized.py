@@ -829,6 +829,33 @@ class LinearizedLaplace:
 
         return ll
 
+    def _marglik_optimum(self, prior: bool, noise: bool) -> tuple[float, float, float]:
+        """:meth:`optimize_hyperparameters`' ``"marglik"``: L-BFGS on ``(log delta, log sigma)`` from
+        ``(0, log sigma)``, the untuned one held at its start; ``(delta, sigma, log evidence)``."""
+        log_sigma0 = self.noise_scale.log()
+        theta = torch.zeros(2, dtype=self.dtype)
+        theta[1] = log_sigma0
+        mask = torch.tensor([float(prior), float(noise)], dtype=self.dtype)
+        start = theta.clone()
+        theta = theta.clone().requires_grad_(True)
+        opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=200, line_search_fn="strong_wolfe",
+                                tolerance_grad=1e-9, tolerance_change=1e-12)  # fmt: skip
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            t = start + mask * (theta - start)
+            loss = -self._scaled_evidence(t[0], t[1])
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            t = start + mask * (theta - start)
+            objective = float(self._scaled_evidence(t[0], t[1]))
+        if not math.isfinite(objective):
+            raise FloatingPointError("the marginal-likelihood optimisation diverged")
+        return float(t[0].exp()), float(t[1].exp()), objective
+
     def optimize_hyperparameters(
         self,
         method: str = "marglik",
@@ -865,30 +892,8 @@ class LinearizedLaplace:
             raise ValueError(f"method must be 'marglik' or 'validation', got {method!r}")
         if not (prior or noise):
             raise ValueError("nothing to optimise: prior and noise are both False")
-        log_sigma0 = self.noise_scale.log()
         if method == "marglik":
-            theta = torch.zeros(2, dtype=self.dtype)
-            theta[1] = log_sigma0
-            mask = torch.tensor([float(prior), float(noise)], dtype=self.dtype)
-            start = theta.clone()
-            theta = theta.clone().requires_grad_(True)
-            opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=200, line_search_fn="strong_wolfe",
-                                    tolerance_grad=1e-9, tolerance_change=1e-12)  # fmt: skip
-
-            def closure() -> Tensor:
-                opt.zero_grad()
-                t = start + mask * (theta - start)
-                loss = -self._scaled_evidence(t[0], t[1])
-                loss.backward()
-                return loss
-
-            opt.step(closure)
-            with torch.no_grad():
-                t = start + mask * (theta - start)
-                objective = float(self._scaled_evidence(t[0], t[1]))
-            if not math.isfinite(objective):
-                raise FloatingPointError("the marginal-likelihood optimisation diverged")
-            delta, sigma = float(t[0].exp()), float(t[1].exp())
+            delta, sigma, objective = self._marglik_optimum(prior, noise)
         else:
             if x_valid is None or y_valid is None:
                 raise ValueError("method='validation' needs x_valid and y_valid")

@@ -78,7 +78,7 @@ __all__ = ["RunInfo", "chain_records", "run_nuts"]
 _SATURATION_WARNING = 0.1
 # Pyro's MCMC draws from the global generator, seeded base + 7: clear of the initialisation
 # streams of the chains (base + c and base + c + 1 for c < num_chains <= 6)... and checked in
-# _check_arguments to stay below 2**32 for every chain
+# _check_counts to stay below 2**32 for every chain
 _PYRO_SAMPLING_SEED_OFFSET = 7
 
 
@@ -163,7 +163,7 @@ class _Sampled(NamedTuple):
     reestimate: dict | None = None
 
 
-def _plan(model: Any, x: Tensor, y: Tensor, *, init: Any, potential: Any, num_chains: int,
+def _plan(model: Any, x: Tensor, y: Tensor, init: Any, potential: Any, num_chains: int,
           seed: int | None, map_steps: int, map_lr: float, check_potential: bool,
           options: dict[str, Any]) -> _Plan:  # fmt: skip
     """Pick the potential, draw or fit the chains' starting points and check the fast potential
@@ -227,9 +227,13 @@ def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: i
 
 
 def _sample_pyro(plan: _Plan, model: Any, x: Tensor, y: Tensor, num_samples: int, warmup_steps: int,
-                 num_chains: int, jit_compile: bool, progress: bool, mp_context: str | None) -> _Sampled:  # fmt: skip
+                 num_chains: int, jit_compile: bool, progress: bool, mp_context: str | None,
+                 chain_method: str) -> _Sampled:  # fmt: skip
     """Pyro's ``MCMC`` with ``NUTS(model)`` (traced) or ``NUTS(potential_fn=...)``: chain
     processes when there are more cores than chains (Pyro's rule), one after another otherwise."""
+    if chain_method != "auto":
+        raise ValueError(f"chain_method={chain_method!r} applies to the fast path's flat kernel only; "
+                         "this run uses Pyro's MCMC (leave chain_method='auto')")  # fmt: skip
     pot = plan.potential
     if pot is None:
         kernel, path = CountingNUTS(model, jit_compile=jit_compile, **plan.options), "traced"
@@ -309,11 +313,10 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
     )
 
 
-def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps: int,
-                     num_chains: int, max_tree_depth: int, map_steps: int, seed: Any, kernel: str,
-                     target_accept_prob: float, full_mass: bool, step_size: float, map_lr: float,
-                     chain_method: str, mp_context: str | None = None) -> int | None:  # fmt: skip
-    """:func:`run_nuts`'s argument checks; returns the checked seed."""
+def _check_counts(num_samples: int, warmup_steps: int, num_chains: int, max_tree_depth: int, map_steps: int,
+                  seed: Any) -> int | None:  # fmt: skip
+    """:func:`run_nuts`'s checks of the counts and the seed (the first of its argument checks);
+    returns the checked seed."""
     check_int(num_samples, "num_samples")
     check_int(warmup_steps, "warmup_steps", minimum=0)
     check_int(num_chains, "num_chains")
@@ -323,6 +326,12 @@ def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps:
     if seed is not None and seed + num_chains + _PYRO_SAMPLING_SEED_OFFSET >= 2**32:  # chain c is seeded seed + c (+ 1, + 7)
         raise ValueError(f"seed must be below 2**32 - {num_chains + 7} with num_chains={num_chains} "
                          f"(chain c uses seeds from seed + c), got {seed}")  # fmt: skip
+    return seed
+
+
+def _check_kernel_options(kernel: str, target_accept_prob: float, full_mass: bool, step_size: float,
+                          map_lr: float) -> None:  # fmt: skip
+    """:func:`run_nuts`'s checks of the kernel's and the MAP initialisation's options."""
     if kernel not in ("flat", "pyro"):
         raise ValueError(f"kernel must be 'flat' or 'pyro', got {kernel!r}")
     try:
@@ -341,6 +350,11 @@ def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps:
     ):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < math.inf:
             raise ValueError(f"{name} must be a positive finite number, got {value!r} ({consequence})")
+
+
+def _check_data_and_execution(model: Any, x: Any, y: Any, mp_context: str | None, chain_method: str) -> None:
+    """:func:`run_nuts`'s checks of the data (the model's own ``check_data`` where it has one) and
+    of how the chains run (the last of its argument checks)."""
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a tensor of targets (NUTS samples the posterior given data), "
                         f"got {type(y).__name__}")  # fmt: skip
@@ -357,7 +371,6 @@ def _check_arguments(model: Any, x: Any, y: Any, num_samples: int, warmup_steps:
                          f"{multiprocessing.get_all_start_methods()} or None (spawn)")
     if chain_method not in ("auto", "threads", "sequential"):
         raise ValueError(f"chain_method must be 'auto', 'threads' or 'sequential', got {chain_method!r}")
-    return seed
 
 
 def run_nuts(
@@ -432,25 +445,20 @@ def run_nuts(
         ``mcmc.run_info`` a :class:`RunInfo`. Warns when at least 10% of the kept draws exhausted
         ``max_tree_depth`` and when a chain never moved.
     """
-    seed = _check_arguments(model, x, y, num_samples, warmup_steps, num_chains, max_tree_depth,
-                            map_steps, seed, kernel, target_accept_prob, full_mass, step_size,
-                            map_lr, chain_method, mp_context)  # fmt: skip
+    seed = _check_counts(num_samples, warmup_steps, num_chains, max_tree_depth, map_steps, seed)
+    _check_kernel_options(kernel, target_accept_prob, full_mass, step_size, map_lr)
+    _check_data_and_execution(model, x, y, mp_context, chain_method)
     t_start = time.perf_counter()
     options = dict(target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
                    full_mass=full_mass, step_size=step_size)  # fmt: skip
-    plan = _plan(model, x, y, init=init, potential=potential, num_chains=num_chains, seed=seed,
-                 map_steps=map_steps, map_lr=map_lr, check_potential=check_potential, options=options)  # fmt: skip
+    plan = _plan(model, x, y, init, potential, num_chains, seed, map_steps, map_lr, check_potential, options)
     t_run = time.perf_counter()
     if plan.potential is not None and kernel == "flat":
         sampled = _sample_flat(plan, num_samples, warmup_steps, num_chains, chain_method, progress)
-    elif chain_method != "auto":
-        raise ValueError(f"chain_method={chain_method!r} applies to the fast path's flat kernel only; "
-                         "this run uses Pyro's MCMC (leave chain_method='auto')")  # fmt: skip
     else:
-        sampled = _sample_pyro(plan, model, x, y, num_samples, warmup_steps, num_chains, jit_compile,
-                               progress, mp_context)  # fmt: skip
+        sampled = _sample_pyro(plan, model, x, y, num_samples, warmup_steps, num_chains, jit_compile, progress,
+                               mp_context, chain_method)  # fmt: skip
     run_seconds = time.perf_counter() - t_run
-    mcmc = sampled.mcmc
-    mcmc.run_info = _review(plan, sampled, model, init, num_samples, warmup_steps, max_tree_depth,  # type: ignore[attr-defined]
-                            run_seconds, t_start)  # fmt: skip
-    return mcmc
+    run_info = _review(plan, sampled, model, init, num_samples, warmup_steps, max_tree_depth, run_seconds, t_start)
+    sampled.mcmc.run_info = run_info  # type: ignore[attr-defined]
+    return sampled.mcmc

@@ -350,6 +350,20 @@ class ProjectedFit:
     seconds: dict[str, float]
 
 
+def _fit_stage3(model: ProjectedBNN, projection: ProjectionFit | None, loss: Trace_ELBO, x: Tensor, y: Tensor,
+                z_init: str | None, num_steps: int, lr: float, batch_size: int | None,
+                callback: Callable[[int, float, AutoNormal], None] | None, seed: int | None,
+                progress: bool) -> tuple[AutoNormal, list[float]]:  # fmt: skip
+    """Stage 3 of :func:`fit_projected_bnn`: mean-field VI over ``z`` and ``phi`` from
+    :func:`_stage3_guide`'s start, in a parameter-store scope of its own; the guide and the losses."""
+    with pyro.get_param_store().scope():
+        guide = _stage3_guide(model, projection, z_init, x, y, seed)
+        losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
+                         seed=seed, progress=progress,
+                         callback=None if callback is None else lambda step, value: callback(step, value, guide))
+    return guide, losses
+
+
 def fit_projected_bnn(
     model: ProjectedBNN,
     x: Tensor,
@@ -440,10 +454,7 @@ def fit_projected_bnn(
     if variant == "qz-only":
         model.fixed_phi = projection.phi.clone()
     t0 = time.perf_counter()
-    with pyro.get_param_store().scope():
-        guide = _stage3_guide(model, projection, z_init, x, y, seed)
-        losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
-                         seed=seed, progress=progress,
-                         callback=None if callback is None else lambda step, value: callback(step, value, guide))
+    guide, losses = _fit_stage3(model, projection, loss, x, y, z_init, num_steps, lr, batch_size, callback, seed,
+                                progress)  # fmt: skip
     seconds["vi"] = time.perf_counter() - t0
     return ProjectedFit(model, guide, losses, fge_result, projection, seconds)

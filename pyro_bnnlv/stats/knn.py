@@ -201,11 +201,6 @@ def _first_occurrences(ids: Tensor, num_ids: int | None = None) -> Tensor:
     return (first[flat] == index).reshape(ids.shape)
 
 
-def _distinct_rows(x: Tensor) -> Tensor:
-    """``(..., n)`` mask of the rows of ``x`` (..., n, d) that have no identical earlier row."""
-    return _first_occurrences(_row_ids(x))
-
-
 # candidates re-measured exactly beyond the k nearest by the matrix-product distances
 _EXTRA_CANDIDATES = 2
 

@@ -164,6 +164,16 @@ def _reference_sets(n: int, m: int, subsets: int, seed: int) -> Tensor:
     return keys.topk(m, dim=-1, largest=False).indices
 
 
+@functools.lru_cache(maxsize=16)
+def _x_neighbours(xs: bytes, n: int, d: int, m: int) -> Tensor:
+    """``(n, m)`` indices of the ``m`` nearest other rows of each row of the float64 ``(n, d)``
+    array ``xs`` (its bytes: a pure function of the data, kept for the next call, as a full-batch
+    fit asks for the same inputs' neighbourhoods at every step)."""
+    x = torch.frombuffer(bytearray(xs), dtype=torch.float64).reshape(n, d)
+    eye = torch.eye(n, dtype=torch.bool)
+    return _sq_dists(x).masked_fill(eye, float("inf")).topk(m, largest=False).indices
+
+
 def _fresh_reference_sets(n: int, m: int, subsets: int, device: torch.device) -> Tensor:
     """``(subsets, n, m)`` indices drawn with torch's global generator (so ``pyro.set_rng_seed``
     fixes them): per subset a random cyclic order of the ``n`` points, and for point ``i`` the ``m``
@@ -211,9 +221,8 @@ def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, sub
     if not k <= m <= n - 1:
         raise ValueError(f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
                          f"larger batch, or a smaller m (neighbourhood size) or k")  # fmt: skip
-    xs = _standardise(a.detach().to(torch.float64))
-    eye = torch.eye(n, dtype=torch.bool, device=a.device)
-    neighbours = _sq_dists(xs).masked_fill(eye, float("inf")).topk(m, largest=False).indices
+    xs = _standardise(a.detach().to(torch.float64)).cpu().contiguous()
+    neighbours = _x_neighbours(xs.numpy().tobytes(), n, xs.shape[1], m).to(a.device)
     if seed is None:
         randoms = _fresh_reference_sets(n, m, subsets, a.device)
     else:

@@ -65,8 +65,10 @@ __all__ = [
     "gauss_gram",
     "gauss_kernel_sum",
     "henze_zirkler_beta",
+    "henze_zirkler_unchecked",
     "ncai_statistics",
     "ncai_statistics_unchecked",
+    "offdiag_cov_norm_unchecked",
     "pairwise_extension",
 ]
 
@@ -208,6 +210,43 @@ def compiled_henze_zirkler(x: Tensor, beta2: Tensor | float, ridge: float, compi
     return _HenzeZirkler.apply(x, beta2, ridge)
 
 
+def henze_zirkler_unchecked(x: Tensor, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:
+    """:func:`~pyro_bnnlv.stats.dependence.henze_zirkler` after its input checks: ``x`` a real
+    ``(n, k)`` tensor with ``n > k`` and ``n >= 3``, ``ridge >= 0`` (a non-finite ``x`` gives a
+    non-finite value, not an error). In one call of the compiled kernel (:func:`compiled_henze_zirkler`) where
+    ``compiled`` allows it, else the torch expression."""
+    n, k = x.shape
+    beta2 = henze_zirkler_beta(n, k) ** 2
+    fused = compiled_henze_zirkler(x, beta2, ridge, compiled)  # the same in one C++ call
+    if fused is not None:
+        return fused
+    xd = x.to(torch.float64)
+    xc = xd - xd.mean(dim=0, keepdim=True)
+    cov = xc.T @ xc / n  # ML covariance, divisor n
+    eye = torch.eye(k, dtype=torch.float64, device=x.device)
+    cov = cov + (ridge * cov.diagonal().sum() / k + 1e-30) * eye
+    chol, info = torch.linalg.cholesky_ex(cov)
+    # a failed factorisation (a non-finite sample) gives NaN, as in the compiled kernel, not an error
+    chol = torch.where(info == 0, chol, torch.nan)
+    # whitened sample: y_i = L^{-1}(x_i - xbar), so y_i.y_j = (x_i-xbar)^T S^{-1} (x_j-xbar)
+    y = torch.linalg.solve_triangular(chol, xc.T, upper=False).T
+    d_i = y.square().sum(dim=1)  # D_i
+    term1 = gauss_kernel_sum(y, 0.5 * beta2) / n  # fused sum over the n^2 pairs, D_ij = |y_i - y_j|^2
+    term2 = 2.0 * (1.0 + beta2) ** (-k / 2) * torch.exp(-beta2 / (2.0 * (1.0 + beta2)) * d_i).sum()
+    term3 = n * (1.0 + 2.0 * beta2) ** (-k / 2)
+    return (term1 - term2 + term3).to(x.dtype)
+
+
+def offdiag_cov_norm_unchecked(z: Tensor, correction: int = 0) -> Tensor:
+    """:func:`~pyro_bnnlv.stats.dependence.offdiag_cov_norm` after its input checks: ``z`` a
+    real ``(n, k)`` tensor with ``n > correction``, ``correction`` 0 or 1."""
+    n = z.shape[0]
+    zc = z - z.mean(dim=0, keepdim=True)
+    cov = zc.T @ zc / (n - correction)
+    off = cov - torch.diag_embed(torch.diagonal(cov))
+    return torch.linalg.vector_norm(off)
+
+
 def _centre(k: Tensor) -> Tensor:
     """``H K H`` of a symmetric ``K`` (``H = I - 11^T/n``): two passes over ``K``."""
     r = k.mean(1)
@@ -306,13 +345,19 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
 
 
 def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
-                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
-    """:func:`ncai_statistics` without its input checks, for a caller that has made them (a
-    training step's rows of data checked once and of the guide's means; a non-finite mean then
-    shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)`` tensor with
-    ``n >= 3``, ``x`` ``n`` rows. ``None`` where :func:`ncai_statistics` gives ``None`` (the
-    kernels unavailable, or a tensor off the CPU)."""
-    return None if _use_compiled(None, x, mu) is None else _kernel_statistics(x, mu, ridge, eps)
+                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The three statistics of :func:`ncai_statistics` without its input checks, for a caller that
+    has made them (a training step's rows of data checked once and of the guide's means; a
+    non-finite mean then shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)``
+    tensor with ``n > k`` and ``n >= 3``, ``x`` ``n`` rows. In one call of the compiled kernel
+    where :func:`ncai_statistics` would make it, else by the torch expressions of the three
+    statistics (:func:`henze_zirkler_unchecked`, :func:`offdiag_cov_norm_unchecked`,
+    :func:`centred_alignment`), never ``None``."""
+    if _use_compiled(None, x, mu) is not None:
+        return _kernel_statistics(x, mu, ridge, eps)
+    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
+    return (henze_zirkler_unchecked(mu, ridge, compiled=False), offdiag_cov_norm_unchecked(mu),
+            centred_alignment(x2, mu, eps, compiled=False))  # fmt: skip
 
 
 def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:

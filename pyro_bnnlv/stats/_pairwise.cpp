@@ -24,7 +24,8 @@
 //        V = <Kc, Lc> / sqrt((|Kc|^2 + eps)(|Lc|^2 + eps)),
 //        dV/dL = Kc / sqrt(P) - V Lc / (|Lc|^2 + eps)  (symmetric; likewise dV/dK), and
 //        dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j);
-//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call.
+//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call;
+//  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 #include <torch/extension.h>
 
@@ -621,14 +622,79 @@ std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Te
   return {out[0], out[1], out[2]};
 }
 
+// NCAI's weighted penalty sum_k c_k g_k(t_k) of 0-dim statistics t_k, g_k(t) = safe_exp(t / e_k)
+// (exp, continued linearly beyond an exponent of 30) for e_k > 0 and t for e_k = 0, with the slopes
+// c_k g_k'(t_k): the arithmetic of ncai._WeightedPenalty (double, from the statistics' values),
+// which it replaces where the kernels are built, as one C++ autograd node (no Python in backward)
+std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList terms, at::ArrayRef<double> coeffs,
+                                                               at::ArrayRef<double> scales) {
+  TORCH_CHECK(terms.size() == coeffs.size() && terms.size() == scales.size() && !terms.empty(),
+              "weighted_penalty: one coefficient and one scale per term");
+  constexpr double cap = 30.0;
+  double value = 0.0;
+  std::vector<double> slopes;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const double c = coeffs[k], e = scales[k], t = terms[k].item<double>();
+    if (e > 0) {
+      const double u = t / e;
+      double g, dg;
+      if (u <= cap) {
+        g = dg = std::exp(u);
+      } else {
+        dg = std::exp(cap);
+        g = dg * (1.0 + u - cap);
+      }
+      value += c * g;
+      slopes.push_back(c * dg / e);
+    } else {
+      value += c * t;
+      slopes.push_back(c);
+    }
+  }
+  return {value, slopes};
+}
+
+class WeightedPenaltyFn : public torch::autograd::Function<WeightedPenaltyFn> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList terms, std::vector<double> coeffs,
+                        std::vector<double> scales) {
+    auto [value, slopes] = weighted_penalty_value(terms, coeffs, scales);
+    ctx->saved_data["slopes"] = slopes;
+    return at::scalar_tensor(value, terms[0].options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
+    torch::autograd::variable_list out;
+    for (double s : slopes) out.push_back(g[0] * s);
+    out.emplace_back();  // coeffs
+    out.emplace_back();  // scales
+    return out;
+  }
+};
+
+Tensor weighted_penalty_autograd(at::TensorList terms, at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  return WeightedPenaltyFn::apply(terms, coeffs.vec(), scales.vec());
+}
+
+Tensor weighted_penalty_cpu(at::TensorList terms, at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  return at::scalar_tensor(std::get<0>(weighted_penalty_value(terms, coeffs, scales)), terms[0].options());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
   m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) { m.impl("ncai_statistics", ncai_statistics_cpu); }
+TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {
+  m.impl("ncai_statistics", ncai_statistics_cpu);
+  m.impl("weighted_penalty", weighted_penalty_cpu);
+}
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, Autograd, m) {
   m.impl("ncai_statistics", ncai_statistics_autograd);
+  m.impl("weighted_penalty", weighted_penalty_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -62,6 +62,7 @@ from ._inputs import _as_tensor_2d, _check_same_n
 __all__ = [
     "centred_alignment",
     "compiled_henze_zirkler",
+    "compiled_weighted_penalty",
     "gauss_gram",
     "gauss_kernel_sum",
     "henze_zirkler_beta",
@@ -245,6 +246,18 @@ def offdiag_cov_norm_unchecked(z: Tensor, correction: int = 0) -> Tensor:
     cov = zc.T @ zc / (n - correction)
     off = cov - torch.diag_embed(torch.diagonal(cov))
     return torch.linalg.vector_norm(off)
+
+
+def compiled_weighted_penalty(coeffs: tuple[float, ...], scales: tuple[float, ...],
+                              terms: tuple[Tensor, ...]) -> Tensor | None:  # fmt: skip
+    """NCAI's weighting ``sum_k c_k g_k(t_k)`` of 0-dim statistics (``g_k(t) = safe_exp(t / e_k)``
+    for ``e_k > 0``, else ``t``) as one C++ autograd node of the compiled kernels
+    (``torch.ops.pyro_bnnlv_pairwise.weighted_penalty``: the arithmetic of
+    ``infer.elbos.ncai._WeightedPenalty``, same value and gradients to the bit, no Python in the
+    backward pass), or ``None`` where the kernels are unavailable (the caller runs the Python one)."""
+    if _use_compiled(None, *terms) is None:
+        return None
+    return torch.ops.pyro_bnnlv_pairwise.weighted_penalty(list(terms), list(coeffs), list(scales))
 
 
 def _centre(k: Tensor) -> Tensor:

@@ -80,8 +80,8 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int, check_real
 from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ...stats._pairwise import (henze_zirkler_unchecked, ncai_statistics, ncai_statistics_unchecked,
-                                offdiag_cov_norm_unchecked)
+from ...stats._pairwise import (compiled_weighted_penalty, henze_zirkler_unchecked, ncai_statistics,
+                                ncai_statistics_unchecked, offdiag_cov_norm_unchecked)
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
 from .penalized import PenalizedElbo
@@ -117,8 +117,11 @@ class _WeightedPenalty(torch.autograd.Function):
     ``g_k(t) = safe_exp(t / e_k)`` (``e_k > 0``) or ``t`` (``e_k = 0``).
 
     The same function as composing :func:`safe_exp` and products eagerly (about 25 tensor
-    operations and their backward nodes, 113 us per step on heavy-tail), evaluated in double on
-    Python floats: one node, its gradient ``c_k g_k'(t_k)`` computed in the forward pass.
+    operations and their backward nodes), evaluated in double on Python floats: one node, its
+    gradient ``c_k g_k'(t_k)`` computed in the forward pass. Where the compiled pairwise kernels
+    are available :meth:`NCAIElbo.weigh` runs their C++ twin instead
+    (:func:`~pyro_bnnlv.stats._pairwise.compiled_weighted_penalty`: the same arithmetic, no
+    Python in the backward pass).
     """
 
     @staticmethod
@@ -386,4 +389,5 @@ class NCAIElbo(PenalizedElbo):
                 coeffs.append(l3 * N), scales.append(self.eps_x), stats.append(stat)
         if not stats:
             return 0.0
-        return _WeightedPenalty.apply(tuple(coeffs), tuple(scales), *stats)
+        compiled = compiled_weighted_penalty(tuple(coeffs), tuple(scales), tuple(stats))  # the same in C++
+        return compiled if compiled is not None else _WeightedPenalty.apply(tuple(coeffs), tuple(scales), *stats)

@@ -62,8 +62,10 @@ std::vector<double> transposed(const Tensor& p) {
   const int64_t n = p.size(0), d = p.size(1);
   std::vector<double> out(n * d);
   if (p.scalar_type() == at::kFloat) {
-    const Tensor c = p.contiguous();
+    const Tensor c = p.is_contiguous() ? p : p.contiguous();
     transpose_into(c.data_ptr<float>(), n, d, out.data());
+  } else if (p.scalar_type() == at::kDouble && p.is_contiguous()) {
+    transpose_into(p.data_ptr<double>(), n, d, out.data());
   } else {
     const Tensor c = p.to(at::kDouble).contiguous();
     transpose_into(c.data_ptr<double>(), n, d, out.data());
@@ -434,7 +436,8 @@ std::tuple<Tensor, Tensor, Tensor> centred_alignment(const Tensor& a, const Tens
 //   dHZ/du_i = P h_i + (2 / n) G_C u_i,  dHZ/dx_i = dHZ/du_i - mean_l dHZ/du_l.
 PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const Tensor& beta2_t, double ridge, bool want_grad) {
   TORCH_CHECK(x.dim() == 2, "henze_zirkler: x must be (n, k)");
-  const double beta2 = beta2_t.item<double>();
+  const double beta2 = beta2_t.scalar_type() == at::kDouble && beta2_t.is_contiguous() ? *beta2_t.data_ptr<double>()
+                                                                                   : beta2_t.item<double>();
   const int64_t n = x.size(0), k = x.size(1);
   const std::vector<double> xt = transposed(x);  // (k, n) double
   const double* px = xt.data();
@@ -578,6 +581,32 @@ std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Ten
   return {hz, off, hsic, ghz, goff, gmu, gx};
 }
 
+// g[0] * s[0] + g[1] * s[1] + g[2] * s[2] of 0-dim g and (n, k) s, in one loop where all are float
+// or all double and contiguous (the same operations in the same order as the ATen expression,
+// which runs otherwise)
+template <typename S>
+Tensor weighted_sum3_loop(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
+  const S a = *g[0].data_ptr<S>(), b = *g[1].data_ptr<S>(), c = *g[2].data_ptr<S>();
+  const S *s0 = s[0].data_ptr<S>(), *s1 = s[1].data_ptr<S>(), *s2 = s[2].data_ptr<S>();
+  Tensor out = at::empty(s[0].sizes(), s[0].options());
+  S* po = out.data_ptr<S>();
+  const int64_t size = s[0].numel();
+  for (int64_t e = 0; e < size; ++e) {
+    const S t = a * s0[e] + b * s1[e];
+    po[e] = t + c * s2[e];
+  }
+  return out;
+}
+Tensor weighted_sum3(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
+  const at::ScalarType type = s[0].scalar_type();
+  bool loop = type == at::kFloat || type == at::kDouble;
+  for (int k = 0; k < 3; ++k)
+    loop = loop && g[k].defined() && g[k].dim() == 0 && g[k].scalar_type() == type && s[k].scalar_type() == type &&
+           s[k].is_contiguous() && s[k].sizes() == s[0].sizes() && !g[k].requires_grad();
+  if (!loop) return g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
+  return type == at::kFloat ? weighted_sum3_loop<float>(g, s) : weighted_sum3_loop<double>(g, s);
+}
+
 // The fused statistics as a registered operator with a C++ autograd node, so that a traced
 // graph calls it natively (no Python per step): torch.ops.pyro_bnnlv_pairwise.ncai_statistics.
 class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
@@ -603,7 +632,7 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
                 "products) through them are not supported");
     const auto s = ctx->get_saved_variables();
     Tensor dmu, dx;
-    if (ctx->saved_data["gmu"].toBool()) dmu = g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
+    if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(g, s);
     if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
     return {dx, dmu, Tensor(), Tensor(), Tensor()};
   }

@@ -24,7 +24,9 @@
 //        V = <Kc, Lc> / sqrt((|Kc|^2 + eps)(|Lc|^2 + eps)),
 //        dV/dL = Kc / sqrt(P) - V Lc / (|Lc|^2 + eps)  (symmetric; likewise dV/dK), and
 //        dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j);
-//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call;
+//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call (the
+//    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
+//    gradient, as autograd divides);
 //  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 #include <torch/extension.h>
@@ -581,6 +583,9 @@ std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Ten
   return {hz, off, hsic, ghz, goff, gmu, gx};
 }
 
+// t / divisor as ATen divides a tensor by a Python number (HZ per point; 1: t itself)
+Tensor divided(const Tensor& t, double divisor) { return divisor == 1.0 ? t : t / divisor; }
+
 // g[0] * s[0] + g[1] * s[1] + g[2] * s[2] of 0-dim g and (n, k) s, in one loop where all are float
 // or all double and contiguous (the same operations in the same order as the ATen expression,
 // which runs otherwise)
@@ -613,13 +618,15 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const Tensor& x, const Tensor& mu,
-                                                const Tensor& beta2, double ridge, double eps) {
+                                                const Tensor& beta2, double ridge, double eps,
+                                                double hz_divisor) {
     const bool gx = x.requires_grad(), gmu = mu.requires_grad();
     std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu);
     ctx->save_for_backward({out[3], out[4], out[5], out[6]});
     ctx->saved_data["gx"] = gx;
     ctx->saved_data["gmu"] = gmu;
-    return {out[0], out[1], out[2]};
+    ctx->saved_data["hz_divisor"] = hz_divisor;
+    return {divided(out[0], hz_divisor), out[1], out[2]};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -632,23 +639,26 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
                 "products) through them are not supported");
     const auto s = ctx->get_saved_variables();
     Tensor dmu, dx;
-    if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(g, s);
+    // HZ's gradient through the division first (what autograd's DivBackward computes)
+    const torch::autograd::variable_list gd = {divided(g[0], ctx->saved_data["hz_divisor"].toDouble()), g[1], g[2]};
+    if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(gd, s);
     if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
-    return {dx, dmu, Tensor(), Tensor(), Tensor()};
+    return {dx, dmu, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
                                                             const Tensor& beta2, double ridge,
-                                                            double eps) {
-  auto r = NcaiStatisticsFn::apply(x, mu, beta2, ridge, eps);
+                                                            double eps, double hz_divisor) {
+  auto r = NcaiStatisticsFn::apply(x, mu, beta2, ridge, eps, hz_divisor);
   return {r[0], r[1], r[2]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Tensor& mu,
-                                                       const Tensor& beta2, double ridge, double eps) {
+                                                       const Tensor& beta2, double ridge, double eps,
+                                                       double hz_divisor) {
   std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false);
-  return {out[0], out[1], out[2]};
+  return {divided(out[0], hz_divisor), out[1], out[2]};
 }
 
 // NCAI's weighted penalty sum_k c_k g_k(t_k) of 0-dim statistics t_k, g_k(t) = safe_exp(t / e_k)
@@ -714,7 +724,8 @@ Tensor weighted_penalty_cpu(at::TensorList terms, at::ArrayRef<double> coeffs, a
 }  // namespace
 
 TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
-  m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps, float hz_divisor=1.0) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {

@@ -86,7 +86,9 @@ def pairwise_extension() -> ModuleType | None:
 def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
     """The kernels for a ``compiled=`` option; they read CPU memory only, so tensors on another
     device take the torch path (``compiled=True`` then raises)."""
-    on_cpu = all(t.device.type == "cpu" for t in tensors if isinstance(t, Tensor))
+    on_cpu = True
+    for t in tensors:
+        on_cpu = on_cpu and (not isinstance(t, Tensor) or t.device.type == "cpu")
     module = None if compiled is False or not on_cpu else pairwise_extension()
     if compiled and module is None:
         why = "the tensors are not on the CPU" if not on_cpu else (
@@ -357,32 +359,37 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     return _kernel_statistics(x, mu, ridge, eps)
 
 
-def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
-                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
+                              hz_per_point: bool = False) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The three statistics of :func:`ncai_statistics` without its input checks, for a caller that
     has made them (a training step's rows of data checked once and of the guide's means; a
     non-finite mean then shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)``
     tensor with ``n > k`` and ``n >= 3``, ``x`` ``n`` rows. In one call of the compiled kernel
     where :func:`ncai_statistics` would make it, else by the torch expressions of the three
     statistics (:func:`henze_zirkler_unchecked`, :func:`offdiag_cov_norm_unchecked`,
-    :func:`centred_alignment`), never ``None``."""
+    :func:`centred_alignment`), never ``None``. ``hz_per_point``: HZ divided by ``n`` (NCAI's
+    default normalisation; in the compiled operator, the same division and gradient)."""
+    n = mu.shape[0]
     if _use_compiled(None, x, mu) is not None:
-        return _kernel_statistics(x, mu, ridge, eps)
-    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
-    return (henze_zirkler_unchecked(mu, ridge, compiled=False), offdiag_cov_norm_unchecked(mu),
+        return _kernel_statistics(x, mu, ridge, eps, n if hz_per_point else 1)
+    x2 = x.reshape(n, -1).to(mu.dtype)
+    hz = henze_zirkler_unchecked(mu, ridge, compiled=False)
+    return (hz / n if hz_per_point else hz, offdiag_cov_norm_unchecked(mu),
             centred_alignment(x2, mu, eps, compiled=False))  # fmt: skip
 
 
-def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The compiled operator's call on checked inputs (``mu`` ``(n, k)``)."""
+def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float,
+                       hz_divisor: int = 1) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The compiled operator's call on checked inputs (``mu`` ``(n, k)``): HZ divided by
+    ``hz_divisor``, the off-diagonal norm and nHSIC."""
     n, k = mu.shape
-    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
+    x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
     if isinstance(n, int) and isinstance(k, int):
         beta2 = _beta2_tensor(n, k)
     else:  # sizes traced as tensors
         beta2 = henze_zirkler_beta(n, k) ** 2
         beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
-    return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps)
+    return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps, hz_divisor)
 
 
 @functools.lru_cache(maxsize=64)

@@ -187,16 +187,20 @@ def _penalties(x: Tensor, y: Tensor, mu_z: Tensor, hz_normalization: str, indepe
     (:func:`~pyro_bnnlv.stats._pairwise.ncai_statistics_unchecked` and its parts), so that a
     non-finite mean shows as a non-finite loss either way; the other independence terms check
     their inputs in both cases."""
-    if independence == "hsic":
-        stats = ncai_statistics(x, mu_z) if checked else ncai_statistics_unchecked(x, mu_z)
-        if stats is None:  # checked, without the compiled kernel
+    per_point = hz_normalization == "per_point"
+    if independence == "hsic" and not checked:  # HZ per point from the statistics' own call
+        hz, off, hsic = ncai_statistics_unchecked(x, mu_z, hz_per_point=per_point)
+        per_point = False
+    elif independence == "hsic":
+        stats = ncai_statistics(x, mu_z)
+        if stats is None:  # without the compiled kernel
             stats = (henze_zirkler(mu_z), offdiag_cov_norm(mu_z), normalized_hsic(x, mu_z))
         hz, off, hsic = stats
     elif checked:
         hz, off = henze_zirkler(mu_z), offdiag_cov_norm(mu_z)
     else:
         hz, off = henze_zirkler_unchecked(mu_z), offdiag_cov_norm_unchecked(mu_z)
-    if hz_normalization == "per_point":
+    if per_point:
         hz = hz / mu_z.shape[0]
     out = {"hz": hz, "offdiag": off}
     if independence == "hsic":

@@ -179,8 +179,12 @@ PAIRWISE_CLONES void kernel_pair_sums(const double* pt, int64_t n, int64_t d, in
   }
 }
 
-// pairs per block of kernel_sums_blocked (64 KiB of float, 128 KiB of double: stays in cache)
-constexpr int64_t kBlockPairs = 16384;
+// pairs per block of kernel_sums_blocked: 256 KiB of T, which stays in cache (a batch of up to 362
+// points is one float block: no more exp calls than unblocked)
+template <typename T>
+constexpr int64_t block_capacity() {
+  return (int64_t(1) << 18) / int64_t(sizeof(T));
+}
 
 // kernel_pair_sums of the kernel exp(-|p_i - p_j|^2) (exponents of pt_scaled, pair sums of pt),
 // built and consumed a block of rows at a time instead of as one packed triangle; the same
@@ -188,11 +192,12 @@ constexpr int64_t kBlockPairs = 16384;
 template <typename T>
 double kernel_sums_blocked(const double* pt_scaled, const double* pt, int64_t n, int64_t d, double* q) {
   if (q != nullptr) std::fill(q, q + n * d, 0.0);
-  Buffer<T> w = buffer<T>(std::max(kBlockPairs, n));
+  constexpr int64_t capacity = block_capacity<T>();
+  Buffer<T> w = buffer<T>(std::max(std::min(capacity, n * (n - 1) / 2), n));
   std::vector<double> row(std::is_same<T, double>::value ? 0 : n);
   double total = 0.0;
   for (int64_t i0 = 0, i1 = 0; i0 < n; i0 = i1) {
-    for (i1 = i0 + 1; i1 < n && block_pairs(n, i0, i1 + 1) <= kBlockPairs;) ++i1;
+    for (i1 = i0 + 1; i1 < n && block_pairs(n, i0, i1 + 1) <= capacity;) ++i1;
     pair_exponents<T>(pt_scaled, n, d, i0, i1, w.get(), row.data());
     exp_packed<T>(w.get(), block_pairs(n, i0, i1));
     kernel_pair_sums<T>(pt, n, d, i0, i1, w.get(), q, total);
@@ -673,7 +678,12 @@ std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList te
   double value = 0.0;
   std::vector<double> slopes;
   for (size_t k = 0; k < terms.size(); ++k) {
-    const double c = coeffs[k], e = scales[k], t = terms[k].item<double>();
+    const Tensor& term = terms[k];
+    const bool direct = term.device().is_cpu() && term.numel() == 1;
+    const double c = coeffs[k], e = scales[k];
+    const double t = direct && term.scalar_type() == at::kFloat    ? double(*term.data_ptr<float>())
+                     : direct && term.scalar_type() == at::kDouble ? *term.data_ptr<double>()
+                                                                   : term.item<double>();
     if (e > 0) {
       const double u = t / e;
       double g, dg;

@@ -97,6 +97,19 @@ def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
     return module
 
 
+_OPERATORS: dict[str, object] = {}
+
+
+def _operator(name: str):
+    """The registered operator ``torch.ops.pyro_bnnlv_pairwise.<name>`` (its one overload), looked
+    up once: resolving the attribute chain and the overload costs about as much as a small tensor
+    operation per call. Only called once the kernels are loaded (:func:`_use_compiled`)."""
+    op = _OPERATORS.get(name)
+    if op is None:
+        op = _OPERATORS[name] = getattr(torch.ops.pyro_bnnlv_pairwise, name).default
+    return op
+
+
 def _first_order_only(ctx: object) -> None:
     """Backward with ``create_graph=True`` (a Hessian, a Hessian-vector product) would need the
     derivative of these hand-written gradients, which is not implemented: refuse it rather than
@@ -259,7 +272,7 @@ def compiled_weighted_penalty(coeffs: tuple[float, ...], scales: tuple[float, ..
     backward pass), or ``None`` where the kernels are unavailable (the caller runs the Python one)."""
     if _use_compiled(None, *terms) is None:
         return None
-    return torch.ops.pyro_bnnlv_pairwise.weighted_penalty(list(terms), list(coeffs), list(scales))
+    return _operator("weighted_penalty")(list(terms), list(coeffs), list(scales))
 
 
 def _centre(k: Tensor) -> Tensor:
@@ -389,7 +402,7 @@ def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float,
     else:  # sizes traced as tensors
         beta2 = henze_zirkler_beta(n, k) ** 2
         beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
-    return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps, hz_divisor)
+    return _operator("ncai_statistics")(x2, mu, beta2, ridge, eps, hz_divisor)
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,7 +10,8 @@ from pyro.infer.autoguide import AutoNormal
 import pyro_bnnlv as pb
 from pyro_bnnlv.guides.ncai_init import ncai_guide, ncai_init_weights
 from pyro_bnnlv.infer.empirical_bayes import EmpiricalBayes, eb_latent_variance, eb_weight_variance
-from pyro_bnnlv.infer.elbos.ncai import NCAIElbo, ncai_penalties, safe_exp
+from pyro_bnnlv.infer.elbos.ncai import NCAIElbo, _WeightedPenalty, ncai_penalties, safe_exp
+from pyro_bnnlv.stats._pairwise import compiled_weighted_penalty, pairwise_extension
 from pyro_bnnlv.models.bnnlv import BNNLV
 from pyro_bnnlv.stats.dependence import correlation_penalty, henze_zirkler
 from pyro_bnnlv.stats.hsic import normalized_hsic
@@ -204,6 +205,24 @@ def test_weighting_node_equals_composed_safe_exp(independence, scale):
     value.backward(), ref.backward()
     for k in names:
         assert terms[k].grad.item() == pytest.approx(ref_terms[k].grad.item(), rel=1e-12), k
+
+
+@pytest.mark.skipif(pairwise_extension() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1.0, 1e3])  # 1e3: past safe_exp's cap
+def test_the_compiled_weighting_node_equals_the_python_one_to_the_bit(dtype, scale):
+    """weigh's C++ node (where the pairwise kernels are built) and _WeightedPenalty: the same
+    value and gradients, bit for bit, with exponential and linear terms, below and past the cap."""
+    coeffs, scales = (450.0, 3000.0, 210.0), (0.01, 0.0, 0.5)
+    base = torch.tensor([0.0731 * scale, 0.3127, 0.2093], dtype=dtype)
+    out = []
+    for compiled in (True, False):
+        terms = [t.clone().requires_grad_() for t in base]
+        value = (compiled_weighted_penalty(coeffs, scales, tuple(terms)) if compiled
+                 else _WeightedPenalty.apply(coeffs, scales, *terms))  # fmt: skip
+        (value * 1.7).backward()
+        out.append((value.dtype, value.item(), [t.grad.item() for t in terms]))
+    assert out[0] == out[1]
 
 
 @pytest.mark.parametrize("kind", ["knn-mi", "hsic-multiscale", "dcor"])

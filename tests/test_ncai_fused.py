@@ -105,9 +105,12 @@ def test_a_default_ncai_fit_runs_no_trace_after_its_first_step_and_no_jit(monkey
     assert calls["n"] == 1 and len(loss.history) == 30
 
 
-def test_a_non_finite_latent_mean_stops_a_fused_fit_with_the_step():
-    """The fused step's statistics skip the per-step input checks: a latent mean made NaN shows
+@pytest.mark.parametrize("compiled", ["1", "0"], ids=["compiled", "torch"])
+def test_a_non_finite_latent_mean_stops_a_fused_fit_with_the_step(monkeypatch, compiled):
+    """The fused step's statistics skip the per-step input checks, with the compiled kernels and
+    on their torch path (PYRO_BNNLV_COMPILED=0, read at each call): a latent mean made NaN shows
     as a non-finite loss, reported with its step (not a ValueError from the statistics)."""
+    monkeypatch.setenv("PYRO_BNNLV_COMPILED", compiled)
     model, guide = _pair()
     x, y = _data()
 

@@ -113,6 +113,25 @@ def test_gradients_match_finite_differences(compiled):
         assert torch.autograd.gradcheck(lambda m: torch.stack(ncai_statistics(x.detach(), m)[:2]), (mu,))
 
 
+@pytest.mark.parametrize("compiled", ["1", "0"], ids=["compiled", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_unchecked_statistics_with_hz_per_point_equal_dividing_hz(monkeypatch, compiled, dtype):
+    """ncai_statistics_unchecked(hz_per_point=True) (NCAI's fused step; in the compiled operator,
+    its hz_divisor) gives HZ / n and the gradients of that division, to the bit, on both paths."""
+    monkeypatch.setenv("PYRO_BNNLV_COMPILED", compiled)
+    if compiled == "1" and not COMPILED:
+        pytest.skip("no C++ compiler")
+    x, mu = _points(60, 1, 2, dtype=dtype)
+    w = torch.tensor([0.3, 2.0, -1.5], dtype=dtype)
+    per_point = _pairwise.ncai_statistics_unchecked(x.detach(), mu, hz_per_point=True)
+    hz, off, hsic = _pairwise.ncai_statistics_unchecked(x.detach(), mu)
+    divided = (hz / mu.shape[0], off, hsic)
+    assert [v.item() for v in per_point] == [v.item() for v in divided]
+    g_per_point = torch.autograd.grad(w[0] * per_point[0] + w[1] * per_point[1] + w[2] * per_point[2], mu)[0]
+    g_divided = torch.autograd.grad(w[0] * divided[0] + w[1] * divided[1] + w[2] * divided[2], mu)[0]
+    assert torch.equal(g_per_point, g_divided)
+
+
 @pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("k", [1, 3])
@@ -179,7 +198,7 @@ def test_reused_input_gram_is_never_stale():
     assert normalized_hsic(other, mu, compiled=True).item() != normalized_hsic(x, mu, compiled=True).item()
 
 
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("compiled", PATHS)
 def test_second_derivatives_are_refused_not_silently_dropped(compiled):
     """The hand-written gradients are first order: a Hessian through them used to come back with
     the statistics' curvature missing (max |H| = 0 for HZ on the compiled path)."""

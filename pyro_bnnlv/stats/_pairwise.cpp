@@ -24,12 +24,16 @@
 //        V = <Kc, Lc> / sqrt((|Kc|^2 + eps)(|Lc|^2 + eps)),
 //        dV/dL = Kc / sqrt(P) - V Lc / (|Lc|^2 + eps)  (symmetric; likewise dV/dK), and
 //        dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j);
-//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call.
+//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call (the
+//    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
+//    gradient, as autograd divides);
+//  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -48,9 +52,44 @@ namespace {
 
 // packed strict upper triangle: row i (pairs (i, j), j = i+1 .. n-1) starts at row_start(n, i)
 inline int64_t row_start(int64_t n, int64_t i) { return i * n - i * (i + 1) / 2; }
+inline int64_t block_pairs(int64_t n, int64_t i0, int64_t i1) { return row_start(n, i1) - row_start(n, i0); }
 
 // coordinates in double, transposed: pt[c * n + i] = p[i, c]
-Tensor transposed(const Tensor& p) { return p.to(at::kDouble).t().contiguous(); }
+template <typename S>
+void transpose_into(const S* src, int64_t n, int64_t d, double* out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) out[c * n + i] = static_cast<double>(src[i * d + c]);
+}
+std::vector<double> transposed(const Tensor& p) {
+  const int64_t n = p.size(0), d = p.size(1);
+  std::vector<double> out(n * d);
+  if (p.scalar_type() == at::kFloat) {
+    const Tensor c = p.is_contiguous() ? p : p.contiguous();
+    transpose_into(c.data_ptr<float>(), n, d, out.data());
+  } else if (p.scalar_type() == at::kDouble && p.is_contiguous()) {
+    transpose_into(p.data_ptr<double>(), n, d, out.data());
+  } else {
+    const Tensor c = p.to(at::kDouble).contiguous();
+    transpose_into(c.data_ptr<double>(), n, d, out.data());
+  }
+  return out;
+}
+
+// p * scale elementwise (the coordinates scaled by sqrt(gamma) before the pair exponents)
+std::vector<double> scaled(const std::vector<double>& p, double scale) {
+  std::vector<double> out(p.size());
+  for (size_t e = 0; e < p.size(); ++e) out[e] = p[e] * scale;
+  return out;
+}
+
+// storage that the kernels write in full before reading it (not zeroed, unlike std::vector)
+template <typename T>
+using Buffer = std::unique_ptr<T[]>;
+template <typename T>
+Buffer<T> buffer(int64_t size) {
+  return Buffer<T>(new T[std::max<int64_t>(size, 1)]);
+}
+
 
 // The packed triangles hold T: double for float64 inputs; float for float32 inputs, whose
 // exponentials are taken in float32: their error (~1e-7 relative) is that of the
@@ -68,13 +107,14 @@ void exp_packed(T* p, int64_t npairs) {
   at::from_blob(p, {npairs}, at::TensorOptions().dtype(packed_type<T>())).exp_();
 }
 
-// exponents -|p_i - p_j|^2 of the pairs i < j into out (packed); scale p by sqrt(gamma) first.
-// Summed over the coordinates in double (in `row`, n doubles, for float storage) and rounded to
-// T once.
+// exponents -|p_i - p_j|^2 of the pairs i < j of the rows i0 .. i1-1 into out (packed from row
+// i0's first pair); scale p by sqrt(gamma) first. Summed over the coordinates in double (in
+// `row`, n doubles, for float storage) and rounded to T once.
 template <typename T>
-PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, T* out, double* row) {
-  for (int64_t i = 0; i < n; ++i) {
-    T* o = out + row_start(n, i);
+PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, int64_t i0, int64_t i1, T* out,
+                                    double* row) {
+  for (int64_t i = i0; i < i1; ++i) {
+    T* o = out + block_pairs(n, i0, i);
     double* acc = row;
     if constexpr (std::is_same<T, double>::value) acc = o;
     const int64_t m = n - 1 - i;
@@ -98,22 +138,22 @@ PAIRWISE_CLONES void pair_exponents(const double* pt, int64_t n, int64_t d, T* o
 
 // exp(-|p_i - p_j|^2) of the pairs i < j (packed), as T
 template <typename T>
-std::vector<T> pair_kernel(const double* pt, int64_t n, int64_t d) {
-  std::vector<T> k(n * (n - 1) / 2);
+Buffer<T> pair_kernel(const double* pt, int64_t n, int64_t d) {
+  Buffer<T> k = buffer<T>(n * (n - 1) / 2);
   std::vector<double> row(std::is_same<T, double>::value ? 0 : n);
-  pair_exponents<T>(pt, n, d, k.data(), row.data());
-  exp_packed<T>(k.data(), int64_t(k.size()));
+  pair_exponents<T>(pt, n, d, 0, n, k.get(), row.data());
+  exp_packed<T>(k.get(), n * (n - 1) / 2);
   return k;
 }
 
-// sum of a packed symmetric kernel w over the pairs i < j and, if q is given, the pair sums
-// q[c * n + i] = sum_j w_ij (p_ic - p_jc) (transposed (d, n), all j != i), in one sweep
+// for the rows i0 .. i1-1 of a packed symmetric kernel w (packed from row i0's first pair): adds
+// its pairs i < j to total and, if q is given, the pair sums q[c * n + i] = sum_j w_ij (p_ic -
+// p_jc) (transposed (d, n), all j != i; q zeroed before the first row), row by row
 template <typename T>
-PAIRWISE_CLONES double kernel_pair_sums(const double* pt, int64_t n, int64_t d, const T* w, double* q) {
-  double total = 0.0;
-  if (q != nullptr) std::fill(q, q + n * d, 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    const T* wi = w + row_start(n, i);
+PAIRWISE_CLONES void kernel_pair_sums(const double* pt, int64_t n, int64_t d, int64_t i0, int64_t i1, const T* w,
+                                      double* q, double& total) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const T* wi = w + block_pairs(n, i0, i);
     const int64_t m = n - 1 - i;
     double t = 0.0;
     if (q == nullptr) {
@@ -136,6 +176,31 @@ PAIRWISE_CLONES double kernel_pair_sums(const double* pt, int64_t n, int64_t d, 
       if (c == 0) t = t0;
     }
     total += t;
+  }
+}
+
+// pairs per block of kernel_sums_blocked: 256 KiB of T, which stays in cache (a batch of up to 362
+// points is one float block: no more exp calls than unblocked)
+template <typename T>
+constexpr int64_t block_capacity() {
+  return (int64_t(1) << 18) / int64_t(sizeof(T));
+}
+
+// kernel_pair_sums of the kernel exp(-|p_i - p_j|^2) (exponents of pt_scaled, pair sums of pt),
+// built and consumed a block of rows at a time instead of as one packed triangle; the same
+// numbers as building it whole (elementwise exp, the same order of every sum)
+template <typename T>
+double kernel_sums_blocked(const double* pt_scaled, const double* pt, int64_t n, int64_t d, double* q) {
+  if (q != nullptr) std::fill(q, q + n * d, 0.0);
+  constexpr int64_t capacity = block_capacity<T>();
+  Buffer<T> w = buffer<T>(std::max(std::min(capacity, n * (n - 1) / 2), n));
+  std::vector<double> row(std::is_same<T, double>::value ? 0 : n);
+  double total = 0.0;
+  for (int64_t i0 = 0, i1 = 0; i0 < n; i0 = i1) {
+    for (i1 = i0 + 1; i1 < n && block_pairs(n, i0, i1 + 1) <= capacity;) ++i1;
+    pair_exponents<T>(pt_scaled, n, d, i0, i1, w.get(), row.data());
+    exp_packed<T>(w.get(), block_pairs(n, i0, i1));
+    kernel_pair_sums<T>(pt, n, d, i0, i1, w.get(), q, total);
   }
   return total;
 }
@@ -178,13 +243,37 @@ inline void accumulate_row(const double* w1, const double* w2, const double* pt,
 }
 
 // (n, d) tensor of like's dtype from a transposed (d, n) accumulator: alpha * p + beta * q
+// (n, d) tensor of like's dtype from a row-major (n, d) double accumulator (rounded once)
+Tensor as_tensor_like(const std::vector<double>& g, int64_t n, int64_t d, const Tensor& like) {
+  Tensor out = at::empty({n, d}, like.options().dtype(like.scalar_type() == at::kFloat ? at::kFloat : at::kDouble));
+  if (like.scalar_type() == at::kFloat) {
+    float* po = out.data_ptr<float>();
+    for (int64_t e = 0; e < n * d; ++e) po[e] = static_cast<float>(g[e]);
+  } else {
+    std::copy(g.begin(), g.end(), out.data_ptr<double>());
+  }
+  return like.scalar_type() == out.scalar_type() ? out : out.to(like.scalar_type());
+}
+
+template <typename S>
+void combine_into(const std::vector<double>& p, const std::vector<double>& q, double alpha, double beta, int64_t n,
+                  int64_t d, S* out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) out[i * d + c] = static_cast<S>(alpha * p[c * n + i] + beta * q[c * n + i]);
+}
 Tensor from_transposed(const std::vector<double>& p, const std::vector<double>& q, double alpha,
                        double beta, int64_t n, int64_t d, const Tensor& like) {
-  Tensor grad = at::empty({n, d}, like.options().dtype(at::kDouble));
-  double* pg = grad.data_ptr<double>();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < d; ++c) pg[i * d + c] = alpha * p[c * n + i] + beta * q[c * n + i];
-  return grad.to(like.scalar_type());
+  if (like.scalar_type() != at::kFloat && like.scalar_type() != at::kDouble) {
+    Tensor grad = at::empty({n, d}, like.options().dtype(at::kDouble));
+    combine_into(p, q, alpha, beta, n, d, grad.data_ptr<double>());
+    return grad.to(like.scalar_type());
+  }
+  Tensor grad = at::empty({n, d}, like.options());
+  if (like.scalar_type() == at::kFloat)
+    combine_into(p, q, alpha, beta, n, d, grad.data_ptr<float>());
+  else
+    combine_into(p, q, alpha, beta, n, d, grad.data_ptr<double>());
+  return grad;
 }
 
 // row sums R (unit diagonal included) of a packed symmetric kernel into r; returns the total
@@ -217,15 +306,15 @@ PAIRWISE_CLONES double row_sums(const T* k, int64_t n, std::vector<double>& r) {
 template <typename T>
 struct GramCache {
   std::vector<double> coords, rows;
-  std::vector<T> gram;
+  Buffer<T> gram;
   double gamma = 0.0, total = 0.0;
   int64_t n = -1, d = -1;
 };
 
 template <typename T>
-const GramCache<T>& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma) {
+const GramCache<T>& gram_of(const std::vector<double>& pt, int64_t n, int64_t d, double gamma) {
   thread_local GramCache<T> cache;
-  const double* p = pt.data_ptr<double>();
+  const double* p = pt.data();
   const bool same = cache.n == n && cache.d == d && cache.gamma == gamma &&
                     std::equal(p, p + n * d, cache.coords.begin());
   if (same) return cache;
@@ -233,8 +322,8 @@ const GramCache<T>& gram_of(const Tensor& pt, int64_t n, int64_t d, double gamma
   cache.d = d;
   cache.gamma = gamma;
   cache.coords.assign(p, p + n * d);
-  cache.gram = pair_kernel<T>((pt * std::sqrt(gamma)).contiguous().data_ptr<double>(), n, d);
-  cache.total = row_sums(cache.gram.data(), n, cache.rows);
+  cache.gram = pair_kernel<T>(scaled(pt, std::sqrt(gamma)).data(), n, d);
+  cache.total = row_sums(cache.gram.get(), n, cache.rows);
   return cache;
 }
 
@@ -242,16 +331,16 @@ template <typename T>
 PAIRWISE_CLONES std::tuple<Tensor, Tensor, Tensor> centred_alignment_packed(
     const Tensor& a, const Tensor& b, double eps, bool grad_a, bool grad_b) {
   const int64_t n = a.size(0), da = a.size(1), db = b.size(1);
-  const Tensor at_ = transposed(a), bt = transposed(b);
-  const double* pa = at_.data_ptr<double>();
-  const double* pb = bt.data_ptr<double>();
+  const std::vector<double> at_ = transposed(a), bt = transposed(b);
+  const double* pa = at_.data();
+  const double* pb = bt.data();
   const double gamma_a = bandwidth_gamma(pa, n, da, eps), gamma_b = bandwidth_gamma(pb, n, db, eps);
   const GramCache<T>& cache = gram_of<T>(at_, n, da, gamma_a);  // K: reused while a is unchanged
-  const T* pk = cache.gram.data();
+  const T* pk = cache.gram.get();
   const std::vector<double>& rk = cache.rows;
   const double tk = cache.total;
-  const std::vector<T> lv = pair_kernel<T>((bt * std::sqrt(gamma_b)).contiguous().data_ptr<double>(), n, db);
-  const T* pl = lv.data();
+  const Buffer<T> lv = pair_kernel<T>(scaled(bt, std::sqrt(gamma_b)).data(), n, db);
+  const T* pl = lv.get();
   std::vector<double> rl;
   const double tl = row_sums(pl, n, rl);
   // sweep 2: <Kc, Lc>, |Kc|^2, |Lc|^2 with Kc_ij = K_ij - R_i/n - R_j/n + T/n^2 formed explicitly
@@ -354,10 +443,11 @@ std::tuple<Tensor, Tensor, Tensor> centred_alignment(const Tensor& a, const Tens
 //   dHZ/du_i = P h_i + (2 / n) G_C u_i,  dHZ/dx_i = dHZ/du_i - mean_l dHZ/du_l.
 PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const Tensor& beta2_t, double ridge, bool want_grad) {
   TORCH_CHECK(x.dim() == 2, "henze_zirkler: x must be (n, k)");
-  const double beta2 = beta2_t.item<double>();
+  const double beta2 = beta2_t.scalar_type() == at::kDouble && beta2_t.is_contiguous() ? *beta2_t.data_ptr<double>()
+                                                                                   : beta2_t.item<double>();
   const int64_t n = x.size(0), k = x.size(1);
-  const Tensor xt = transposed(x);  // (k, n) double
-  const double* px = xt.data_ptr<double>();
+  const std::vector<double> xt = transposed(x);  // (k, n) double
+  const double* px = xt.data();
   std::vector<double> u(k * n), cov(k * k, 0.0), chol(k * k, 0.0), yt(k * n);
   for (int64_t c = 0; c < k; ++c) {
     double m = 0.0;
@@ -405,9 +495,8 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
   // q_i = sum_j E_ij (y_i - y_j) (transposed (k, n)) with the sum of E, in one sweep
   std::vector<double> qv(want_grad ? k * n : 0);
   double* qp = want_grad ? qv.data() : nullptr;
-  const double pairs = x.scalar_type() == at::kFloat
-                           ? kernel_pair_sums(yt.data(), n, k, pair_kernel<float>(ys.data(), n, k).data(), qp)
-                           : kernel_pair_sums(yt.data(), n, k, pair_kernel<double>(ys.data(), n, k).data(), qp);
+  const double pairs = x.scalar_type() == at::kFloat ? kernel_sums_blocked<float>(ys.data(), yt.data(), n, k, qp)
+                                                     : kernel_sums_blocked<double>(ys.data(), yt.data(), n, k, qp);
   const double hz = (double(n) + 2.0 * pairs) / double(n) - c2 * term2 + c3;
   Tensor value = at::full({}, hz, x.options());
   if (!want_grad) return {value, at::empty({0}, x.options())};
@@ -454,8 +543,8 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
       if (a == b) tr_gs -= s;
     }
   for (int64_t a = 0; a < k; ++a) gc[a * k + a] += ridge / double(k) * tr_gs;
-  Tensor grad = at::empty({n, k}, xt.options());
-  double* pg = grad.data_ptr<double>();
+  std::vector<double> gd(n * k);
+  double* pg = gd.data();
   std::vector<double> mean_g(k, 0.0);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t a = 0; a < k; ++a) {
@@ -466,7 +555,7 @@ PAIRWISE_CLONES std::tuple<Tensor, Tensor> henze_zirkler(const Tensor& x, const 
     }
   for (int64_t i = 0; i < n; ++i)
     for (int64_t a = 0; a < k; ++a) pg[i * k + a] -= mean_g[a] / double(n);
-  return {value, grad.to(x.scalar_type())};
+  return {value, as_tensor_like(gd, n, k, x)};
 }
 
 // |offdiag C|_F of the ML covariance C = U'U / n (u_i = x_i - xbar; offdiag_cov_norm in
@@ -499,19 +588,50 @@ std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Ten
   return {hz, off, hsic, ghz, goff, gmu, gx};
 }
 
+// t / divisor as ATen divides a tensor by a Python number (HZ per point; 1: t itself)
+Tensor divided(const Tensor& t, double divisor) { return divisor == 1.0 ? t : t / divisor; }
+
+// g[0] * s[0] + g[1] * s[1] + g[2] * s[2] of 0-dim g and (n, k) s, in one loop where all are float
+// or all double and contiguous (the same operations in the same order as the ATen expression,
+// which runs otherwise)
+template <typename S>
+Tensor weighted_sum3_loop(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
+  const S a = *g[0].data_ptr<S>(), b = *g[1].data_ptr<S>(), c = *g[2].data_ptr<S>();
+  const S *s0 = s[0].data_ptr<S>(), *s1 = s[1].data_ptr<S>(), *s2 = s[2].data_ptr<S>();
+  Tensor out = at::empty(s[0].sizes(), s[0].options());
+  S* po = out.data_ptr<S>();
+  const int64_t size = s[0].numel();
+  for (int64_t e = 0; e < size; ++e) {
+    const S t = a * s0[e] + b * s1[e];
+    po[e] = t + c * s2[e];
+  }
+  return out;
+}
+Tensor weighted_sum3(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
+  const at::ScalarType type = s[0].scalar_type();
+  bool loop = type == at::kFloat || type == at::kDouble;
+  for (int k = 0; k < 3; ++k)
+    loop = loop && g[k].defined() && g[k].dim() == 0 && g[k].scalar_type() == type && s[k].scalar_type() == type &&
+           s[k].is_contiguous() && s[k].sizes() == s[0].sizes() && !g[k].requires_grad();
+  if (!loop) return g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
+  return type == at::kFloat ? weighted_sum3_loop<float>(g, s) : weighted_sum3_loop<double>(g, s);
+}
+
 // The fused statistics as a registered operator with a C++ autograd node, so that a traced
 // graph calls it natively (no Python per step): torch.ops.pyro_bnnlv_pairwise.ncai_statistics.
 class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const Tensor& x, const Tensor& mu,
-                                                const Tensor& beta2, double ridge, double eps) {
+                                                const Tensor& beta2, double ridge, double eps,
+                                                double hz_divisor) {
     const bool gx = x.requires_grad(), gmu = mu.requires_grad();
     std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu);
     ctx->save_for_backward({out[3], out[4], out[5], out[6]});
     ctx->saved_data["gx"] = gx;
     ctx->saved_data["gmu"] = gmu;
-    return {out[0], out[1], out[2]};
+    ctx->saved_data["hz_divisor"] = hz_divisor;
+    return {divided(out[0], hz_divisor), out[1], out[2]};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -524,33 +644,107 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
                 "products) through them are not supported");
     const auto s = ctx->get_saved_variables();
     Tensor dmu, dx;
-    if (ctx->saved_data["gmu"].toBool()) dmu = g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
+    // HZ's gradient through the division first (what autograd's DivBackward computes)
+    const torch::autograd::variable_list gd = {divided(g[0], ctx->saved_data["hz_divisor"].toDouble()), g[1], g[2]};
+    if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(gd, s);
     if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
-    return {dx, dmu, Tensor(), Tensor(), Tensor()};
+    return {dx, dmu, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
                                                             const Tensor& beta2, double ridge,
-                                                            double eps) {
-  auto r = NcaiStatisticsFn::apply(x, mu, beta2, ridge, eps);
+                                                            double eps, double hz_divisor) {
+  auto r = NcaiStatisticsFn::apply(x, mu, beta2, ridge, eps, hz_divisor);
   return {r[0], r[1], r[2]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Tensor& mu,
-                                                       const Tensor& beta2, double ridge, double eps) {
+                                                       const Tensor& beta2, double ridge, double eps,
+                                                       double hz_divisor) {
   std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false);
-  return {out[0], out[1], out[2]};
+  return {divided(out[0], hz_divisor), out[1], out[2]};
+}
+
+// NCAI's weighted penalty sum_k c_k g_k(t_k) of 0-dim statistics t_k, g_k(t) = safe_exp(t / e_k)
+// (exp, continued linearly beyond an exponent of 30) for e_k > 0 and t for e_k = 0, with the slopes
+// c_k g_k'(t_k): the arithmetic of ncai._WeightedPenalty (double, from the statistics' values),
+// which it replaces where the kernels are built, as one C++ autograd node (no Python in backward)
+std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList terms, at::ArrayRef<double> coeffs,
+                                                               at::ArrayRef<double> scales) {
+  TORCH_CHECK(terms.size() == coeffs.size() && terms.size() == scales.size() && !terms.empty(),
+              "weighted_penalty: one coefficient and one scale per term");
+  constexpr double cap = 30.0;
+  double value = 0.0;
+  std::vector<double> slopes;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const Tensor& term = terms[k];
+    const bool direct = term.device().is_cpu() && term.numel() == 1;
+    const double c = coeffs[k], e = scales[k];
+    const double t = direct && term.scalar_type() == at::kFloat    ? double(*term.data_ptr<float>())
+                     : direct && term.scalar_type() == at::kDouble ? *term.data_ptr<double>()
+                                                                   : term.item<double>();
+    if (e > 0) {
+      const double u = t / e;
+      double g, dg;
+      if (u <= cap) {
+        g = dg = std::exp(u);
+      } else {
+        dg = std::exp(cap);
+        g = dg * (1.0 + u - cap);
+      }
+      value += c * g;
+      slopes.push_back(c * dg / e);
+    } else {
+      value += c * t;
+      slopes.push_back(c);
+    }
+  }
+  return {value, slopes};
+}
+
+class WeightedPenaltyFn : public torch::autograd::Function<WeightedPenaltyFn> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList terms, std::vector<double> coeffs,
+                        std::vector<double> scales) {
+    auto [value, slopes] = weighted_penalty_value(terms, coeffs, scales);
+    ctx->saved_data["slopes"] = slopes;
+    return at::scalar_tensor(value, terms[0].options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
+    torch::autograd::variable_list out;
+    for (double s : slopes) out.push_back(g[0] * s);
+    out.emplace_back();  // coeffs
+    out.emplace_back();  // scales
+    return out;
+  }
+};
+
+Tensor weighted_penalty_autograd(at::TensorList terms, at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  return WeightedPenaltyFn::apply(terms, coeffs.vec(), scales.vec());
+}
+
+Tensor weighted_penalty_cpu(at::TensorList terms, at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  return at::scalar_tensor(std::get<0>(weighted_penalty_value(terms, coeffs, scales)), terms[0].options());
 }
 
 }  // namespace
 
 TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
-  m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps, float hz_divisor=1.0) -> "
+        "(Tensor, Tensor, Tensor)");
+  m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) { m.impl("ncai_statistics", ncai_statistics_cpu); }
+TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {
+  m.impl("ncai_statistics", ncai_statistics_cpu);
+  m.impl("weighted_penalty", weighted_penalty_cpu);
+}
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, Autograd, m) {
   m.impl("ncai_statistics", ncai_statistics_autograd);
+  m.impl("weighted_penalty", weighted_penalty_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

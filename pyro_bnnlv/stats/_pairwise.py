@@ -62,11 +62,14 @@ from ._inputs import _as_tensor_2d, _check_same_n
 __all__ = [
     "centred_alignment",
     "compiled_henze_zirkler",
+    "compiled_weighted_penalty",
     "gauss_gram",
     "gauss_kernel_sum",
     "henze_zirkler_beta",
+    "henze_zirkler_unchecked",
     "ncai_statistics",
     "ncai_statistics_unchecked",
+    "offdiag_cov_norm_unchecked",
     "pairwise_extension",
 ]
 
@@ -83,13 +86,28 @@ def pairwise_extension() -> ModuleType | None:
 def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
     """The kernels for a ``compiled=`` option; they read CPU memory only, so tensors on another
     device take the torch path (``compiled=True`` then raises)."""
-    on_cpu = all(t.device.type == "cpu" for t in tensors if isinstance(t, Tensor))
+    on_cpu = True
+    for t in tensors:
+        on_cpu = on_cpu and (not isinstance(t, Tensor) or t.device.type == "cpu")
     module = None if compiled is False or not on_cpu else pairwise_extension()
     if compiled and module is None:
         why = "the tensors are not on the CPU" if not on_cpu else (
             "see the warning above, or PYRO_BNNLV_COMPILED=0 is set")
         raise RuntimeError(f"compiled=True but the compiled pairwise kernels are unavailable ({why})")
     return module
+
+
+_OPERATORS: dict[str, object] = {}
+
+
+def _operator(name: str):
+    """The registered operator ``torch.ops.pyro_bnnlv_pairwise.<name>`` (its one overload), looked
+    up once: resolving the attribute chain and the overload costs about as much as a small tensor
+    operation per call. Only called once the kernels are loaded (:func:`_use_compiled`)."""
+    op = _OPERATORS.get(name)
+    if op is None:
+        op = _OPERATORS[name] = getattr(torch.ops.pyro_bnnlv_pairwise, name).default
+    return op
 
 
 def _first_order_only(ctx: object) -> None:
@@ -208,6 +226,55 @@ def compiled_henze_zirkler(x: Tensor, beta2: Tensor | float, ridge: float, compi
     return _HenzeZirkler.apply(x, beta2, ridge)
 
 
+def henze_zirkler_unchecked(x: Tensor, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:
+    """:func:`~pyro_bnnlv.stats.dependence.henze_zirkler` after its input checks: ``x`` a real
+    ``(n, k)`` tensor with ``n > k`` and ``n >= 3``, ``ridge >= 0`` (a non-finite ``x`` gives a
+    non-finite value, not an error). In one call of the compiled kernel (:func:`compiled_henze_zirkler`) where
+    ``compiled`` allows it, else the torch expression."""
+    n, k = x.shape
+    beta2 = henze_zirkler_beta(n, k) ** 2
+    fused = compiled_henze_zirkler(x, beta2, ridge, compiled)  # the same in one C++ call
+    if fused is not None:
+        return fused
+    xd = x.to(torch.float64)
+    xc = xd - xd.mean(dim=0, keepdim=True)
+    cov = xc.T @ xc / n  # ML covariance, divisor n
+    eye = torch.eye(k, dtype=torch.float64, device=x.device)
+    cov = cov + (ridge * cov.diagonal().sum() / k + 1e-30) * eye
+    chol, info = torch.linalg.cholesky_ex(cov)
+    # a failed factorisation (a non-finite sample) gives NaN, as in the compiled kernel, not an error
+    chol = torch.where(info == 0, chol, torch.nan)
+    # whitened sample: y_i = L^{-1}(x_i - xbar), so y_i.y_j = (x_i-xbar)^T S^{-1} (x_j-xbar)
+    y = torch.linalg.solve_triangular(chol, xc.T, upper=False).T
+    d_i = y.square().sum(dim=1)  # D_i
+    term1 = gauss_kernel_sum(y, 0.5 * beta2) / n  # fused sum over the n^2 pairs, D_ij = |y_i - y_j|^2
+    term2 = 2.0 * (1.0 + beta2) ** (-k / 2) * torch.exp(-beta2 / (2.0 * (1.0 + beta2)) * d_i).sum()
+    term3 = n * (1.0 + 2.0 * beta2) ** (-k / 2)
+    return (term1 - term2 + term3).to(x.dtype)
+
+
+def offdiag_cov_norm_unchecked(z: Tensor, correction: int = 0) -> Tensor:
+    """:func:`~pyro_bnnlv.stats.dependence.offdiag_cov_norm` after its input checks: ``z`` a
+    real ``(n, k)`` tensor with ``n > correction``, ``correction`` 0 or 1."""
+    n = z.shape[0]
+    zc = z - z.mean(dim=0, keepdim=True)
+    cov = zc.T @ zc / (n - correction)
+    off = cov - torch.diag_embed(torch.diagonal(cov))
+    return torch.linalg.vector_norm(off)
+
+
+def compiled_weighted_penalty(coeffs: tuple[float, ...], scales: tuple[float, ...],
+                              terms: tuple[Tensor, ...]) -> Tensor | None:  # fmt: skip
+    """NCAI's weighting ``sum_k c_k g_k(t_k)`` of 0-dim statistics (``g_k(t) = safe_exp(t / e_k)``
+    for ``e_k > 0``, else ``t``) as one C++ autograd node of the compiled kernels
+    (``torch.ops.pyro_bnnlv_pairwise.weighted_penalty``: the arithmetic of
+    ``infer.elbos.ncai._WeightedPenalty``, same value and gradients to the bit, no Python in the
+    backward pass), or ``None`` where the kernels are unavailable (the caller runs the Python one)."""
+    if _use_compiled(None, *terms) is None:
+        return None
+    return _operator("weighted_penalty")(list(terms), list(coeffs), list(scales))
+
+
 def _centre(k: Tensor) -> Tensor:
     """``H K H`` of a symmetric ``K`` (``H = I - 11^T/n``): two passes over ``K``."""
     r = k.mean(1)
@@ -305,26 +372,37 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     return _kernel_statistics(x, mu, ridge, eps)
 
 
-def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12,
-                              eps: float = 1e-12) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
-    """:func:`ncai_statistics` without its input checks, for a caller that has made them (a
-    training step's rows of data checked once and of the guide's means; a non-finite mean then
-    shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)`` tensor with
-    ``n >= 3``, ``x`` ``n`` rows. ``None`` where :func:`ncai_statistics` gives ``None`` (the
-    kernels unavailable, or a tensor off the CPU)."""
-    return None if _use_compiled(None, x, mu) is None else _kernel_statistics(x, mu, ridge, eps)
+def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
+                              hz_per_point: bool = False) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The three statistics of :func:`ncai_statistics` without its input checks, for a caller that
+    has made them (a training step's rows of data checked once and of the guide's means; a
+    non-finite mean then shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)``
+    tensor with ``n > k`` and ``n >= 3``, ``x`` ``n`` rows. In one call of the compiled kernel
+    where :func:`ncai_statistics` would make it, else by the torch expressions of the three
+    statistics (:func:`henze_zirkler_unchecked`, :func:`offdiag_cov_norm_unchecked`,
+    :func:`centred_alignment`), never ``None``. ``hz_per_point``: HZ divided by ``n`` (NCAI's
+    default normalisation; in the compiled operator, the same division and gradient)."""
+    n = mu.shape[0]
+    if _use_compiled(None, x, mu) is not None:
+        return _kernel_statistics(x, mu, ridge, eps, n if hz_per_point else 1)
+    x2 = x.reshape(n, -1).to(mu.dtype)
+    hz = henze_zirkler_unchecked(mu, ridge, compiled=False)
+    return (hz / n if hz_per_point else hz, offdiag_cov_norm_unchecked(mu),
+            centred_alignment(x2, mu, eps, compiled=False))  # fmt: skip
 
 
-def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The compiled operator's call on checked inputs (``mu`` ``(n, k)``)."""
+def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float,
+                       hz_divisor: int = 1) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The compiled operator's call on checked inputs (``mu`` ``(n, k)``): HZ divided by
+    ``hz_divisor``, the off-diagonal norm and nHSIC."""
     n, k = mu.shape
-    x2 = x.reshape(x.shape[0], -1).to(mu.dtype)
+    x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
     if isinstance(n, int) and isinstance(k, int):
         beta2 = _beta2_tensor(n, k)
     else:  # sizes traced as tensors
         beta2 = henze_zirkler_beta(n, k) ** 2
         beta2 = beta2 if isinstance(beta2, Tensor) else torch.full((), beta2, dtype=torch.float64)
-    return torch.ops.pyro_bnnlv_pairwise.ncai_statistics(x2, mu, beta2, ridge, eps)
+    return _operator("ncai_statistics")(x2, mu, beta2, ridge, eps, hz_divisor)
 
 
 @functools.lru_cache(maxsize=64)

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .._checks import ArgumentTypeError, check_int, check_real
 from ._inputs import _as_tensor_2d, _check_same_n
-from ._pairwise import compiled_henze_zirkler, gauss_kernel_sum, henze_zirkler_beta
+from ._pairwise import henze_zirkler_beta, henze_zirkler_unchecked, offdiag_cov_norm_unchecked
 
 __all__ = [
     "correlation_penalty",
@@ -141,24 +141,7 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
         except ValueError as err:  # a non-number stays an ArgumentTypeError (also a TypeError)
             kind = type(err) if isinstance(err, ArgumentTypeError) else ValueError
             raise kind(f"`ridge` must be a finite number >= 0, got {ridge!r}") from None
-    n, k = x.shape
-    beta2 = henze_zirkler_beta(n, k) ** 2
-    fused = compiled_henze_zirkler(x, beta2, ridge, compiled)  # the same in one C++ call
-    if fused is not None:
-        return fused
-    xd = x.to(torch.float64)
-    xc = xd - xd.mean(dim=0, keepdim=True)
-    cov = xc.T @ xc / n  # ML covariance, divisor n
-    eye = torch.eye(k, dtype=torch.float64, device=x.device)
-    cov = cov + (ridge * cov.diagonal().sum() / k + 1e-30) * eye
-    chol = torch.linalg.cholesky(cov)
-    # whitened sample: y_i = L^{-1}(x_i - xbar), so y_i.y_j = (x_i-xbar)^T S^{-1} (x_j-xbar)
-    y = torch.linalg.solve_triangular(chol, xc.T, upper=False).T
-    d_i = y.square().sum(dim=1)  # D_i
-    term1 = gauss_kernel_sum(y, 0.5 * beta2) / n  # fused sum over the n^2 pairs, D_ij = |y_i - y_j|^2
-    term2 = 2.0 * (1.0 + beta2) ** (-k / 2) * torch.exp(-beta2 / (2.0 * (1.0 + beta2)) * d_i).sum()
-    term3 = n * (1.0 + 2.0 * beta2) ** (-k / 2)
-    return (term1 - term2 + term3).to(x.dtype)
+    return henze_zirkler_unchecked(x, ridge, compiled)
 
 
 def henze_zirkler_pvalue(hz: float | Tensor, n: int, k: int) -> float:
@@ -326,10 +309,7 @@ def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
         raise ValueError(f"`correction` must be 0 or 1, got {correction}")
     if not torch.jit.is_tracing() and n - correction < 1:
         raise ValueError(f"`z` must have more than {correction} rows, got {n}")
-    zc = z - z.mean(dim=0, keepdim=True)
-    cov = zc.T @ zc / (n - correction)
-    off = cov - torch.diag_embed(torch.diagonal(cov))
-    return torch.linalg.vector_norm(off)
+    return offdiag_cov_norm_unchecked(z, correction)
 
 
 # ----------------------------------------------------------------------------------------------

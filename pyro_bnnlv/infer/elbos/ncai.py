@@ -84,7 +84,8 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int, check_real
 from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ...stats._pairwise import ncai_statistics, ncai_statistics_unchecked
+from ...stats._pairwise import (compiled_weighted_penalty, henze_zirkler_unchecked, ncai_statistics,
+                                ncai_statistics_unchecked, offdiag_cov_norm_unchecked)
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
 from .penalized import PenalizedElbo
@@ -120,8 +121,11 @@ class _WeightedPenalty(torch.autograd.Function):
     ``g_k(t) = safe_exp(t / e_k)`` (``e_k > 0``) or ``t`` (``e_k = 0``).
 
     The same function as composing :func:`safe_exp` and products eagerly (about 25 tensor
-    operations and their backward nodes, 113 us per step on heavy-tail), evaluated in double on
-    Python floats: one node, its gradient ``c_k g_k'(t_k)`` computed in the forward pass.
+    operations and their backward nodes), evaluated in double on Python floats: one node, its
+    gradient ``c_k g_k'(t_k)`` computed in the forward pass. Where the compiled pairwise kernels
+    are available :meth:`NCAIElbo.weigh` runs their C++ twin instead
+    (:func:`~pyro_bnnlv.stats._pairwise.compiled_weighted_penalty`: the same arithmetic, no
+    Python in the backward pass).
     """
 
     @staticmethod
@@ -173,25 +177,41 @@ def ncai_penalties(
     from one call of :func:`~pyro_bnnlv.stats._pairwise.ncai_statistics` (same values and
     gradients)."""
     _check_options(hz_normalization, independence)
-    fused = ncai_statistics(x, mu_z) if independence == "hsic" else None  # one compiled call
-    return _penalties(x, y, mu_z, fused, hz_normalization, independence)
+    return _penalties(x, y, mu_z, hz_normalization, independence, checked=True)
 
 
-def _penalties(x: Tensor, y: Tensor, mu_z: Tensor, fused: tuple[Tensor, Tensor, Tensor] | None,
-               hz_normalization: str, independence: str) -> dict[str, Tensor]:  # fmt: skip
-    """:func:`ncai_penalties` from the compiled statistics ``fused`` (``None``: each statistic
-    by its own function, which checks its inputs)."""
-    hz = henze_zirkler(mu_z) if fused is None else fused[0]
-    if hz_normalization == "per_point":
+def _penalties(x: Tensor, y: Tensor, mu_z: Tensor, hz_normalization: str, independence: str,
+               checked: bool) -> dict[str, Tensor]:  # fmt: skip
+    """:func:`ncai_penalties`, and the one place that decides which statistics check their inputs.
+
+    ``checked=True``: each statistic checks its inputs (HZ, the off-diagonal norm and nHSIC in one
+    compiled call where available, :func:`~pyro_bnnlv.stats._pairwise.ncai_statistics`).
+    ``checked=False`` (a fused step's rows, see :meth:`NCAIElbo.fused_penalty_terms`): HZ, the
+    off-diagonal norm and nHSIC without their checks, compiled where available, else in torch
+    (:func:`~pyro_bnnlv.stats._pairwise.ncai_statistics_unchecked` and its parts), so that a
+    non-finite mean shows as a non-finite loss either way; the other independence terms check
+    their inputs in both cases."""
+    per_point = hz_normalization == "per_point"
+    if independence == "hsic" and not checked:  # HZ per point from the statistics' own call
+        hz, off, hsic = ncai_statistics_unchecked(x, mu_z, hz_per_point=per_point)
+        per_point = False
+    elif independence == "hsic":
+        stats = ncai_statistics(x, mu_z)
+        if stats is None:  # without the compiled kernel
+            stats = (henze_zirkler(mu_z), offdiag_cov_norm(mu_z), normalized_hsic(x, mu_z))
+        hz, off, hsic = stats
+    elif checked:
+        hz, off = henze_zirkler(mu_z), offdiag_cov_norm(mu_z)
+    else:
+        hz, off = henze_zirkler_unchecked(mu_z), offdiag_cov_norm_unchecked(mu_z)
+    if per_point:
         hz = hz / mu_z.shape[0]
-    out = {"hz": hz, "offdiag": offdiag_cov_norm(mu_z) if fused is None else fused[1]}
-    if fused is not None:
-        out["hsic_x"] = fused[2]
+    out = {"hz": hz, "offdiag": off}
+    if independence == "hsic":
+        out["hsic_x"] = hsic
     elif independence == "pc":
         out["pc_x"] = correlation_penalty(x, mu_z)
         out["pc_y"] = correlation_penalty(y.reshape(y.shape[0], -1), mu_z)
-    elif independence == "hsic":
-        out["hsic_x"] = normalized_hsic(x, mu_z)
     else:
         out["indep_x"] = independence_statistic(x, mu_z, kind=independence)
     return out
@@ -325,10 +345,10 @@ class NCAIElbo(PenalizedElbo):
         """The statistics of a fused step: :meth:`penalty_terms` on each particle round's
         minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged.
 
-        The compiled statistics (``independence="hsic"``, where available) skip
-        :func:`ncai_penalties`' input checks here: the data passed the model's checks when the fused step set up (and again
-        whenever they change), the rows match by construction, and a non-finite mean makes the
-        loss non-finite, which ``fit_svi`` reports with the step."""
+        HZ, the off-diagonal norm and nHSIC skip their input checks here, compiled or in torch
+        (:func:`_penalties`): the data passed the model's checks when the fused step set up (and
+        again whenever they change), the rows match by construction, and a non-finite mean makes
+        the loss non-finite, which ``fit_svi`` reports with the step."""
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
@@ -340,19 +360,15 @@ class NCAIElbo(PenalizedElbo):
         return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
 
     def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor, checked: bool = True) -> dict[str, Tensor]:
-        """:func:`ncai_penalties` of a batch; ``checked=False``: the compiled statistics, where
-        available, without their input checks (the fused step's call, see
-        :meth:`fused_penalty_terms`); the other statistics check their inputs either way."""
+        """:func:`ncai_penalties` of a batch; ``checked=False``: HZ, the off-diagonal norm and
+        nHSIC without their input checks (the fused step's call, see :meth:`fused_penalty_terms`
+        and :func:`_penalties`)."""
         need = _min_batch(self.independence)
         if not torch.jit.is_tracing() and mu.shape[0] < need:
             raise ValueError(f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
                              f"points per step, got a batch of {mu.shape[0]}: use batch_size >= {need} "
                              "(or None for the full data)")
-        if checked:
-            return ncai_penalties(x_b, y_b, mu, hz_normalization=self.hz_normalization,
-                                  independence=self.independence)  # fmt: skip
-        fused = ncai_statistics_unchecked(x_b, mu) if self.independence == "hsic" else None
-        return _penalties(x_b, y_b, mu, fused, self.hz_normalization, self.independence)
+        return _penalties(x_b, y_b, mu, self.hz_normalization, self.independence, checked=checked)
 
     def ramp(self) -> float:
         """Warm-up factor of the lambdas at the current step, ``min(1, steps_taken / warmup_steps)``."""
@@ -381,4 +397,5 @@ class NCAIElbo(PenalizedElbo):
                 coeffs.append(l3 * N), scales.append(self.eps_x), stats.append(stat)
         if not stats:
             return 0.0
-        return _WeightedPenalty.apply(tuple(coeffs), tuple(scales), *stats)
+        compiled = compiled_weighted_penalty(tuple(coeffs), tuple(scales), tuple(stats))  # the same in C++
+        return compiled if compiled is not None else _WeightedPenalty.apply(tuple(coeffs), tuple(scales), *stats)

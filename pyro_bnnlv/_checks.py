@@ -23,7 +23,16 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["ArgumentTypeError", "as_float64", "as_float64_vector", "as_positive_float64", "check_fraction", "check_int", "check_real", "check_seed"]
+__all__ = [
+    "ArgumentTypeError",
+    "as_float64",
+    "as_float64_vector",
+    "as_positive_float64",
+    "check_fraction",
+    "check_int",
+    "check_real",
+    "check_seed",
+]
 
 
 class ArgumentTypeError(TypeError, ValueError):

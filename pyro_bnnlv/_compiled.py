@@ -47,8 +47,15 @@ from types import ModuleType
 import filelock
 import torch
 
-__all__ = ["ENV", "build_directory", "build_extension", "compiled_enabled", "nuts_extension",
-           "resolve_nuts_extension", "toolchain"]
+__all__ = [
+    "ENV",
+    "build_directory",
+    "build_extension",
+    "compiled_enabled",
+    "nuts_extension",
+    "resolve_nuts_extension",
+    "toolchain",
+]
 
 ENV = "PYRO_BNNLV_COMPILED"
 _FLAGS = ("-O3", "-fopenmp-simd")
@@ -87,8 +94,11 @@ def build_directory(prefix: str, source: Path) -> Path:
     compiler (see the module docstring)."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    key = hashlib.sha256(b"\0".join([Path(source).read_bytes(), _versioned(prefix).encode(), toolchain().encode(),
-                                      " ".join(_FLAGS).encode()])).hexdigest()[:12]  # fmt: skip
+    key = hashlib.sha256(
+        b"\0".join(
+            [Path(source).read_bytes(), _versioned(prefix).encode(), toolchain().encode(), " ".join(_FLAGS).encode()]
+        )
+    ).hexdigest()[:12]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     return Path(root) / "pyro_bnnlv" / f"{_versioned(prefix)}-{key}"
 
@@ -104,11 +114,14 @@ def _compile(name: str, source: Path, directory: Path) -> None:
         env["PATH"] = ninja.BIN_DIR + os.pathsep + env.get("PATH", "")
     except ImportError:  # pragma: no cover - ninja is a dependency
         pass
-    code = ("import sys; from torch.utils.cpp_extension import load; "
-            "load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3], "
-            f"extra_cflags={list(_FLAGS)!r}, verbose=False)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code, name, str(source), str(directory)], env=env,
-                         capture_output=True, text=True)  # fmt: skip
+    code = (
+        "import sys; from torch.utils.cpp_extension import load; "
+        "load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3], "
+        f"extra_cflags={list(_FLAGS)!r}, verbose=False)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, name, str(source), str(directory)], env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip() or out.stdout.strip() or f"the build exited with {out.returncode}")
 
@@ -133,9 +146,12 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
     try:
         if (directory / _MARKER).exists():
             return
-        print(f"pyro_bnnlv: building the {what} from {source.name} with {toolchain()} (once per "
-              "machine, source and compiler; about 1-2 minutes; `pyro-bnnlv build` does it ahead of time)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"pyro_bnnlv: building the {what} from {source.name} with {toolchain()} (once per "
+            "machine, source and compiler; about 1-2 minutes; `pyro-bnnlv build` does it ahead of time)",
+            file=sys.stderr,
+            flush=True,
+        )
         t0 = time.perf_counter()
         scratch = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
@@ -144,7 +160,9 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
         _compile(name, source, scratch)
         (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(_FLAGS)}\n")
         os.rename(scratch, directory)
-        print(f"pyro_bnnlv: {what} built in {time.perf_counter() - t0:.0f} s ({directory})", file=sys.stderr, flush=True)
+        print(
+            f"pyro_bnnlv: {what} built in {time.perf_counter() - t0:.0f} s ({directory})", file=sys.stderr, flush=True
+        )
     finally:
         lock.release()
 
@@ -188,8 +206,12 @@ _NUTS_SOURCE = Path(__file__).parent / "infer" / "mcmc" / "_flat_nuts.cpp"
 def nuts_extension() -> ModuleType | None:
     """The compiled NUTS core (``infer/mcmc/_flat_nuts.cpp``: ``MLPPotential`` and ``build_tree``),
     built on the first call, or ``None`` if disabled or unbuildable (warns once, not retried)."""
-    return build_extension("pyro_bnnlv_flat_nuts", _NUTS_SOURCE, "compiled NUTS core",
-                           "NUTS uses the pure-Python fast path (several times slower per leapfrog step: pyro-bnnlv bench nuts)")  # fmt: skip
+    return build_extension(
+        "pyro_bnnlv_flat_nuts",
+        _NUTS_SOURCE,
+        "compiled NUTS core",
+        "NUTS uses the pure-Python fast path (several times slower per leapfrog step: pyro-bnnlv bench nuts)",
+    )
 
 
 def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:
@@ -199,7 +221,6 @@ def resolve_nuts_extension(compiled: bool | None) -> ModuleType | None:
     module = None if compiled is False else nuts_extension()
     if compiled and module is None:
         raise RuntimeError(
-            "compiled=True but the compiled NUTS core is unavailable (see the warning above, or "
-            f"{ENV}=0 is set)"
+            f"compiled=True but the compiled NUTS core is unavailable (see the warning above, or {ENV}=0 is set)"
         )
     return module

@@ -146,24 +146,52 @@ ACTIVATION_TABLE: dict[str, Activation] = {
     row.name: row
     for row in [
         Activation("identity", _identity, lambda dh, a, h: dh, "IDENTITY", 0, "a"),
-        Activation("tanh", torch.tanh, lambda dh, a, h: torch.addcmul(dh, dh, h * h, value=-1.0),
-                   "TANH", 1, "tanh(a)"),
-        Activation("relu", torch.relu, lambda dh, a, h: torch.where(a > 0, dh, 0.0), "RELU", 2,
-                   "max(a, 0)"),
-        Activation("leaky_relu", _leaky_relu, lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh),
-                   "LEAKY_RELU", 3, "LeakyReLU with slope 0.01 (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 7)"),
-        Activation("sigmoid", torch.sigmoid, lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0),
-                   "SIGMOID", 4, "1 / (1 + exp(-a))"),
+        Activation("tanh", torch.tanh, lambda dh, a, h: torch.addcmul(dh, dh, h * h, value=-1.0), "TANH", 1, "tanh(a)"),
+        Activation("relu", torch.relu, lambda dh, a, h: torch.where(a > 0, dh, 0.0), "RELU", 2, "max(a, 0)"),
+        Activation(
+            "leaky_relu",
+            _leaky_relu,
+            lambda dh, a, h: torch.where(a > 0, dh, 0.01 * dh),
+            "LEAKY_RELU",
+            3,
+            "LeakyReLU with slope 0.01 (Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569, sec. 7)",
+        ),
+        Activation(
+            "sigmoid",
+            torch.sigmoid,
+            lambda dh, a, h: torch.addcmul(dh * h, dh * h, h, value=-1.0),
+            "SIGMOID",
+            4,
+            "1 / (1 + exp(-a))",
+        ),
         # h = exp(-a^2), dh/da = -2 a h
-        Activation("rbf", _rbf, lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0), "RBF", 5,
-                   "exp(-a^2) (Pradier et al. 2018, arXiv:1811.07006, sec. 5)"),
+        Activation(
+            "rbf",
+            _rbf,
+            lambda dh, a, h: (a * h).mul_(dh).mul_(-2.0),
+            "RBF",
+            5,
+            "exp(-a^2) (Pradier et al. 2018, arXiv:1811.07006, sec. 5)",
+        ),
         Activation("silu", _silu, _silu_backward, "SILU", 6, "a sigmoid(a) (SiLU / swish, nn.SiLU)"),
-        Activation("gelu", _gelu, _gelu_backward, "GELU", 7,
-                   "a Phi(a), Phi the standard normal CDF (exact GELU, nn.GELU(approximate='none'))"),
-        Activation("softplus", _softplus, _softplus_backward, "SOFTPLUS", 8,
-                   "log(1 + exp(a)), a above 20 (nn.Softplus(beta=1, threshold=20))"),
+        Activation(
+            "gelu",
+            _gelu,
+            _gelu_backward,
+            "GELU",
+            7,
+            "a Phi(a), Phi the standard normal CDF (exact GELU, nn.GELU(approximate='none'))",
+        ),
+        Activation(
+            "softplus",
+            _softplus,
+            _softplus_backward,
+            "SOFTPLUS",
+            8,
+            "log(1 + exp(a)), a above 20 (nn.Softplus(beta=1, threshold=20))",
+        ),
     ]
-}  # fmt: skip
+}
 
 #: ``{name: value}``: the activation functions by name (the table's value column).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {k: r.value for k, r in ACTIVATION_TABLE.items()}
@@ -174,9 +202,7 @@ def get_activation(name: str) -> Activation:
     try:
         return ACTIVATION_TABLE[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_TABLE)}"
-        ) from None
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_TABLE)}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,10 +219,7 @@ def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tens
     batch = w.shape[:-1]
     sizes = _tiling(layers)
     if sizes is None:  # slices that do not tile w in order: one view each
-        return [
-            (w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl])
-            for fan_in, fan_out, w_sl, b_sl in layers
-        ]
+        return [(w[..., w_sl].reshape(*batch, fan_out, fan_in), w[..., b_sl]) for fan_in, fan_out, w_sl, b_sl in layers]
     pieces = torch.split(w, sizes, dim=-1)
     return [
         (pieces[2 * i].reshape(*batch, fan_out, fan_in), pieces[2 * i + 1])
@@ -255,8 +278,8 @@ def mlp_loss_kernel(
     fast_tanh = act.name == "tanh"  # its backward reads only h, so the pre-activation is not kept
     neg_one = torch.full((1, 1), -1.0, dtype=dtype)
     value, backward = act.value, act.backward
-    buf = torch.zeros(P, dtype=dtype)     # current weights
-    gbuf = torch.zeros(P, dtype=dtype)    # c times the gradient of E w.r.t. the weights
+    buf = torch.zeros(P, dtype=dtype)  # current weights
+    gbuf = torch.zeros(P, dtype=dtype)  # c times the gradient of E w.r.t. the weights
     views = []
     for fan_in, fan_out, w_sl, b_sl in layers:
         W = buf[w_sl].view(fan_out, fan_in)
@@ -270,8 +293,7 @@ def mlp_loss_kernel(
             if i == last:
                 a = torch.addmm(b, h, Wt)
             elif fast_tanh:
-                h = torch.add(neg_one, torch.sigmoid(torch.addmm(b, h, Wt, beta=2.0, alpha=2.0)),
-                              alpha=2.0)  # fmt: skip
+                h = torch.add(neg_one, torch.sigmoid(torch.addmm(b, h, Wt, beta=2.0, alpha=2.0)), alpha=2.0)
                 pre.append(h)
                 hs.append(h)
             else:
@@ -302,8 +324,8 @@ def mlp_squared_error_kernel(
     L = layers[-1][1]
 
     def squared_error(a: Tensor) -> tuple[float, Tensor]:
-        delta = a - Y                                      # residual r = f - y, (N, L)
-        rr = torch.mm(delta.t(), delta)                    # (L, L): sums of squares on the diagonal
+        delta = a - Y  # residual r = f - y, (N, L)
+        rr = torch.mm(delta.t(), delta)  # (L, L): sums of squares on the diagonal
         return (rr.item() if L == 1 else float(rr.trace())), delta
 
     return mlp_loss_kernel(layers, act, xin, squared_error)
@@ -352,8 +374,7 @@ def mlp_jacobian(
 # moment propagation (local reparameterisation)
 # ----------------------------------------------------------------------------------------------
 def mlp_local_reparam_sample(
-    layers: Sequence[LayerSpec], act: Activation, x: Tensor, loc: Tensor, scale: Tensor,
-    num_particles: int = 1,
+    layers: Sequence[LayerSpec], act: Activation, x: Tensor, loc: Tensor, scale: Tensor, num_particles: int = 1
 ) -> Tensor:
     r"""``f(x_n; w_n)`` with independent ``w_n ~ N(loc, diag(scale^2))`` per point and particle,
     ``(num_particles, N, L)``: layer by layer, the pre-activation given its input ``h`` has mean

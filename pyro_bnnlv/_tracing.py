@@ -30,6 +30,7 @@ def shape_branches() -> Iterator[None]:
         yield
         return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean",
-                                category=torch.jit.TracerWarning)  # fmt: skip
+        warnings.filterwarnings(
+            "ignore", message="Converting a tensor to a Python boolean", category=torch.jit.TracerWarning
+        )
         yield

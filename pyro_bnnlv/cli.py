@@ -85,8 +85,10 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     print(list_datasets().to_string())
     status = dataset_status(data_dir=args.data_dir)
     root = args.data_dir or default_data_dir()
-    print(f"\nreal data in {root} (cached: files present with the manifest's SHA-256; "
-          "`pyro-bnnlv datasets --download [NAME ...]` fetches them):")  # fmt: skip
+    print(
+        f"\nreal data in {root} (cached: files present with the manifest's SHA-256; "
+        "`pyro-bnnlv datasets --download [NAME ...]` fetches them):"
+    )
     width = int(status["source"].str.len().max())
     print(status[["cached", "size", "source"]].to_string(formatters={"source": lambda t: t.ljust(width)}))
     print("licences:")
@@ -102,20 +104,26 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         data = load_dataset(args.dataset, seed=args.seed or 0)
     args.seed = data.seed if args.seed is None else args.seed  # the fit's seed
     net = MLP(data.input_dim, args.hidden, 1, activation=args.activation)
-    model = BNN(net, prior_scale=args.prior_scale, noise_scale=args.noise_scale,
-                learn_noise=args.learn_noise)  # fmt: skip
+    model = BNN(net, prior_scale=args.prior_scale, noise_scale=args.noise_scale, learn_noise=args.learn_noise)
     if args.guide == "laplace":
         return _fit_laplace(args, data, model)
     guide = _make_guide(args.guide, model, args.seed)
     print(f"{data!r}\n{net!r}\nguide: {type(guide).__name__}, steps: {args.steps}, lr: {args.lr}")
     t0 = time.perf_counter()
-    history = fit_svi(model, guide, data.x_train, data.y_train, num_steps=args.steps, lr=args.lr,
-                      batch_size=args.batch_size, seed=args.seed, progress=not args.quiet)  # fmt: skip
+    history = fit_svi(
+        model,
+        guide,
+        data.x_train,
+        data.y_train,
+        num_steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     seconds = time.perf_counter() - t0
-    samples = sample_posterior(model, guide, data.x_train, data.y_train,
-                               num_samples=args.num_samples, seed=args.seed)  # fmt: skip
-    metrics = evaluate(model, samples, data.x_test, data.y_test,
-                       y_mean=data.y_mean, y_std=data.y_std)  # fmt: skip
+    samples = sample_posterior(model, guide, data.x_train, data.y_train, num_samples=args.num_samples, seed=args.seed)
+    metrics = evaluate(model, samples, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
     metrics["final_loss"] = history[-1]
     metrics["seconds"] = seconds
     return _report_fit(args, data, model, samples, metrics)
@@ -124,11 +132,21 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 def _fit_laplace(args: argparse.Namespace, data: Any, model: BNN) -> int:
     """``--guide laplace``: the MAP (``--steps``, ``--lr``), then the full linearised Laplace with the
     prior precision and noise chosen by marginal likelihood."""
-    print(f"{data!r}\n{model.net!r}\nguide: linearised Laplace (full GGN, marginal likelihood), MAP steps: "
-          f"{args.steps}, lr: {args.lr}")  # fmt: skip
+    print(
+        f"{data!r}\n{model.net!r}\nguide: linearised Laplace (full GGN, marginal likelihood), MAP steps: "
+        f"{args.steps}, lr: {args.lr}"
+    )
     t0 = time.perf_counter()
-    w = train_map(model, data.x_train, data.y_train, num_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                  seed=args.seed, progress=not args.quiet)  # fmt: skip
+    w = train_map(
+        model,
+        data.x_train,
+        data.y_train,
+        num_steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     la = LinearizedLaplace(model, w).fit(data.x_train, data.y_train)
     chosen = la.optimize_hyperparameters()
     metrics = evaluate(model, la, data)
@@ -141,8 +159,7 @@ def _report_fit(args: argparse.Namespace, data: Any, model: BNN, posterior: Any,
     print(metrics.to_frame(f"{args.dataset} / bnn / {args.guide}").to_string(float_format="%.4f"))
     if data.input_dim == 1 and not args.no_plot:
         out = Path(args.output or f"{args.dataset}-bnn-{args.guide}.png")
-        plot_predictive_1d(model, posterior, data, out,
-                           title=f"{args.dataset}: BNN, {args.guide}")  # fmt: skip
+        plot_predictive_1d(model, posterior, data, out, title=f"{args.dataset}: BNN, {args.guide}")
         print(f"wrote {out}")
     return 0
 
@@ -167,20 +184,29 @@ def _parse_grid(items: Sequence[str] | None) -> list[dict[str, float]] | None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts, seed=args.seed,
-                                        ncai_grid=_parse_grid(args.grid),
-                                        independence=args.independence).items() if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in dict(
+            steps=args.steps,
+            restarts=args.restarts,
+            seed=args.seed,
+            ncai_grid=_parse_grid(args.grid),
+            independence=args.independence,
+        ).items()
+        if v is not None
+    }
     data = load_compare_data(args.dataset, seed=overrides.get("seed", 0))
     cfg = CompareConfig.full(dataset=data.name, **overrides) if args.full else CompareConfig(**overrides)
-    print(f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
-          f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}")  # fmt: skip
+    print(
+        f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
+        f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}"
+    )
     figure = None
     if data.input_dim == 1 and not args.no_plot:
         figure = Path(args.figure or f"compare-{data.name}.png")
         check_output_file(figure, "--figure")
     options = sweep_options(args)  # checks --output before the run
-    table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, return_fits=False,
-                           **options)  # fmt: skip
+    table, _ = run_compare(data.name, cfg, progress=not args.quiet, figure=figure, return_fits=False, **options)
     print(table.to_string(index=False, float_format="%.3f"))
     if figure is not None:
         print(f"wrote {figure}")
@@ -259,12 +285,21 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyro-bnnlv", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     ds = sub.add_parser("datasets", help="list the data sets; download the real ones (--download)")
-    ds.add_argument("--download", nargs="*", metavar="NAME",
-                    help="fetch these real data sets (all when no NAME is given) into the data directory")
-    ds.add_argument("--mirror", help="base URL or directory of a mirror in the data directory's layout "
-                    "(default $PYRO_BNNLV_MIRROR, else the public sources)")
-    ds.add_argument("--data-dir", help="data directory (default $PYRO_BNNLV_DATA, else ../shared/data "
-                    "in a checkout, else ~/.cache/pyro_bnnlv)")
+    ds.add_argument(
+        "--download",
+        nargs="*",
+        metavar="NAME",
+        help="fetch these real data sets (all when no NAME is given) into the data directory",
+    )
+    ds.add_argument(
+        "--mirror",
+        help="base URL or directory of a mirror in the data directory's layout "
+        "(default $PYRO_BNNLV_MIRROR, else the public sources)",
+    )
+    ds.add_argument(
+        "--data-dir",
+        help="data directory (default $PYRO_BNNLV_DATA, else ../shared/data in a checkout, else ~/.cache/pyro_bnnlv)",
+    )
     ds.set_defaults(func=_cmd_datasets)
 
     _add_fit_parser(sub)
@@ -293,13 +328,21 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("--overwrite", action="store_true", help="replace stores already at DEST")
     sn.set_defaults(func=_cmd_snapshot)
 
-    bu = sub.add_parser("build", help="build the C++ kernels (NUTS core, NCAI pairwise statistics) now, "
-                        "not on first use (once per machine, source and compiler; 1-2 minutes)")
+    bu = sub.add_parser(
+        "build",
+        help="build the C++ kernels (NUTS core, NCAI pairwise statistics) now, "
+        "not on first use (once per machine, source and compiler; 1-2 minutes)",
+    )
     bu.set_defaults(func=_cmd_build)
 
-    res = sub.add_parser("results", help="regenerate docs/results.md and README.md's generated blocks from the CSVs under docs/results/")
-    res.add_argument("--check", action="store_true",
-                     help="write nothing; exit 1, naming the stale file, if docs/results.md or README.md is out of date")
+    res = sub.add_parser(
+        "results", help="regenerate docs/results.md and README.md's generated blocks from the CSVs under docs/results/"
+    )
+    res.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1, naming the stale file, if docs/results.md or README.md is out of date",
+    )
     res.add_argument("--root", help="repository root (default: the checkout pyro_bnnlv is installed from)")
     res.set_defaults(func=_cmd_results)
     return p
@@ -310,24 +353,40 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     f = sub.add_parser("fit", help="train a model and print test metrics")
     f.add_argument("--dataset", required=True, help="a registered data set (pyro-bnnlv datasets lists them)")
     f.add_argument("--model", default="bnn", choices=["bnn"], help="the model (a BNN: MLP with a flat weight site)")
-    f.add_argument("--guide", default="meanfield", choices=GUIDES,
-                   help="meanfield (pb.MeanField), fullcov (AutoMultivariateNormal), map (AutoDelta), or laplace "
-                        "(MAP then the full linearised Laplace, prior and noise by marginal likelihood)")
+    f.add_argument(
+        "--guide",
+        default="meanfield",
+        choices=GUIDES,
+        help="meanfield (pb.MeanField), fullcov (AutoMultivariateNormal), map (AutoDelta), or laplace "
+        "(MAP then the full linearised Laplace, prior and noise by marginal likelihood)",
+    )
     f.add_argument("--steps", type=int, default=2000, help="SVI steps (laplace: MAP steps); default 2000")
     f.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate; default 0.01")
-    f.add_argument("--seed", type=int, default=None,
-                   help="seeds the fit and, without --split, the data (a synthetic set's generator, a UCI "
-                        "set's validation subset: not its test set); default 0, with --split the split")
-    f.add_argument("--split", type=int, default=None,
-                   help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, "
-                        "otherwise seed k")  # fmt: skip
+    f.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds the fit and, without --split, the data (a synthetic set's generator, a UCI "
+        "set's validation subset: not its test set); default 0, with --split the split",
+    )
+    f.add_argument(
+        "--split",
+        type=int,
+        default=None,
+        help="train/test split k (pb.datasets.load_split): a UCI set's standard split k, otherwise seed k",
+    )
     f.add_argument("--hidden", type=int, nargs="*", default=[50], help="hidden layer widths; default 50")
-    f.add_argument("--activation", default="tanh",
-                   help="the MLP's activation (tanh, relu, leaky_relu, silu, gelu, softplus, ...)")
+    f.add_argument(
+        "--activation", default="tanh", help="the MLP's activation (tanh, relu, leaky_relu, silu, gelu, softplus, ...)"
+    )
     f.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight; default 1")
-    f.add_argument("--noise-scale", type=float, default=0.1,
-                   help="observation noise sd on the standardised targets; default 0.1 (pb.grid_search "
-                        "chooses it by validation LL)")
+    f.add_argument(
+        "--noise-scale",
+        type=float,
+        default=0.1,
+        help="observation noise sd on the standardised targets; default 0.1 (pb.grid_search "
+        "chooses it by validation LL)",
+    )
     f.add_argument("--learn-noise", action="store_true", help="learn the noise with the weights (type-II ML)")
     f.add_argument("--batch-size", type=int, default=None, help="minibatch size; default full batch")
     f.add_argument("--num-samples", type=int, default=500, help="posterior draws for the metrics; default 500")
@@ -344,13 +403,21 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default 3000)")
     c.add_argument("--restarts", type=int, default=None, help="restarts per setting (default 2)")
     c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--grid", nargs="*", metavar="NAME=V1,V2",
-                   help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5 (names: lambda1-3, eps_T, eps_x, eps_y). "
-                        "The noise is chosen by validation LL from its own grid: variances 1.0, 0.1 for the BNN "
-                        "and 0.1 for BNN+LV (--full: App. F.1's 1.0, 0.1, 0.01 and 0.1, 0.01); for your own "
-                        "model, pb.grid_search picks the noise (or any setting) the same way")
-    c.add_argument("--independence", choices=["hsic", "pc"], default=None,
-                   help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations")
+    c.add_argument(
+        "--grid",
+        nargs="*",
+        metavar="NAME=V1,V2",
+        help="NCAI grid, e.g. eps_T=0.01,0.0003 eps_y=0.1,0.5 (names: lambda1-3, eps_T, eps_x, eps_y). "
+        "The noise is chosen by validation LL from its own grid: variances 1.0, 0.1 for the BNN "
+        "and 0.1 for BNN+LV (--full: App. F.1's 1.0, 0.1, 0.01 and 0.1, 0.01); for your own "
+        "model, pb.grid_search picks the noise (or any setting) the same way",
+    )
+    c.add_argument(
+        "--independence",
+        choices=["hsic", "pc"],
+        default=None,
+        help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations",
+    )
     c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
     c.add_argument("--output", help="write the table as CSV")
     c.add_argument("--figure", help="PNG path for 1-D data (default compare-DATASET.png)")

@@ -50,13 +50,7 @@ from ._checks import check_int
 from ._figures import finish_figure
 from .stats.posterior_kl import compare_posteriors
 
-__all__ = [
-    "compare_posteriors",
-    "plot_trace",
-    "posterior_summary",
-    "to_inference_data",
-    "weight_labels",
-]
+__all__ = ["compare_posteriors", "plot_trace", "posterior_summary", "to_inference_data", "weight_labels"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,9 +89,8 @@ def _model_sites(model: Any, x: Tensor, y: Tensor | None, obs_site: str) -> tupl
 
 
 def _posterior_chains(
-    model: Any, posterior: Any, x: Tensor, y: Tensor | None, latent: dict, num_samples: int,
-    seed: int | None,
-) -> tuple[dict[str, Tensor], dict[str, np.ndarray]]:  # fmt: skip
+    model: Any, posterior: Any, x: Tensor, y: Tensor | None, latent: dict, num_samples: int, seed: int | None
+) -> tuple[dict[str, Tensor], dict[str, np.ndarray]]:
     """Draws as ``{site: (C, S, *shape)}`` (:meth:`Posterior.from_any`) and an MCMC run's
     sample statistics ``{name: (C, S)}``."""
     shapes = {name: shape for name, (shape, _) in latent.items()}
@@ -118,8 +111,12 @@ def _mcmc_stats(mcmc: Any, num_draws: int) -> dict[str, np.ndarray]:
             if 0 <= i < num_draws:
                 diverging[c, i] = True
     stats["diverging"] = diverging
-    renames = (("num_steps", "n_steps", 1), ("potential_energy", "lp", -1),
-               ("accept_prob", "acceptance_rate", 1), ("tree_depth", "tree_depth", 1))  # fmt: skip
+    renames = (
+        ("num_steps", "n_steps", 1),
+        ("potential_energy", "lp", -1),
+        ("accept_prob", "acceptance_rate", 1),
+        ("tree_depth", "tree_depth", 1),
+    )
     for src, dst, sign in renames:
         vals = [rec.get(src) for rec in recs]
         if all(v is not None and len(v) == num_draws for v in vals):
@@ -130,9 +127,15 @@ def _mcmc_stats(mcmc: Any, num_draws: int) -> dict[str, np.ndarray]:
 
 
 def _replay(
-    model: Any, x: Tensor, y: Tensor, draws: dict[str, Tensor], latent: dict, nesting: int,
-    obs_site: str, chunk_size: int,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    draws: dict[str, Tensor],
+    latent: dict,
+    nesting: int,
+    obs_site: str,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Vectorised replay of the model conditioned on ``M`` flat draws: the observation
     distribution's mean ``(M, N[, L])`` (a categorical's class probabilities ``(M, N, K)``), pointwise log-likelihood ``(M, N)`` and a posterior
     predictive sample ``(M, N[, L])``."""
@@ -151,7 +154,7 @@ def _replay(
         fn = tr.nodes[obs_site]["fn"]
         lp = fn.log_prob(y)
         mean = fn.probs if isinstance(fn, torch.distributions.Categorical) else fn.mean  # class probabilities
-        means.append(mean.expand(*lp.shape, *mean.shape[lp.dim():]))
+        means.append(mean.expand(*lp.shape, *mean.shape[lp.dim() :]))
         lls.append(lp)
         preds.append(fn.sample())
     return torch.cat(means), torch.cat(lls), torch.cat(preds)
@@ -175,15 +178,24 @@ def _np(t: Tensor) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # to_inference_data
 # ----------------------------------------------------------------------------------------------
-def _f_at_eval_points(model: Any, x: Tensor, x_eval: Tensor | None, draws: dict[str, Tensor],
-                      flat: dict[str, Tensor], mean: Tensor, num_points: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+def _f_at_eval_points(
+    model: Any,
+    x: Tensor,
+    x_eval: Tensor | None,
+    draws: dict[str, Tensor],
+    flat: dict[str, Tensor],
+    mean: Tensor,
+    num_points: int,
+) -> tuple[Tensor, Tensor]:
     """``(x_eval, f)`` of :func:`to_inference_data`: ``f(x_eval, w)`` per draw at the given inputs
     (a model with ``f`` and no local latents), else the replayed means at ``num_points`` training
     inputs spread over the data (in the order of ``x`` for 1-D inputs)."""
     if x_eval is not None:
         if set(draws) != {"w"} or not hasattr(model, "f"):
-            raise ValueError("x_eval needs a model with f(x, w) and no local latent sites; leave it out "
-                             "to store f at num_points training inputs")  # fmt: skip
+            raise ValueError(
+                "x_eval needs a model with f(x, w) and no local latent sites; leave it out "
+                "to store f at num_points training inputs"
+            )
         with torch.no_grad():
             f = model.f(x_eval.to(x.dtype), flat["w"])
         return x_eval, f.squeeze(-1) if f.shape[-1] == 1 else f
@@ -196,8 +208,11 @@ def _f_at_eval_points(model: Any, x: Tensor, x_eval: Tensor | None, draws: dict[
 def _coords(model: Any, x: Tensor, x_eval: Tensor, mean: Tensor, num_weights: int) -> dict[str, Any]:
     """The coordinates of :func:`to_inference_data`'s dimensions; the weights are labelled by
     layer and position (:func:`weight_labels`) when the model's network has that many weights."""
-    coords: dict[str, Any] = {"data": np.arange(x.shape[0]), "input": np.arange(x.shape[1]),
-                              "eval_point": _eval_point_labels(x_eval)}  # fmt: skip
+    coords: dict[str, Any] = {
+        "data": np.arange(x.shape[0]),
+        "input": np.arange(x.shape[1]),
+        "eval_point": _eval_point_labels(x_eval),
+    }
     if mean.dim() == 3:
         coords["output"] = np.arange(mean.shape[-1])
     net = getattr(model, "net", None)
@@ -206,8 +221,9 @@ def _coords(model: Any, x: Tensor, x_eval: Tensor, mean: Tensor, num_weights: in
     return coords
 
 
-def _posterior_groups(draws: dict[str, Tensor], f: Tensor, weights: bool, num_data: int, dims: dict,
-                      coords: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
+def _posterior_groups(
+    draws: dict[str, Tensor], f: Tensor, weights: bool, num_data: int, dims: dict, coords: dict
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(posterior, weights)`` groups of :func:`to_inference_data`: ``f`` and the scalar latent
     sites in ``posterior``; ``w`` and other array sites there too with ``weights``, else in the
     ``weights`` group. A per-point ``z`` gets its dimensions added to ``dims`` and ``coords``."""
@@ -337,24 +353,42 @@ def _diag_rows(arr: np.ndarray, labels: Sequence[str], kind: str) -> list[dict]:
     ess_t = az.ess(ds, method="tail")["v"].values
     rhat = az.rhat(ds)["v"].values
     return [
-        {"quantity": lab, "kind": kind, "mean": float(arr[..., j].mean()),
-         "sd": float(arr[..., j].std()), "ess_bulk": float(ess_b[j]), "ess_tail": float(ess_t[j]),
-         "r_hat": float(rhat[j])}
+        {
+            "quantity": lab,
+            "kind": kind,
+            "mean": float(arr[..., j].mean()),
+            "sd": float(arr[..., j].std()),
+            "ess_bulk": float(ess_b[j]),
+            "ess_tail": float(ess_t[j]),
+            "r_hat": float(rhat[j]),
+        }
         for j, lab in enumerate(labels)
-    ]  # fmt: skip
+    ]
 
 
 def _aggregate(rows: list[dict], name: str, kind: str) -> list[dict]:
     df = pd.DataFrame(rows)
     n = len(df)
     return [
-        {"quantity": f"{name}: median over {n}", "kind": kind, "mean": math.nan, "sd": math.nan,
-         "ess_bulk": float(df.ess_bulk.median()), "ess_tail": float(df.ess_tail.median()),
-         "r_hat": float(df.r_hat.median())},
-        {"quantity": f"{name}: worst of {n}", "kind": kind, "mean": math.nan, "sd": math.nan,
-         "ess_bulk": float(df.ess_bulk.min()), "ess_tail": float(df.ess_tail.min()),
-         "r_hat": float(df.r_hat.max())},
-    ]  # fmt: skip
+        {
+            "quantity": f"{name}: median over {n}",
+            "kind": kind,
+            "mean": math.nan,
+            "sd": math.nan,
+            "ess_bulk": float(df.ess_bulk.median()),
+            "ess_tail": float(df.ess_tail.median()),
+            "r_hat": float(df.r_hat.median()),
+        },
+        {
+            "quantity": f"{name}: worst of {n}",
+            "kind": kind,
+            "mean": math.nan,
+            "sd": math.nan,
+            "ess_bulk": float(df.ess_bulk.min()),
+            "ess_tail": float(df.ess_tail.min()),
+            "r_hat": float(df.r_hat.max()),
+        },
+    ]
 
 
 def _invariant_draws(
@@ -365,8 +399,10 @@ def _invariant_draws(
     evenly spaced), the total log-likelihood and (when recorded) the log joint."""
     post = idata.posterior
     if "f" not in post or "x_eval" not in getattr(idata, "constant_data", {}):
-        raise ValueError("the InferenceData has no function values f with their inputs x_eval: make it with "
-                         "pyro_bnnlv.to_inference_data")  # fmt: skip
+        raise ValueError(
+            "the InferenceData has no function values f with their inputs x_eval: make it with "
+            "pyro_bnnlv.to_inference_data"
+        )
     C, S = post.sizes["chain"], post.sizes["draw"]
     f = post["f"].values.reshape(C, S, post["f"].shape[2], -1)[..., 0]
     xs = idata.constant_data["x_eval"].values
@@ -408,19 +444,22 @@ def plot_trace(
     """
     from matplotlib.ticker import MaxNLocator
 
-    panels = [(lab, arr[..., j]) for _, labels, arr in _invariant_draws(idata, f_points, num_points)
-              for j, lab in enumerate(labels)]  # fmt: skip
+    panels = [
+        (lab, arr[..., j])
+        for _, labels, arr in _invariant_draws(idata, f_points, num_points)
+        for j, lab in enumerate(labels)
+    ]
     owned = axes is None
     if owned:
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(len(panels), 2, figsize=(9, 0.4 + 1.7 * len(panels)), squeeze=False,
-                                 gridspec_kw={"width_ratios": [1, 2.5]})  # fmt: skip
+        fig, axes = plt.subplots(
+            len(panels), 2, figsize=(9, 0.4 + 1.7 * len(panels)), squeeze=False, gridspec_kw={"width_ratios": [1, 2.5]}
+        )
     else:
         axes = np.asarray(axes, dtype=object).reshape(-1, 2)
         if axes.shape[0] != len(panels):
-            raise ValueError(f"axes must have shape ({len(panels)}, 2) for these quantities, "
-                             f"got {axes.shape[0]} rows")  # fmt: skip
+            raise ValueError(f"axes must have shape ({len(panels)}, 2) for these quantities, got {axes.shape[0]} rows")
         fig = axes[0, 0].figure
     for (label, arr), (ax_h, ax_t) in zip(panels, axes):
         bins = np.linspace(arr.min(), arr.max(), 30) if arr.max() > arr.min() else 10
@@ -440,17 +479,19 @@ def plot_trace(
     axes[0][1].set_title("draws per chain", fontsize=9, loc="left")
     axes[0][0].set_title("histogram per chain", fontsize=9, loc="left")
     # above the top trace, right of its title: over no data
-    axes[0][1].legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(arr.shape[0], 8),
-                      frameon=False, borderaxespad=0.2)  # fmt: skip
+    axes[0][1].legend(
+        fontsize=7,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=min(arr.shape[0], 8),
+        frameon=False,
+        borderaxespad=0.2,
+    )
     return finish_figure(fig, path, owned, dpi=110)
 
 
 def posterior_summary(
-    idata: Any,
-    *,
-    f_points: Sequence[int] | None = None,
-    num_points: int | None = None,
-    per_weight: bool = False,
+    idata: Any, *, f_points: Sequence[int] | None = None, num_points: int | None = None, per_weight: bool = False
 ) -> pd.DataFrame:
     """R-hat and ESS of function values and of the log-likelihood, beside the raw weights'.
 

@@ -29,8 +29,18 @@ from ._checks import ArgumentTypeError
 from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
 from ._mlp_kernels import unflatten as _unflatten
 
-__all__ = ["ACTIVATIONS", "MLP", "MLP_ACTIVATION_MODULES", "FlatNet", "ModuleNet", "as_hidden_sizes", "as_positive_int",
-           "equivalent_mlp", "mlp_call", "mlp_mismatch"]
+__all__ = [
+    "ACTIVATIONS",
+    "MLP",
+    "MLP_ACTIVATION_MODULES",
+    "FlatNet",
+    "ModuleNet",
+    "as_hidden_sizes",
+    "as_positive_int",
+    "equivalent_mlp",
+    "mlp_call",
+    "mlp_mismatch",
+]
 
 
 def as_positive_int(value: object, name: str, role: str = "") -> int:
@@ -59,8 +69,7 @@ def as_hidden_sizes(value: object, name: str = "hidden_sizes") -> tuple:
         return (value,)
     if isinstance(value, (set, frozenset, Mapping)) or not isinstance(value, Iterable):
         raise ArgumentTypeError(
-            f"{name} must be a sequence of layer widths (e.g. [50], or [] for a linear "
-            f"model), got {value!r}"
+            f"{name} must be a sequence of layer widths (e.g. [50], or [] for a linear model), got {value!r}"
         )
     return tuple(value)
 
@@ -88,9 +97,7 @@ class FlatNet(nn.Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 2:
-            raise ValueError(
-                f"{name} must have shape (N, {self.in_features}); got shape {tuple(x.shape)}"
-            )
+            raise ValueError(f"{name} must have shape (N, {self.in_features}); got shape {tuple(x.shape)}")
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"{name} has {x.shape[-1]} columns but the network expects "
@@ -112,16 +119,17 @@ class FlatNet(nn.Module):
             )
         if x.dtype != w.dtype:
             fix = {torch.float32: "float()", torch.float64: "double()"}
-            hint = (f"convert one of them, e.g. x.{fix[w.dtype]} or w.{fix[x.dtype]}"
-                    if x.dtype in fix and w.dtype in fix else
-                    f"both must be floating point of one dtype, e.g. x.to({w.dtype})")  # fmt: skip
+            hint = (
+                f"convert one of them, e.g. x.{fix[w.dtype]} or w.{fix[x.dtype]}"
+                if x.dtype in fix and w.dtype in fix
+                else f"both must be floating point of one dtype, e.g. x.to({w.dtype})"
+            )
             raise ValueError(f"x has dtype {x.dtype} but w has dtype {w.dtype}: {hint}")
 
     def check_weights(self, w: Tensor, name: str = "w") -> None:
         if not torch.jit.is_tracing() and w.shape[-1:] != (self.num_weights,):
             raise ValueError(
-                f"{name} must have last dimension num_weights={self.num_weights}; "
-                f"got shape {tuple(w.shape)}"
+                f"{name} must have last dimension num_weights={self.num_weights}; got shape {tuple(w.shape)}"
             )
 
 
@@ -144,18 +152,13 @@ class MLP(FlatNet):
     """
 
     def __init__(
-        self,
-        in_features: int,
-        hidden_sizes: Sequence[int] = (50,),
-        out_features: int = 1,
-        activation: str = "tanh",
+        self, in_features: int, hidden_sizes: Sequence[int] = (50,), out_features: int = 1, activation: str = "tanh"
     ) -> None:
         super().__init__()
         hidden_sizes = as_hidden_sizes(hidden_sizes)
         sizes = [
             as_positive_int(in_features, "in_features", " (a layer width)"),
-            *(as_positive_int(h, f"hidden_sizes[{i}]", " (a layer width)")
-              for i, h in enumerate(hidden_sizes)),
+            *(as_positive_int(h, f"hidden_sizes[{i}]", " (a layer width)") for i, h in enumerate(hidden_sizes)),
             as_positive_int(out_features, "out_features", " (a layer width)"),
         ]
         act = get_activation(activation)  # ValueError naming the choices
@@ -351,9 +354,7 @@ class ModuleNet(FlatNet):
     def unflatten(self, w: Tensor) -> dict[str, Tensor]:
         """``w (P,)`` -> ``{parameter name: tensor}`` for ``functional_call``."""
         self.check_weights(w)
-        return {
-            n: t.reshape(s) for n, t, s in zip(self._names, w.split(self._sizes, -1), self._shapes)
-        }
+        return {n: t.reshape(s) for n, t, s in zip(self._names, w.split(self._sizes, -1), self._shapes)}
 
     def init_weights(self, generator: torch.Generator | None = None) -> Tensor:
         """The module's current parameters as a flat vector (re-initialise the module to vary it)."""
@@ -390,13 +391,20 @@ def _activation_name(layer: nn.Module) -> str | None:
         return "gelu" if layer.approximate == "none" else None
     if kind is nn.Softplus:
         return "softplus" if layer.beta == 1 and layer.threshold == 20 else None
-    return {nn.Tanh: "tanh", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.SiLU: "silu",
-            nn.Identity: "identity"}.get(kind)  # fmt: skip
+    return {nn.Tanh: "tanh", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.SiLU: "silu", nn.Identity: "identity"}.get(kind)
 
 
 def _has_hooks(layer: nn.Module) -> bool:
-    return any(getattr(layer, k, None) for k in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                 "_backward_pre_hooks", "_forward_hooks_with_kwargs"))  # fmt: skip
+    return any(
+        getattr(layer, k, None)
+        for k in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+            "_forward_hooks_with_kwargs",
+        )
+    )
 
 
 def mlp_mismatch(module: nn.Module) -> tuple[MLP | None, str]:
@@ -409,8 +417,11 @@ def mlp_mismatch(module: nn.Module) -> tuple[MLP | None, str]:
         return None, "the nn.Sequential does not start and end with an nn.Linear"
     if any(isinstance(sub, nn.Sequential) for sub in layers):
         return None, "the nn.Sequential is nested"
-    if _has_hooks(module) or any(_has_hooks(sub) for sub in layers) or any(
-            getattr(nn.modules.module, k, None) for k in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+    if (
+        _has_hooks(module)
+        or any(_has_hooks(sub) for sub in layers)
+        or any(getattr(nn.modules.module, k, None) for k in ("_global_forward_hooks", "_global_forward_pre_hooks"))
+    ):
         return None, "forward hooks are registered"
     sizes, acts, expect = [layers[0].in_features], set(), []
     for i, layer in enumerate(layers):
@@ -426,8 +437,7 @@ def mlp_mismatch(module: nn.Module) -> tuple[MLP | None, str]:
             continue
         name = _activation_name(layer)
         if name is None:
-            return None, (f"layer {i} ({layer!r}) is not an activation of pb.MLP's "
-                          f"({MLP_ACTIVATION_MODULES})")
+            return None, (f"layer {i} ({layer!r}) is not an activation of pb.MLP's ({MLP_ACTIVATION_MODULES})")
         if type(layers[i - 1]) is not nn.Linear:
             return None, f"layer {i} is a second activation in a row"
         acts.add(name)
@@ -466,5 +476,4 @@ def equivalent_mlp(module: nn.Module | ModuleNet) -> MLP | None:
 
 def mlp_call(net: MLP) -> str:
     """``net`` as the call that builds it: ``pb.MLP(6, [32, 32], 1, activation="silu")``."""
-    return (f"pb.MLP({net.in_features}, {list(net.hidden_sizes)}, {net.out_features}, "
-            f'activation="{net.activation}")')
+    return f'pb.MLP({net.in_features}, {list(net.hidden_sizes)}, {net.out_features}, activation="{net.activation}")'

@@ -44,8 +44,10 @@ def own_param_names(guide: PyroModule) -> PyroModule:
     if not isinstance(guide, PyroModule):
         raise TypeError(f"guide must be a pyro.nn.PyroModule (e.g. an autoguide), got {type(guide).__name__}")
     if guide._pyro_context.used or any(True for _ in guide.parameters()):
-        raise RuntimeError("own_param_names(guide) must be called before the guide first runs: its "
-                           "parameters already exist under their old names; build a new guide and rename it first")  # fmt: skip
+        raise RuntimeError(
+            "own_param_names(guide) must be called before the guide first runs: its "
+            "parameters already exist under their old names; build a new guide and rename it first"
+        )
     guide._pyro_set_supermodule(f"{type(guide).__name__}_{next(_instance_numbers)}", guide._pyro_context)
     return guide
 

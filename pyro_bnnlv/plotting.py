@@ -64,15 +64,16 @@ _SPLITS = ("train", "valid", "test")
 
 def _check_data(data: Any, helper: str) -> Dataset:
     if not isinstance(data, Dataset):
-        raise TypeError(f"{helper}: data must be a pyro_bnnlv Dataset (e.g. pb.datasets.from_arrays(x, y) "
-                        f"or pb.load_dataset(name)), got {type(data).__name__}")  # fmt: skip
+        raise TypeError(
+            f"{helper}: data must be a pyro_bnnlv Dataset (e.g. pb.datasets.from_arrays(x, y) "
+            f"or pb.load_dataset(name)), got {type(data).__name__}"
+        )
     return data
 
 
 def _predictive_mixture(
-    model: Any, posterior: Any, data: Dataset, x: Tensor, *, num_samples: int, seed: int | None,
-    latent_draws: int,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    model: Any, posterior: Any, data: Dataset, x: Tensor, *, num_samples: int, seed: int | None, latent_draws: int
+) -> tuple[Tensor, Tensor]:
     """``(loc, scale)``, both ``(S, N, L)`` float64 on the data's (standardised) scale: the
     predictive mixture at ``x`` of any posterior :func:`~pyro_bnnlv.evaluate` takes, normalised
     the way it normalises them (a self-evaluating posterior's own Gaussian predictive, else
@@ -81,12 +82,15 @@ def _predictive_mixture(
         pred = posterior.predictive(x)
         return pred.mean.double().unsqueeze(0), pred.var.double().sqrt().unsqueeze(0)
     if not isinstance(model, RegressionModel):
-        raise TypeError(f"model must be a pyro_bnnlv model (with check_data, f and predictive_components), "
-                        f"got {type(model).__name__}")  # fmt: skip
+        raise TypeError(
+            f"model must be a pyro_bnnlv model (with check_data, f and predictive_components), "
+            f"got {type(model).__name__}"
+        )
     if callable(getattr(model, "_check_dtype", None)):
         model._check_dtype(x)
-    samples = posterior_sample_dict(model, posterior, x, train_data=(data.x_train, data.y_train),
-                                    num_samples=num_samples, seed=seed)  # fmt: skip
+    samples = posterior_sample_dict(
+        model, posterior, x, train_data=(data.x_train, data.y_train), num_samples=num_samples, seed=seed
+    )
     locs, scales = [], []
     for _, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed):
         locs.append(loc.double())
@@ -116,14 +120,14 @@ def _titled(fig: Any, ax: Any, title: str, path: str | Path | None, owned: bool)
 
 
 def _split_mixture(
-    helper: str, model: Any, posterior: Any, data: Any, split: str, num_samples: int, seed: Any,
-    latent_draws: int,
-) -> tuple[Dataset, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    helper: str, model: Any, posterior: Any, data: Any, split: str, num_samples: int, seed: Any, latent_draws: int
+) -> tuple[Dataset, Tensor, Tensor, Tensor, Tensor]:
     """``(data, x, y, loc, scale)`` of a split, checked, with the predictive mixture at ``x``."""
     data = _check_data(data, helper)
     x, y = _split(data, split)
-    loc, scale = _predictive_mixture(model, posterior, data, x, num_samples=num_samples,
-                                     seed=check_seed(seed), latent_draws=latent_draws)  # fmt: skip
+    loc, scale = _predictive_mixture(
+        model, posterior, data, x, num_samples=num_samples, seed=check_seed(seed), latent_draws=latent_draws
+    )
     return data, x, y, loc, scale
 
 
@@ -179,8 +183,9 @@ def plot_predictive_1d(
     hi = max(float(x.max()) for x in xs)
     pad = 0.1 * (hi - lo)
     grid = torch.linspace(lo - pad, hi + pad, num_grid, dtype=data.x_train.dtype).unsqueeze(-1)
-    loc, scale = _predictive_mixture(model, posterior, data, grid, num_samples=num_samples, seed=seed,
-                                     latent_draws=latent_draws)  # fmt: skip
+    loc, scale = _predictive_mixture(
+        model, posterior, data, grid, num_samples=num_samples, seed=seed, latent_draws=latent_draws
+    )
     loc, scale = loc[..., 0], scale[..., 0]
     lower, upper = mixture_interval(loc, scale, level)
     sx, mx = float(data.x_std[0]), float(data.x_mean[0])
@@ -190,8 +195,13 @@ def plot_predictive_1d(
 
     owned = ax is None
     fig, ax = new_axes(ax)
-    ax.fill_between(ox(grid), _original_y(data, lower), _original_y(data, upper), alpha=0.3,
-                    label=f"{level * 100:g}% predictive interval")  # fmt: skip
+    ax.fill_between(
+        ox(grid),
+        _original_y(data, lower),
+        _original_y(data, upper),
+        alpha=0.3,
+        label=f"{level * 100:g}% predictive interval",
+    )
     ax.plot(ox(grid), _original_y(data, loc.mean(0)), lw=2, label="predictive mean")
     ax.scatter(ox(data.x_train), _original_y(data, data.y_train), s=8, c="k", label="train")
     ax.scatter(ox(data.x_test), _original_y(data, data.y_test), s=8, c="tab:red", alpha=0.6, label="test")
@@ -237,8 +247,9 @@ def plot_predicted_vs_observed(
     Returns the figure.
     """
     check_level(level)
-    data, x, y, loc, scale = _split_mixture("plot_predicted_vs_observed", model, posterior, data, split,
-                                            num_samples, seed, latent_draws)  # fmt: skip
+    data, x, y, loc, scale = _split_mixture(
+        "plot_predicted_vs_observed", model, posterior, data, split, num_samples, seed, latent_draws
+    )
     picp = float(predictive_metrics(y, loc, scale, level=level)["picp"])
     loc, scale = loc[..., 0], scale[..., 0]
     mean = _original_y(data, loc.mean(0))
@@ -246,8 +257,16 @@ def plot_predicted_vs_observed(
     observed = _original_y(data, y)
     owned = ax is None
     fig, ax = new_axes(ax, figsize=(5.5, 5))
-    ax.errorbar(observed, mean, yerr=np.stack([mean - lower, upper - mean]), fmt="o", ms=3, lw=0.8,
-                alpha=0.7, label=f"predictive mean, {level * 100:g}% interval (PICP {picp:.2f})")  # fmt: skip
+    ax.errorbar(
+        observed,
+        mean,
+        yerr=np.stack([mean - lower, upper - mean]),
+        fmt="o",
+        ms=3,
+        lw=0.8,
+        alpha=0.7,
+        label=f"predictive mean, {level * 100:g}% interval (PICP {picp:.2f})",
+    )
     lo = float(min(observed.min(), lower.min()))
     hi = float(max(observed.max(), upper.max()))
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="predicted = observed")
@@ -293,8 +312,9 @@ def plot_calibration(
     for level in levels:
         check_level(level)
     levels = sorted(float(v) for v in levels)
-    data, x, y, loc, scale = _split_mixture("plot_calibration", model, posterior, data, split, num_samples,
-                                            seed, latent_draws)  # fmt: skip
+    data, x, y, loc, scale = _split_mixture(
+        "plot_calibration", model, posterior, data, split, num_samples, seed, latent_draws
+    )
     picp = [float(predictive_metrics(y, loc, scale, level=level)["picp"]) for level in levels]
     owned = ax is None
     fig, ax = new_axes(ax, figsize=(5, 5))
@@ -345,11 +365,25 @@ def plot_reliability(
     owned = ax is None
     fig, ax = new_axes(ax, figsize=(5, 5))
     colors = [(0.12, 0.47, 0.71, 0.15 + 0.85 * s) for s in share]  # tab:blue, opaque for the fullest bin
-    ax.bar(curve["lower"], curve["accuracy"].fillna(0.0), width=curve["upper"] - curve["lower"], align="edge",
-           color=colors, edgecolor="k", linewidth=0.5, label="accuracy per bin (shade: share of points)")  # fmt: skip
+    ax.bar(
+        curve["lower"],
+        curve["accuracy"].fillna(0.0),
+        width=curve["upper"] - curve["lower"],
+        align="edge",
+        color=colors,
+        edgecolor="k",
+        linewidth=0.5,
+        label="accuracy per bin (shade: share of points)",
+    )
     used = count > 0
-    ax.plot(curve["confidence"][used], curve["accuracy"][used], "o", color="tab:red", ms=4,
-            label="(mean confidence, accuracy)")  # fmt: skip
+    ax.plot(
+        curve["confidence"][used],
+        curve["accuracy"][used],
+        "o",
+        color="tab:red",
+        ms=4,
+        label="(mean confidence, accuracy)",
+    )
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)

@@ -22,8 +22,16 @@ from ._checks import check_int
 from .protocols import ChecksData
 from ._state import isolated_param_store, set_seed
 
-__all__ = ["Posterior", "PosteriorKind", "SelfEvaluatingPosterior", "as_sample_dict", "guide_site_mean", "posterior_kind",
-           "sample_posterior", "weight_group"]
+__all__ = [
+    "Posterior",
+    "PosteriorKind",
+    "SelfEvaluatingPosterior",
+    "as_sample_dict",
+    "guide_site_mean",
+    "posterior_kind",
+    "sample_posterior",
+    "weight_group",
+]
 
 
 @runtime_checkable
@@ -62,9 +70,7 @@ def sample_posterior(
     _check_model_data(model, args, kwargs)
     set_seed(seed)
     with isolated_param_store(model, guide), torch.no_grad():
-        pred = Predictive(
-            model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites)
-        )
+        pred = Predictive(model, guide=guide, num_samples=num_samples, parallel=True, return_sites=list(sites))
         try:
             out = pred(*args, **kwargs)
         except ValueError as err:
@@ -97,9 +103,14 @@ def _explain_local_latents(model: Callable, guide: Callable, args: tuple, kwargs
         except (ValueError, RuntimeError, TypeError):
             return
     N = args[0].shape[0]
-    local = [name for name, site in model_trace.nodes.items()
-             if site["type"] == "sample" and not site["is_observed"] and name != "obs"  # obs: y not given
-             and any(f.size == N and f.name == "data" for f in site["cond_indep_stack"])]  # fmt: skip
+    local = [
+        name
+        for name, site in model_trace.nodes.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and name != "obs"  # obs: y not given
+        and any(f.size == N and f.name == "data" for f in site["cond_indep_stack"])
+    ]
     if local:
         raise ValueError(
             f"the guide's per-datapoint latents {local} do not fit x of {N} rows: a guide of a model with "
@@ -115,13 +126,11 @@ def _check_sites(sites: Any) -> tuple[str, ...]:
     if isinstance(sites, str):
         return (sites,)
     if isinstance(sites, (Mapping, set, frozenset, bytes)) or not isinstance(sites, Iterable):
-        raise TypeError(f"sites must be a site name or a sequence of site names, e.g. ('w',), "
-                        f"got {sites!r}")  # fmt: skip
+        raise TypeError(f"sites must be a site name or a sequence of site names, e.g. ('w',), got {sites!r}")
     sites = tuple(sites)
     bad = [s for s in sites if not isinstance(s, str)]
     if bad or not sites:
-        raise TypeError(f"sites must be a site name or a non-empty sequence of site names (strings), "
-                        f"got {sites!r}")  # fmt: skip
+        raise TypeError(f"sites must be a site name or a non-empty sequence of site names (strings), got {sites!r}")
     return sites
 
 
@@ -149,8 +158,10 @@ def _drop_plate_dims(v: Tensor, num_samples: int, shape: torch.Size, name: str) 
     if v.shape == target:
         return v
     if v.numel() != math.prod(target):
-        raise ValueError(f"site {name!r}: Predictive returned shape {tuple(v.shape)}, which does "
-                         f"not reshape to (num_samples, *site shape) = {target}")
+        raise ValueError(
+            f"site {name!r}: Predictive returned shape {tuple(v.shape)}, which does "
+            f"not reshape to (num_samples, *site shape) = {target}"
+        )
     return v.reshape(target)
 
 
@@ -177,8 +188,10 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     if not isinstance(w, Tensor):
         raise TypeError(f"posterior_samples['w'] must be a torch.Tensor of shape (S, P), got {type(w).__name__}")
     if not w.is_floating_point():
-        raise ValueError(f"posterior_samples['w'] must be a floating-point tensor (float32 or float64), "
-                         f"got dtype {w.dtype}: convert it, e.g. w.float()")  # fmt: skip
+        raise ValueError(
+            f"posterior_samples['w'] must be a floating-point tensor (float32 or float64), "
+            f"got dtype {w.dtype}: convert it, e.g. w.float()"
+        )
     if w.dim() == 3 and w.shape[1] == 1:
         out["w"] = w.squeeze(1)
     elif w.dim() == 1:
@@ -186,8 +199,10 @@ def as_sample_dict(posterior: Any) -> dict[str, Tensor]:
     if out["w"].dim() != 2:
         raise ValueError(f"posterior_samples['w'] must have shape (S, P); got {tuple(w.shape)}")
     if out["w"].shape[0] == 0:
-        raise ValueError(f"posterior_samples['w'] has 0 samples (shape {tuple(w.shape)}): the "
-                         "predictive averages over the samples, so pass at least one")  # fmt: skip
+        raise ValueError(
+            f"posterior_samples['w'] has 0 samples (shape {tuple(w.shape)}): the "
+            "predictive averages over the samples, so pass at least one"
+        )
     if not torch.isfinite(out["w"]).all():
         raise ValueError("posterior_samples['w'] contains NaN or infinite values")
     return out
@@ -242,8 +257,10 @@ def weight_group(idata: Any, required: bool = False) -> Any:
         if group is not None and "w" in group:
             return group
     if required:
-        raise ValueError("the InferenceData has no weight draws 'w' in its posterior or weights group; "
-                         "make it with pyro_bnnlv.to_inference_data (which stores them in 'weights')")  # fmt: skip
+        raise ValueError(
+            "the InferenceData has no weight draws 'w' in its posterior or weights group; "
+            "make it with pyro_bnnlv.to_inference_data (which stores them in 'weights')"
+        )
     return None
 
 
@@ -260,9 +277,7 @@ def _by_chain(samples: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]])
         if tuple(v.shape[1:]) == shape:
             v = v.unsqueeze(0)
         elif tuple(v.shape[2:]) != shape:
-            raise ValueError(
-                f"samples[{name!r}] must have shape (S, {shape}) or (C, S, {shape}); got {tuple(v.shape)}"
-            )
+            raise ValueError(f"samples[{name!r}] must have shape (S, {shape}) or (C, S, {shape}); got {tuple(v.shape)}")
         out[name] = v
     if "w" not in out:
         raise ValueError(f"the posterior samples have no 'w' site; got {sorted(samples)}")
@@ -344,13 +359,20 @@ class Posterior:
         guides = posterior if is_guide and all(is_guide) else None
         if guides is not None or kind == "guide":
             if model is None or not args:
-                raise ValueError("sampling a guide needs the model and its inputs: pass model= and x= "
-                                 "(a BNN+LV's guide also the training targets y)")  # fmt: skip
+                raise ValueError(
+                    "sampling a guide needs the model and its inputs: pass model= and x= "
+                    "(a BNN+LV's guide also the training targets y)"
+                )
             chains = []
             for i, guide in enumerate(guides or [posterior]):
-                s = sample_posterior(model, guide, *args, num_samples=num_samples,
-                                     sites=tuple(shapes) if shapes else ("w",),
-                                     seed=None if seed is None else seed + i)  # fmt: skip
+                s = sample_posterior(
+                    model,
+                    guide,
+                    *args,
+                    num_samples=num_samples,
+                    sites=tuple(shapes) if shapes else ("w",),
+                    seed=None if seed is None else seed + i,
+                )
                 chains.append(_by_chain(s, shapes or _weight_shape(s)))
             return cls({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
         if isinstance(posterior, Tensor):

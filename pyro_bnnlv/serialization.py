@@ -56,9 +56,18 @@ _READABLE_FORMATS = (1, 2, 3)
 _MODELS: dict[str, type] = {c.__name__: c for c in (BNN, BNNLV, ProjectedBNN, OverparametrisedLinear)}
 _GUIDES: dict[str, type] = {
     c.__name__: c
-    for c in (AutoNormal, MeanField, AutoMultivariateNormal, AutoDiagonalNormal, AutoLowRankMultivariateNormal,
-              AutoDelta, HypernetGuide, HypernetLVGuide, LaplaceGuide)
-}  # fmt: skip
+    for c in (
+        AutoNormal,
+        MeanField,
+        AutoMultivariateNormal,
+        AutoDiagonalNormal,
+        AutoLowRankMultivariateNormal,
+        AutoDelta,
+        HypernetGuide,
+        HypernetLVGuide,
+        LaplaceGuide,
+    )
+}
 
 
 def register_class(cls: type, kind: str, name: str | None = None) -> None:
@@ -82,9 +91,11 @@ def register_class(cls: type, kind: str, name: str | None = None) -> None:
     table = _MODELS if kind == "model" else _GUIDES
     taken = table.get(name, cls)
     if taken is not cls:
-        raise ValueError(f"the {kind} name {name!r} is already registered for {taken.__module__}."
-                         f"{taken.__qualname__}; register {cls.__qualname__} under another name: "
-                         f"register_class(cls, {kind!r}, name='My{name}')")  # fmt: skip
+        raise ValueError(
+            f"the {kind} name {name!r} is already registered for {taken.__module__}."
+            f"{taken.__qualname__}; register {cls.__qualname__} under another name: "
+            f"register_class(cls, {kind!r}, name='My{name}')"
+        )
     table[name] = cls
 
 
@@ -125,8 +136,9 @@ def _check_plain(value: Any, name: str) -> None:
         return
     kind = f"function ({type(value).__name__})" if callable(value) else type(value).__name__
     hint = " (initialisation functions need not be saved: the saved state overrides them)" if callable(value) else ""
-    raise TypeError(f"{name} is a {kind}; a fit file holds only numbers, strings, tensors and "
-                    f"lists/dicts of them, so drop it{hint}")  # fmt: skip
+    raise TypeError(
+        f"{name} is a {kind}; a fit file holds only numbers, strings, tensors and lists/dicts of them, so drop it{hint}"
+    )
 
 
 def _y_shape(model: torch.nn.Module, x: torch.Tensor, model_kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -135,8 +147,9 @@ def _y_shape(model: torch.nn.Module, x: torch.Tensor, model_kwargs: dict[str, An
     with isolated_param_store(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
         trace = poutine.trace(model).get_trace(x, None, **model_kwargs)
     if "obs" not in trace.nodes:
-        raise ValueError(f"{type(model).__name__} has no 'obs' site, so the shape of y cannot be inferred: "
-                         "pass y to save_fit")  # fmt: skip
+        raise ValueError(
+            f"{type(model).__name__} has no 'obs' site, so the shape of y cannot be inferred: pass y to save_fit"
+        )
     return tuple(trace.nodes["obs"]["value"].shape)
 
 
@@ -183,11 +196,15 @@ def save_fit(
     path = _check_save_path(path)
     model_name, guide_name = _registered_name(type(model), _MODELS), _registered_name(type(guide), _GUIDES)
     if model_name is None:
-        raise TypeError(f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
-                        "pyro_bnnlv.serialization.register_class(cls, 'model') first")  # fmt: skip
+        raise TypeError(
+            f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
+            "pyro_bnnlv.serialization.register_class(cls, 'model') first"
+        )
     if guide_name is None:
-        raise TypeError(f"guide {type(guide).__name__} is not a class load_fit rebuilds; register it with "
-                        "pyro_bnnlv.serialization.register_class(cls, 'guide') first")  # fmt: skip
+        raise TypeError(
+            f"guide {type(guide).__name__} is not a class load_fit rebuilds; register it with "
+            "pyro_bnnlv.serialization.register_class(cls, 'guide') first"
+        )
     model_kwargs = dict(model_kwargs or {})
     _check_plain(model_kwargs, "model_kwargs")
     if isinstance(model, ChecksData):
@@ -234,10 +251,12 @@ def _write_atomically(payload: dict[str, Any], path: Path) -> None:
             cause = err.strerror
         else:
             cause = "the write stopped part-way (a full disk or a file-size limit?)"
-        message = (f"save_fit could not write {str(path)!r}: {cause}. "
-                   f"Nothing was changed at that path (the fit is written to a temporary file first and "
-                   f"renamed into place only when complete); free disk space, raise the file-size limit "
-                   f"(ulimit -f) or pick another directory, and call save_fit again")  # fmt: skip
+        message = (
+            f"save_fit could not write {str(path)!r}: {cause}. "
+            f"Nothing was changed at that path (the fit is written to a temporary file first and "
+            f"renamed into place only when complete); free disk space, raise the file-size limit "
+            f"(ulimit -f) or pick another directory, and call save_fit again"
+        )
         raise (OSError(err.errno, message) if isinstance(err, OSError) and err.errno else OSError(message)) from err
     with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -253,11 +272,12 @@ def _check_save_path(path: Any) -> Path:
         raise TypeError(f"path must be a file path (str or pathlib.Path), got {type(path).__name__}")
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"path {str(path)!r} is a directory: pass a file path such as "
-                                f"{str(path / 'fit.pt')!r}")  # fmt: skip
+        raise IsADirectoryError(f"path {str(path)!r} is a directory: pass a file path such as {str(path / 'fit.pt')!r}")
     if not path.parent.is_dir():
-        raise FileNotFoundError(f"path {str(path)!r}: the directory {str(path.parent)!r} does not exist; "
-                                "create it first (e.g. Path(path).parent.mkdir(parents=True))")  # fmt: skip
+        raise FileNotFoundError(
+            f"path {str(path)!r}: the directory {str(path.parent)!r} does not exist; "
+            "create it first (e.g. Path(path).parent.mkdir(parents=True))"
+        )
     return path
 
 
@@ -269,7 +289,9 @@ class _StateMismatch(Exception):
         detail = "; ".join(lines)
         self.what, self.target = what, target
         self.detail = detail if len(detail) <= 400 else detail[:400] + " ..."
-        self.missing_only = "Missing key(s)" in str(err) and "size mismatch" not in str(err) and "Unexpected" not in str(err)
+        self.missing_only = (
+            "Missing key(s)" in str(err) and "size mismatch" not in str(err) and "Unexpected" not in str(err)
+        )
         super().__init__(f"{what}: {self.detail}")
 
 
@@ -306,16 +328,25 @@ def _check_readable(payload: dict[str, Any], model: torch.nn.Module, guide: torc
                     f"for another model (or with constructor arguments save_fit does not record: pass "
                     f"them as guide_kwargs)? {err.detail}"
                 ) from None
-            raise ValueError(f"save_fit: the {model_name}'s state does not match the model its config() "
-                             f"rebuilds: {err.detail}") from None  # fmt: skip
+            raise ValueError(
+                f"save_fit: the {model_name}'s state does not match the model its config() rebuilds: {err.detail}"
+            ) from None
         except (ValueError, TypeError, RuntimeError, KeyError) as err:
-            raise ValueError(f"save_fit: the fit could not be read back (load_fit would fail rebuilding the "
-                             f"{guide_name} for this {model_name}): {type(err).__name__}: {err}") from None  # fmt: skip
+            raise ValueError(
+                f"save_fit: the fit could not be read back (load_fit would fail rebuilding the "
+                f"{guide_name} for this {model_name}): {type(err).__name__}: {err}"
+            ) from None
         _check_guide_fits_model(guide2, model2, payload, guide_name, model_name)
 
 
-def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payload: dict[str, Any],
-                            guide_name: str, model_name: str, prefix: str = "save_fit") -> None:  # fmt: skip
+def _check_guide_fits_model(
+    guide: torch.nn.Module,
+    model: torch.nn.Module,
+    payload: dict[str, Any],
+    guide_name: str,
+    model_name: str,
+    prefix: str = "save_fit",
+) -> None:
     """Run the rebuilt guide and replay the rebuilt model against it on data of the saved shapes
     (a guide whose draws the model cannot take, e.g. a LaplaceGuide of another network, fails here)."""
     x, y = _dummy_data(model, payload)
@@ -325,8 +356,10 @@ def _check_guide_fits_model(guide: torch.nn.Module, model: torch.nn.Module, payl
             guide_trace = poutine.trace(guide).get_trace(x, y, **kwargs)
             poutine.replay(model, trace=guide_trace)(x, y, **kwargs)
     except (ValueError, RuntimeError) as err:
-        raise ValueError(f"{prefix}: the {guide_name} does not fit this {model_name} (was it built for "
-                         f"another model?): {type(err).__name__}: {err}") from None  # fmt: skip
+        raise ValueError(
+            f"{prefix}: the {guide_name} does not fit this {model_name} (was it built for "
+            f"another model?): {type(err).__name__}: {err}"
+        ) from None
 
 
 def _describe(obj: Any) -> str:
@@ -337,8 +370,10 @@ def _describe(obj: Any) -> str:
         keys = list(obj)
         shown = ", ".join(map(repr, keys[:5])) + (", ..." if len(keys) > 5 else "")
         if keys and all(torch.is_tensor(v) for v in obj.values()):
-            return (f"a state dict of {len(keys)} tensors (keys {shown}); load it with "
-                    "module.load_state_dict(torch.load(path, weights_only=True))")  # fmt: skip
+            return (
+                f"a state dict of {len(keys)} tensors (keys {shown}); load it with "
+                "module.load_state_dict(torch.load(path, weights_only=True))"
+            )
         return f"a dict with keys {shown}"
     return f"a {type(obj).__name__}"
 
@@ -365,22 +400,32 @@ def _read(path: Path) -> dict[str, Any]:
     except OSError:  # missing file, permissions: not about the content
         raise
     except Exception as e:  # not a torch file, truncated, ...: torch raises many types
-        what = "" if zipfile.is_zipfile(path) else f"; it is not a zip archive as torch.save writes (starts with {_head(path)!r})"
-        raise ValueError(f"{path} is not a pyro_bnnlv fit: torch.load cannot read it "
-                         f"({type(e).__name__}: {e}){what}") from None  # fmt: skip
+        what = (
+            ""
+            if zipfile.is_zipfile(path)
+            else f"; it is not a zip archive as torch.save writes (starts with {_head(path)!r})"
+        )
+        raise ValueError(
+            f"{path} is not a pyro_bnnlv fit: torch.load cannot read it ({type(e).__name__}: {e}){what}"
+        ) from None
     if not isinstance(payload, dict) or "format" not in payload or "model_class" not in payload:
-        raise ValueError(f"{path} is not a pyro_bnnlv fit (save_fit writes a dict with 'format', "
-                         f"'model_class', ...): it holds {_describe(payload)}")  # fmt: skip
+        raise ValueError(
+            f"{path} is not a pyro_bnnlv fit (save_fit writes a dict with 'format', "
+            f"'model_class', ...): it holds {_describe(payload)}"
+        )
     if payload["format"] not in _READABLE_FORMATS:
-        raise ValueError(f"{path}: unsupported fit file format {payload['format']!r} "
-                         f"(this version reads {_READABLE_FORMATS})")  # fmt: skip
+        raise ValueError(
+            f"{path}: unsupported fit file format {payload['format']!r} (this version reads {_READABLE_FORMATS})"
+        )
     required = ("model_config", "model_state", "guide_class", "guide_state", "x_shape", "x_dtype")
     if payload["format"] >= 2:
         required += ("guide_kwargs", "y_shape")
     missing = [k for k in required if k not in payload]
     if missing:
-        raise ValueError(f"{path} is damaged or incomplete: it lacks {missing}, which every fit "
-                         f"written by save_fit holds; write it again with save_fit")  # fmt: skip
+        raise ValueError(
+            f"{path} is damaged or incomplete: it lacks {missing}, which every fit "
+            f"written by save_fit holds; write it again with save_fit"
+        )
     return payload
 
 
@@ -396,8 +441,9 @@ class _Damaged(ValueError):
     """A field of a fit file that save_fit never writes."""
 
     def __init__(self, path: Path, field: str, problem: str) -> None:
-        super().__init__(f"{path} is damaged or was not written by save_fit: {field} {problem}; "
-                         f"write the fit again with save_fit")  # fmt: skip
+        super().__init__(
+            f"{path} is damaged or was not written by save_fit: {field} {problem}; write the fit again with save_fit"
+        )
 
 
 def _validate(payload: dict[str, Any], path: Path, guide_cls: type) -> None:
@@ -463,19 +509,28 @@ def _is_scale(name: str) -> bool:
 def _check_file_dtype(name: Any, path: Path) -> torch.dtype:
     dtype = getattr(torch, str(name).removeprefix("torch."), None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.float64):
-        raise _Damaged(path, "x_dtype", f"{name!r} is not a floating-point torch dtype (torch.float32 or torch.float64)")
+        raise _Damaged(
+            path, "x_dtype", f"{name!r} is not a floating-point torch dtype (torch.float32 or torch.float64)"
+        )
     return dtype
 
 
 def _check_file_shape(shape: Any, name: str, path: Path) -> tuple[int, ...]:
-    if (not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)):  # fmt: skip
+    if (
+        not isinstance(shape, (list, tuple))
+        or not 1 <= len(shape) <= 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)
+    ):
         raise _Damaged(path, name, f"is {shape!r}, not the shape (N, D) or (N,) of the data")
     if any(n < 1 for n in shape):
         raise _Damaged(path, name, f"{tuple(shape)} has a size below 1")
     if math.prod(shape) > _MAX_DATA_VALUES:
-        raise _Damaged(path, name, f"{tuple(shape)} describes {math.prod(shape):.3g} values, more than a fit is "
-                                   f"trained on in memory (load_fit allows {_MAX_DATA_VALUES})")  # fmt: skip
+        raise _Damaged(
+            path,
+            name,
+            f"{tuple(shape)} describes {math.prod(shape):.3g} values, more than a fit is "
+            f"trained on in memory (load_fit allows {_MAX_DATA_VALUES})",
+        )
     return tuple(shape)
 
 
@@ -519,8 +574,9 @@ def _check_sizes(value: Any, name: str, total: int, path: Path) -> None:
             _check_sizes(v, f"{name}[{i}]", total, path)
         ints = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
         if len(ints) == len(value) and sum(a * b for a, b in zip(ints, ints[1:])) > total:
-            raise _Damaged(path, name, f"{list(value)} describes layers of more weights than the file's "
-                                       f"{total} parameter values")  # fmt: skip
+            raise _Damaged(
+                path, name, f"{list(value)} describes layers of more weights than the file's {total} parameter values"
+            )
         return
     if isinstance(value, int) and not isinstance(value, bool) and value > total:
         raise _Damaged(path, name, f"is {value}, larger than the file's {total} parameter values: no fit has that size")
@@ -546,14 +602,24 @@ def _check_network(payload: dict[str, Any], path: Path, total: int, guide_cls: t
             f"write the fit again with save_fit"
         )
     loc, kwargs = payload["guide_state"].get("loc"), payload.get("guide_kwargs") or {}
-    if (guide_cls is LaplaceGuide and kwargs.get("site", "w") == "w" and torch.is_tensor(loc)
-            and tuple(loc.shape) != (mlp.num_weights,)):  # fmt: skip
-        raise _Damaged(path, "guide_state['loc']", f"has shape {tuple(loc.shape)} but the network of model_config['net'] "
-                                                   f"has {mlp.num_weights} weights")  # fmt: skip
+    if (
+        guide_cls is LaplaceGuide
+        and kwargs.get("site", "w") == "w"
+        and torch.is_tensor(loc)
+        and tuple(loc.shape) != (mlp.num_weights,)
+    ):
+        raise _Damaged(
+            path,
+            "guide_state['loc']",
+            f"has shape {tuple(loc.shape)} but the network of model_config['net'] has {mlp.num_weights} weights",
+        )
     rank = kwargs.get("rank")
     if isinstance(rank, int) and rank * mlp.num_weights > total:
-        raise _Damaged(path, "guide_kwargs['rank']", f"is {rank}: a ({mlp.num_weights}, {rank}) covariance factor "
-                                                     f"holds more values than the file's {total}")  # fmt: skip
+        raise _Damaged(
+            path,
+            "guide_kwargs['rank']",
+            f"is {rank}: a ({mlp.num_weights}, {rank}) covariance factor holds more values than the file's {total}",
+        )
 
 
 def _guide_options(cls: type) -> set[str] | None:
@@ -572,8 +638,11 @@ def _check_guide_options(kwargs: dict[str, Any], cls: type, path: Path) -> None:
     options = _guide_options(cls)
     unknown = sorted(set(kwargs) - options) if options is not None else []
     if unknown:
-        raise _Damaged(path, "guide_kwargs", f"has the option(s) {unknown}, which {cls.__name__} does not take "
-                                             f"(it takes {sorted(options)})")  # fmt: skip
+        raise _Damaged(
+            path,
+            "guide_kwargs",
+            f"has the option(s) {unknown}, which {cls.__name__} does not take (it takes {sorted(options)})",
+        )
 
 
 def _check_state_dtypes(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
@@ -581,8 +650,13 @@ def _check_state_dtypes(module: torch.nn.Module, state: dict[str, torch.Tensor],
     own = module.state_dict()
     for key, t in state.items():
         if key in own and torch.is_tensor(t) and t.dtype != own[key].dtype:
-            raise _StateMismatch(what, type(module).__name__, RuntimeError(
-                f"\n{what}[{key!r}] has dtype {t.dtype} but the rebuilt {type(module).__name__} holds {own[key].dtype}"))
+            raise _StateMismatch(
+                what,
+                type(module).__name__,
+                RuntimeError(
+                    f"\n{what}[{key!r}] has dtype {t.dtype} but the rebuilt {type(module).__name__} holds {own[key].dtype}"
+                ),
+            )
 
 
 def _build_model(cls: type, config: dict[str, Any], state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -645,29 +719,42 @@ def load_fit(path: str | Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     try:
         model = _build_model(model_cls, payload["model_config"], payload["model_state"])
     except _StateMismatch as err:
-        raise ValueError(f"{path} is inconsistent (damaged or edited): its model_state does not match the "
-                         f"{err.target} its model_config rebuilds: {err.detail}") from None  # fmt: skip
+        raise ValueError(
+            f"{path} is inconsistent (damaged or edited): its model_state does not match the "
+            f"{err.target} its model_config rebuilds: {err.detail}"
+        ) from None
     except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{path} is inconsistent (damaged or edited): its model_config does not rebuild a "
-                         f"{model_cls.__name__}: {type(err).__name__}: {err}") from None  # fmt: skip
+        raise ValueError(
+            f"{path} is inconsistent (damaged or edited): its model_config does not rebuild a "
+            f"{model_cls.__name__}: {type(err).__name__}: {err}"
+        ) from None
     if callable(getattr(model, "check_data", None)):
         x, y = _dummy_data(model, payload)
         try:
             model.check_data(x, y, **payload.get("model_kwargs", {}))
         except (TypeError, ValueError) as err:
-            raise _Damaged(path, "x_shape / y_shape", f"{tuple(x.shape)} / {tuple(y.shape)} do not fit the "
-                                                      f"{model_cls.__name__}: {err}") from None  # fmt: skip
+            raise _Damaged(
+                path,
+                "x_shape / y_shape",
+                f"{tuple(x.shape)} / {tuple(y.shape)} do not fit the {model_cls.__name__}: {err}",
+            ) from None
     try:
         guide = _build_guide(guide_cls, model, payload)
     except _StateMismatch as err:
-        raise ValueError(f"{path} is inconsistent (damaged or edited): its guide_state does not match the "
-                         f"{err.target} rebuilt from its guide_class, guide_kwargs and x_shape: {err.detail}") from None  # fmt: skip
+        raise ValueError(
+            f"{path} is inconsistent (damaged or edited): its guide_state does not match the "
+            f"{err.target} rebuilt from its guide_class, guide_kwargs and x_shape: {err.detail}"
+        ) from None
     except (TypeError, ValueError, KeyError, RuntimeError) as err:
         # a LaplaceGuide is built from its state's tensors, any other guide from its options
         field = "guide_state" if guide_cls is LaplaceGuide else f"guide_kwargs {payload.get('guide_kwargs')!r}"
-        raise _Damaged(path, field, f"do not rebuild a {guide_cls.__name__} for this {model_cls.__name__}: "
-                                    f"{type(err).__name__}: {err}") from None  # fmt: skip
+        raise _Damaged(
+            path,
+            field,
+            f"do not rebuild a {guide_cls.__name__} for this {model_cls.__name__}: {type(err).__name__}: {err}",
+        ) from None
     with torch.random.fork_rng(devices=[]):
-        _check_guide_fits_model(guide, model, payload, guide_cls.__name__, model_cls.__name__,
-                                f"{path} is inconsistent (damaged or edited)")  # fmt: skip
+        _check_guide_fits_model(
+            guide, model, payload, guide_cls.__name__, model_cls.__name__, f"{path} is inconsistent (damaged or edited)"
+        )
     return model, guide

@@ -51,7 +51,6 @@ def ray_instance():
     import ray
 
     path = os.pathsep.join([str(Path(__file__).parent)] + [p for p in sys.path if p])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()

@@ -25,8 +25,13 @@ def _points() -> torch.Tensor:
     t = SOFTPLUS_THRESHOLD
     edge = [t - 1e-9, t, t + 1e-12, t + 1e-9, -t, 0.0, -0.0, 1e-300, -1e-300, 37.0, -37.0, 709.0, -745.0]
     g = torch.Generator().manual_seed(0)
-    return torch.cat([torch.linspace(-60, 60, 2401, dtype=torch.float64), torch.tensor(edge, dtype=torch.float64),
-                      3 * torch.randn(500, generator=g, dtype=torch.float64)])  # fmt: skip
+    return torch.cat(
+        [
+            torch.linspace(-60, 60, 2401, dtype=torch.float64),
+            torch.tensor(edge, dtype=torch.float64),
+            3 * torch.randn(500, generator=g, dtype=torch.float64),
+        ]
+    )
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -55,9 +60,11 @@ def test_derivatives_are_the_documented_formulas():
     sig = lambda a: 1 / (1 + math.exp(-a)) if a >= 0 else math.exp(a) / (1 + math.exp(a))
     Phi = lambda a: 0.5 * (1 + math.erf(a / math.sqrt(2)))
     phi = lambda a: math.exp(-a * a / 2) / math.sqrt(2 * math.pi)
-    ref = {"silu": lambda a: sig(a) * (1 + a * (1 - sig(a))),
-           "gelu": lambda a: Phi(a) + a * phi(a),
-           "softplus": lambda a: 1.0 if a > 20 else sig(a)}  # fmt: skip
+    ref = {
+        "silu": lambda a: sig(a) * (1 + a * (1 - sig(a))),
+        "gelu": lambda a: Phi(a) + a * phi(a),
+        "softplus": lambda a: 1.0 if a > 20 else sig(a),
+    }
     pts = [-40.0, -20.5, -3.0, -1.0, -0.1, 0.0, 0.3, 1.7, 5.0, 19.5, 20.0, 20.5, 40.0]
     for name in NEW:
         _, d = ACTIVATION_TABLE[name].value_and_derivative(torch.tensor(pts, dtype=torch.float64))
@@ -92,7 +99,7 @@ def test_mlp_kernel_and_jacobian_match_autograd(name):
     torch.testing.assert_close(2 * gbuf, g_ref, rtol=1e-12, atol=1e-12 * float(g_ref.abs().max()))
     a0r = a0.clone().requires_grad_(True)
     rest = pb.MLP(6, [5], 2, activation=name)
-    out = rest(ACTIVATION_TABLE[name].value(a0r), w[net.layers[1][2].start:])
+    out = rest(ACTIVATION_TABLE[name].value(a0r), w[net.layers[1][2].start :])
     (d0,) = torch.autograd.grad((out - y).square().sum(), a0r)
     torch.testing.assert_close(2 * delta0, d0, rtol=1e-12, atol=1e-12 * float(d0.abs().max()))
 
@@ -101,7 +108,7 @@ def test_mlp_kernel_and_jacobian_match_autograd(name):
     torch.testing.assert_close(f, net(x, w), rtol=0, atol=0)
     torch.testing.assert_close(J, J_func, rtol=1e-12, atol=1e-12)
     J_last, _ = mlp_jacobian(net.layers, net.activation_row, x, w, first=1)
-    torch.testing.assert_close(J_last, J_func[..., net.layers[1][2].start:], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(J_last, J_func[..., net.layers[1][2].start :], rtol=1e-12, atol=1e-12)
 
 
 @needs_core
@@ -112,13 +119,23 @@ def test_compiled_potentials_match_python(name, dtype):
     potential, value and gradient, at small and large weights (pre-activations past 20)."""
     g = torch.Generator().manual_seed(2)
     rtol = 1e-12 if dtype == torch.float64 else 2e-5
-    x = 3 * torch.randn(37, 2, generator=g, dtype=dtype)   # 37 points: padded to 40
+    x = 3 * torch.randn(37, 2, generator=g, dtype=dtype)  # 37 points: padded to 40
     y = torch.randn(37, generator=g, dtype=dtype)
     labels = torch.randint(0, 3, (37,), generator=g)
-    cases = [(pb.MLP(3, [7, 5], 1, activation=name), lambda net, c: mlp_regression_potential(
-                 net, x, y, prior_scale=0.9, noise_scale=0.3, latent_dim=1, compiled=c)),
-             (pb.MLP(2, [6, 4], 3, activation=name), lambda net, c: mlp_classification_potential(
-                 net, x, labels, prior_loc=0.1, prior_scale=1.1, likelihood="categorical", compiled=c))]  # fmt: skip
+    cases = [
+        (
+            pb.MLP(3, [7, 5], 1, activation=name),
+            lambda net, c: mlp_regression_potential(
+                net, x, y, prior_scale=0.9, noise_scale=0.3, latent_dim=1, compiled=c
+            ),
+        ),
+        (
+            pb.MLP(2, [6, 4], 3, activation=name),
+            lambda net, c: mlp_classification_potential(
+                net, x, labels, prior_loc=0.1, prior_scale=1.1, likelihood="categorical", compiled=c
+            ),
+        ),
+    ]
     for net, build in cases:
         python, fast = build(net, False), build(net, True)
         assert python.compiled is None and fast.compiled is not None
@@ -147,9 +164,16 @@ def test_run_nuts_on_a_silu_mlp_takes_the_compiled_path():
 # ---------------------------------------------------------------------------------------------
 # a ModuleNet that is an MLP (pb.nets.equivalent_mlp) and run_nuts on it
 # ---------------------------------------------------------------------------------------------
-_EQUIVALENT = [(nn.Tanh(), "tanh"), (nn.ReLU(inplace=True), "relu"), (nn.LeakyReLU(), "leaky_relu"),
-               (nn.Sigmoid(), "sigmoid"), (nn.SiLU(), "silu"), (nn.GELU(), "gelu"), (nn.Softplus(), "softplus"),
-               (nn.Identity(), "identity")]  # fmt: skip
+_EQUIVALENT = [
+    (nn.Tanh(), "tanh"),
+    (nn.ReLU(inplace=True), "relu"),
+    (nn.LeakyReLU(), "leaky_relu"),
+    (nn.Sigmoid(), "sigmoid"),
+    (nn.SiLU(), "silu"),
+    (nn.GELU(), "gelu"),
+    (nn.Softplus(), "softplus"),
+    (nn.Identity(), "identity"),
+]
 
 
 @pytest.mark.parametrize("act,name", _EQUIVALENT, ids=[n for _, n in _EQUIVALENT])
@@ -157,8 +181,7 @@ def test_equivalent_mlp_computes_the_module_on_the_same_weights(act, name):
     seq = nn.Sequential(nn.Linear(4, 6), act, nn.Linear(6, 5), act, nn.Linear(5, 2)).double()
     net = pb.ModuleNet(seq, 4, 2)
     mlp = pb.nets.equivalent_mlp(net)
-    assert mlp is not None and mlp.config() == dict(in_features=4, hidden_sizes=[6, 5], out_features=2,
-                                                   activation=name)  # fmt: skip
+    assert mlp is not None and mlp.config() == dict(in_features=4, hidden_sizes=[6, 5], out_features=2, activation=name)
     assert pb.nets.equivalent_mlp(seq).config() == mlp.config()
     assert pb.nets.mlp_call(mlp) == f'pb.MLP(4, [6, 5], 2, activation="{name}")'
     assert torch.equal(mlp.bias_mask(), net.bias_mask()) and torch.equal(mlp.layer_fan_in(), net.layer_fan_in())
@@ -191,8 +214,7 @@ def test_equivalent_mlp_refuses_what_is_not_an_mlp():
         "subclass": nn.Sequential(MyLinear(2, 3), nn.Tanh(), lin(3, 1)),
         "nested": nn.Sequential(nn.Sequential(lin(2, 3), nn.Tanh()), lin(3, 1)),
         "hook": hooked,
-        "parametrization": nn.Sequential(torch.nn.utils.parametrizations.weight_norm(lin(2, 3)), nn.Tanh(),
-                                         lin(3, 1)),  # fmt: skip
+        "parametrization": nn.Sequential(torch.nn.utils.parametrizations.weight_norm(lin(2, 3)), nn.Tanh(), lin(3, 1)),
     }
     for what, module in cases.items():
         mlp, reason = pb.nets.mlp_mismatch(module)
@@ -228,9 +250,11 @@ def test_run_nuts_on_an_mlp_module_net_uses_the_mlp_potential_and_says_so(monkey
     assert torch.equal(runs[0].get_samples()["w"], runs[1].get_samples()["w"])
     err = capsys.readouterr().err
     said = [line for line in err.splitlines() if "this ModuleNet is" in line]
-    assert said == ['pyro_bnnlv: NUTS: this ModuleNet is pb.MLP(2, [6, 6], 1, activation="silu") on the same '
-                    "weight vector: NUTS uses that MLP's compiled potential (10-30x faster than autograd "
-                    "through the module)"]  # fmt: skip
+    assert said == [
+        'pyro_bnnlv: NUTS: this ModuleNet is pb.MLP(2, [6, 6], 1, activation="silu") on the same '
+        "weight vector: NUTS uses that MLP's compiled potential (10-30x faster than autograd "
+        "through the module)"
+    ]
     elu = pb.BNN(pb.ModuleNet(nn.Sequential(nn.Linear(2, 4), nn.ELU(), nn.Linear(4, 1)), 2, 1), noise_scale=0.2)
     with pytest.warns(UserWarning, match=r"no compiled potential \(layer 1 \(ELU\(alpha=1.0\)\) is not an activation"):
         m = run_nuts(elu, x, y, num_samples=3, warmup_steps=3, seed=0, progress=False, map_steps=5)

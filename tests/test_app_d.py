@@ -53,8 +53,9 @@ def test_minibatches_of_100_with_replacement_and_snapshots_equal_runs_of_their_o
 
 def test_each_method_chooses_on_its_own_validation_ll_and_is_refitted_on_train_and_validation(monkeypatch):
     data = _data()
-    monkeypatch.setattr(app_d, "APP_D_GRID", {"omega": (1.0, 2.0), "lr": (0.01,),
-                                             "epochs": {"MAP": (1, 2), "LL": (2, 3), "SL": (3,)}})  # fmt: skip
+    monkeypatch.setattr(
+        app_d, "APP_D_GRID", {"omega": (1.0, 2.0), "lr": (0.01,), "epochs": {"MAP": (1, 2), "LL": (2, 3), "SL": (3,)}}
+    )
     calls = []
     scores = app_d._scores
 
@@ -80,8 +81,9 @@ def test_each_method_chooses_on_its_own_validation_ll_and_is_refitted_on_train_a
 
 
 def test_run_split_with_the_app_d_protocol(monkeypatch):
-    monkeypatch.setattr(app_d, "APP_D_GRID", {"omega": (1.0,), "lr": (0.01,),
-                                             "epochs": {"MAP": (1,), "LL": (1,), "SL": (1,)}})  # fmt: skip
+    monkeypatch.setattr(
+        app_d, "APP_D_GRID", {"omega": (1.0,), "lr": (0.01,), "epochs": {"MAP": (1,), "LL": (1,), "SL": (1,)}}
+    )
     out = run_split(_data(), methods=("MAP", "LL", "SL", "LL-valid"), protocol="app-d", num_samples=10)
     assert {"MAP", "LL", "SL", "MAP_config", "sec_app_d"} <= set(out) and "LL-valid" not in out
     with pytest.raises(ValueError, match="protocol must be"):
@@ -114,8 +116,28 @@ def test_the_documented_app_d_command_reads_the_committed_store(tmp_path, capsys
     # task function unchanged, so rerunning the results page's command runs nothing
     store = Path(__file__).resolve().parents[1] / "docs/results/sweeps/in-between-app-d-1hl"
     shutil.copytree(store, tmp_path / "store")
-    argv = ["--protocol", "app-d", "--methods", "MAP", "LL", "SL", "--datasets", "yacht", "boston", "energy",
-            "concrete", "wine", "--standard-splits", "20", "--workers", "2", "--out", str(tmp_path / "store"),
-            "--code-version", "app-d-1", "--quiet"]  # fmt: skip
+    argv = [
+        "--protocol",
+        "app-d",
+        "--methods",
+        "MAP",
+        "LL",
+        "SL",
+        "--datasets",
+        "yacht",
+        "boston",
+        "energy",
+        "concrete",
+        "wine",
+        "--standard-splits",
+        "20",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path / "store"),
+        "--code-version",
+        "app-d-1",
+        "--quiet",
+    ]
     assert in_between.main(argv) == 0
     assert "146 tasks: 146 done" in capsys.readouterr().out

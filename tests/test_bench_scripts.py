@@ -35,8 +35,8 @@ def test_proj_early_stopping_check_script_runs_and_stops_where_its_rule_says(mon
     import sys
 
     script = _load("proj_early_stopping_check")
-    assert script.stop_at([1.0, 2.0, 1.5, 1.9, 1.0], patience=3) == (1, 4)       # 3 checks without improvement
-    assert script.stop_at([1.0, 2.0, 3.0], patience=3) == (2, 2)                # never stops: the last check
+    assert script.stop_at([1.0, 2.0, 1.5, 1.9, 1.0], patience=3) == (1, 4)  # 3 checks without improvement
+    assert script.stop_at([1.0, 2.0, 3.0], patience=3) == (2, 2)  # never stops: the last check
     out = tmp_path / "traj.json"
     monkeypatch.setattr(sys, "argv", ["x", "yacht", "0.01", "--steps", "2500", "--out", str(out)])
     script.main()

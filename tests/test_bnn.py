@@ -91,6 +91,7 @@ def test_bad_data_raise(toy_data):
         model(x, bad_y)
     with pytest.raises(ValueError, match=r"y must have shape \(100,\) or \(100, 1\)"):
         model(x, y.unsqueeze(-1).expand(100, 2))
+
     # a single-output (N, 1) column is read as (N,): the same log-likelihood (issue 16)
     def log_lik(targets):
         with pyro.poutine.seed(rng_seed=0):
@@ -157,8 +158,7 @@ def test_training_never_moves_the_prior():
     for m in (model, lv):
         with pyro.get_param_store().scope():
             guide = AutoNormal(m, init_loc_fn=init_to_mean)
-            pb.fit_svi(m, guide, x, y, num_steps=20, lr=0.1, seed=0, progress=False,
-                       loss=pyro.infer.Trace_ELBO())  # fmt: skip
+            pb.fit_svi(m, guide, x, y, num_steps=20, lr=0.1, seed=0, progress=False, loss=pyro.infer.Trace_ELBO())
         assert (m.prior_loc == 0).all() and (m.prior_scale == 1).all()
 
 
@@ -213,6 +213,8 @@ def test_evaluate_on_an_empty_validation_split_names_it():
     data = pb.datasets.from_arrays(np.arange(3.0)[:, None], np.arange(3.0))
     model = pb.BNN(pb.MLP(1, [4], 1))
     w = torch.zeros(4, model.num_weights)
-    with pytest.raises(ValueError, match=r"split='valid': the data set 'data' has no valid points \(sizes \(2, 0, 1\)\)"):
+    with pytest.raises(
+        ValueError, match=r"split='valid': the data set 'data' has no valid points \(sizes \(2, 0, 1\)\)"
+    ):
         pb.evaluate(model, w, data, split="valid")
     assert np.isfinite(pb.evaluate(model, w, data, split="test")["test_ll"])

@@ -45,8 +45,7 @@ def test_minibatch_elbo_is_unbiased_for_full_batch_elbo(data):
     """Expected minibatch loss over random batches equals the full-batch loss (same guide)."""
     x, y = data
     model = _model()
-    guide = AutoNormal(model, create_plates=model.create_plates, init_scale=1e-4,
-                       init_loc_fn=pb.init_to_network(model))  # fmt: skip
+    guide = AutoNormal(model, create_plates=model.create_plates, init_scale=1e-4, init_loc_fn=pb.init_to_network(model))
     guide(x, y)
     elbo = Trace_ELBO()
     full = sum(elbo.loss(model, guide, x, y) for _ in range(50)) / 50
@@ -137,8 +136,11 @@ def test_sample_posterior_of_a_loaded_fit_on_a_slice_of_x_says_to_pass_the_train
     save_fit(tmp_path / "fit.pt", model, guide, x, y)
     model2, guide2 = load_fit(tmp_path / "fit.pt")
     for args in ((x[:5],), (x[:5], y[:5])):
-        with pytest.raises(ValueError, match=r"the guide's per-datapoint latents \['z'\] do not fit x of 5 rows: .*"
-                                             r"needs the training inputs .*samples\['z'\]\[:, idx\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"the guide's per-datapoint latents \['z'\] do not fit x of 5 rows: .*"
+            r"needs the training inputs .*samples\['z'\]\[:, idx\]",
+        ):
             pb.sample_posterior(model2, guide2, *args, num_samples=3, sites=("w", "z"))
     a = pb.sample_posterior(model, guide, x, y, num_samples=3, sites=("w", "z"), seed=1)
     b = pb.sample_posterior(model2, guide2, x, y, num_samples=3, sites=("w", "z"), seed=1)

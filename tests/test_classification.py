@@ -48,7 +48,9 @@ def test_likelihood_hessians_equal_autograd():
     f1 = torch.randn(5, 1, dtype=torch.float64)
     Hb = Bernoulli().hessian(f1)
     for n in range(5):
-        auto = torch.autograd.functional.hessian(lambda v: F.binary_cross_entropy_with_logits(v, torch.ones(1, dtype=v.dtype)), f1[n])
+        auto = torch.autograd.functional.hessian(
+            lambda v: F.binary_cross_entropy_with_logits(v, torch.ones(1, dtype=v.dtype)), f1[n]
+        )
         assert torch.allclose(Hb[n], auto, atol=1e-12)
 
 
@@ -122,8 +124,10 @@ def test_mean_field_svi_and_map_classify_two_moons():
     assert acc > 0.85
     # the MAP objective is the cross-entropy plus the Gaussian prior, per point
     N = len(data.x_train)
-    expected = (F.cross_entropy(model.f(data.x_train, w), data.y_train, reduction="sum")
-                + 0.5 * (w / model.prior_scale).square().sum()) / N
+    expected = (
+        F.cross_entropy(model.f(data.x_train, w), data.y_train, reduction="sum")
+        + 0.5 * (w / model.prior_scale).square().sum()
+    ) / N
     assert float(map_objective(model, w, data.x_train, data.y_train, N)) == pytest.approx(float(expected), rel=1e-6)
 
 
@@ -252,7 +256,16 @@ def test_hypernetwork_guides_classify_with_both_knn_elbos(elbo):
     model = pb.BNN(pb.MLP(2, [16], 2), likelihood="categorical")
     guide = pb.HypernetGuide(model)
     with pytest.warns(UserWarning, match="lie outside the region"):  # the early draws are wider than the prior's
-        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=200, lr=0.01, loss=getattr(pb, elbo).fast(),
-                   seed=0, progress=False)  # fmt: skip
+        pb.fit_svi(
+            model,
+            guide,
+            data.x_train,
+            data.y_train,
+            num_steps=200,
+            lr=0.01,
+            loss=getattr(pb, elbo).fast(),
+            seed=0,
+            progress=False,
+        )
     m = pb.evaluate(model, guide, data, num_samples=200, seed=0)
     assert m["accuracy"] > 0.9 and m["test_ll"] > -0.3

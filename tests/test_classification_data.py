@@ -154,8 +154,9 @@ def test_from_arrays_maps_string_labels_and_keeps_every_class_in_train():
 
 def test_from_frame_with_a_class_column():
     rng = np.random.default_rng(1)
-    frame = pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40),
-                          "species": pd.Categorical(["dog", "cat"] * 20)})  # fmt: skip
+    frame = pd.DataFrame(
+        {"a": rng.normal(size=40), "b": rng.normal(size=40), "species": pd.Categorical(["dog", "cat"] * 20)}
+    )
     data = from_frame(frame, "species", task="classification", seed=2)
     assert data.name == "species" and data.class_names == ("cat", "dog") and data.input_dim == 2
     assert _counts(data, "train").tolist() == [14, 14]

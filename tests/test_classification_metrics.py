@@ -69,7 +69,8 @@ def test_log_probs_alternative_and_zero_probabilities():
     p1 = torch.tensor([0.2, 0.9, 0.6], dtype=torch.float64)
     yb = torch.tensor([0, 1, 1])
     assert classification_metrics(yb, log_probs=p1.log())["test_ll"] == pytest.approx(
-        float(torch.tensor([0.8, 0.9, 0.6], dtype=torch.float64).log().mean()), rel=1e-12)  # fmt: skip
+        float(torch.tensor([0.8, 0.9, 0.6], dtype=torch.float64).log().mean()), rel=1e-12
+    )
 
 
 def test_ece_and_reliability_curve_by_hand():
@@ -133,8 +134,11 @@ def test_errors_name_the_argument_and_the_fix():
         classification_metrics(torch.tensor([0, 3, 1]), probs)
     with pytest.raises(ValueError, match=r"y has the label -1, outside \[0, 3\)"):
         classification_metrics(torch.tensor([0, -1, 1]), probs)
-    with pytest.raises(ValueError, match=r"y must hold integer class labels.*float32; they are whole numbers: "
-                                         r"pass y.long\(\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"y must hold integer class labels.*float32; they are whole numbers: "
+        r"pass y.long\(\)",
+    ):
         classification_metrics(y.float(), probs)
     with pytest.raises(ValueError, match="they are not whole numbers: y must be class labels, not probabilities"):
         classification_metrics(torch.tensor([0.0, 0.5, 1.0]), probs)

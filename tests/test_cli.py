@@ -6,8 +6,22 @@ from pyro_bnnlv.cli import main
 
 def test_fit_command_end_to_end(tmp_path, capsys):
     png = tmp_path / "fit.png"
-    code = main(["fit", "--dataset", "cosine", "--steps", "40", "--hidden", "10", "--quiet",
-                 "--num-samples", "20", "--output", str(png)])  # fmt: skip
+    code = main(
+        [
+            "fit",
+            "--dataset",
+            "cosine",
+            "--steps",
+            "40",
+            "--hidden",
+            "10",
+            "--quiet",
+            "--num-samples",
+            "20",
+            "--output",
+            str(png),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     for metric in ("test_ll", "rmse", "picp", "mpiw"):
@@ -17,8 +31,25 @@ def test_fit_command_end_to_end(tmp_path, capsys):
 
 def test_fit_command_with_laplace_and_every_option_explained(tmp_path, capsys):
     png = tmp_path / "la.png"
-    assert main(["fit", "--dataset", "cosine", "--guide", "laplace", "--steps", "100", "--hidden", "10",
-                 "--quiet", "--output", str(png)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "fit",
+                "--dataset",
+                "cosine",
+                "--guide",
+                "laplace",
+                "--steps",
+                "100",
+                "--hidden",
+                "10",
+                "--quiet",
+                "--output",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "linearised Laplace" in out and "prior_factor" in out and "noise_scale" in out
     assert png.stat().st_size > 10_000
@@ -82,8 +113,23 @@ def test_bench_allocator_runs_both_arms_in_fresh_interpreters_with_equal_losses(
 
 def test_reproduce_hyvi_smoke(tmp_path, capsys):
     out_csv = tmp_path / "uci.csv"
-    assert main(["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
-                 "--output", str(out_csv)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "reproduce",
+                "hyvi-uci",
+                "--small",
+                "--quiet",
+                "--splits",
+                "1",
+                "--datasets",
+                "yacht",
+                "--output",
+                str(out_csv),
+            ]
+        )
+        == 0
+    )
     import pandas as pd
 
     table = pd.read_csv(out_csv)
@@ -106,8 +152,19 @@ def test_hyvi_uci_splits_are_different_train_test_splits(monkeypatch):
 
     evaluate = hyvi.evaluate
     monkeypatch.setattr(hyvi, "evaluate", recording_evaluate)
-    table = hyvi.uci_experiment(["yacht"], splits=2, steps=3, hidden=5, particles=2, kl_samples=10, num_inputs=5,
-                                num_samples=10, methods=("MFVI",), executor="inline", progress=False)  # fmt: skip
+    table = hyvi.uci_experiment(
+        ["yacht"],
+        splits=2,
+        steps=3,
+        hidden=5,
+        particles=2,
+        kl_samples=10,
+        num_inputs=5,
+        num_samples=10,
+        methods=("MFVI",),
+        executor="inline",
+        progress=False,
+    )
     assert list(table["status"]) == ["done", "done"] and len(seen) == 2
     assert not torch.allclose(seen[0], seen[1])
 
@@ -149,8 +206,24 @@ def test_hyvi_uci_task_uses_the_whole_training_split_and_app_e_mfvi_settings(mon
 
 def test_reproduce_projected_smoke(tmp_path, capsys):
     out_csv = tmp_path / "proj.csv"
-    assert main(["reproduce", "proj-uci", "--small", "--quiet", "--datasets", "yacht",
-                 "--schemes", "random", "extrapolation", "--output", str(out_csv)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "reproduce",
+                "proj-uci",
+                "--small",
+                "--quiet",
+                "--datasets",
+                "yacht",
+                "--schemes",
+                "random",
+                "extrapolation",
+                "--output",
+                str(out_csv),
+            ]
+        )
+        == 0
+    )
     import pandas as pd
 
     table = pd.read_csv(out_csv)

@@ -59,10 +59,14 @@ def test_kl_terms_are_the_closed_form_of_the_guides_parameters():
 def test_loss_converges_to_the_exact_elbo_as_trace_elbo_does():
     y, guide = _setup()
     exact = -_exact_elbo(y, guide)
-    closed = [ClosedFormKLElbo(("z", "phi"), num_particles=2000, max_plate_nesting=1).loss(_model, guide, y)
-              for _ in range(20)]  # fmt: skip
-    mc = [Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1).loss(_model, guide, y)
-          for _ in range(20)]  # fmt: skip
+    closed = [
+        ClosedFormKLElbo(("z", "phi"), num_particles=2000, max_plate_nesting=1).loss(_model, guide, y)
+        for _ in range(20)
+    ]
+    mc = [
+        Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1).loss(_model, guide, y)
+        for _ in range(20)
+    ]
     closed_t, mc_t = torch.tensor(closed), torch.tensor(mc)
     assert float(closed_t.mean()) == pytest.approx(exact, abs=4 * float(closed_t.std()) / math.sqrt(20) + 1e-3)
     assert float(mc_t.mean()) == pytest.approx(exact, abs=4 * float(mc_t.std()) / math.sqrt(20) + 1e-3)
@@ -71,7 +75,9 @@ def test_loss_converges_to_the_exact_elbo_as_trace_elbo_does():
 def test_gradients_reach_every_guide_parameter_and_match_the_exact_elbo():
     y, guide = _setup()
     exact_grads = torch.autograd.grad(-_exact_elbo_t(y, guide), list(guide.parameters()))
-    loss = ClosedFormKLElbo(("z", "phi"), num_particles=200_000, max_plate_nesting=1).differentiable_loss(_model, guide, y)
+    loss = ClosedFormKLElbo(("z", "phi"), num_particles=200_000, max_plate_nesting=1).differentiable_loss(
+        _model, guide, y
+    )
     grads = torch.autograd.grad(loss, list(guide.parameters()))
     for g, e in zip(grads, exact_grads):
         assert torch.allclose(g, e, atol=0.05 * float(e.abs().max()) + 0.02)
@@ -124,6 +130,7 @@ def test_the_pyro_details_it_relies_on_are_there():
 
 def test_a_multi_task_site_in_a_plate_keeps_its_plate_terms():
     """z inside an unsubsampled plate of 4 tasks: the KL sums the 4 tasks' terms once."""
+
     def model(y):
         with pyro.plate("tasks", 4, dim=-2):
             z = pyro.sample("z", dist.Normal(torch.zeros(2), Z_SCALE).to_event(1))
@@ -137,7 +144,9 @@ def test_a_multi_task_site_in_a_plate_keeps_its_plate_terms():
     elbo = ClosedFormKLElbo(("z",), num_particles=5, max_plate_nesting=2)
     model_trace, guide_trace = next(elbo._get_traces(model, guide, (y,), {}))
     loc, scale = guide._get_loc_and_scale("z")
-    assert float(elbo.kl_terms(model_trace, guide_trace)["z"].detach()) == pytest.approx(_kl(loc, scale, Z_SCALE), rel=1e-6)
+    assert float(elbo.kl_terms(model_trace, guide_trace)["z"].detach()) == pytest.approx(
+        _kl(loc, scale, Z_SCALE), rel=1e-6
+    )
 
 
 # --- fused steps: the same estimator as the traced ones, for the library's BNN and ProjectedBNN ---
@@ -240,8 +249,11 @@ def test_models_and_guides_the_fused_path_does_not_describe_run_traced():
     x, y = _boston_like()
     multi = ProjectedBNN(_bnn().net, latent_dim=2, decoder_hidden=[4], num_tasks=2)
     task = torch.arange(len(x)) % 2
-    cases = [(NoisyBNN(_bnn().net), AutoNormal, ("w",), {}), (_bnn(), OwnGuide, ("w",), {}),
-             (multi, AutoNormal, ("z", "phi"), {"task": task})]  # fmt: skip
+    cases = [
+        (NoisyBNN(_bnn().net), AutoNormal, ("w",), {}),
+        (_bnn(), OwnGuide, ("w",), {}),
+        (multi, AutoNormal, ("z", "phi"), {"task": task}),
+    ]
     for model, guide_cls, sites, kwargs in cases:
         with pyro.get_param_store().scope():
             guide = guide_cls(model)
@@ -264,8 +276,9 @@ def test_fit_svi_with_fused_steps_follows_the_traced_fit_and_a_reused_loss_train
         with pyro.get_param_store().scope():
             guide = AutoNormal(model, init_scale=0.05)
             loss = ClosedFormKLElbo(("z", "phi"), num_particles=4, max_plate_nesting=1, fused=fused)
-            histories[fused] = fit_svi(model, guide, x, y, num_steps=30, lr=0.01, batch_size=16, seed=0,
-                                       progress=False, loss=loss)  # fmt: skip
+            histories[fused] = fit_svi(
+                model, guide, x, y, num_steps=30, lr=0.01, batch_size=16, seed=0, progress=False, loss=loss
+            )
             if fused:
                 assert loss._compiled, "the fused path was never set up"
                 before = {n: p.detach().clone() for n, p in guide.named_parameters()}
@@ -286,8 +299,17 @@ def test_a_fused_path_that_disagrees_with_the_trace_is_caught_by_fit_svi():
     x, y = _boston_like()
     model = WrongHook(_bnn().net, prior_scale=0.3, noise_scale=0.2)
     with pyro.get_param_store().scope(), pytest.warns(RuntimeWarning, match="fused ClosedFormKLElbo disagrees.*step 1"):
-        fit_svi(model, AutoNormal(model), x, y, num_steps=4, lr=0.01, seed=0, progress=False,
-                loss=ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1))  # fmt: skip
+        fit_svi(
+            model,
+            AutoNormal(model),
+            x,
+            y,
+            num_steps=4,
+            lr=0.01,
+            seed=0,
+            progress=False,
+            loss=ClosedFormKLElbo(("w",), num_particles=2, max_plate_nesting=1),
+        )
 
 
 def test_fused_must_be_a_bool():
@@ -307,9 +329,18 @@ def test_a_learned_noise_scale_is_trained_by_fused_steps_as_by_traced_ones():
     for fused in (False, True):
         model = BNN(MLP(4, [8], 1), prior_scale=0.3, noise_scale=0.5, learn_noise=True)
         with pyro.get_param_store().scope():
-            hist = fit_svi(model, AutoNormal(model, init_scale=0.05), x, y, num_steps=40, lr=0.02, batch_size=16,
-                           seed=0, progress=False,
-                           loss=ClosedFormKLElbo(("w",), num_particles=4, max_plate_nesting=1, fused=fused))  # fmt: skip
+            hist = fit_svi(
+                model,
+                AutoNormal(model, init_scale=0.05),
+                x,
+                y,
+                num_steps=40,
+                lr=0.02,
+                batch_size=16,
+                seed=0,
+                progress=False,
+                loss=ClosedFormKLElbo(("w",), num_particles=4, max_plate_nesting=1, fused=fused),
+            )
         out[fused] = (float(model.noise_scale), hist)
     assert out[True][0] != 0.5 and out[True][0] == pytest.approx(out[False][0], rel=1e-5)
     assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)

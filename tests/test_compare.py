@@ -4,15 +4,36 @@ import pandas as pd
 import pytest
 
 from pyro_bnnlv.cli import main
-from pyro_bnnlv.reproduce.ncai_compare import (COLUMNS, METHODS, CompareConfig, load_compare_data, run_compare,
-                                              select_fits)  # fmt: skip
+from pyro_bnnlv.reproduce.ncai_compare import (
+    COLUMNS,
+    METHODS,
+    CompareConfig,
+    load_compare_data,
+    run_compare,
+    select_fits,
+)
 
 
 def test_compare_end_to_end_tiny(tmp_path, capsys):
     csv, png = tmp_path / "t.csv", tmp_path / "t.png"
-    code = main(["compare", "goldberg", "--steps", "30", "--restarts", "1", "--quiet",
-                 "--output", str(csv), "--figure", str(png),
-                 "--grid", "eps_T=0.01", "eps_y=0.1,0.5"])  # fmt: skip
+    code = main(
+        [
+            "compare",
+            "goldberg",
+            "--steps",
+            "30",
+            "--restarts",
+            "1",
+            "--quiet",
+            "--output",
+            str(csv),
+            "--figure",
+            str(png),
+            "--grid",
+            "eps_T=0.01",
+            "eps_y=0.1,0.5",
+        ]
+    )
     assert code == 0
     table = pd.read_csv(csv)
     assert list(table.columns) == COLUMNS
@@ -22,8 +43,11 @@ def test_compare_end_to_end_tiny(tmp_path, capsys):
     assert png.stat().st_size > 20_000
     assert "NCAI grid points=2" in capsys.readouterr().out
     sel = table.set_index("method")["selected"]
-    assert sel["BNN (MFVI)"].startswith("noise_var=") and "eps_T=0.01" in sel["BNN+LV (NCAI_lambda)"] or \
-        sel["BNN+LV (NCAI_lambda)"].startswith("lambda=0")
+    assert (
+        sel["BNN (MFVI)"].startswith("noise_var=")
+        and "eps_T=0.01" in sel["BNN+LV (NCAI_lambda)"]
+        or sel["BNN+LV (NCAI_lambda)"].startswith("lambda=0")
+    )
 
 
 def test_full_preset_is_the_papers_grid():
@@ -78,12 +102,24 @@ def test_compare_with_empirical_bayes_runs():
 def test_selection_takes_ncai_0_where_it_validates_better():
     rows = []
     for split, (zero, lam) in enumerate([(-1.0, -1.2), (-1.5, -1.1)]):
-        for method, ll, setting in [("BNN (MFVI)", -2.0, "noise_var=1"), ("BNN+LV (MFVI)", -1.8, "noise_var=0.1"),
-                                    ("BNN+LV (NCAI_0)", zero, "noise_var=0.1"),
-                                    ("BNN+LV (NCAI_lambda)", lam, "noise_var=0.1, eps_T=0.01, eps_x=0.5"),
-                                    ("BNN+LV (NCAI_lambda)", lam - 1, "noise_var=0.1, eps_T=0.0003, eps_x=0.5")]:
-            rows.append(dict(dataset="d", split=split, method=method, valid_ll=ll, setting=setting,
-                             test_ll=ll - 0.1, status="done"))
+        for method, ll, setting in [
+            ("BNN (MFVI)", -2.0, "noise_var=1"),
+            ("BNN+LV (MFVI)", -1.8, "noise_var=0.1"),
+            ("BNN+LV (NCAI_0)", zero, "noise_var=0.1"),
+            ("BNN+LV (NCAI_lambda)", lam, "noise_var=0.1, eps_T=0.01, eps_x=0.5"),
+            ("BNN+LV (NCAI_lambda)", lam - 1, "noise_var=0.1, eps_T=0.0003, eps_x=0.5"),
+        ]:
+            rows.append(
+                dict(
+                    dataset="d",
+                    split=split,
+                    method=method,
+                    valid_ll=ll,
+                    setting=setting,
+                    test_ll=ll - 0.1,
+                    status="done",
+                )
+            )
     chosen = select_fits(pd.DataFrame(rows)).set_index(["split", "method"])
     assert chosen.loc[(0, "BNN+LV (NCAI_lambda)"), "selected"] == "lambda=0 (noise_var=0.1)"
     assert chosen.loc[(0, "BNN+LV (NCAI_lambda)"), "test_ll"] == pytest.approx(-1.1)
@@ -93,8 +129,10 @@ def test_selection_takes_ncai_0_where_it_validates_better():
 
 def test_compare_table_is_the_same_inline_and_on_two_workers():
     cfg = CompareConfig(steps=20, restarts=1, num_samples=30, map_steps=20)
-    tables = [run_compare("yuan", cfg, progress=False, executor=ex, workers=w)[0]
-              for ex, w in (("inline", None), ("local", 2))]
+    tables = [
+        run_compare("yuan", cfg, progress=False, executor=ex, workers=w)[0]
+        for ex, w in (("inline", None), ("local", 2))
+    ]
     numbers = ["test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z"]
     pd.testing.assert_frame_equal(tables[0][numbers], tables[1][numbers])
     assert list(tables[0]["selected"]) == list(tables[1]["selected"])
@@ -105,11 +143,27 @@ def test_reproduce_ncai_protocol_smoke_and_resume(tmp_path, capsys, monkeypatch)
 
     # the command's own settings, with a smoke test's MAP initialisation and evaluation sizes
     full = CompareConfig.full
-    monkeypatch.setattr(CompareConfig, "full", lambda **kw: full(**{"map_steps": 50, "num_samples": 50,
-                                                                     "latent_draws": 8, **kw}))  # fmt: skip
+    monkeypatch.setattr(
+        CompareConfig, "full", lambda **kw: full(**{"map_steps": 50, "num_samples": 50, "latent_draws": 8, **kw})
+    )
 
-    argv = ["--datasets", "yuan", "--steps", "5", "--restarts", "1", "--splits", "1", "--executor", "inline",
-            "--out", str(tmp_path), "--output", str(tmp_path / "p.csv"), "--quiet"]
+    argv = [
+        "--datasets",
+        "yuan",
+        "--steps",
+        "5",
+        "--restarts",
+        "1",
+        "--splits",
+        "1",
+        "--executor",
+        "inline",
+        "--out",
+        str(tmp_path),
+        "--output",
+        str(tmp_path / "p.csv"),
+        "--quiet",
+    ]
     assert protocol(argv) == 0
     table = pd.read_csv(tmp_path / "p.csv")
     assert sorted(table["method"]) == sorted(METHODS) and (table["split"] == 1).all()
@@ -122,16 +176,24 @@ def test_a_split_with_unfinished_restarts_gives_no_row_rather_than_the_best_of_s
     from pyro_bnnlv.reproduce.ncai import _best_per_split
 
     rows = [  # split 1: both methods complete; split 2: NCAI_0's second restart still pending
-        ("BNN (MFVI)", 1, "done", -2.0), ("BNN (MFVI)", 1, "done", -1.5),
-        ("BNN+LV (NCAI_0)", 1, "done", -1.2), ("BNN+LV (NCAI_0)", 1, "done", -1.4),
-        ("BNN (MFVI)", 2, "done", -1.9), ("BNN (MFVI)", 2, "done", -2.1),
-        ("BNN+LV (NCAI_0)", 2, "done", -1.3), ("BNN+LV (NCAI_0)", 2, "pending", float("nan")),
-    ]  # fmt: skip
+        ("BNN (MFVI)", 1, "done", -2.0),
+        ("BNN (MFVI)", 1, "done", -1.5),
+        ("BNN+LV (NCAI_0)", 1, "done", -1.2),
+        ("BNN+LV (NCAI_0)", 1, "done", -1.4),
+        ("BNN (MFVI)", 2, "done", -1.9),
+        ("BNN (MFVI)", 2, "done", -2.1),
+        ("BNN+LV (NCAI_0)", 2, "done", -1.3),
+        ("BNN+LV (NCAI_0)", 2, "pending", float("nan")),
+    ]
     results = pd.DataFrame(rows, columns=["method", "split", "status", "valid_ll"])
     best = _best_per_split(results, {"BNN+LV (NCAI_lambda)": "lambda=0"})
     got = sorted(zip(best["method"], best["split"], best["valid_ll"]))
-    assert got == [("BNN (MFVI)", 1, -1.5), ("BNN (MFVI)", 2, -1.9), ("BNN+LV (NCAI_0)", 1, -1.2),
-                   ("BNN+LV (NCAI_lambda)", 1, -1.2)]  # fmt: skip
+    assert got == [
+        ("BNN (MFVI)", 1, -1.5),
+        ("BNN (MFVI)", 2, -1.9),
+        ("BNN+LV (NCAI_0)", 1, -1.2),
+        ("BNN+LV (NCAI_lambda)", 1, -1.2),
+    ]
 
 
 def test_fit_task_is_stored_under_its_registered_name_and_pickles_from_its_module():
@@ -155,9 +217,14 @@ def test_compare_config_refuses_settings_that_would_run_nothing_or_diverge():
     """Issue 39: `compare --restarts 0` ran a sweep of no fits."""
     from pyro_bnnlv.reproduce.ncai_compare import CompareConfig
 
-    for kw, name in [(dict(restarts=0), "restarts"), (dict(steps=-1), "steps"), (dict(lv_noise_vars=()), "lv_noise_vars"),
-                     (dict(bnn_noise_vars=(0.1, -1.0)), "bnn_noise_vars"), (dict(lr=0.0), "lr"),
-                     (dict(independence="mi"), "independence")]:  # fmt: skip
+    for kw, name in [
+        (dict(restarts=0), "restarts"),
+        (dict(steps=-1), "steps"),
+        (dict(lv_noise_vars=()), "lv_noise_vars"),
+        (dict(bnn_noise_vars=(0.1, -1.0)), "bnn_noise_vars"),
+        (dict(lr=0.0), "lr"),
+        (dict(independence="mi"), "independence"),
+    ]:
         with pytest.raises(ValueError, match=name):
             CompareConfig(**kw)
     assert CompareConfig.full().restarts == 10

@@ -45,9 +45,7 @@ def test_goldberg_noise_variance_is_x_plus_half():
 
 
 def test_yuan_and_williams_noise_variances():
-    _noise_variance_fit(
-        "yuan", yuan_var, lambda x: 2 * np.exp(-30 * (x - 0.25) ** 2 + np.sin(np.pi * x**2)) - 2
-    )
+    _noise_variance_fit("yuan", yuan_var, lambda x: 2 * np.exp(-30 * (x - 0.25) ** 2 + np.sin(np.pi * x**2)) - 2)
     _noise_variance_fit("williams", williams_var, lambda x: np.sin(2.5 * x) * np.sin(1.5 * x))
 
 
@@ -95,15 +93,19 @@ def test_data_dir_setting(monkeypatch, tmp_path):
         load_dataset("yacht")
 
 
-needs_data = pytest.mark.skipif(
-    not (default_data_dir() / "uci").exists(), reason="shared data directory not found"
-)
+needs_data = pytest.mark.skipif(not (default_data_dir() / "uci").exists(), reason="shared data directory not found")
 
 UCI_ROWS = {
-    "boston": (506, 13), "concrete": (1030, 8), "energy": (768, 8), "kin8nm": (8192, 8),
-    "naval": (11934, 16), "power": (9568, 4), "protein": (45730, 9), "wine": (1599, 11),
+    "boston": (506, 13),
+    "concrete": (1030, 8),
+    "energy": (768, 8),
+    "kin8nm": (8192, 8),
+    "naval": (11934, 16),
+    "power": (9568, 4),
+    "protein": (45730, 9),
+    "wine": (1599, 11),
     "yacht": (308, 6),
-}  # fmt: skip
+}
 
 
 @needs_data
@@ -153,8 +155,9 @@ def test_uci_split_bounds_and_naval_constant_columns():
 
 
 @needs_data
-@pytest.mark.parametrize("name, n, D", [("lidar", 221, 1), ("mcycle", 133, 1),
-                                        ("airfoil", 1503, 5), ("abalone", 4177, 10)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, n, D", [("lidar", 221, 1), ("mcycle", 133, 1), ("airfoil", 1503, 5), ("abalone", 4177, 10)]
+)
 def test_tables_random_splits(name, n, D):
     d = load_dataset(name, seed=3)
     assert sum(d.sizes) == n and d.input_dim == D
@@ -187,7 +190,9 @@ def test_from_arrays_standardises_a_column_near_the_float64_maximum():
     x = rng.normal(size=(50, 2))
     x[:, 1] = 1e307 * (1.0 + 0.1 * rng.normal(size=50))
     y = rng.normal(size=50)
-    with pytest.raises(ValueError, match=r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"):
+    with pytest.raises(
+        ValueError, match=r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"
+    ):
         from_arrays(x, y)
     with pytest.raises(ValueError, match=r"x column 1 of the train split has values beyond what torch.float32 holds"):
         from_arrays(x, y, standardize=False)

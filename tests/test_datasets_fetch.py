@@ -76,8 +76,9 @@ def _leftovers(folder: Path) -> list[str]:
 
 def test_manifest_covers_the_reference_copy_byte_for_byte():
     listed = {rel: e for name in fetchable_datasets() for rel, e in _files(name).items()}
-    on_disk = {p.relative_to(REFERENCE).as_posix() for p in REFERENCE.rglob("*")
-               if p.is_file() and p.name != "README.md"}  # fmt: skip
+    on_disk = {
+        p.relative_to(REFERENCE).as_posix() for p in REFERENCE.rglob("*") if p.is_file() and p.name != "README.md"
+    }
     assert set(listed) == on_disk and len(listed) == 411
     for rel, entry in listed.items():
         data = (REFERENCE / rel).read_bytes()
@@ -296,15 +297,18 @@ def _raw_sources(tmp: Path) -> dict[str, Path]:
     airfoil = tmp / "airfoil_self_noise.dat"
     airfoil.write_bytes(b"X1\tX2\tX3\tX4\tX5\tTARGET\n" + (ref / "uci_extra/airfoil/data.txt").read_bytes())
     abalone = tmp / "abalone.data"
-    abalone.write_bytes(b"Sex,Length,Diameter,Height,Whole,Shucked,Viscera,Shell,Rings\n"
-                        + (ref / "uci_extra/abalone/abalone.data").read_bytes())  # fmt: skip
+    abalone.write_bytes(
+        b"Sex,Length,Diameter,Height,Whole,Shucked,Viscera,Shell,Rings\n"
+        + (ref / "uci_extra/abalone/abalone.data").read_bytes()
+    )
     lidar_rows = (ref / "hetero/lidar.csv").read_text().splitlines()
     lidar = tmp / "lidar.txt.gz"
     lidar.write_bytes(gzip.compress(("\n".join(r.replace(",", " ") for r in lidar_rows) + "\n").encode()))
     table = np.loadtxt(ref / "hetero/mcycle.csv", delimiter=",", skiprows=1)
     mcycle = tmp / "mcycle.csv"  # R's write.csv: quoted header and row names, integers without ".0"
-    mcycle.write_text('"rownames","times","accel"\n'
-                      + "".join(f'"{i + 1}",{a:g},{b:g}\n' for i, (a, b) in enumerate(table)))  # fmt: skip
+    mcycle.write_text(
+        '"rownames","times","accel"\n' + "".join(f'"{i + 1}",{a:g},{b:g}\n' for i, (a, b) in enumerate(table))
+    )
     return {"airfoil": airfoil, "abalone": abalone, "lidar": lidar, "mcycle": mcycle}
 
 
@@ -351,8 +355,9 @@ def test_changed_public_source_is_refused(public_sources, tmp_path):
 
 
 def test_cli_download_and_listing(mirror, cache, capsys):
-    assert main(["datasets", "--download", "yacht", "mcycle", "--mirror", mirror.as_uri(),
-                 "--data-dir", str(cache)]) == 0  # fmt: skip
+    assert (
+        main(["datasets", "--download", "yacht", "mcycle", "--mirror", mirror.as_uri(), "--data-dir", str(cache)]) == 0
+    )
     capsys.readouterr()
     assert main(["datasets", "--data-dir", str(cache)]) == 0
     out = capsys.readouterr().out

@@ -36,10 +36,13 @@ def test_depeweg_density_is_the_analytic_gaussian_and_its_ceiling_matches():
     y = 7 * np.sin(x) + rng.normal(size=300) * np.sqrt(var) * 1.5
     exact = stats.norm.logpdf(y, 7 * np.sin(x), np.sqrt(var))
     np.testing.assert_allclose(true_log_density("depeweg", x, y), exact, atol=2e-3)
+
     # LL* = E_x[-0.5 log 2 pi v(x) - 0.5], x from the equal mixture of N(-4, .16), N(0, .81), N(4, .16)
     def e_log_v(mean, sd):
-        return integrate.quad(lambda u: np.log(9 * np.cos(u / 2) ** 2 + 0.1) * stats.norm.pdf(u, mean, sd),
-                              mean - 10 * sd, mean + 10 * sd)[0]  # fmt: skip
+        return integrate.quad(
+            lambda u: np.log(9 * np.cos(u / 2) ** 2 + 0.1) * stats.norm.pdf(u, mean, sd), mean - 10 * sd, mean + 10 * sd
+        )[0]
+
     mean_log_v = np.mean([e_log_v(-4, 0.4), e_log_v(0, 0.9), e_log_v(4, 0.4)])
     oracle = expected_test_ll("depeweg", num_points=20_000, nodes=200)
     assert abs(oracle.value - (-HALF_LOG_2PI - 0.5 - 0.5 * mean_log_v)) < 4 * oracle.stderr
@@ -93,11 +96,16 @@ def test_standardised_tensors_need_the_data_set_and_give_the_standardised_densit
     expected = true_log_density("yuan", raw.x_test.double(), raw.y_test.double()) + np.log(float(std.y_std))
     np.testing.assert_allclose(true_log_density("yuan", std.x_test, std.y_test, data=std), expected, atol=1e-5)
     lat_raw, lat_std = load_dataset("bimodal", seed=1), load_dataset("bimodal", seed=1, standardize=True)
-    expected = true_log_density("bimodal", lat_raw.x_test.double(), lat_raw.y_test.double()) + np.log(float(lat_std.y_std))
-    np.testing.assert_allclose(true_log_density("bimodal", lat_std.x_test, lat_std.y_test, data=lat_std), expected, atol=1e-4)
+    expected = true_log_density("bimodal", lat_raw.x_test.double(), lat_raw.y_test.double()) + np.log(
+        float(lat_std.y_std)
+    )
+    np.testing.assert_allclose(
+        true_log_density("bimodal", lat_std.x_test, lat_std.y_test, data=lat_std), expected, atol=1e-4
+    )
     # a raw set passed as data changes nothing
-    np.testing.assert_array_equal(true_log_density("yuan", raw.x_test, raw.y_test, data=raw),
-                                  true_log_density("yuan", raw.x_test, raw.y_test))
+    np.testing.assert_array_equal(
+        true_log_density("yuan", raw.x_test, raw.y_test, data=raw), true_log_density("yuan", raw.x_test, raw.y_test)
+    )
     with pytest.raises(ValueError, match=r"data is the data set 'yuan' but name is 'goldberg'"):
         true_log_density("goldberg", std.x_test, std.y_test, data=std)
 

@@ -85,9 +85,13 @@ def test_mean_field_on_a_model_without_a_network_uses_pyros_start():
 
 @pytest.mark.parametrize(
     "kwargs, error, match",
-    [({"seed": 1.5}, TypeError, "seed"), ({"seed": True}, TypeError, "seed"),
-     ({"init_scale": 0.0}, ValueError, "init_scale"), ({"init_scale": "a"}, ValueError, "init_scale")],
-)  # fmt: skip
+    [
+        ({"seed": 1.5}, TypeError, "seed"),
+        ({"seed": True}, TypeError, "seed"),
+        ({"init_scale": 0.0}, ValueError, "init_scale"),
+        ({"init_scale": "a"}, ValueError, "init_scale"),
+    ],
+)
 def test_mean_field_rejects_bad_arguments(kwargs, error, match):
     model = pb.BNN(pb.MLP(1, [4], 1))
     with pytest.raises(error, match=match):

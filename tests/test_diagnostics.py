@@ -9,12 +9,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.diagnostics import (
-    compare_posteriors,
-    posterior_summary,
-    to_inference_data,
-    weight_labels,
-)
+from pyro_bnnlv.diagnostics import compare_posteriors, posterior_summary, to_inference_data, weight_labels
 from pyro_bnnlv.infer.mcmc import run_nuts
 from pyro_bnnlv.posterior import Posterior
 
@@ -27,8 +22,7 @@ def linreg_run():
     x = torch.randn(30, 1, generator=g)
     y = 2 * x[:, 0] + 0.5 + 0.3 * torch.randn(30, generator=g)
     model = pb.BNN(pb.MLP(1, [], 1, activation="identity"), prior_scale=2.0, noise_scale=0.3)
-    mcmc = run_nuts(model, x, y, num_samples=150, warmup_steps=100, num_chains=2, seed=0,
-                    progress=False, map_steps=200)  # fmt: skip
+    mcmc = run_nuts(model, x, y, num_samples=150, warmup_steps=100, num_chains=2, seed=0, progress=False, map_steps=200)
     return model, x, y, mcmc
 
 
@@ -36,8 +30,15 @@ def test_inference_data_groups_dims_and_shapes(linreg_run):
     model, x, y, mcmc = linreg_run
     x_eval = torch.linspace(-2, 2, 4).unsqueeze(-1)
     idata = to_inference_data(model, mcmc, x, y, x_eval=x_eval, seed=0)
-    for group in ("posterior", "weights", "posterior_predictive", "log_likelihood", "observed_data",
-                  "constant_data", "sample_stats"):  # fmt: skip
+    for group in (
+        "posterior",
+        "weights",
+        "posterior_predictive",
+        "log_likelihood",
+        "observed_data",
+        "constant_data",
+        "sample_stats",
+    ):
         assert hasattr(idata, group), group
     post = idata.posterior
     # the posterior group is what az.plot_trace / az.summary read: f at a few inputs, no weights
@@ -188,7 +189,7 @@ def test_posterior_summary_sees_symmetric_modes_that_weights_cannot():
     y = torch.sin(3 * x[:, 0])
     base = net.init_weights(g) + 0.05 * torch.randn(200, net.num_weights, generator=g)
     flipped = base.clone()
-    flipped[:, :6] *= -1   # W1 and b1 of all units
+    flipped[:, :6] *= -1  # W1 and b1 of all units
     flipped[:, 6:9] *= -1  # W2
     idata = to_inference_data(model, {"w": torch.stack([base, flipped])}, x, y)
     table = posterior_summary(idata)
@@ -197,8 +198,14 @@ def test_posterior_summary_sees_symmetric_modes_that_weights_cannot():
 
 
 def test_weight_labels():
-    assert weight_labels(pb.MLP(2, [2], 1))[:6] == ["l0.W[0,0]", "l0.W[0,1]", "l0.W[1,0]", "l0.W[1,1]",
-                                                    "l0.b[0]", "l0.b[1]"]  # fmt: skip
+    assert weight_labels(pb.MLP(2, [2], 1))[:6] == [
+        "l0.W[0,0]",
+        "l0.W[0,1]",
+        "l0.W[1,0]",
+        "l0.W[1,1]",
+        "l0.b[0]",
+        "l0.b[1]",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,8 +214,7 @@ def test_weight_labels():
 def _gauss_kl(m0, c0, m1, c1):
     d = m0.numel()
     c1i = torch.linalg.inv(c1)
-    return 0.5 * (torch.trace(c1i @ c0) + (m1 - m0) @ c1i @ (m1 - m0) - d
-                  + torch.logdet(c1) - torch.logdet(c0))  # fmt: skip
+    return 0.5 * (torch.trace(c1i @ c0) + (m1 - m0) @ c1i @ (m1 - m0) - d + torch.logdet(c1) - torch.logdet(c0))
 
 
 def _linear_model():
@@ -222,8 +228,9 @@ def test_compare_posteriors_same_gaussian_gives_near_zero_kl():
     chol = torch.tensor([[1.0, 0.0], [0.6, 0.5]], dtype=torch.float64)
     a = torch.randn(1000, 2, generator=g, dtype=torch.float64) @ chol.T
     b = torch.randn(1000, 2, generator=g, dtype=torch.float64) @ chol.T
-    table = compare_posteriors(a, b, _linear_model(), torch.distributions.Uniform(-2.0, 2.0),
-                               num_draws=20, num_inputs=2, seed=0)  # fmt: skip
+    table = compare_posteriors(
+        a, b, _linear_model(), torch.distributions.Uniform(-2.0, 2.0), num_draws=20, num_inputs=2, seed=0
+    )
     assert table.shape == (2, 2) and list(table.index) == ["parameter", "predictor"]
     assert (table.abs() < 0.12).all().all(), table
 
@@ -239,8 +246,7 @@ def test_compare_posteriors_matches_the_analytic_kl_of_two_gaussians():
     a = torch.distributions.MultivariateNormal(m0, c0).sample((1000,))
     b = torch.distributions.MultivariateNormal(m1, c1).sample((1000,))
     inputs = torch.rand(50, 1, generator=g) * 4 - 2  # a tensor input_dist: rows drawn uniformly
-    table = compare_posteriors({"w": a}, b.unsqueeze(0), _linear_model(), inputs,
-                               num_draws=20, num_inputs=2, seed=0)  # fmt: skip
+    table = compare_posteriors({"w": a}, b.unsqueeze(0), _linear_model(), inputs, num_draws=20, num_inputs=2, seed=0)
     kl_ab, kl_ba = float(_gauss_kl(m0, c0, m1, c1)), float(_gauss_kl(m1, c1, m0, c0))
     assert (kl_ab, kl_ba) == pytest.approx((0.662, 0.857), abs=1e-3)
     for space in ("parameter", "predictor"):
@@ -254,8 +260,17 @@ def test_compare_posteriors_accepts_mcmc_guides_and_idata(linreg_run):
     guide = AutoNormal(model, init_scale=0.05)
     pb.fit_svi(model, guide, x, y, num_steps=300, lr=0.05, seed=0, progress=False)
     idata = to_inference_data(model, mcmc, x, y)
-    table = compare_posteriors(guide, idata, model, lambda T: torch.rand(T, 1) * 4 - 2, x=x,
-                               num_samples=200, num_draws=5, num_inputs=10, seed=0)  # fmt: skip
+    table = compare_posteriors(
+        guide,
+        idata,
+        model,
+        lambda T: torch.rand(T, 1) * 4 - 2,
+        x=x,
+        num_samples=200,
+        num_draws=5,
+        num_inputs=10,
+        seed=0,
+    )
     assert table.attrs["num_samples_approx"] == 200 and table.attrs["num_samples_ref"] == 200
     assert np.isfinite(table.values).all()
     with pytest.raises(ValueError, match="pass x="):

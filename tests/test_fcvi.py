@@ -42,8 +42,7 @@ def test_fcvi_and_mfvi_fit_a_bnn_with_finite_metrics():
     for name, cls in (("fcvi", AutoMultivariateNormal), ("mfvi", AutoNormal)):
         model = pb.BNN(pb.MLP(1, [10], 1), prior_scale=1.0, noise_scale=0.1)
         guide = cls(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model))
-        losses = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=800, lr=0.01, seed=0,
-                            progress=False)  # fmt: skip
+        losses = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=800, lr=0.01, seed=0, progress=False)
         assert all(math.isfinite(v) for v in losses)
         samples = pb.sample_posterior(model, guide, data.x_train, num_samples=2000, seed=0)
         metrics = pb.evaluate(model, {"w": samples["w"][:200]}, data.x_test, data.y_test)

@@ -16,9 +16,7 @@ def _fit(seed, steps=30, **kw):
     data = load_dataset("cosine")
     model = pb.BNN(pb.MLP(1, [10], 1))
     guide = AutoNormal(model, init_scale=0.01)
-    hist = pb.fit_svi(
-        model, guide, data.x_train, data.y_train, num_steps=steps, seed=seed, progress=False, **kw
-    )
+    hist = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=steps, seed=seed, progress=False, **kw)
     return model, guide, hist
 
 
@@ -52,9 +50,7 @@ def test_svi_descends_and_beats_prior_predictive_on_cosine_toy():
     data = load_dataset("cosine")
     model = pb.BNN(pb.MLP(1, [50], 1), prior_scale=1.0, noise_scale=0.1)
     guide = AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model, seed=0))
-    hist = pb.fit_svi(
-        model, guide, data.x_train, data.y_train, num_steps=1500, lr=0.01, seed=0, progress=False
-    )
+    hist = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=1500, lr=0.01, seed=0, progress=False)
     assert sum(hist[-100:]) / 100 < 0.3 * sum(hist[:100]) / 100
     post = pb.sample_posterior(model, guide, data.x_train, num_samples=300, seed=0)
     prior = Predictive(model, num_samples=300, parallel=True, return_sites=["w"])(data.x_train)
@@ -71,10 +67,7 @@ def test_minibatch_training_runs_and_descends():
     data = load_dataset("cosine")
     model = pb.BNN(pb.MLP(1, [20], 1))
     guide = AutoNormal(model, init_scale=0.01)
-    hist = pb.fit_svi(
-        model, guide, data.x_train, data.y_train, num_steps=300, batch_size=20, seed=0,
-        progress=False,
-    )  # fmt: skip
+    hist = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=300, batch_size=20, seed=0, progress=False)
     assert sum(hist[-30:]) < sum(hist[:30])
 
 
@@ -91,8 +84,7 @@ def test_non_finite_loss_names_the_step():
             return float("nan") if calls["n"] == 4 else loss
 
     with pytest.raises(pb.NonFiniteLossError, match="at step 3"):
-        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=10, loss=Exploding(),
-                   progress=False)  # fmt: skip
+        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=10, loss=Exploding(), progress=False)
 
 
 @pytest.mark.parametrize(
@@ -117,8 +109,7 @@ def test_two_models_in_one_script_do_not_share_parameters():
     for seed in (0, 1):
         model = pb.BNN(pb.MLP(1, [10], 1))
         guide = AutoNormal(model, init_scale=0.01)
-        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=50, seed=seed,
-                   progress=False)  # fmt: skip
+        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=50, seed=seed, progress=False)
         fits.append((model, guide, guide.locs.w.detach().clone()))
     assert not torch.allclose(fits[0][2], fits[1][2])
     # sampling from the second guide must not pick up the first one's parameters and vice versa
@@ -145,13 +136,11 @@ def test_bare_pyro_params_survive_isolation():
 def test_train_map_fits_the_data():
     data = load_dataset("cosine")
     model = pb.BNN(pb.MLP(1, [50], 1), noise_scale=0.1)
-    w = pb.train_map(model, data.x_train, data.y_train, num_steps=2000, lr=0.01, seed=0,
-                     progress=False)  # fmt: skip
+    w = pb.train_map(model, data.x_train, data.y_train, num_steps=2000, lr=0.01, seed=0, progress=False)
     pred = model.f(data.x_test, w).squeeze(-1)
     rmse = (pred - data.y_test).square().mean().sqrt()
     assert rmse < 0.15  # noise std is 0.1
-    w2 = pb.train_map(model, data.x_train, data.y_train, num_steps=2000, lr=0.01, seed=0,
-                      progress=False)  # fmt: skip
+    w2 = pb.train_map(model, data.x_train, data.y_train, num_steps=2000, lr=0.01, seed=0, progress=False)
     assert torch.equal(w, w2)
     assert math.isfinite(float(w.sum()))
 
@@ -238,13 +227,20 @@ def test_default_loss_is_fused_for_the_librarys_pairs_and_eager_trace_elbo_other
     from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
     bnn, lv = pb.BNN(pb.MLP(1, [4], 1)), pb.BNNLV(pb.MLP(2, [4], 1))
-    fused = [(bnn, pb.MeanField(bnn)), (bnn, AutoNormal(bnn)), (lv, pb.MeanField(lv)),
-             (lv, AutoNormal(lv, create_plates=lv.create_plates))]  # fmt: skip
+    fused = [
+        (bnn, pb.MeanField(bnn)),
+        (bnn, AutoNormal(bnn)),
+        (lv, pb.MeanField(lv)),
+        (lv, AutoNormal(lv, create_plates=lv.create_plates)),
+    ]
     for model, guide in fused:
         assert type(svi_mod._default_loss(model, guide)) is pb.FusedTraceElbo
-    eager = [(lv, AutoNormal(lv)),  # z not subsampled with the model's plate
-             (bnn, AutoLowRankMultivariateNormal(bnn)), (_module_net_model(), None),
-             (lambda x, y=None: bnn(x, y), pb.MeanField(bnn))]  # fmt: skip
+    eager = [
+        (lv, AutoNormal(lv)),  # z not subsampled with the model's plate
+        (bnn, AutoLowRankMultivariateNormal(bnn)),
+        (_module_net_model(), None),
+        (lambda x, y=None: bnn(x, y), pb.MeanField(bnn)),
+    ]
     for model, guide in eager:
         guide = guide if guide is not None else pb.MeanField(model)
         assert type(svi_mod._default_loss(model, guide)) is Trace_ELBO
@@ -265,8 +261,15 @@ def test_default_path_calls_no_torch_jit(monkeypatch):
     lv = pb.BNNLV(pb.MLP(2, [8], 1))
     pb.fit_svi(lv, pb.MeanField(lv), data.x_train, data.y_train, num_steps=20, batch_size=16, seed=0, progress=False)
     with pytest.raises(AssertionError, match="torch.jit.trace called"):  # the patch bites
-        pb.fit_svi(model, pb.MeanField(model), data.x_train, data.y_train, num_steps=2, progress=False,
-                   loss=pb.CompiledTraceElbo())  # fmt: skip
+        pb.fit_svi(
+            model,
+            pb.MeanField(model),
+            data.x_train,
+            data.y_train,
+            num_steps=2,
+            progress=False,
+            loss=pb.CompiledTraceElbo(),
+        )
 
 
 _BRANCHY_MODEL = """
@@ -295,8 +298,9 @@ def _branchy(threshold: float) -> dict:
 
 def _fit_b(ns: dict, loss, steps: int = 60) -> float:
     with pyro.get_param_store().scope():
-        pb.fit_svi(ns["model"], ns["guide"], ns["x"], ns["y"], num_steps=steps, lr=0.05, seed=0,
-                   progress=False, loss=loss)  # fmt: skip
+        pb.fit_svi(
+            ns["model"], ns["guide"], ns["x"], ns["y"], num_steps=steps, lr=0.05, seed=0, progress=False, loss=loss
+        )
         return float(pyro.param("b"))
 
 
@@ -338,8 +342,7 @@ def test_a_compiled_fit_in_a_script_read_from_standard_input_runs(tmp_path):
         "pb.fit_svi(model, guide, x, y, num_steps=12, lr=0.05, seed=0, progress=False, loss=pb.CompiledTraceElbo())\n"
         "print('b', float(pyro.param('b')))\n"
     )
-    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)  # fmt: skip
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("b ") and "TracerWarning" in out.stderr
 
@@ -422,8 +425,18 @@ def test_plateau_schedule_decays_the_rate_and_stops_when_it_is_spent():
     schedule = pb.PlateauSchedule(factor=0.5, patience=2, min_lr=1e-3)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.optim.lr_scheduler.ReduceLROnPlateau, "step", spy)
-        hist = pb.fit_svi(model, pb.MeanField(model, seed=0), x, y, num_steps=20000, lr=0.01,
-                          batch_size=10, seed=0, progress=False, lr_schedule=schedule)  # fmt: skip
+        hist = pb.fit_svi(
+            model,
+            pb.MeanField(model, seed=0),
+            x,
+            y,
+            num_steps=20000,
+            lr=0.01,
+            batch_size=10,
+            seed=0,
+            progress=False,
+            lr_schedule=schedule,
+        )
     assert len(hist) < 20000 and len(hist) % 4 == 0  # stopped at an epoch's end (4 steps each)
     assert len(seen) == len(hist) // 4
     assert seen[-1] < 1e-3 <= seen[-2]  # stopped at the first epoch below min_lr
@@ -440,8 +453,15 @@ def test_plateau_schedule_bad_arguments_name_the_field():
         pb.PlateauSchedule(patience=-1)
     model = pb.BNN(pb.MLP(1, [2], 1))
     with pytest.raises(TypeError, match="lr_schedule must be a pb.PlateauSchedule"):
-        pb.fit_svi(model, pb.MeanField(model), torch.zeros(4, 1), torch.zeros(4), num_steps=2,
-                   progress=False, lr_schedule={"factor": 0.7})  # fmt: skip
+        pb.fit_svi(
+            model,
+            pb.MeanField(model),
+            torch.zeros(4, 1),
+            torch.zeros(4),
+            num_steps=2,
+            progress=False,
+            lr_schedule={"factor": 0.7},
+        )
 
 
 @pytest.mark.parametrize("offset", [100.0, -100.0])

@@ -19,8 +19,9 @@ F64 = torch.float64
 def _double_data(data):
     """Every tensor of a Dataset in float64 (what a user with float64 data has)."""
     tensors = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)}
-    return dataclasses.replace(data, **{k: v.double() for k, v in tensors.items()
-                                        if torch.is_tensor(v) and v.is_floating_point()})  # fmt: skip
+    return dataclasses.replace(
+        data, **{k: v.double() for k, v in tensors.items() if torch.is_tensor(v) and v.is_floating_point()}
+    )
 
 
 @pytest.fixture
@@ -93,8 +94,17 @@ def test_hypernet_guide_in_float64(toy64):
     x, y = toy64
     model = _model64()
     guide = pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model))
-    losses = pb.fit_svi(model, guide, x, y, num_steps=20, lr=0.005, loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20),
-                        seed=0, progress=False)  # fmt: skip
+    losses = pb.fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=20,
+        lr=0.005,
+        loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20),
+        seed=0,
+        progress=False,
+    )
     assert all(math.isfinite(v) for v in losses)
     assert all(p.dtype == F64 for p in guide.hypernet.parameters())
     samples = pb.sample_posterior(model, guide, x, num_samples=30, seed=0)
@@ -108,7 +118,16 @@ def test_hypernet_lv_guide_in_float64(toy64):
     x, y = toy64
     model = pb.BNNLV(pb.MLP(2, [8], 1), latent_dim=1, noise_scale=0.1).double()
     guide = hypernet_lv_guide(model, init_loc_fn=pb.init_to_network(model))
-    pb.fit_svi(model, guide, x, y, num_steps=10, loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20), seed=0, progress=False)
+    pb.fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=10,
+        loss=pb.KNNElbo(num_particles=4, num_kl_samples=20, num_prior_samples=20),
+        seed=0,
+        progress=False,
+    )
     samples = pb.sample_posterior(model, guide, x, y, num_samples=10, sites=("w", "z"), seed=0)
     assert samples["w"].dtype == F64 and samples["z"].dtype == F64
 

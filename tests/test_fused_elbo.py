@@ -28,8 +28,12 @@ def _data(N=40, L=1, dtype=torch.float32):
 
 def _pair(kind, guide_kind, L=1, learn_noise=False):
     if kind == "bnn":
-        model = pb.BNN(pb.MLP(1, [7], L), prior_scale=pb.fan_in_prior_scale(pb.MLP(1, [7], L)),
-                       noise_scale=0.3, learn_noise=learn_noise)  # fmt: skip
+        model = pb.BNN(
+            pb.MLP(1, [7], L),
+            prior_scale=pb.fan_in_prior_scale(pb.MLP(1, [7], L)),
+            noise_scale=0.3,
+            learn_noise=learn_noise,
+        )
     else:
         model = pb.BNNLV(pb.MLP(2, [7], L), latent_scale=0.7, noise_scale=0.3, learn_noise=learn_noise)
     if guide_kind == "meanfield":
@@ -83,8 +87,9 @@ def test_fit_svi_default_equals_trace_elbo_over_a_fit(kind, batch_size):
     out = []
     for loss in (None, Trace_ELBO()):
         model, guide = _pair(kind, "meanfield")
-        hist = pb.fit_svi(model, guide, x, y, num_steps=150, lr=0.02, seed=3, batch_size=batch_size,
-                          progress=False, loss=loss)  # fmt: skip
+        hist = pb.fit_svi(
+            model, guide, x, y, num_steps=150, lr=0.02, seed=3, batch_size=batch_size, progress=False, loss=loss
+        )
         out.append((hist, [p.detach().clone() for p in guide.parameters()]))
     (h_fused, p_fused), (h_traced, p_traced) = out
     assert h_fused == pytest.approx(h_traced, rel=1e-5)

@@ -22,12 +22,7 @@ from pyro_bnnlv.reproduce.invariance import (
     write_invariance_gap_figure,
 )
 from pyro_bnnlv.models.linear import OverparametrisedLinear
-from pyro_bnnlv.stats.linear_closed_forms import (
-    exact_posterior,
-    predictive_moments,
-    q0,
-    theta_star_0,
-)
+from pyro_bnnlv.stats.linear_closed_forms import exact_posterior, predictive_moments, q0, theta_star_0
 
 FAST_STAGES = ((0.05, 500), (0.01, 500), (0.002, 1000))
 
@@ -86,11 +81,9 @@ def test_fit_mean_field_linear_is_reproducible_and_the_guide_holds_the_last_iter
 
 def test_nuts_recovers_the_exact_posterior():
     torch.set_num_threads(1)
-    table, mcmc = nuts_invariance_check(K=4, num_samples=1000, warmup_steps=500, num_chains=2,
-                                        seed=0)  # fmt: skip
+    table, mcmc = nuts_invariance_check(K=4, num_samples=1000, warmup_steps=500, num_chains=2, seed=0)
     assert mcmc.run_info.path == "fast/flat"
-    assert list(table.index) == ["mean f", "var f", "mean w[0]", "var w[0]", "mean w[1]",
-                                 "var w[1]", "cov w[0],w[1]"]  # fmt: skip
+    assert list(table.index) == ["mean f", "var f", "mean w[0]", "var w[0]", "mean w[1]", "var w[1]", "cov w[0],w[1]"]
     assert (table.ess > 400).all(), table.ess
     assert (table.z.abs() < 4).all(), table
     # power: the mean-field optimum's variance of f (about K times the exact one at small K) is
@@ -128,6 +121,4 @@ def test_svi_sweep_k_2_to_128_at_default_settings():
     assert list(df.K) == list(range(2, 129, 2))
     _check_svi_table(df, scale_tol=0.05)
     # Fig. 2d: at K = 128 the mean-field variance of f is 1 / (1 + N/(K sigma_y^2)) of the prior's
-    assert df.pred_var_f_fit.iloc[-1] == pytest.approx(
-        1 / (1 + 10 / (128 * FIGURE_NOISE_SCALE**2)), rel=0.02
-    )
+    assert df.pred_var_f_fit.iloc[-1] == pytest.approx(1 / (1 + 10 / (128 * FIGURE_NOISE_SCALE**2)), rel=0.02)

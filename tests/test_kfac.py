@@ -86,8 +86,9 @@ def tiny(out=2, hidden=(4, 3), likelihood="gaussian", n=12, seed=0, activation="
 def conv_net(kernel=3):
     torch.manual_seed(0)
     side = 6 - kernel + 1
-    module = nn.Sequential(nn.Unflatten(1, (1, 6, 6)), nn.Conv2d(1, 2, kernel), nn.Tanh(), nn.Flatten(),
-                           nn.Linear(2 * side * side, 3)).double()  # fmt: skip
+    module = nn.Sequential(
+        nn.Unflatten(1, (1, 6, 6)), nn.Conv2d(1, 2, kernel), nn.Tanh(), nn.Flatten(), nn.Linear(2 * side * side, 3)
+    ).double()
     return pb.ModuleNet(module, 36, 3)
 
 
@@ -199,10 +200,12 @@ def test_conv2d_predictive_and_marglik_against_the_dense_matrix():
     la = LinearizedLaplace(model, w, structure="kfac").fit(x, torch.randint(0, 3, (6,), generator=g))
     H = la.dense_precision()
     J, _ = network_jacobian(net, xs, w, method="func")
-    torch.testing.assert_close(la.predictive(xs).f_cov, J @ torch.linalg.solve(H, J.transpose(1, 2)),
-                               rtol=1e-9, atol=1e-12)  # fmt: skip
-    torch.testing.assert_close(la.log_marginal_likelihood(), dense_evidence(la, H, la.prior_precision, 1.0),
-                               rtol=1e-10, atol=1e-10)  # fmt: skip
+    torch.testing.assert_close(
+        la.predictive(xs).f_cov, J @ torch.linalg.solve(H, J.transpose(1, 2)), rtol=1e-9, atol=1e-12
+    )
+    torch.testing.assert_close(
+        la.log_marginal_likelihood(), dense_evidence(la, H, la.prior_precision, 1.0), rtol=1e-10, atol=1e-10
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,8 +230,9 @@ def test_marglik_predictive_and_guide_against_the_dense_matrix(likelihood, out):
     kw = {} if la.classification else {"noise_scale": 0.9}
     s2b = 0.81 if kw else 1.0
     Hb = (H - torch.diag(p)) * s2 / s2b + torch.diag(3 * p)
-    torch.testing.assert_close(la.log_marginal_likelihood(3 * p, **kw), dense_evidence(la, Hb, 3 * p, s2b),
-                               rtol=1e-10, atol=1e-10)  # fmt: skip
+    torch.testing.assert_close(
+        la.log_marginal_likelihood(3 * p, **kw), dense_evidence(la, Hb, 3 * p, s2b), rtol=1e-10, atol=1e-10
+    )
     # predictive f_cov = J Sigma J^T
     xs = torch.randn(7, 2, generator=torch.Generator().manual_seed(5), dtype=D64) * 2
     J, f = network_jacobian(model.net, xs, w, method="func")
@@ -268,8 +272,9 @@ def test_optimize_hyperparameters_maximises_the_dense_evidence():
     xv, yv = torch.randn(10, 2, dtype=D64), torch.randn(10, dtype=D64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an optimum on the edge of the small grids
-        out = la.optimize_hyperparameters("validation", x_valid=xv, y_valid=yv, prior_grid=[0.5, 1.0, 2.0],
-                                          noise_grid=[0.5, 1.0, 2.0])  # fmt: skip
+        out = la.optimize_hyperparameters(
+            "validation", x_valid=xv, y_valid=yv, prior_grid=[0.5, 1.0, 2.0], noise_grid=[0.5, 1.0, 2.0]
+        )
     assert math.isfinite(out["objective"])
 
 
@@ -310,8 +315,10 @@ def test_categorical_test_ll_near_full_and_guide_in_pyro():
     draws = Predictive(model, guide=guide, num_samples=5, return_sites=["w"])(data.x_test)["w"]
     assert draws.shape == (5, 1, model.net.num_weights) and torch.isfinite(draws).all()
     assert not torch.equal(draws[0], draws[1])
-    restored = pb.LaplaceGuide(guide.loc, kron=[tuple(getattr(guide, f"kron{k}_{n}") for n in
-                                                      ("index", "U_out", "U_in", "scale")) for k in range(2)])
+    restored = pb.LaplaceGuide(
+        guide.loc,
+        kron=[tuple(getattr(guide, f"kron{k}_{n}") for n in ("index", "U_out", "U_in", "scale")) for k in range(2)],
+    )
     restored.load_state_dict(guide.state_dict())
 
 

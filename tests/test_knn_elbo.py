@@ -40,12 +40,12 @@ def _gaussian_kl(loc_q, scale_q, loc_p, scale_p):
 def test_hypernet_guide_samples_work_with_predictive_evaluate_and_arviz():
     model, x, y = _linreg()
     guide = HypernetGuide(model, init_scale=0.2)
-    guide(x, y)                                   # set up with the observed data, as autoguides
+    guide(x, y)  # set up with the observed data, as autoguides
     pred = Predictive(model, guide=guide, num_samples=7, parallel=True)(x)
     assert pred["obs"].shape == (7, 40)
     samples = pb.sample_posterior(model, guide, x, num_samples=300, seed=0)
     assert samples["w"].shape == (300, 3)
-    assert samples["w"].std(0).mean() == pytest.approx(0.2, rel=0.2)   # init_scale is honoured
+    assert samples["w"].std(0).mean() == pytest.approx(0.2, rel=0.2)  # init_scale is honoured
     metrics = pb.evaluate(model, samples, x, y)
     assert math.isfinite(metrics["test_ll"])
     idata = pb.to_inference_data(model, guide, x, y, num_samples=50, seed=0)
@@ -88,7 +88,7 @@ def test_knn_elbo_with_a_gaussian_guide_matches_the_analytic_elbo():
     scale = guide.scales.w.detach()
     kl_exact = _gaussian_kl(loc, scale, torch.zeros(3), torch.full((3,), PRIOR))
     trace = Trace_ELBO(num_particles=4000, vectorize_particles=True).loss(model, guide, x, y)
-    ell_exact = -(trace - float(kl_exact))          # Trace_ELBO's MC error is ~0.05 here
+    ell_exact = -(trace - float(kl_exact))  # Trace_ELBO's MC error is ~0.05 here
     assert float(ell.mean()) == pytest.approx(ell_exact, abs=4 * float(ell.std()) / math.sqrt(10) + 0.2)
     assert float(kl.mean()) == pytest.approx(float(kl_exact), abs=0.35)
 
@@ -121,18 +121,17 @@ def test_minibatch_estimate_is_unbiased_for_the_full_data_ell():
     guide = HypernetGuide(model)
     guide(x, y)
     with torch.no_grad():
-        guide.hypernet[-1].weight.zero_()        # theta = bias for every eps
+        guide.hypernet[-1].weight.zero_()  # theta = bias for every eps
     w = guide.hypernet[-1].bias.detach()
     ll = torch.distributions.Normal(model.f(x, w).squeeze(-1), NOISE).log_prob(y)
     elbo = EllOnly(num_particles=2, num_kl_samples=2, num_prior_samples=2)
     full = elbo.loss_components(model, guide, x, y)["ell"].detach()
     assert float(full) == pytest.approx(float(ll.sum()), rel=1e-5)
     torch.manual_seed(0)
-    batches = torch.stack([elbo.loss_components(model, guide, x, y, batch_size=8)["ell"].detach()
-                           for _ in range(600)])  # fmt: skip
+    batches = torch.stack([elbo.loss_components(model, guide, x, y, batch_size=8)["ell"].detach() for _ in range(600)])
     se = float(batches.std()) / math.sqrt(len(batches))
     assert abs(float(batches.mean()) - float(ll.sum())) < 4 * se
-    assert float(batches.std()) > 0           # the minibatches really vary
+    assert float(batches.std()) > 0  # the minibatches really vary
 
 
 def test_nn_hyvi_recovers_the_exact_posterior_of_a_conjugate_model():
@@ -140,10 +139,9 @@ def test_nn_hyvi_recovers_the_exact_posterior_of_a_conjugate_model():
     mu, cov = _exact_posterior(x, y)
     sd = cov.diag().sqrt()
     guide = HypernetGuide(model)
-    losses = pb.fit_svi(model, guide, x, y, num_steps=1500, lr=0.005, loss=KNNElbo(), seed=0,
-                        progress=False)  # fmt: skip
+    losses = pb.fit_svi(model, guide, x, y, num_steps=1500, lr=0.005, loss=KNNElbo(), seed=0, progress=False)
     first, last = sum(losses[:50]) / 50, sum(losses[-50:]) / 50
-    assert last < first - 100                    # SVI descends the objective
+    assert last < first - 100  # SVI descends the objective
     # At a fixed step size the iterate wanders around the optimum by up to ~0.6 posterior sd in
     # the mean (seeds 0, 1, 2: 0.63, 0.27, 0.46); a last phase at a 5x smaller step settles it
     # (seed 0: 0.31), as a decaying learning rate would.
@@ -164,13 +162,12 @@ def test_functional_knn_elbo_inputs_prior_guide_and_funn_mfvi():
     prior_like = AutoNormal(model, init_scale=PRIOR)
     prior_like(x, y)
     for elbo in (KNNElbo(), FunctionalKNNElbo(num_inputs=10)):
-        kls = torch.tensor([float(elbo.loss_components(model, prior_like, x, y)["kl"].detach())
-                            for _ in range(12)])  # fmt: skip
+        kls = torch.tensor([float(elbo.loss_components(model, prior_like, x, y)["kl"].detach()) for _ in range(12)])
         se = float(kls.std()) / math.sqrt(len(kls))
         assert abs(float(kls.mean())) < max(0.2, 4 * se), (type(elbo).__name__, kls)
         assert se < 0.5
     # ... and a concentrated guide a large one
-    pyro.clear_param_store()                      # both guides would be "AutoNormal.*"
+    pyro.clear_param_store()  # both guides would be "AutoNormal.*"
     tight = AutoNormal(model, init_scale=0.01)
     tight(x, y)
     assert float(FunctionalKNNElbo().loss_components(model, tight, x, y)["kl"].detach()) > 5
@@ -187,9 +184,17 @@ def test_functional_knn_elbo_inputs_prior_guide_and_funn_mfvi():
     assert (mixed == 7.0).all(1).sum() == 5
     # FuNN-MFVI (AutoNormal + FunctionalKNNElbo) and FuNN-HyVI train
     for guide in (AutoNormal(model, init_scale=0.1), HypernetGuide(model)):
-        losses = pb.fit_svi(model, guide, x, y, num_steps=150, lr=0.01, seed=0, progress=False,
-                            loss=FunctionalKNNElbo(num_particles=20, num_kl_samples=100,
-                                                   num_prior_samples=100))  # fmt: skip
+        losses = pb.fit_svi(
+            model,
+            guide,
+            x,
+            y,
+            num_steps=150,
+            lr=0.01,
+            seed=0,
+            progress=False,
+            loss=FunctionalKNNElbo(num_particles=20, num_kl_samples=100, num_prior_samples=100),
+        )
         assert all(math.isfinite(v) for v in losses)
         assert sum(losses[-20:]) < sum(losses[:20])
 
@@ -199,9 +204,18 @@ def test_hypernet_lv_guide_trains_with_minibatches():
     model = pb.BNNLV(pb.MLP(2, [5], 1), latent_dim=1, noise_scale=0.3)
     x, y = torch.randn(60, 1), torch.randn(60)
     guide = hypernet_lv_guide(model)
-    losses = pb.fit_svi(model, guide, x, y, num_steps=30, lr=0.01, batch_size=20, seed=0,
-                        progress=False, loss=KNNElbo(num_particles=10, num_kl_samples=50,
-                                                     num_prior_samples=50))  # fmt: skip
+    losses = pb.fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=30,
+        lr=0.01,
+        batch_size=20,
+        seed=0,
+        progress=False,
+        loss=KNNElbo(num_particles=10, num_kl_samples=50, num_prior_samples=50),
+    )
     assert all(math.isfinite(v) for v in losses)
     samples = pb.sample_posterior(model, guide, x, y, num_samples=20, sites=("w", "z"), seed=0)
     assert samples["w"].shape == (20, model.net.num_weights) and samples["z"].shape == (20, 60, 1)
@@ -237,8 +251,9 @@ def test_sample_quality_warnings_are_shown_once_per_elbo_not_once_per_step(funct
 
     def run():
         if functional:
-            return FunctionalKNNElbo(num_particles=2, num_kl_samples=40, num_prior_samples=40,
-                                     num_inputs=5, input_dist=input_box(x))  # fmt: skip
+            return FunctionalKNNElbo(
+                num_particles=2, num_kl_samples=40, num_prior_samples=40, num_inputs=5, input_dist=input_box(x)
+            )
         return KNNElbo(num_particles=2, num_kl_samples=40, num_prior_samples=40, prior_sampler=far_prior)
 
     for _ in range(2):  # a second instance warns again

@@ -53,8 +53,18 @@ def tiny_problem(out=2, hidden=(4,), activation="tanh", n=15, seed=0):
 # ----------------------------------------------------------------------------------------------
 # Jacobians
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hidden,activation,out", [((4,), "tanh", 1), ((3, 5), "sigmoid", 2), ((), "identity", 3), ((4,), "rbf", 2),
-                                                   ((3, 5), "silu", 2), ((4,), "gelu", 1), ((3, 5), "softplus", 2)])
+@pytest.mark.parametrize(
+    "hidden,activation,out",
+    [
+        ((4,), "tanh", 1),
+        ((3, 5), "sigmoid", 2),
+        ((), "identity", 3),
+        ((4,), "rbf", 2),
+        ((3, 5), "silu", 2),
+        ((4,), "gelu", 1),
+        ((3, 5), "softplus", 2),
+    ],
+)
 def test_mlp_jacobian_matches_torch_func_and_finite_differences(hidden, activation, out):
     net, w, x, _, _ = tiny_problem(out, hidden, activation)
     J_mlp, f_mlp = network_jacobian(net, x, w, method="mlp")
@@ -76,8 +86,9 @@ def test_subset_jacobians_and_module_net():
     torch.testing.assert_close(J_last, fd_jacobian(net, x, w)[..., idx], rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(J_last, J_func, rtol=1e-12, atol=1e-12)
     odd = torch.tensor([0, 3, 7])  # not a layer block: torch.func path
-    torch.testing.assert_close(network_jacobian(net, x, w, indices=odd)[0], fd_jacobian(net, x, w)[..., odd],
-                               rtol=1e-6, atol=1e-8)  # fmt: skip
+    torch.testing.assert_close(
+        network_jacobian(net, x, w, indices=odd)[0], fd_jacobian(net, x, w)[..., odd], rtol=1e-6, atol=1e-8
+    )
     module = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
     mnet = pb.ModuleNet(module, 2, 2)
     wm = mnet.init_weights()
@@ -348,8 +359,14 @@ def test_guide_works_with_predictive_sample_posterior_evaluate_and_arviz(structu
     idata = to_inference_data(model, guide, data.x_train, data.y_train, num_samples=20, seed=0)
     assert idata.weights["w"].shape[:2] == (1, 20)
     # reload: same buffers, same draws
-    clone = LaplaceGuide(la.w_map.float(), **({"scale": guide.scale} if structure == "diag" else
-                                              {"scale_tril": guide.scale_tril, "indices": guide.indices}))  # fmt: skip
+    clone = LaplaceGuide(
+        la.w_map.float(),
+        **(
+            {"scale": guide.scale}
+            if structure == "diag"
+            else {"scale_tril": guide.scale_tril, "indices": guide.indices}
+        ),
+    )
     clone.load_state_dict(guide.state_dict())
     assert torch.equal(clone.sample_weights(5, seed=3), guide.sample_weights(5, seed=3))
 

@@ -154,6 +154,7 @@ def test_vectorised_particles_equal_average_of_single_particles():
 
     single = []
     for p in range(P):
+
         def guide_p(x=None, y=None, batch_size=None, _w=samples[p]):
             pyro.sample("w", _PresetMVN(loc, L, _w))
 
@@ -257,9 +258,7 @@ def test_qmix_at_theta_mix_is_exact_posterior_and_elbo_is_log_evidence():
         q = qmix(prior, m, lam)
         assert torch.allclose(q.loc, post.loc, atol=1e-12)
         assert torch.allclose(q.cov, post.cov, atol=1e-12)
-        assert float(elbo_terms(q, prior, y, 0.4).elbo) == pytest.approx(
-            float(log_evidence(prior, y, 0.4)), abs=1e-9
-        )
+        assert float(elbo_terms(q, prior, y, 0.4).elbo) == pytest.approx(float(log_evidence(prior, y, 0.4)), abs=1e-9)
         # eq. 18's optimum is not unique: any (m, lambda) with the same sums gives the same q_mix
         d = torch.randn(K, dtype=F64)
         d = d - d.mean()
@@ -307,6 +306,7 @@ def test_eq10_needs_lambda_proportional_to_prior_variance():
     em = elbo_terms(qmix(prior, m, lam), prior, y, SIGMA_Y)
     assert abs(float(e0.ell - em.ell)) > 0.1
     assert abs(float(em.elbo - e0.elbo - invariance_gap(prior, m, lam))) > 0.1
+
     # the general identity: KL[q0||p] - KL[qmix||p] - KL[q0||qmix] = E_q0[ln g_mix] - E_qmix[ln g_mix]
     def e_log_gmix(q):  # ln g_mix(w) = -(1^T (w - m))^2 / (2 1^T lambda) + const (eq. 14)
         return -(((q.loc - m).sum()) ** 2 + q.cov.sum()) / (2 * lam.sum())

@@ -73,8 +73,17 @@ def test_fit_svi_with_local_reparam_descends_and_learns_the_noise():
     data = pb.load_dataset("clusters", sizes=(60, 20, 40))
     model = pb.BNN(pb.MLP(1, [20], 1), prior_scale=1.0, noise_scale=0.5, learn_noise=True)
     guide = AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model))
-    losses = pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=800, lr=0.02,
-                        loss=LocalReparamELBO(num_particles=4), seed=0, progress=False)  # fmt: skip
+    losses = pb.fit_svi(
+        model,
+        guide,
+        data.x_train,
+        data.y_train,
+        num_steps=800,
+        lr=0.02,
+        loss=LocalReparamELBO(num_particles=4),
+        seed=0,
+        progress=False,
+    )
     assert sum(losses[-100:]) / 100 < sum(losses[:100]) / 100 - 50
     assert float(model.noise_scale.detach()) < 0.3  # moved from 0.5 towards the true 0.1
     samples = pb.sample_posterior(model, guide, data.x_train, num_samples=100, seed=0)

@@ -45,8 +45,7 @@ def test_penalty_value_matches_eq_27_by_hand(setup):
     data, model, guide = setup
     with torch.no_grad():
         guide.locs.z.copy_(data.x_train * 0.05 + 0.01 * torch.randn(120, 1))
-    elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, eps_y=0.8,
-                    independence="pc")
+    elbo = NCAIElbo(lambda1=0.7, lambda2=10.0, lambda3=0.3, eps_T=0.5, eps_x=0.5, eps_y=0.8, independence="pc")
     pyro.set_rng_seed(0)
     total = elbo.loss(model, guide, data.x_train, data.y_train)
     pyro.set_rng_seed(0)
@@ -71,11 +70,10 @@ def test_svi_step_descends_the_penalties(setup, independence, term):
     the latent means memorise x (the non-identifiable solution of sec. 4)."""
     data, model, guide = setup
     with torch.no_grad():
-        guide.locs.z.copy_(0.3 * data.x_train ** 3 / data.x_train.abs().max() ** 3)
+        guide.locs.z.copy_(0.3 * data.x_train**3 / data.x_train.abs().max() ** 3)
     mu0 = latent_means(guide, data.x_train, data.y_train)
     before = ncai_penalties(data.x_train, data.y_train, mu0, independence=independence)
-    elbo = NCAIElbo(lambda1=1.0, lambda2=10.0, lambda3=1.0, eps_T=0.01, eps_x=0.5, eps_y=0.5,
-                    independence=independence)
+    elbo = NCAIElbo(lambda1=1.0, lambda2=10.0, lambda3=1.0, eps_T=0.01, eps_x=0.5, eps_y=0.5, independence=independence)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
     with pyro.get_param_store().scope():
         for _ in range(150):
@@ -133,8 +131,7 @@ def test_ncai_initialisation(setup):
     mask = model.latent_weight_mask()
     xavier = math.sqrt(2.0 / (2 + 10))  # first layer: fan_in 2 (x, z), fan_out 10
     assert w[mask].std().item() == pytest.approx(xavier, rel=0.6)  # App. F.1: Xavier on z
-    small = ncai_init_weights(model, data.x_train, data.y_train, num_steps=300, seed=0,
-                              latent_weight_scale=0.01)
+    small = ncai_init_weights(model, data.x_train, data.y_train, num_steps=300, seed=0, latent_weight_scale=0.01)
     assert small[mask].abs().max() < 0.05 and torch.equal(small[~mask], w[~mask])
     # with z = 0 the network reproduces the trained deterministic fit: better than a constant
     f = model.net(torch.cat([data.x_train, torch.zeros(120, 1)], -1), w).squeeze(-1)
@@ -178,8 +175,7 @@ def test_empirical_bayes_updates_equal_closed_forms(setup):
 def test_empirical_bayes_in_fit_svi(setup):
     data, model, guide = setup
     eb = EmpiricalBayes(model, guide)
-    pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=20, loss=Trace_ELBO(),
-               callback=eb, progress=False)  # fmt: skip
+    pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=20, loss=Trace_ELBO(), callback=eb, progress=False)
     assert len(eb.history) == 20
     assert model.prior_scale[0].item() == pytest.approx(math.sqrt(eb.history[-1]["s_w"]))
 
@@ -191,15 +187,12 @@ def test_weighting_node_equals_composed_safe_exp(independence, scale):
     with safe_exp and tensor products, below and beyond the exponent cap."""
     names = ("hz", "offdiag", "pc_x", "pc_y") if independence == "pc" else ("hz", "offdiag", "hsic_x")
     base = torch.tensor([0.07, 0.3, 0.2, 0.04])[: len(names)] * torch.tensor([scale, 1.0, 1.0, 1.0])[: len(names)]
-    loss = NCAIElbo(lambda1=1.5, lambda2=10.0, lambda3=0.7, eps_T=0.01, eps_x=0.5, eps_y=0.1,
-                    independence=independence)
+    loss = NCAIElbo(lambda1=1.5, lambda2=10.0, lambda3=0.7, eps_T=0.01, eps_x=0.5, eps_y=0.1, independence=independence)
     terms = {k: v.clone().double().requires_grad_() for k, v in zip(names, base)}
     N = 300
     ref_terms = {k: v.detach().clone().requires_grad_() for k, v in terms.items()}
-    exponent = (ref_terms["pc_x"] / 0.5 + ref_terms["pc_y"] / 0.1 if independence == "pc"
-                else ref_terms["hsic_x"] / 0.5)  # fmt: skip
-    ref = (1.5 * N * safe_exp(ref_terms["hz"] / 0.01) + 10.0 * N * ref_terms["offdiag"]
-           + 0.7 * N * safe_exp(exponent))  # fmt: skip
+    exponent = ref_terms["pc_x"] / 0.5 + ref_terms["pc_y"] / 0.1 if independence == "pc" else ref_terms["hsic_x"] / 0.5
+    ref = 1.5 * N * safe_exp(ref_terms["hz"] / 0.01) + 10.0 * N * ref_terms["offdiag"] + 0.7 * N * safe_exp(exponent)
     value = loss.weigh(terms, (torch.zeros(N, 1),), {})
     assert value.item() == pytest.approx(ref.item(), rel=1e-12)
     value.backward(), ref.backward()
@@ -218,8 +211,11 @@ def test_the_compiled_weighting_node_equals_the_python_one_to_the_bit(dtype, sca
     out = []
     for compiled in (True, False):
         terms = [t.clone().requires_grad_() for t in base]
-        value = (compiled_weighted_penalty(coeffs, scales, tuple(terms)) if compiled
-                 else _WeightedPenalty.apply(coeffs, scales, *terms))  # fmt: skip
+        value = (
+            compiled_weighted_penalty(coeffs, scales, tuple(terms))
+            if compiled
+            else _WeightedPenalty.apply(coeffs, scales, *terms)
+        )
         (value * 1.7).backward()
         out.append((value.dtype, value.item(), [t.grad.item() for t in terms]))
     assert out[0] == out[1]
@@ -298,4 +294,3 @@ def test_knn_mi_term_needs_batches_of_16(setup):
         elbo.loss(model, guide, data.x_train, data.y_train, batch_size=10)
     with pytest.raises(ValueError, match="'knn-mi'"):
         NCAIElbo(independence="knn_mi")
-

@@ -55,8 +55,10 @@ def test_true_density_matches_monte_carlo_over_z(index):
     x = rng.uniform(-2, 2, (4, p.input_dim))
     y = p.mean(x, rng.normal(size=4)) + rng.normal(0, math.sqrt(p.noise_var), 4)
     z = rng.normal(size=400_000)
-    mc = [special.logsumexp(stats.norm.logpdf(y[i], p.mean(x[i][None, :], z), math.sqrt(p.noise_var))) - math.log(len(z))
-          for i in range(4)]  # fmt: skip
+    mc = [
+        special.logsumexp(stats.norm.logpdf(y[i], p.mean(x[i][None, :], z), math.sqrt(p.noise_var))) - math.log(len(z))
+        for i in range(4)
+    ]
     assert np.allclose(fam.log_density(p, x, y), mc, atol=0.02)
 
 
@@ -88,15 +90,31 @@ def test_family_tasks_run_ncai_lambda_once_per_term():
 def _results() -> pd.DataFrame:
     rows = []
     for i, name in enumerate(["ncai-family-00", "ncai-family-01", "ncai-family-02"]):
+
         def row(method, valid, test, mi, term=None):
             stat = {"knn-mi": {"final_indep_x": -0.01}, "hsic": {"final_hsic_x": 0.03}}.get(term, {})
-            return dict(dataset=name, method=method, status="done", valid_ll=valid, test_ll=test, rmse=1.0,
-                        mi_x_z=mi, hz_z=0.1, setting="s", independence=term, **stat)  # fmt: skip
-        rows += [row("BNN (MFVI)", -2.0, -2.0, math.nan), row("BNN+LV (MFVI)", -1.5, -1.5, 0.5),
-                 row("BNN+LV (MFVI)", -1.6, -0.9, 0.1),  # a worse restart by validation: not kept
-                 row("BNN+LV (NCAI_0)", -1.4 + (i == 2), -1.45, 0.4),
-                 row("BNN+LV (NCAI_lambda)", -1.3, -1.2 - 0.5 * (i == 1), 0.1, "knn-mi"),
-                 row("BNN+LV (NCAI_lambda)", -1.45, -1.0, 0.05, "hsic")]  # fmt: skip
+            return dict(
+                dataset=name,
+                method=method,
+                status="done",
+                valid_ll=valid,
+                test_ll=test,
+                rmse=1.0,
+                mi_x_z=mi,
+                hz_z=0.1,
+                setting="s",
+                independence=term,
+                **stat,
+            )
+
+        rows += [
+            row("BNN (MFVI)", -2.0, -2.0, math.nan),
+            row("BNN+LV (MFVI)", -1.5, -1.5, 0.5),
+            row("BNN+LV (MFVI)", -1.6, -0.9, 0.1),  # a worse restart by validation: not kept
+            row("BNN+LV (NCAI_0)", -1.4 + (i == 2), -1.45, 0.4),
+            row("BNN+LV (NCAI_lambda)", -1.3, -1.2 - 0.5 * (i == 1), 0.1, "knn-mi"),
+            row("BNN+LV (NCAI_lambda)", -1.45, -1.0, 0.05, "hsic"),
+        ]
     return pd.DataFrame(rows)
 
 
@@ -118,7 +136,9 @@ def test_win_rates_with_wilson_intervals_and_paired_differences():
     # test LL against MFVI's -1.5: -1.2 (win), -1.7 (loss), -1.45 via lambda = 0 (win)
     assert knn["problems"] == 3 and knn["ll_win_rate"] == pytest.approx(2 / 3)
     d = np.array([0.3, -0.2, 0.05])
-    assert knn["ll_diff_mean"] == pytest.approx(d.mean()) and knn["ll_diff_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
+    assert knn["ll_diff_mean"] == pytest.approx(d.mean()) and knn["ll_diff_se"] == pytest.approx(
+        d.std(ddof=1) / math.sqrt(3)
+    )
     assert knn["mi_win_rate"] == 1.0 and knn["lambda0_kept"] == 1
     lo, hi = _wilson(2, 3)
     assert knn["ll_win_ci"] == f"[{lo:.2f}, {hi:.2f}]" and 0.2 < lo < 2 / 3 < hi < 1
@@ -170,15 +190,37 @@ def test_a_term_added_later_runs_alone_and_is_selected_with_the_other_store(tmp_
         lam = task.method == "BNN+LV (NCAI_lambda)"
         term = task.params.get("independence", "")
         valid = {"knn-mi-multiscale": -0.9, "hsic": -1.3}.get(term, -1.0) - 0.01 * task.restart
-        return {"valid_ll": valid, "test_ll": valid, "rmse": 1.0, "mi_x_z": 0.1 if lam else 0.3, "hz_z": 0.0,
-                "setting": "s", "final_indep_x": 0.0 if lam else math.nan}  # fmt: skip
+        return {
+            "valid_ll": valid,
+            "test_ll": valid,
+            "rmse": 1.0,
+            "mi_x_z": 0.1 if lam else 0.3,
+            "hz_z": 0.0,
+            "setting": "s",
+            "final_indep_x": 0.0 if lam else math.nan,
+        }
 
     monkeypatch.setattr(ncai_family, "fit_task", fake_fit)
     base, added, csv = tmp_path / "base", tmp_path / "added", tmp_path / "chosen.csv"
     common = ["--problems", "2", "--executor", "inline", "--quiet"]
     assert ncai_family.main([*common, "--independence", "hsic", "--out", str(base)]) == 0
-    assert ncai_family.main([*common, "--independence", "knn-mi-multiscale", "--lambda-only", "--out", str(added),
-                             "--with-store", str(base), "--output", str(csv)]) == 0  # fmt: skip
+    assert (
+        ncai_family.main(
+            [
+                *common,
+                "--independence",
+                "knn-mi-multiscale",
+                "--lambda-only",
+                "--out",
+                str(added),
+                "--with-store",
+                str(base),
+                "--output",
+                str(csv),
+            ]
+        )
+        == 0
+    )
     assert len(pb.sweep.load_results(added)) == 2 * 2  # two problems x two restarts, lambda fits only
     chosen = pd.read_csv(csv).set_index(["dataset", "arm"])
     row = chosen.loc[("ncai-family-00", "NCAI_lambda (knn-mi-multiscale)")]

@@ -120,8 +120,7 @@ def test_a_non_finite_latent_mean_stops_a_fused_fit_with_the_step(monkeypatch, c
                 guide.locs.z[0] = float("nan")
 
     with pytest.raises(pb.NonFiniteLossError, match="at step 5"):
-        pb.fit_svi(model, guide, x, y, num_steps=10, loss=NCAIElbo(**MODERATE), seed=0, progress=False,
-                   callback=poison)  # fmt: skip
+        pb.fit_svi(model, guide, x, y, num_steps=10, loss=NCAIElbo(**MODERATE), seed=0, progress=False, callback=poison)
 
 
 def test_a_fused_ncai_fit_equals_the_traced_one_and_passes_the_guard():
@@ -132,8 +131,9 @@ def test_a_fused_ncai_fit_equals_the_traced_one_and_passes_the_guard():
         loss = NCAIElbo(**MODERATE, fused=fused, warmup_steps=10)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hist = pb.fit_svi(model, guide, x, y, num_steps=120, lr=0.02, batch_size=20, loss=loss, seed=3,
-                              progress=False)  # fmt: skip
+            hist = pb.fit_svi(
+                model, guide, x, y, num_steps=120, lr=0.02, batch_size=20, loss=loss, seed=3, progress=False
+            )
         assert not [w for w in caught if "eager twin" in str(w.message)]  # the guard checked steps 1, 10, 100
         out.append((hist, loss.history, [p.detach().clone() for p in guide.parameters()]))
     (h_f, rec_f, p_f), (h_t, rec_t, p_t) = out

@@ -23,8 +23,7 @@ def heavy_tail():
 
 
 def _model():
-    return pb.BNNLV(pb.MLP(2, [20], 1, activation="leaky_relu"), latent_scale=0.1,
-                    noise_scale=math.sqrt(0.1))  # fmt: skip
+    return pb.BNNLV(pb.MLP(2, [20], 1, activation="leaky_relu"), latent_scale=0.1, noise_scale=math.sqrt(0.1))
 
 
 def _grad_mu(elbo, model, guide, x, y, seed):
@@ -78,8 +77,9 @@ def test_fit_svi_guard_catches_a_branchy_penalty_warns_once_and_finishes_eagerly
         guide = ncai_guide(model, x, y, num_steps=100, z_init="zero", seed=0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hist = pb.fit_svi(model, guide, x, y, num_steps=30, loss=_BranchyElbo(jit=jit), seed=3,
-                              progress=False, check_jit=check)  # fmt: skip
+            hist = pb.fit_svi(
+                model, guide, x, y, num_steps=30, loss=_BranchyElbo(jit=jit), seed=3, progress=False, check_jit=check
+            )
         mismatch = [w for w in caught if "disagrees with its eager twin" in str(w.message)]
         results[name] = (len(hist), guide.locs.z.detach().var().item(), mismatch)
     steps, var, mismatch = results["guarded"]
@@ -100,8 +100,7 @@ def test_fit_svi_guard_is_silent_on_a_correct_compiled_ncai_fit(heavy_tail, inde
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         warnings.simplefilter("error", torch.jit.TracerWarning)
-        pb.fit_svi(model, guide, d.x_train, d.y_train, num_steps=120, loss=loss, seed=0,
-                   progress=False, batch_size=100)  # fmt: skip
+        pb.fit_svi(model, guide, d.x_train, d.y_train, num_steps=120, loss=loss, seed=0, progress=False, batch_size=100)
     assert len(loss.history) == 120
     assert {"elbo_loss", "hz", "offdiag", "penalty"} | terms <= set(loss.history[-1])
     assert len({round(h["hz"], 12) for h in loss.history}) > 100  # the HZ term moves
@@ -112,12 +111,20 @@ def test_mu_z_keeps_moving_after_the_penalties_switch_on(heavy_tail):
     mean |mu_z(t+1) - mu_z(t)| over steps 100-200 is 1.8e-3 here; from mu_z = 0 (the printed
     initialisation) Adam absorbs a ~1e16 penalty spike and it is 4e-6 (measured). Floor: 1e-4."""
     d = heavy_tail
-    model = pb.BNNLV(pb.MLP(2, [50], 1, activation="leaky_relu"), latent_scale=0.1,
-                     noise_scale=math.sqrt(0.1))  # fmt: skip
+    model = pb.BNNLV(pb.MLP(2, [50], 1, activation="leaky_relu"), latent_scale=0.1, noise_scale=math.sqrt(0.1))
     guide = ncai_guide(model, d.x_train, d.y_train, num_steps=500, seed=0)
     zs = []
-    pb.fit_svi(model, guide, d.x_train, d.y_train, num_steps=201, loss=NCAIElbo(jit=True), seed=0,
-               progress=False, callback=lambda s, v: zs.append(guide.locs.z.detach().clone()))  # fmt: skip
+    pb.fit_svi(
+        model,
+        guide,
+        d.x_train,
+        d.y_train,
+        num_steps=201,
+        loss=NCAIElbo(jit=True),
+        seed=0,
+        progress=False,
+        callback=lambda s, v: zs.append(guide.locs.z.detach().clone()),
+    )
     moves = torch.stack([(zs[i + 1] - zs[i]).abs().mean() for i in range(100, 200)])
     assert moves.mean() > 1e-4
 
@@ -143,8 +150,9 @@ def test_a_reused_pyro_jit_elbo_trains_the_second_model():
     for n in (60, 40):  # a second model and another data size (Pyro alone: KeyError)
         model = pb.BNN(pb.MLP(1, [10], 1), noise_scale=0.1)
         guide = AutoNormal(model, init_loc_fn=pb.init_to_network(model), init_scale=0.01)
-        hist = pb.fit_svi(model, guide, data.x_train[:n], data.y_train[:n], num_steps=200,
-                          loss=shared, seed=0, progress=False)  # fmt: skip
+        hist = pb.fit_svi(
+            model, guide, data.x_train[:n], data.y_train[:n], num_steps=200, loss=shared, seed=0, progress=False
+        )
         assert hist[-1] < 0.5 * hist[0]
         pyro.set_rng_seed(0)
         with pyro.get_param_store().scope():

@@ -37,7 +37,7 @@ def test_forward_matches_torch_sequential_with_same_weights():
 
 def test_activations_are_the_papers_choices():
     a = torch.linspace(-3, 3, 13)
-    torch.testing.assert_close(ACTIVATIONS["rbf"](a), torch.exp(-a**2))
+    torch.testing.assert_close(ACTIVATIONS["rbf"](a), torch.exp(-(a**2)))
     torch.testing.assert_close(ACTIVATIONS["leaky_relu"](a), torch.where(a > 0, a, 0.01 * a))
 
 
@@ -189,15 +189,15 @@ def test_unflatten_splits_once_and_matches_slicing_bitwise():
         h.pow(2).sum().backward()
         grads.append((h.detach(), w.grad))
         if fn is not sliced:
-            for W, b in params:   # every piece straight from the one split (a reshape for W)
+            for W, b in params:  # every piece straight from the one split (a reshape for W)
                 assert type(b.grad_fn).__name__.startswith("Split")
                 assert type(W.grad_fn.next_functions[0][0]).__name__.startswith("Split")
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     sizes = [fo * fi if k == 0 else fo for fi, fo, _, _ in net.layers for k in (0, 1)]
     assert _tiling(net.layers) == sizes
-    shuffled = list(reversed(net.layers))    # out of order: one view per piece
+    shuffled = list(reversed(net.layers))  # out of order: one view per piece
     assert _tiling(shuffled) is None
-    with pytest.raises(RuntimeError, match="split"):    # a w of another length is refused
+    with pytest.raises(RuntimeError, match="split"):  # a w of another length is refused
         unflatten(net.layers, torch.randn(net.num_weights + 3))
     w = torch.randn(net.num_weights, generator=g)
     for (W, b), (fi, fo, ws, bs) in zip(unflatten(shuffled, w), shuffled):

@@ -88,8 +88,11 @@ def _compare_to_traced(model, pot, x, y, scale=1.0, n=4, rtol=1e-5):
 def test_fast_potential_equals_traced_potential(activation):
     torch.manual_seed(0)
     x, y = torch.randn(30, 2), torch.randn(30)
-    model = pb.BNN(pb.MLP(2, [7, 5], 1, activation=activation),
-                   prior_scale=pb.fan_in_prior_scale(pb.MLP(2, [7, 5], 1)), noise_scale=0.3)  # fmt: skip
+    model = pb.BNN(
+        pb.MLP(2, [7, 5], 1, activation=activation),
+        prior_scale=pb.fan_in_prior_scale(pb.MLP(2, [7, 5], 1)),
+        noise_scale=0.3,
+    )
     pot = flat_potential(model, x, y)
     _compare_to_traced(model, pot, x, y)
 
@@ -135,9 +138,15 @@ class LatentBNN(pb.BNN):
 
     def nuts_potential(self, x, y):
         return mlp_regression_potential(
-            self.net, x, y, prior_loc=self.prior_loc, prior_scale=self.prior_scale,
-            noise_scale=self.noise_scale, latent_dim=self.latent_dim, latent_scale=self.latent_scale,
-        )  # fmt: skip
+            self.net,
+            x,
+            y,
+            prior_loc=self.prior_loc,
+            prior_scale=self.prior_scale,
+            noise_scale=self.noise_scale,
+            latent_dim=self.latent_dim,
+            latent_scale=self.latent_scale,
+        )
 
 
 def test_latent_input_potential_equals_traced_potential():
@@ -178,8 +187,18 @@ def test_nuts_recovers_exact_conjugate_posterior(potential, kernel):
     x, y = _linreg_data()
     model = _linreg_model()
     n = 600 if potential == "traced" else 1500
-    mcmc = run_nuts(model, x, y, num_samples=n, warmup_steps=300, seed=1, progress=False,
-                    potential=potential, kernel=kernel, map_steps=300)  # fmt: skip
+    mcmc = run_nuts(
+        model,
+        x,
+        y,
+        num_samples=n,
+        warmup_steps=300,
+        seed=1,
+        progress=False,
+        potential=potential,
+        kernel=kernel,
+        map_steps=300,
+    )
     expected = {"fast": "fast/" + kernel, "traced": "traced"}[potential]
     assert mcmc.run_info.path == expected
     w = mcmc.get_samples()["w"]
@@ -200,8 +219,7 @@ def _tiny_bnn64():
 
 def _draws(kernel, w0, num_samples, warmup):
     pyro.set_rng_seed(3)
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, initial_params={"w": w0},
-                disable_progbar=True)  # fmt: skip
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, initial_params={"w": w0}, disable_progbar=True)
     mcmc.run()
     return mcmc.get_samples()["w"]
 
@@ -229,8 +247,9 @@ def test_flat_nuts_reproduces_pyro_nuts_draw_for_draw(compiled):
 def test_flat_nuts_full_mass_matrix_and_records():
     x, y = _linreg_data()
     model = _linreg_model()
-    mcmc = run_nuts(model, x, y, num_samples=800, warmup_steps=300, full_mass=True, seed=0,
-                    progress=False, map_steps=200)  # fmt: skip
+    mcmc = run_nuts(
+        model, x, y, num_samples=800, warmup_steps=300, full_mass=True, seed=0, progress=False, map_steps=200
+    )
     _check_exact(mcmc.get_samples()["w"], x, y)
     rec = chain_records(mcmc)[0]
     assert len(rec["num_steps"]) == 800 and len(rec["warmup_num_steps"]) == 300
@@ -279,8 +298,7 @@ def test_map_initialisation_starts_chains_near_the_posterior():
     """Default init: each chain starts at a MAP fit, i.e. within the posterior bulk."""
     x, y = _linreg_data()
     model = _linreg_model()
-    m = run_nuts(model, x, y, num_samples=5, warmup_steps=0, seed=0, progress=False, map_steps=1500,
-                 map_lr=0.05)  # fmt: skip
+    m = run_nuts(model, x, y, num_samples=5, warmup_steps=0, seed=0, progress=False, map_steps=1500, map_lr=0.05)
     mu, cov = _exact_posterior(x, y)
     first = m.get_samples()["w"][0].double()
     assert ((first - mu) / cov.diag().sqrt()).abs().max() < 5
@@ -303,9 +321,16 @@ def test_models_without_fast_path_and_a_wrong_custom_potential():
 
     class Wrong(LatentBNN):
         def nuts_potential(self, x, y):  # forgets the latent prior's scale
-            return mlp_regression_potential(self.net, x, y, prior_loc=self.prior_loc,
-                                            prior_scale=self.prior_scale, noise_scale=self.noise_scale,
-                                            latent_dim=1, latent_scale=3.0)  # fmt: skip
+            return mlp_regression_potential(
+                self.net,
+                x,
+                y,
+                prior_loc=self.prior_loc,
+                prior_scale=self.prior_scale,
+                noise_scale=self.noise_scale,
+                latent_dim=1,
+                latent_scale=3.0,
+            )
 
     wrong = Wrong(pb.MLP(2, [3], 1), latent_dim=1, latent_scale=1.0)
     with pytest.raises(ValueError, match="disagrees with the traced Pyro model"):
@@ -316,8 +341,7 @@ def test_bnn_with_latent_inputs_samples_w_and_all_z():
     torch.manual_seed(0)
     x, y = torch.randn(12, 1), torch.randn(12)
     model = LatentBNN(pb.MLP(2, [5], 1), latent_dim=1, prior_scale=1.0, noise_scale=0.3)
-    m = run_nuts(model, x, y, num_samples=15, warmup_steps=15, seed=0, progress=False, map_steps=100,
-                 max_tree_depth=6)  # fmt: skip
+    m = run_nuts(model, x, y, num_samples=15, warmup_steps=15, seed=0, progress=False, map_steps=100, max_tree_depth=6)
     s = m.get_samples()
     assert m.run_info.path == "fast/flat"
     assert s["w"].shape == (15, model.net.num_weights) and s["z"].shape == (15, 12, 1)

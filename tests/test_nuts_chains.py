@@ -65,8 +65,7 @@ def test_chain_generator_reproduces_the_global_generator():
     for compiled_tree in (False, None):
         ref = _draws(FlatNUTS(pot, compiled=compiled_tree, max_tree_depth=6), w0, 3, 8)  # seed 3
         pyro.set_rng_seed(99)  # the global generator is not used
-        kernel = FlatNUTS(pot, compiled=compiled_tree, max_tree_depth=6,
-                          generator=torch.Generator().manual_seed(3))  # fmt: skip
+        kernel = FlatNUTS(pot, compiled=compiled_tree, max_tree_depth=6, generator=torch.Generator().manual_seed(3))
         mcmc = MCMC(kernel, num_samples=3, warmup_steps=8, initial_params={"w": w0}, disable_progbar=True)
         mcmc.run()
         assert torch.equal(mcmc.get_samples()["w"], ref)
@@ -95,8 +94,14 @@ def test_tree_depth_counts_completed_doublings():
     pot = flat_potential(model, x, y)
     w0 = model.net.init_weights(torch.Generator().manual_seed(1)).double()
     for compiled_tree in (False, None):
-        kernel = FlatNUTS(pot, compiled=compiled_tree, step_size=1e-6, adapt_step_size=False,
-                          adapt_mass_matrix=False, max_tree_depth=4)  # fmt: skip
+        kernel = FlatNUTS(
+            pot,
+            compiled=compiled_tree,
+            step_size=1e-6,
+            adapt_step_size=False,
+            adapt_mass_matrix=False,
+            max_tree_depth=4,
+        )
         mcmc = MCMC(kernel, num_samples=5, warmup_steps=0, initial_params={"w": w0}, disable_progbar=True)
         mcmc.run()
         rec = chain_records(mcmc)[0]
@@ -186,9 +191,9 @@ def test_warmup_reestimate_projects_the_draws_from_the_end_of_the_warmup():
     ends = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
     r, T = warmup_reestimate(ends, num_samples=10)
     assert (r, T) == (4.0, 16.0 + 10 * 4.0)
-    assert T / (4.0 * (8 + 10) / 4) == pytest.approx(56 / 18)   # against the estimate from the first 4
+    assert T / (4.0 * (8 + 10) / 4) == pytest.approx(56 / 18)  # against the estimate from the first 4
     assert warmup_reestimate(ends, 10, tail=1.0) == (2.0, 36.0)  # the whole warm-up's mean
-    assert warmup_reestimate([3.0], 5) == (3.0, 18.0)            # one iteration: m = 1, t_0 = 0
+    assert warmup_reestimate([3.0], 5) == (3.0, 18.0)  # one iteration: m = 1, t_0 = 0
     assert warmup_reestimate(ends[:5], 2)[0] == pytest.approx((6.0 - 3.0) / 2)  # m = ceil(5 / 4) = 2
     assert warmup_reestimate(ends, 0) == (4.0, 16.0)
     for bad in ([], [2.0, 1.0], [-1.0]):
@@ -203,10 +208,9 @@ def test_the_reestimate_of_a_run_takes_the_slowest_chain_or_k_times_the_first(pa
     """In parallel threads the run ends with its slowest chain; one after another it takes K times
     the first chain (re-estimated when that chain's warm-up ends); the line names the factor
     against the first estimate."""
-    runner = _ChainRunner([object()] * 2, [{}] * 2, warmup_steps=4, num_samples=10, parallel=parallel,
-                          progress=False)  # fmt: skip
+    runner = _ChainRunner([object()] * 2, [{}] * 2, warmup_steps=4, num_samples=10, parallel=parallel, progress=False)
     runner.estimate = {"seconds": 14.0, "from_iterations": 4}
-    fast, slow = [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 8.0]   # last-quarter costs 1 s and 4 s per draw
+    fast, slow = [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 8.0]  # last-quarter costs 1 s and 4 s per draw
     with caplog.at_level(logging.INFO, logger="pyro_bnnlv"):
         if parallel:
             runner._say_reestimate(None, [fast, slow], [0.5, 0.0], elapsed=8.0)

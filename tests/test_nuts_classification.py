@@ -17,8 +17,12 @@ from pyro_bnnlv.models.likelihoods import Bernoulli
 
 needs_core = pytest.mark.skipif(compiled.nuts_extension() is None, reason="no C++ toolchain")
 
-CASES = [("categorical", 3, "tanh", [5]), ("categorical", 3, "relu", [4, 3]), ("bernoulli", 1, "tanh", [5]),
-         ("bernoulli", 1, "sigmoid", [4, 3])]  # fmt: skip
+CASES = [
+    ("categorical", 3, "tanh", [5]),
+    ("categorical", 3, "relu", [4, 3]),
+    ("bernoulli", 1, "tanh", [5]),
+    ("bernoulli", 1, "sigmoid", [4, 3]),
+]
 
 
 def _data(likelihood, K, N=23, D=2, seed=0, dtype=torch.float64):
@@ -45,8 +49,7 @@ def test_python_potential_equals_autograd_of_the_traced_model(likelihood, K, act
     # Bernoulli labels as float64: the model reads integer labels as the default dtype (float32),
     # which rounds its traced log-likelihood to float32; float labels are kept as they are
     y = y.double() if likelihood == "bernoulli" else y
-    pot = mlp_classification_potential(net, x, y, prior_scale=model.prior_scale, likelihood=likelihood,
-                                       compiled=False)  # fmt: skip
+    pot = mlp_classification_potential(net, x, y, prior_scale=model.prior_scale, likelihood=likelihood, compiled=False)
     assert pot.compiled is None and pot.names == ("w",) and pot.dim == net.num_weights
     for scale in (0.3, 1.0, 3.0, 3.0):  # several points, large logits included (stable log-sum-exp)
         w = scale * torch.randn(net.num_weights, generator=g, dtype=torch.float64)
@@ -63,13 +66,16 @@ def test_prior_mean_and_labels_of_other_types():
     x, y, g = _data("bernoulli", 1)
     w = torch.randn(net.num_weights, generator=g, dtype=torch.float64)
     loc = 0.2 * torch.randn(net.num_weights, generator=g, dtype=torch.float64)
-    pots = [mlp_classification_potential(net, x, lab, prior_loc=loc, prior_scale=0.8, likelihood="bernoulli",
-                                         compiled=False) for lab in (y, y.bool(), y.double())]  # fmt: skip
+    pots = [
+        mlp_classification_potential(
+            net, x, lab, prior_loc=loc, prior_scale=0.8, likelihood="bernoulli", compiled=False
+        )
+        for lab in (y, y.bool(), y.double())
+    ]
     values = [p(w) for p in pots]
     assert all(float(u) == float(values[0][0]) and torch.equal(gr, values[0][1]) for u, gr in values)
     # against the log density written out
-    ref = (-Bernoulli().log_prob(net(x, w), y.double()).sum()
-           - torch.distributions.Normal(loc, 0.8).log_prob(w).sum())  # fmt: skip
+    ref = -Bernoulli().log_prob(net(x, w), y.double()).sum() - torch.distributions.Normal(loc, 0.8).log_prob(w).sum()
     assert float(values[0][0]) == pytest.approx(float(ref), rel=1e-12)
     with pytest.raises(ValueError, match="labels"):
         mlp_classification_potential(pb.MLP(2, [4], 3), x, y + 2, likelihood="categorical")
@@ -83,8 +89,9 @@ def test_prior_mean_and_labels_of_other_types():
 def test_compiled_potential_equals_python_potential(likelihood, K, activation, hidden, dtype):
     net = pb.MLP(3, hidden, K, activation=activation)
     x, y, g = _data(likelihood, K, N=29, D=3, seed=1, dtype=dtype)  # 29 points: padded to 32
-    kw = dict(prior_loc=0.1, prior_scale=torch.rand(net.num_weights, generator=g, dtype=dtype) + 0.5,
-              likelihood=likelihood)  # fmt: skip
+    kw = dict(
+        prior_loc=0.1, prior_scale=torch.rand(net.num_weights, generator=g, dtype=dtype) + 0.5, likelihood=likelihood
+    )
     python = mlp_classification_potential(net, x, y, compiled=False, **kw)
     fast = mlp_classification_potential(net, x, y, compiled=True, **kw)
     assert python.compiled is None and fast.compiled is not None and fast.dim == python.dim
@@ -153,8 +160,9 @@ def test_compiled_nuts_on_logistic_regression_matches_quadrature():
     grid = torch.linspace(-4, 6, 401, dtype=torch.float64)
     W, B = torch.meshgrid(grid, grid, indexing="ij")
     wb = torch.stack([W.reshape(-1), B.reshape(-1)], -1)  # MLP weight order: weight, then bias
-    logp = (Bernoulli().log_prob(model.f(x, wb), y.double()).sum(-1)
-            + torch.distributions.Normal(0, 2.0).log_prob(wb).sum(-1))  # fmt: skip
+    logp = Bernoulli().log_prob(model.f(x, wb), y.double()).sum(-1) + torch.distributions.Normal(0, 2.0).log_prob(
+        wb
+    ).sum(-1)
     post = torch.softmax(logp, 0)
     exact = (post[:, None] * wb).sum(0)
     mc = run_nuts(model, x, y, num_samples=600, warmup_steps=300, seed=0, progress=False)

@@ -13,13 +13,7 @@ import pyro_bnnlv as pb
 from pyro_bnnlv._mlp_kernels import ACTIVATION_TABLE
 from pyro_bnnlv import _compiled
 from pyro_bnnlv import _compiled as compiled
-from pyro_bnnlv.infer.mcmc import (
-    FlatNUTS,
-    FlatPotential,
-    chain_records,
-    mlp_regression_potential,
-    run_nuts,
-)
+from pyro_bnnlv.infer.mcmc import FlatNUTS, FlatPotential, chain_records, mlp_regression_potential, run_nuts
 
 from test_nuts import _check_exact, _draws, _linreg_data, _linreg_model, _tiny_bnn64
 
@@ -29,17 +23,20 @@ pytestmark = pytest.mark.skipif(compiled.nuts_extension() is None, reason="no C+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("latent_dim", [0, 2])
 @pytest.mark.parametrize(
-    "activation,hidden",
-    [("tanh", []), ("tanh", [6])]
-    + [(act, [7, 5]) for act in sorted(ACTIVATION_TABLE)],
+    "activation,hidden", [("tanh", []), ("tanh", [6])] + [(act, [7, 5]) for act in sorted(ACTIVATION_TABLE)]
 )
 def test_compiled_potential_equals_python_potential(activation, hidden, latent_dim, dtype):
     g = torch.Generator().manual_seed(0)
     net = pb.MLP(1 + latent_dim, hidden, 2, activation=activation)
     x = torch.randn(13, 1, generator=g, dtype=dtype)
     y = torch.randn(13, 2, generator=g, dtype=dtype)
-    kw = dict(prior_loc=0.3, prior_scale=torch.rand(net.num_weights, generator=g, dtype=dtype) + 0.5,
-              noise_scale=0.2, latent_dim=latent_dim, latent_scale=torch.full((latent_dim,), 0.7))  # fmt: skip
+    kw = dict(
+        prior_loc=0.3,
+        prior_scale=torch.rand(net.num_weights, generator=g, dtype=dtype) + 0.5,
+        noise_scale=0.2,
+        latent_dim=latent_dim,
+        latent_scale=torch.full((latent_dim,), 0.7),
+    )
     python = mlp_regression_potential(net, x, y, compiled=False, **kw)
     fast = mlp_regression_potential(net, x, y, compiled=True, **kw)
     assert python.compiled is None and fast.compiled is not None and fast.dim == python.dim
@@ -119,14 +116,21 @@ def test_compiled_tree_divergence_and_nan_energy_match_python_tree():
     pot = mlp_regression_potential(model.net, x, y, compiled=False, noise_scale=0.1)
     w0 = model.net.init_weights(torch.Generator().manual_seed(1)).double()
     huge = dict(step_size=5.0, adapt_step_size=False, adapt_mass_matrix=False)
-    nan_after_start = FlatPotential(pot.sites, lambda q: (
-        pot.value_and_grad(q)[0] if torch.equal(q, w0) else float("nan"), pot.value_and_grad(q)[1]))
+    nan_after_start = FlatPotential(
+        pot.sites,
+        lambda q: (pot.value_and_grad(q)[0] if torch.equal(q, w0) else float("nan"), pot.value_and_grad(q)[1]),
+    )
     for p in (pot, nan_after_start):
         runs = []
         for c in (True, False):
             pyro.set_rng_seed(3)
-            mcmc = MCMC(FlatNUTS(p, compiled=c, **huge), num_samples=4, warmup_steps=0,
-                        initial_params={"w": w0}, disable_progbar=True)  # fmt: skip
+            mcmc = MCMC(
+                FlatNUTS(p, compiled=c, **huge),
+                num_samples=4,
+                warmup_steps=0,
+                initial_params={"w": w0},
+                disable_progbar=True,
+            )
             mcmc.run()
             runs.append((mcmc.get_samples()["w"], chain_records(mcmc)[0]))
         (a, rec_a), (b, rec_b) = runs
@@ -144,14 +148,19 @@ def test_extension_rejects_inconsistent_inputs():
 
     def make(**kw):
         a = {**ok, **kw}
-        return ext.MLPPotential(x, y, kw.get("layers", layers), 1, a["loc"], a["prec"], False, 1.0, 0.0,
-                                kw.get("k", 0), a["zprec"])  # fmt: skip
+        return ext.MLPPotential(
+            x, y, kw.get("layers", layers), 1, a["loc"], a["prec"], False, 1.0, 0.0, kw.get("k", 0), a["zprec"]
+        )
 
     assert make().dim == 10
-    for bad, msg in [(dict(prec=torch.ones(9)), "loc and prec"), (dict(zprec=torch.ones(2)), "zprec"),
-                     (dict(loc=torch.zeros(10, dtype=torch.float64), prec=torch.ones(10, dtype=torch.float64)), "dtype"),
-                     (dict(layers=[(1, 3, 0, 3), (3, 1, 6, 8), (1, 1, 9, 10)]), "does not fit"),
-                     (dict(layers=[(2, 3, 0, 3), (3, 1, 6, 9)]), "fan_in"), (dict(k=3), "latent_dim")]:  # fmt: skip
+    for bad, msg in [
+        (dict(prec=torch.ones(9)), "loc and prec"),
+        (dict(zprec=torch.ones(2)), "zprec"),
+        (dict(loc=torch.zeros(10, dtype=torch.float64), prec=torch.ones(10, dtype=torch.float64)), "dtype"),
+        (dict(layers=[(1, 3, 0, 3), (3, 1, 6, 8), (1, 1, 9, 10)]), "does not fit"),
+        (dict(layers=[(2, 3, 0, 3), (3, 1, 6, 9)]), "fan_in"),
+        (dict(k=3), "latent_dim"),
+    ]:
         with pytest.raises(RuntimeError, match=msg):
             make(**bad)
     pot = make()
@@ -194,8 +203,13 @@ def test_compiled_tree_with_latent_inputs_matches_python_tree():
 
     def chain(pot, compiled_tree):
         torch.manual_seed(0)
-        mcmc = MCMC(FlatNUTS(pot, compiled=compiled_tree, **fixed), num_samples=10, warmup_steps=0,
-                    initial_params=dict(init), disable_progbar=True)  # fmt: skip
+        mcmc = MCMC(
+            FlatNUTS(pot, compiled=compiled_tree, **fixed),
+            num_samples=10,
+            warmup_steps=0,
+            initial_params=dict(init),
+            disable_progbar=True,
+        )
         mcmc.run()
         return mcmc.get_samples()
 
@@ -338,12 +352,19 @@ def test_the_real_build_loads_in_a_process_without_the_builder_on_path(tmp_path)
         pytest.skip("needs the compiled core")
     so = compiled.nuts_extension().__file__
     before = os.stat(so).st_mtime_ns
-    code = ("import pyro_bnnlv._compiled as c\n"
-            "def no(*a, **k): raise SystemExit('the builder ran')\n"
-            "c._compile = no\n"
-            "print(c.nuts_extension().__file__)\n")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=300)
+    code = (
+        "import pyro_bnnlv._compiled as c\n"
+        "def no(*a, **k): raise SystemExit('the builder ran')\n"
+        "c._compile = no\n"
+        "print(c.nuts_extension().__file__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == so and os.stat(so).st_mtime_ns == before
 
@@ -398,4 +419,3 @@ def test_build_command_builds_both_kernels(capsys):
     out = capsys.readouterr().out
     assert f"compiled NUTS core: {compiled.nuts_extension().__file__}" in out
     assert "compiled pairwise kernels: " in out and out.count(".so") == 2
-

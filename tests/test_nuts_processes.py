@@ -32,8 +32,18 @@ def test_traced_chains_run_in_spawned_processes_where_forked_ones_hung(eight_cor
     x = torch.linspace(-1, 1, 20).unsqueeze(-1)
     y = torch.sin(3 * x[:, 0])
     model = pb.BNNLV(pb.MLP(2, [5], 1, activation="tanh"), latent_dim=1, noise_scale=0.1)
-    mcmc = run_nuts(model, x, y, num_samples=4, warmup_steps=4, num_chains=2, potential="traced",
-                    map_steps=50, progress=False, seed=0)  # fmt: skip
+    mcmc = run_nuts(
+        model,
+        x,
+        y,
+        num_samples=4,
+        warmup_steps=4,
+        num_chains=2,
+        potential="traced",
+        map_steps=50,
+        progress=False,
+        seed=0,
+    )
     assert mcmc.run_info.chain_method == "processes" and mcmc.run_info.start_method == "spawn"
     assert mcmc.get_samples(group_by_chain=True)["w"].shape[:2] == (2, 4)
 
@@ -53,11 +63,20 @@ class _DyingNUTS(NUTS):
 @pytest.mark.parametrize("code", [3, 0])
 def test_a_chain_process_that_ends_without_its_draws_raises_instead_of_hanging(eight_cores, code):
     x, y = _linreg_data()
-    mcmc = MCMC(_DyingNUTS(_linreg_model(), code), num_samples=2, warmup_steps=2, num_chains=2,
-                disable_progbar=True, mp_context="fork")  # fmt: skip
+    mcmc = MCMC(
+        _DyingNUTS(_linreg_model(), code),
+        num_samples=2,
+        warmup_steps=2,
+        num_chains=2,
+        disable_progbar=True,
+        mp_context="fork",
+    )
     t0 = time.perf_counter()
-    with pytest.raises(ChainProcessError, match=rf"chain \d's process ended with exit code {code} before it "
-                                                r"delivered all its draws\. The process was killed"):  # fmt: skip
+    with pytest.raises(
+        ChainProcessError,
+        match=rf"chain \d's process ended with exit code {code} before it "
+        r"delivered all its draws\. The process was killed",
+    ):
         run_watched(mcmc, x, y, start_method="fork", every=0.2)
     assert time.perf_counter() - t0 < 30
 
@@ -77,8 +96,14 @@ def test_spawned_chains_keep_the_callers_torch_thread_count(eight_cores):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        mcmc = MCMC(_ThreadCheckingNUTS(_linreg_model()), num_samples=2, warmup_steps=2, num_chains=2,
-                    disable_progbar=True, mp_context="spawn")  # fmt: skip
+        mcmc = MCMC(
+            _ThreadCheckingNUTS(_linreg_model()),
+            num_samples=2,
+            warmup_steps=2,
+            num_chains=2,
+            disable_progbar=True,
+            mp_context="spawn",
+        )
         run_watched(mcmc, x, y, start_method="spawn")
     finally:
         torch.set_num_threads(before)
@@ -121,5 +146,14 @@ def test_run_nuts_refuses_python_potential_chains_in_processes_before_sampling(e
     x = torch.linspace(-1, 1, 20).unsqueeze(-1)
     model = pb.BNN(pb.MLP(1, [4], 1, activation="tanh"), noise_scale=0.1)
     with pytest.raises(ValueError, match="kernel='flat', whose chains run in threads"):
-        run_nuts(model, x, torch.sin(3 * x[:, 0]), num_samples=2, warmup_steps=2, num_chains=2,
-                 kernel="pyro", map_steps=5, progress=False)  # fmt: skip
+        run_nuts(
+            model,
+            x,
+            torch.sin(3 * x[:, 0]),
+            num_samples=2,
+            warmup_steps=2,
+            num_chains=2,
+            kernel="pyro",
+            map_steps=5,
+            progress=False,
+        )

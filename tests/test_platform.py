@@ -53,13 +53,16 @@ def faults_task(task: Task) -> dict:
 
 #: arm "static": glibc's default thresholds (128 KiB each), set explicitly, which also switches off
 #: glibc's dynamic mmap threshold; arm "retained": retain_freed_memory()'s defaults
-_SCRIPT = "import sys; from tests.test_platform import freed_memory_per_step, retain_freed_memory; " \
-          "took = retain_freed_memory(*([128 << 10] * 2 if sys.argv[1] == 'static' else [])); " \
-          "print(took, *freed_memory_per_step())"  # fmt: skip
+_SCRIPT = (
+    "import sys; from tests.test_platform import freed_memory_per_step, retain_freed_memory; "
+    "took = retain_freed_memory(*([128 << 10] * 2 if sys.argv[1] == 'static' else [])); "
+    "print(took, *freed_memory_per_step())"
+)
 
 
-@pytest.mark.parametrize("kwargs", [{"mmap_threshold": 2**31}, {"trim_threshold": 0}, {"trim_threshold": 1.5},
-                                    {"mmap_threshold": True}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs", [{"mmap_threshold": 2**31}, {"trim_threshold": 0}, {"trim_threshold": 1.5}, {"mmap_threshold": True}]
+)
 def test_retain_freed_memory_refuses_values_a_c_int_cannot_hold(kwargs):
     """2**32 as a C int would wrap to 0 (trim on every free) and mallopt would report success."""
     with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be an int in \\[1, 2\\*\\*31\\)"):
@@ -83,8 +86,13 @@ def test_retain_freed_memory_keeps_a_steps_large_tensors_in_the_process():
     """
     runs = {}
     for arm in ("static", "retained"):
-        out = subprocess.run([sys.executable, "-c", _SCRIPT, arm], capture_output=True, text=True, check=True,
-                             cwd=str(Path(__file__).parents[1]))  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, arm],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=str(Path(__file__).parents[1]),
+        )
         took, handed_back_mb, faults = out.stdout.split()
         runs[arm] = (took, float(handed_back_mb), float(faults))
     assert runs["static"][0] == runs["retained"][0] == "True", runs
@@ -97,7 +105,13 @@ def test_retain_freed_memory_keeps_a_steps_large_tensors_in_the_process():
 def test_sweep_workers_retain_freed_memory(tmp_path, executor, request):
     if executor == "ray":
         request.getfixturevalue("ray_instance")
-    table = run_sweep([Task("toy", method="faults", seed=0)], faults_task, out_dir=tmp_path, executor=executor,
-                      workers=1, progress=False)  # fmt: skip
+    table = run_sweep(
+        [Task("toy", method="faults", seed=0)],
+        faults_task,
+        out_dir=tmp_path,
+        executor=executor,
+        workers=1,
+        progress=False,
+    )
     assert table["status"].tolist() == ["done"], table
     assert table["handed_back_mb"].iloc[0] < 1 and table["faults"].iloc[0] < 100, table.iloc[0].to_dict()

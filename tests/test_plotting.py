@@ -11,12 +11,7 @@ import torch
 from scipy import stats
 
 import pyro_bnnlv as pb
-from pyro_bnnlv.plotting import (
-    DEFAULT_LEVELS,
-    plot_calibration,
-    plot_predicted_vs_observed,
-    plot_predictive_1d,
-)
+from pyro_bnnlv.plotting import DEFAULT_LEVELS, plot_calibration, plot_predicted_vs_observed, plot_predictive_1d
 
 matplotlib.use("Agg")
 
@@ -73,8 +68,9 @@ def test_calibration_curve_is_the_coverage_of_the_central_intervals(tmp_path):
     with torch.no_grad():
         loc_v = model.f(data.x_valid, samples["w"])[..., 0].double().numpy()
     np.testing.assert_allclose(line.get_xdata(), [0.5, 0.9])
-    np.testing.assert_allclose(line.get_ydata(), _direct_picp(_pit(data.y_valid.double().numpy(), loc_v, 0.5),
-                                                              [0.5, 0.9]), atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        line.get_ydata(), _direct_picp(_pit(data.y_valid.double().numpy(), loc_v, 0.5), [0.5, 0.9]), atol=1e-12
+    )
 
 
 def test_predicted_vs_observed_draws_mean_and_interval_on_the_original_scale():
@@ -107,8 +103,9 @@ def test_plots_take_a_linearized_laplace_and_its_guide():
     fig = plot_predictive_1d(model, la, data1, num_grid=50)
     ax = fig.axes[0]
     x = ax.lines[0].get_xdata()
-    pred = la.predictive(torch.as_tensor((x - float(data1.x_mean[0])) / float(data1.x_std[0]),
-                                         dtype=torch.float32).unsqueeze(-1))  # fmt: skip
+    pred = la.predictive(
+        torch.as_tensor((x - float(data1.x_mean[0])) / float(data1.x_std[0]), dtype=torch.float32).unsqueeze(-1)
+    )
     sy, my = float(data1.y_std), float(data1.y_mean)
     mean = pred.mean[:, 0].numpy() * sy + my
     np.testing.assert_allclose(ax.lines[0].get_ydata(), mean, rtol=1e-5)
@@ -153,8 +150,9 @@ def test_errors_name_the_argument_and_the_way_out():
     data = _data(3)
     model = pb.BNN(pb.MLP(3, [8], 1), noise_scale=0.5)
     samples = _samples(model)
-    with pytest.raises(ValueError, match="needs 1-D inputs; the data set has 3.*plot_predicted_vs_observed.*"
-                                         "plot_calibration"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="needs 1-D inputs; the data set has 3.*plot_predicted_vs_observed.*plot_calibration"
+    ):
         plot_predictive_1d(model, samples, data)
     with pytest.raises(TypeError, match="data must be a pyro_bnnlv Dataset.*from_arrays"):
         plot_calibration(model, samples, (data.x_test, data.y_test))

@@ -96,13 +96,17 @@ def test_bnnlv_test_ll_integrates_the_latent_over_its_prior():
     one i.i.d. z* per weight sample (the former default) is several nats low when f is steep in z."""
     model, x, y, w, exact = _linear_latent_case()
     for seed in range(3):
-        ll = {M: pb.evaluate(model, {"w": w}, x, y, seed=seed, latent_draws=M, y_mean=0, y_std=1)["test_ll"]
-              for M in (1, 64, 256)}  # fmt: skip
+        ll = {
+            M: pb.evaluate(model, {"w": w}, x, y, seed=seed, latent_draws=M, y_mean=0, y_std=1)["test_ll"]
+            for M in (1, 64, 256)
+        }
         assert abs(ll[64] - exact) < 0.01, (seed, ll, exact)
         assert abs(ll[256] - exact) < 0.002, (seed, ll, exact)
         assert ll[1] < exact - 1.0
     default = pb.evaluate(model, {"w": w}, x, y, seed=0, y_mean=0, y_std=1)
-    assert default["test_ll"] == pb.evaluate(model, {"w": w}, x, y, seed=0, latent_draws=64, y_mean=0, y_std=1)["test_ll"]
+    assert (
+        default["test_ll"] == pb.evaluate(model, {"w": w}, x, y, seed=0, latent_draws=64, y_mean=0, y_std=1)["test_ll"]
+    )
 
 
 def test_bnnlv_latent_draws_are_marginally_the_prior():
@@ -110,8 +114,9 @@ def test_bnnlv_latent_draws_are_marginally_the_prior():
     f = z have the prior's mean and standard deviation; rows s*M .. s*M+M-1 share weight s."""
     model = pb.BNNLV(pb.MLP(2, [], 1), latent_dim=1, latent_scale=0.5, noise_scale=0.1)
     w = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 5.0]]).repeat(200, 1)  # f = z, or z + 5
-    loc, _ = model.predictive_components(torch.zeros(50, 1), {"w": w}, generator=torch.Generator().manual_seed(0),
-                                         latent_draws=8)  # fmt: skip
+    loc, _ = model.predictive_components(
+        torch.zeros(50, 1), {"w": w}, generator=torch.Generator().manual_seed(0), latent_draws=8
+    )
     assert loc.shape == (400 * 8, 50, 1)
     z = loc.reshape(400, 8, 50)
     assert torch.equal(z[1::2] >= 2.0, torch.ones_like(z[1::2], dtype=torch.bool))  # weight 1's rows

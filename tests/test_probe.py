@@ -109,16 +109,20 @@ def _():
     return knn_kl(s, s)
 
 
-@case("16.5 duplicated rows: the distinct rows' estimate",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "equal to the estimate without the copies"))
+@case(
+    "16.5 duplicated rows: the distinct rows' estimate",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-6, "equal to the estimate without the copies"),
+)
 def _():
     g = _gen()
     s, q = torch.randn(200, 3, generator=g), 1.5 * torch.randn(300, 3, generator=g)
     return knn_kl(torch.cat([s, s]), q).item(), knn_kl(s, q).item()
 
 
-@case("16.5 duplicated rows: entropy of N(0, I_2) is ln(2 pi e)",
-      Value(lambda v: abs(v - math.log(2 * math.pi * math.e)) < 0.1, "within 0.1 nats"))
+@case(
+    "16.5 duplicated rows: entropy of N(0, I_2) is ln(2 pi e)",
+    Value(lambda v: abs(v - math.log(2 * math.pi * math.e)) < 0.1, "within 0.1 nats"),
+)
 def _():
     s = torch.randn(4000, 2, generator=_gen(), dtype=F64)  # sd of the estimate ~0.03
     return knn_entropy(torch.cat([s, s[:1000]])).item()
@@ -130,13 +134,16 @@ def _():
     return functional_knn_kl(f, f).item()
 
 
-@case("16.5 compare_posteriors(mcmc samples, same samples) is 0 in both spaces",
-      Value(lambda v: (v.abs() < 1e-12).all().all(), "all four KLs exactly 0"))
+@case(
+    "16.5 compare_posteriors(mcmc samples, same samples) is 0 in both spaces",
+    Value(lambda v: (v.abs() < 1e-12).all().all(), "all four KLs exactly 0"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [4], 1))
     w = torch.randn(60, model.num_weights, generator=_gen())
-    out = pb.compare_posteriors({"w": w}, {"w": w}, model, input_dist=torch.randn(30, 1),
-                                num_samples=60, num_draws=3, num_inputs=5, seed=0)
+    out = pb.compare_posteriors(
+        {"w": w}, {"w": w}, model, input_dist=torch.randn(30, 1), num_samples=60, num_draws=3, num_inputs=5, seed=0
+    )
     return out.select_dtypes("number")
 
 
@@ -155,35 +162,45 @@ def _knn_fit_with_autodelta(loss):
     from pyro.infer.autoguide import AutoDelta
 
     model = pb.BNN(pb.MLP(1, [4], 1))
-    return pb.fit_svi(model, AutoDelta(model), torch.randn(10, 1), torch.randn(10), num_steps=2,
-                      loss=loss, progress=False)
+    return pb.fit_svi(
+        model, AutoDelta(model), torch.randn(10, 1), torch.randn(10), num_steps=2, loss=loss, progress=False
+    )
 
 
-@case("16.5 AutoDelta with KNNElbo refused",
-      Raises(ValueError, r"guide gave 8 identical samples of 'w': a point mass \(e.g. AutoDelta\)"))
+@case(
+    "16.5 AutoDelta with KNNElbo refused",
+    Raises(ValueError, r"guide gave 8 identical samples of 'w': a point mass \(e.g. AutoDelta\)"),
+)
 def _():
     return _knn_fit_with_autodelta(pb.KNNElbo(num_particles=8, num_kl_samples=8, num_prior_samples=8))
 
 
-@case("16.5 AutoDelta with FunctionalKNNElbo refused",
-      Raises(ValueError, r"guide gave 8 identical samples of 'w'.*FunctionalKNNElbo"))
+@case(
+    "16.5 AutoDelta with FunctionalKNNElbo refused",
+    Raises(ValueError, r"guide gave 8 identical samples of 'w'.*FunctionalKNNElbo"),
+)
 def _():
-    return _knn_fit_with_autodelta(pb.FunctionalKNNElbo(num_particles=8, num_kl_samples=8,
-                                                        num_prior_samples=8, num_inputs=5))
+    return _knn_fit_with_autodelta(
+        pb.FunctionalKNNElbo(num_particles=8, num_kl_samples=8, num_prior_samples=8, num_inputs=5)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # 16.6: KSG mutual information with ties (Gao et al. 2017)
 # ----------------------------------------------------------------------------------------------
-@case("16.6 KSG, discrete z = x on 3 values: ln 3",
-      Value(lambda v: abs(v - math.log(3)) < 0.02, "within 0.02 of ln 3 = 1.0986"))
+@case(
+    "16.6 KSG, discrete z = x on 3 values: ln 3",
+    Value(lambda v: abs(v - math.log(3)) < 0.02, "within 0.02 of ln 3 = 1.0986"),
+)
 def _():
     x = np.random.default_rng(0).integers(0, 3, 600).astype(float)
     return ksg_mutual_information(x, x)
 
 
-@case("16.6 KSG, discrete z = x with p = (.5, .3, .2): H(x)",
-      Value(lambda v: abs(v - 1.0297) < 0.03, "within 0.03 of H = 1.0297"))
+@case(
+    "16.6 KSG, discrete z = x with p = (.5, .3, .2): H(x)",
+    Value(lambda v: abs(v - 1.0297) < 0.03, "within 0.03 of H = 1.0297"),
+)
 def _():
     x = np.random.default_rng(0).choice(3, 2000, p=[0.5, 0.3, 0.2]).astype(float)
     return ksg_mutual_information(x, x)
@@ -192,8 +209,7 @@ def _():
 @case("16.6 KSG, independent discrete x, z: 0", Value(lambda v: abs(v) < 0.03, "within 0.03 of 0"))
 def _():
     rng = np.random.default_rng(0)
-    return ksg_mutual_information(rng.integers(0, 3, 600).astype(float),
-                                  rng.integers(0, 3, 600).astype(float))
+    return ksg_mutual_information(rng.integers(0, 3, 600).astype(float), rng.integers(0, 3, 600).astype(float))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,8 +225,10 @@ def _evaluate(**kwargs):
     return pb.evaluate(model, w, torch.randn(7, 2), torch.randn(7), **kwargs)
 
 
-@case("16.3 evaluate(y_std=x_std) refused (boston: 13 input stds)",
-      Raises(ValueError, r"y_std must be a scalar or have one value per output .*got shape \(13,\)"))
+@case(
+    "16.3 evaluate(y_std=x_std) refused (boston: 13 input stds)",
+    Raises(ValueError, r"y_std must be a scalar or have one value per output .*got shape \(13,\)"),
+)
 def _():
     return _evaluate(y_mean=0.5, y_std=torch.rand(13) + 0.5)
 
@@ -240,14 +258,18 @@ def _():
     return _evaluate(y_mean=float("nan"), y_std=1.0)
 
 
-@case("16.3 evaluate(level=95) names level and the fix",
-      Raises(ValueError, r"level must lie in \(0, 1\), got 95 \(a probability: level=0.95"))
+@case(
+    "16.3 evaluate(level=95) names level and the fix",
+    Raises(ValueError, r"level must lie in \(0, 1\), got 95 \(a probability: level=0.95"),
+)
 def _():
     return _evaluate(level=95)
 
 
-@case("16.3 evaluate with y_std: LL shifts by -log(y_std) exactly",
-      Value(lambda v: abs(v[1] - (v[0] - math.log(2.5))) < 1e-5, "test_ll(std) = test_ll - ln 2.5"))
+@case(
+    "16.3 evaluate with y_std: LL shifts by -log(y_std) exactly",
+    Value(lambda v: abs(v[1] - (v[0] - math.log(2.5))) < 1e-5, "test_ll(std) = test_ll - ln 2.5"),
+)
 def _():
     model, w = _bnn_and_samples()
     x, y = torch.randn(7, 2, generator=_gen(1)), torch.randn(7, generator=_gen(2))
@@ -256,12 +278,12 @@ def _():
     return plain, scaled
 
 
-@case("16.3 evaluate per-output y_std (L = 2) accepted",
-      Value(lambda v: math.isfinite(v), "a finite test LL"))
+@case("16.3 evaluate per-output y_std (L = 2) accepted", Value(lambda v: math.isfinite(v), "a finite test LL"))
 def _():
     model, w = _bnn_and_samples(out=2)
-    return pb.evaluate(model, w, torch.randn(7, 2), torch.randn(7, 2), y_mean=torch.zeros(2),
-                       y_std=torch.tensor([1.0, 3.0]))["test_ll"]
+    return pb.evaluate(
+        model, w, torch.randn(7, 2), torch.randn(7, 2), y_mean=torch.zeros(2), y_std=torch.tensor([1.0, 3.0])
+    )["test_ll"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,14 +291,16 @@ def _():
 # ----------------------------------------------------------------------------------------------
 def _nuts(**kwargs):
     model = pb.BNN(pb.MLP(1, [3], 1))
-    return pb.run_nuts(model, torch.randn(8, 1), torch.randn(8), num_samples=2, warmup_steps=0,
-                       progress=False, map_steps=2, **kwargs)
+    return pb.run_nuts(
+        model, torch.randn(8, 1), torch.randn(8), num_samples=2, warmup_steps=0, progress=False, map_steps=2, **kwargs
+    )
 
 
 for _bad in (0.0, -0.1, math.nan, math.inf):
-    case(f"16.4 run_nuts(step_size={_bad}) refused",
-         Raises(ValueError, r"step_size must be a positive finite number.*repeats"))(
-        lambda bad=_bad: _nuts(step_size=bad))
+    case(
+        f"16.4 run_nuts(step_size={_bad}) refused",
+        Raises(ValueError, r"step_size must be a positive finite number.*repeats"),
+    )(lambda bad=_bad: _nuts(step_size=bad))
 
 
 @case("16.4 run_nuts(map_lr=0) refused", Raises(ValueError, r"map_lr must be a positive finite"))
@@ -287,14 +311,18 @@ def _():
 # ----------------------------------------------------------------------------------------------
 # 16.8: MLP widths
 # ----------------------------------------------------------------------------------------------
-@case("16.8 MLP(2, [4.7], 1) refused, not truncated to 4",
-      Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got 4.7"))
+@case(
+    "16.8 MLP(2, [4.7], 1) refused, not truncated to 4",
+    Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got 4.7"),
+)
 def _():
     return pb.MLP(2, [4.7], 1)
 
 
-@case("16.8 MLP(2, '44', 1) refused, not read as hidden sizes [4, 4]",
-      Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got '4'"))
+@case(
+    "16.8 MLP(2, '44', 1) refused, not read as hidden sizes [4, 4]",
+    Raises(ValueError, r"hidden_sizes\[0\] must be a positive integer .*got '4'"),
+)
 def _():
     return pb.MLP(2, "44", 1)
 
@@ -304,8 +332,10 @@ def _():
     return pb.MLP(2.5, [3], 1)
 
 
-@case("16.8 MLP with numpy and integral-float widths accepted",
-      Value(lambda v: v == (2 * 4 + 4) + (4 * 3 + 3) + (3 + 1), "num_weights of 2 -> 4 -> 3 -> 1"))
+@case(
+    "16.8 MLP with numpy and integral-float widths accepted",
+    Value(lambda v: v == (2 * 4 + 4) + (4 * 3 + 3) + (3 + 1), "num_weights of 2 -> 4 -> 3 -> 1"),
+)
 def _():
     return pb.MLP(np.int64(2), [np.int32(4), 3.0], torch.tensor(1)).num_weights
 
@@ -323,32 +353,38 @@ def _bnnlv_fit(N: int):
     return model, guide, x, y
 
 
-@case("16.7 N = 1: sample_posterior keeps z as (S, N, K) = (5, 1, 1)",
-      Value(lambda v: v == {"w": (5, 17), "z": (5, 1, 1), "obs": (5, 1)}, "per-site shapes"))
+@case(
+    "16.7 N = 1: sample_posterior keeps z as (S, N, K) = (5, 1, 1)",
+    Value(lambda v: v == {"w": (5, 17), "z": (5, 1, 1), "obs": (5, 1)}, "per-site shapes"),
+)
 def _():
     model, guide, x, y = _bnnlv_fit(1)
     s = pb.sample_posterior(model, guide, x, y, num_samples=5, sites=("w", "z", "obs"), seed=0)
     return {k: tuple(v.shape) for k, v in s.items()}
 
 
-@case("16.7 N = 1: reconstruction_components is (S, N, L) = (5, 1, 1)",
-      Value(lambda v: v == (5, 1, 1), "shape (5, 1, 1)"))
+@case(
+    "16.7 N = 1: reconstruction_components is (S, N, L) = (5, 1, 1)", Value(lambda v: v == (5, 1, 1), "shape (5, 1, 1)")
+)
 def _():
     model, guide, x, y = _bnnlv_fit(1)
     s = pb.sample_posterior(model, guide, x, y, num_samples=5, sites=("w", "z"), seed=0)
     return tuple(model.reconstruction_components(x, s).shape)
 
 
-@case("16.7 reconstruction_components with a squeezed z refused",
-      Raises(ValueError, r"samples\['z'\] must have shape \(S, N, K\) = \(5, 1, 1\)"))
+@case(
+    "16.7 reconstruction_components with a squeezed z refused",
+    Raises(ValueError, r"samples\['z'\] must have shape \(S, N, K\) = \(5, 1, 1\)"),
+)
 def _():
     model = pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=1)
-    return model.reconstruction_components(torch.randn(1, 1), {"w": torch.randn(5, 17),
-                                                               "z": torch.randn(5, 1)})
+    return model.reconstruction_components(torch.randn(1, 1), {"w": torch.randn(5, 17), "z": torch.randn(5, 1)})
 
 
-@case("16.7 one sample: sample_posterior(num_samples=1) keeps (1, N, K)",
-      Value(lambda v: v == {"w": (1, 17), "z": (1, 3, 1)}, "per-site shapes"))
+@case(
+    "16.7 one sample: sample_posterior(num_samples=1) keeps (1, N, K)",
+    Value(lambda v: v == {"w": (1, 17), "z": (1, 3, 1)}, "per-site shapes"),
+)
 def _():
     model, guide, x, y = _bnnlv_fit(3)
     s = pb.sample_posterior(model, guide, x, y, num_samples=1, sites=("w", "z"), seed=0)
@@ -358,8 +394,10 @@ def _():
 # ----------------------------------------------------------------------------------------------
 # cryptic errors made clean (or inputs accepted) in the models, evaluate, Laplace and data
 # ----------------------------------------------------------------------------------------------
-@case("cryptic: (N, 1) y for a single-output BNN is read as (N,): same SVI fit",
-      Value(lambda v: v[0] == v[1], "identical loss curves"))
+@case(
+    "cryptic: (N, 1) y for a single-output BNN is read as (N,): same SVI fit",
+    Value(lambda v: v[0] == v[1], "identical loss curves"),
+)
 def _():
     from pyro.infer.autoguide import AutoNormal
 
@@ -367,13 +405,14 @@ def _():
     curves = []
     for target in (y, y.unsqueeze(-1)):
         model = pb.BNN(pb.MLP(1, [4], 1))
-        curves.append(pb.fit_svi(model, AutoNormal(model), x, target, num_steps=5, seed=0,
-                                 progress=False))
+        curves.append(pb.fit_svi(model, AutoNormal(model), x, target, num_steps=5, seed=0, progress=False))
     return curves
 
 
-@case("cryptic: (N, 1) y for BNN+LV and ProjectedBNN give the same log-likelihood",
-      Value(lambda v: all(a == b for a, b in v), "identical log densities"))
+@case(
+    "cryptic: (N, 1) y for BNN+LV and ProjectedBNN give the same log-likelihood",
+    Value(lambda v: all(a == b for a, b in v), "identical log densities"),
+)
 def _():
     import pyro
 
@@ -388,24 +427,32 @@ def _():
     return out
 
 
-@case("cryptic: (N, 1) y through run_nuts, Laplace and evaluate: same results",
-      Value(lambda v: all(a == b for a, b in v), "identical values"))
+@case(
+    "cryptic: (N, 1) y through run_nuts, Laplace and evaluate: same results",
+    Value(lambda v: all(a == b for a, b in v), "identical values"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     x, y = torch.randn(8, 1, generator=_gen(1)), torch.randn(8, generator=_gen(2))
     w = torch.randn(4, model.num_weights, generator=_gen(3))
     pairs = []
     for target in (y, y.unsqueeze(-1)):
-        mcmc = pb.run_nuts(model, x, target, num_samples=3, warmup_steps=10, map_steps=3, seed=0,
-                           progress=False)
+        mcmc = pb.run_nuts(model, x, target, num_samples=3, warmup_steps=10, map_steps=3, seed=0, progress=False)
         la = pb.infer.LinearizedLaplace(model, w[0]).fit(x, target)
-        pairs.append((mcmc.get_samples()["w"].sum().item(), la.log_marginal_likelihood().item(),
-                      pb.evaluate(model, w, x, target)["test_ll"]))
+        pairs.append(
+            (
+                mcmc.get_samples()["w"].sum().item(),
+                la.log_marginal_likelihood().item(),
+                pb.evaluate(model, w, x, target)["test_ll"],
+            )
+        )
     return list(zip(*pairs))
 
 
-@case("cryptic: a wrong y shape still names both accepted shapes",
-      Raises(ValueError, r"y must have shape \(8,\) or \(8, 1\) for out_features=1; got \(8, 2\)"))
+@case(
+    "cryptic: a wrong y shape still names both accepted shapes",
+    Raises(ValueError, r"y must have shape \(8,\) or \(8, 1\) for out_features=1; got \(8, 2\)"),
+)
 def _():
     return pb.BNN(pb.MLP(1, [3], 1))(torch.randn(8, 1), torch.randn(8, 2))
 
@@ -415,8 +462,7 @@ def _():
     from pyro.infer.autoguide import AutoNormal
 
     model = pb.BNN(pb.MLP(1, [3], 1))
-    return pb.fit_svi(model, AutoNormal(model), torch.randn(0, 1), torch.randn(0), num_steps=2,
-                      progress=False)
+    return pb.fit_svi(model, AutoNormal(model), torch.randn(0, 1), torch.randn(0), num_steps=2, progress=False)
 
 
 @case("cryptic: evaluate on 0 rows names x", Raises(ValueError, r"x has 0 rows"))
@@ -440,30 +486,37 @@ def _():
 @case("cryptic: Laplace fit on 0 rows names x", Raises(ValueError, r"x has 0 rows"))
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
-    return pb.infer.LinearizedLaplace(model, torch.zeros(model.num_weights)).fit(
-        torch.randn(0, 1), torch.randn(0))
+    return pb.infer.LinearizedLaplace(model, torch.zeros(model.num_weights)).fit(torch.randn(0, 1), torch.randn(0))
 
 
-@case("cryptic: float32 log_marginal_likelihood on a singular H names dtype and the fix",
-      Raises(ValueError, r"not numerically positive definite in torch.float32.*dtype=torch.float64"))
+@case(
+    "cryptic: float32 log_marginal_likelihood on a singular H names dtype and the fix",
+    Raises(ValueError, r"not numerically positive definite in torch.float32.*dtype=torch.float64"),
+)
 def _():
     return _laplace(dtype=torch.float32).log_marginal_likelihood(prior_precision=1e-30)
 
 
-@case("cryptic: log_marginal_likelihood(prior_precision < 0) names the argument",
-      Raises(ValueError, r"prior_precision must be positive and finite"))
+@case(
+    "cryptic: log_marginal_likelihood(prior_precision < 0) names the argument",
+    Raises(ValueError, r"prior_precision must be positive and finite"),
+)
 def _():
     return _laplace().log_marginal_likelihood(prior_precision=-1.0)
 
 
-@case("cryptic: log_marginal_likelihood(noise_scale=0) names the argument",
-      Raises(ValueError, r"noise_scale must be a positive finite scalar"))
+@case(
+    "cryptic: log_marginal_likelihood(noise_scale=0) names the argument",
+    Raises(ValueError, r"noise_scale must be a positive finite scalar"),
+)
 def _():
     return _laplace().log_marginal_likelihood(noise_scale=0.0)
 
 
-@case("Laplace: log marginal likelihood stays differentiable in its hyper-parameters",
-      Value(lambda v: all(math.isfinite(g) and g != 0 for g in v), "finite non-zero gradients"))
+@case(
+    "Laplace: log marginal likelihood stays differentiable in its hyper-parameters",
+    Value(lambda v: all(math.isfinite(g) and g != 0 for g in v), "finite non-zero gradients"),
+)
 def _():
     la = _laplace()
     p = torch.tensor(2.0, dtype=F64, requires_grad=True)
@@ -472,8 +525,10 @@ def _():
     return p.grad.item(), s.grad.item()
 
 
-@case("cryptic: load_dataset('boston', split=True) names split",
-      Raises(ValueError, r"split must be an integer in \[0, 20\) for boston.*got True"))
+@case(
+    "cryptic: load_dataset('boston', split=True) names split",
+    Raises(ValueError, r"split must be an integer in \[0, 20\) for boston.*got True"),
+)
 def _():
     return pb.datasets.load_dataset("boston", split=True)
 
@@ -516,67 +571,184 @@ def _m():
 _X, _Y = torch.randn(8, 2), torch.randn(8)
 _W = torch.randn(5, 17)
 ALREADY_CLEAN = {
-    "evaluate: wrong number of weights": (lambda: pb.evaluate(_m(), torch.randn(5, 18), _X, _Y),
-                                          ValueError, r"w must have last dimension num_weights=17"),
+    "evaluate: wrong number of weights": (
+        lambda: pb.evaluate(_m(), torch.randn(5, 18), _X, _Y),
+        ValueError,
+        r"w must have last dimension num_weights=17",
+    ),
     "evaluate: no 'w' site": (lambda: pb.evaluate(_m(), {"v": _W}, _X, _Y), ValueError, r"no 'w' site"),
     "evaluate: x and y rows": (lambda: pb.evaluate(_m(), _W, _X, _Y[:5]), ValueError, r"different numbers of rows"),
     "evaluate: NaN y": (lambda: pb.evaluate(_m(), _W, _X, torch.full((8,), math.nan)), ValueError, r"y contains NaN"),
-    "evaluate: NaN weights": (lambda: pb.evaluate(_m(), torch.full((5, 17), math.nan), _X, _Y),
-                              ValueError, r"posterior_samples\['w'\] contains NaN"),
+    "evaluate: NaN weights": (
+        lambda: pb.evaluate(_m(), torch.full((5, 17), math.nan), _X, _Y),
+        ValueError,
+        r"posterior_samples\['w'\] contains NaN",
+    ),
     "evaluate: y_std 0": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_std=0.0), ValueError, r"y_std must be positive"),
-    "evaluate: y_mean alone": (lambda: pb.evaluate(_m(), _W, _X, _Y, y_mean=1.0), ValueError, r"y_mean was given without y_std"),
+    "evaluate: y_mean alone": (
+        lambda: pb.evaluate(_m(), _W, _X, _Y, y_mean=1.0),
+        ValueError,
+        r"y_mean was given without y_std",
+    ),
     "evaluate: a list of samples": (lambda: pb.evaluate(_m(), [_W], _X, _Y), TypeError, r"posterior_samples must be"),
-    "run_nuts: num_chains 0": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, num_chains=0),
-                               ValueError, r"num_chains must be a positive integer"),
-    "run_nuts: warmup -1": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=-1),
-                            ValueError, r"warmup_steps must be an integer >= 0"),
-    "run_nuts: target_accept_prob 1.5": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1,
-                                                             target_accept_prob=1.5), ValueError, r"target_accept_prob"),
-    "run_nuts: init 'bogus'": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, init="bogus",
-                                                   progress=False), ValueError, r"init must be 'map', 'prior'"),
-    "run_nuts: init of the wrong shape": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1,
-                                                              init={"w": torch.zeros(3)}, progress=False),
-                                          ValueError, r"init\['w'\] must have shape \(17,\)"),
-    "run_nuts: kernel 'x'": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, kernel="x"),
-                             ValueError, r"kernel must be 'flat' or 'pyro'"),
-    "run_nuts: max_tree_depth 0": (lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, max_tree_depth=0),
-                                   ValueError, r"max_tree_depth must be a positive integer"),
-    "sample_posterior: num_samples 0": (lambda: pb.sample_posterior(_m(), None, _X, num_samples=0),
-                                        ValueError, r"num_samples must be a positive integer"),
-    "MLP: unknown activation": (lambda: pb.MLP(2, [4], 1, activation="swish"), ValueError, r"unknown activation 'swish'"),
-    "BNN: prior_scale < 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=-1), ValueError, r"prior_scale must be positive"),
-    "BNN: noise_scale 0": (lambda: pb.BNN(pb.MLP(2, [4], 1), noise_scale=0), ValueError, r"noise_scale must be positive"),
-    "BNN: prior_scale shape": (lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=torch.ones(3)),
-                               ValueError, r"prior_scale must be a scalar or have shape \(17,\)"),
-    "BNN: a torch.nn.Linear net": (lambda: pb.BNN(torch.nn.Linear(2, 1)), TypeError, r"net must be a pyro_bnnlv FlatNet"),
-    "BNN+LV: latent_dim 0": (lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=0), ValueError, r"latent_dim must be a positive"),
-    "BNN+LV: latent_scale < 0": (lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_scale=-1.0), ValueError, r"latent_scale must be"),
-    "BNN+LV: in_features <= latent_dim": (lambda: pb.BNNLV(pb.MLP(1, [4], 1), latent_dim=1), ValueError, r"must exceed latent_dim"),
-    "BNN+LV: x with D + K columns": (lambda: pb.BNNLV(pb.MLP(2, [4], 1))(torch.randn(5, 2), torch.randn(5)),
-                                     ValueError, r"x must have shape \(N, 1\)"),
-    "Laplace: structure 'kron'": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0], structure="kron"), ValueError, r"structure must be"),
-    "Laplace: w_map (S, P)": (lambda: pb.infer.LinearizedLaplace(_m(), _W), ValueError, r"w_map must have shape \(17,\)"),
-    "Laplace: predictive before fit": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).predictive(_X), RuntimeError, r"call fit"),
-    "Laplace: x with 5 columns": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).predictive(torch.randn(3, 5)),
-                                  ValueError, r"x has 5 columns .* in_features=2"),
-    "Laplace: prior_precision 0": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0], prior_precision=0.0),
-                                   ValueError, r"prior_precision must be positive"),
-    "Laplace: evaluate(level=95)": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(_X, _Y, level=95),
-                                    ValueError, r"level must lie in \(0, 1\), got 95"),
-    "Laplace: evaluate(y_std=x_std)": (lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(
-        _X, _Y, y_std=torch.ones(13)), ValueError, r"y_std must be a scalar or have one value per output"),
+    "run_nuts: num_chains 0": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, num_chains=0),
+        ValueError,
+        r"num_chains must be a positive integer",
+    ),
+    "run_nuts: warmup -1": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=-1),
+        ValueError,
+        r"warmup_steps must be an integer >= 0",
+    ),
+    "run_nuts: target_accept_prob 1.5": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, target_accept_prob=1.5),
+        ValueError,
+        r"target_accept_prob",
+    ),
+    "run_nuts: init 'bogus'": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, init="bogus", progress=False),
+        ValueError,
+        r"init must be 'map', 'prior'",
+    ),
+    "run_nuts: init of the wrong shape": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, init={"w": torch.zeros(3)}, progress=False),
+        ValueError,
+        r"init\['w'\] must have shape \(17,\)",
+    ),
+    "run_nuts: kernel 'x'": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, kernel="x"),
+        ValueError,
+        r"kernel must be 'flat' or 'pyro'",
+    ),
+    "run_nuts: max_tree_depth 0": (
+        lambda: pb.run_nuts(_m(), _X, _Y, num_samples=2, warmup_steps=1, max_tree_depth=0),
+        ValueError,
+        r"max_tree_depth must be a positive integer",
+    ),
+    "sample_posterior: num_samples 0": (
+        lambda: pb.sample_posterior(_m(), None, _X, num_samples=0),
+        ValueError,
+        r"num_samples must be a positive integer",
+    ),
+    "MLP: unknown activation": (
+        lambda: pb.MLP(2, [4], 1, activation="swish"),
+        ValueError,
+        r"unknown activation 'swish'",
+    ),
+    "BNN: prior_scale < 0": (
+        lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=-1),
+        ValueError,
+        r"prior_scale must be positive",
+    ),
+    "BNN: noise_scale 0": (
+        lambda: pb.BNN(pb.MLP(2, [4], 1), noise_scale=0),
+        ValueError,
+        r"noise_scale must be positive",
+    ),
+    "BNN: prior_scale shape": (
+        lambda: pb.BNN(pb.MLP(2, [4], 1), prior_scale=torch.ones(3)),
+        ValueError,
+        r"prior_scale must be a scalar or have shape \(17,\)",
+    ),
+    "BNN: a torch.nn.Linear net": (
+        lambda: pb.BNN(torch.nn.Linear(2, 1)),
+        TypeError,
+        r"net must be a pyro_bnnlv FlatNet",
+    ),
+    "BNN+LV: latent_dim 0": (
+        lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_dim=0),
+        ValueError,
+        r"latent_dim must be a positive",
+    ),
+    "BNN+LV: latent_scale < 0": (
+        lambda: pb.BNNLV(pb.MLP(2, [4], 1), latent_scale=-1.0),
+        ValueError,
+        r"latent_scale must be",
+    ),
+    "BNN+LV: in_features <= latent_dim": (
+        lambda: pb.BNNLV(pb.MLP(1, [4], 1), latent_dim=1),
+        ValueError,
+        r"must exceed latent_dim",
+    ),
+    "BNN+LV: x with D + K columns": (
+        lambda: pb.BNNLV(pb.MLP(2, [4], 1))(torch.randn(5, 2), torch.randn(5)),
+        ValueError,
+        r"x must have shape \(N, 1\)",
+    ),
+    "Laplace: structure 'kron'": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0], structure="kron"),
+        ValueError,
+        r"structure must be",
+    ),
+    "Laplace: w_map (S, P)": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W),
+        ValueError,
+        r"w_map must have shape \(17,\)",
+    ),
+    "Laplace: predictive before fit": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).predictive(_X),
+        RuntimeError,
+        r"call fit",
+    ),
+    "Laplace: x with 5 columns": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).predictive(torch.randn(3, 5)),
+        ValueError,
+        r"x has 5 columns .* in_features=2",
+    ),
+    "Laplace: prior_precision 0": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0], prior_precision=0.0),
+        ValueError,
+        r"prior_precision must be positive",
+    ),
+    "Laplace: evaluate(level=95)": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(_X, _Y, level=95),
+        ValueError,
+        r"level must lie in \(0, 1\), got 95",
+    ),
+    "Laplace: evaluate(y_std=x_std)": (
+        lambda: pb.infer.LinearizedLaplace(_m(), _W[0]).fit(_X, _Y).evaluate(_X, _Y, y_std=torch.ones(13)),
+        ValueError,
+        r"y_std must be a scalar or have one value per output",
+    ),
     "load_dataset: unknown name": (lambda: pb.datasets.load_dataset("bostn"), ValueError, r"unknown dataset 'bostn'"),
-    "load_dataset: split 25": (lambda: pb.datasets.load_dataset("boston", split=25), ValueError, r"split must be an integer in \[0, 20\)"),
-    "load_dataset: unknown option": (lambda: pb.datasets.load_dataset("cosine", standardise=True), TypeError, r"standardise"),
+    "load_dataset: split 25": (
+        lambda: pb.datasets.load_dataset("boston", split=25),
+        ValueError,
+        r"split must be an integer in \[0, 20\)",
+    ),
+    "load_dataset: unknown option": (
+        lambda: pb.datasets.load_dataset("cosine", standardise=True),
+        TypeError,
+        r"standardise",
+    ),
     "KSG: k >= N": (lambda: ksg_mutual_information(np.arange(5.0), np.arange(5.0), k=5), ValueError, r"`k` must be"),
-    "KSG: different N": (lambda: ksg_mutual_information(np.arange(5.0), np.arange(6.0)), ValueError, r"same number of rows"),
-    "KSG: NaN": (lambda: ksg_mutual_information(np.array([1.0, np.nan, 2, 3, 4, 5, 6]), np.arange(7.0), k=2),
-                 ValueError, r"`x` contains NaN"),
-    "knn: integer samples": (lambda: knn_kl(torch.ones(5, 2, dtype=torch.long), torch.randn(5, 2)),
-                             ValueError, r"p_samples must be float32 or float64"),
+    "KSG: different N": (
+        lambda: ksg_mutual_information(np.arange(5.0), np.arange(6.0)),
+        ValueError,
+        r"same number of rows",
+    ),
+    "KSG: NaN": (
+        lambda: ksg_mutual_information(np.array([1.0, np.nan, 2, 3, 4, 5, 6]), np.arange(7.0), k=2),
+        ValueError,
+        r"`x` contains NaN",
+    ),
+    "knn: integer samples": (
+        lambda: knn_kl(torch.ones(5, 2, dtype=torch.long), torch.randn(5, 2)),
+        ValueError,
+        r"p_samples must be float32 or float64",
+    ),
     "KNNElbo: k 0": (lambda: pb.KNNElbo(k=0), ValueError, r"k must be a positive integer"),
-    "FunctionalKNNElbo: input_dist 'box'": (lambda: pb.FunctionalKNNElbo(input_dist="box"), ValueError, r"input_dist must be"),
-    "input_box: one row": (lambda: pb.infer.input_box(torch.randn(1, 2)), ValueError, r"x must be a \(N, D\) tensor with N >= 2"),
+    "FunctionalKNNElbo: input_dist 'box'": (
+        lambda: pb.FunctionalKNNElbo(input_dist="box"),
+        ValueError,
+        r"input_dist must be",
+    ),
+    "input_box: one row": (
+        lambda: pb.infer.input_box(torch.randn(1, 2)),
+        ValueError,
+        r"x must be a \(N, D\) tensor with N >= 2",
+    ),
 }
 for _name, (_fn, _exc, _match) in ALREADY_CLEAN.items():
     case("clean: " + _name, Raises(_exc, _match))(_fn)
@@ -593,8 +765,10 @@ def _corr(f: torch.Tensor, y: torch.Tensor) -> float:
     return torch.corrcoef(torch.stack([f, y]))[0, 1].item()
 
 
-@case("16.1 raw Predictive after two MeanField fits: each guide predicts with its own posterior",
-      Value(lambda v: v[0] > 0.9 and v[1] > 0.9 and v[2], "corr > 0.9 with each target, B untouched"))
+@case(
+    "16.1 raw Predictive after two MeanField fits: each guide predicts with its own posterior",
+    Value(lambda v: v[0] > 0.9 and v[1] > 0.9 and v[2], "corr > 0.9 with each target, B untouched"),
+)
 def _():
     from pyro.infer import Predictive
 
@@ -612,8 +786,10 @@ def _():
     return out[0], out[1], torch.equal(fits[1][1].locs.w.detach(), b_locs)
 
 
-@case("16.1 two plain AutoNormal guides sharing names: fit_svi warns with the fix",
-      Warns(UserWarning, r"two fitted guides .*own_param_names"))
+@case(
+    "16.1 two plain AutoNormal guides sharing names: fit_svi warns with the fix",
+    Warns(UserWarning, r"two fitted guides .*own_param_names"),
+)
 def _():
     from pyro.infer.autoguide import AutoNormal
 
@@ -625,8 +801,10 @@ def _():
     return guides
 
 
-@case("16.2 a reused JitTrace_ELBO trains the second model (same data size)",
-      Value(lambda v: v > 0.8, "corr > 0.8 of the second fit with its own (mirrored) target"))
+@case(
+    "16.2 a reused JitTrace_ELBO trains the second model (same data size)",
+    Value(lambda v: v > 0.8, "corr > 0.8 of the second fit with its own (mirrored) target"),
+)
 def _():
     from pyro.infer import JitTrace_ELBO
 
@@ -638,31 +816,39 @@ def _():
     return _corr(model.f(_X1, guide.locs.w.detach()).squeeze(-1), -_Y1)
 
 
-@case("16.2 a reused JitTrace_ELBO with another data size: no KeyError",
-      Value(lambda v: len(v) == 3 and all(map(math.isfinite, v)), "three finite losses"))
+@case(
+    "16.2 a reused JitTrace_ELBO with another data size: no KeyError",
+    Value(lambda v: len(v) == 3 and all(map(math.isfinite, v)), "three finite losses"),
+)
 def _():
     from pyro.infer import JitTrace_ELBO
 
     shared = JitTrace_ELBO()
     for n in (24, 16):
         model = pb.BNN(pb.MLP(1, [4], 1))
-        hist = pb.fit_svi(model, pb.MeanField(model), _X1[:n], _Y1[:n], num_steps=3, loss=shared,
-                          seed=0, progress=False)  # fmt: skip
+        hist = pb.fit_svi(
+            model, pb.MeanField(model), _X1[:n], _Y1[:n], num_steps=3, loss=shared, seed=0, progress=False
+        )
     return hist
 
 
-@case("16.5 compare_posteriors(mcmc, mcmc) with an MCMC object is 0",
-      Value(lambda v: (v.abs() < 1e-12).all().all(), "all four KLs exactly 0"))
+@case(
+    "16.5 compare_posteriors(mcmc, mcmc) with an MCMC object is 0",
+    Value(lambda v: (v.abs() < 1e-12).all().all(), "all four KLs exactly 0"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     mcmc = pb.run_nuts(model, _X1, _Y1, num_samples=30, warmup_steps=10, map_steps=20, seed=0, progress=False)
-    out = pb.compare_posteriors(mcmc, mcmc, model, input_dist=torch.randn(30, 1), num_samples=30,
-                                num_draws=3, num_inputs=5, seed=0)  # fmt: skip
+    out = pb.compare_posteriors(
+        mcmc, mcmc, model, input_dist=torch.randn(30, 1), num_samples=30, num_draws=3, num_inputs=5, seed=0
+    )
     return out.select_dtypes("number")
 
 
-@case("16.6 henze_zirkler on a nearly collinear float32 sample equals float64 (not 4n)",
-      Value(lambda v: v[0] < 5 and abs(v[1] - v[0]) < 1e-3 * v[0], "float32 within 0.1% of float64 < 5"))
+@case(
+    "16.6 henze_zirkler on a nearly collinear float32 sample equals float64 (not 4n)",
+    Value(lambda v: v[0] < 5 and abs(v[1] - v[0]) < 1e-3 * v[0], "float32 within 0.1% of float64 < 5"),
+)
 def _():
     g = _gen()
     x1 = torch.randn(200, 1, generator=g, dtype=F64)
@@ -675,35 +861,48 @@ def _():
     return pb.train_map(pb.BNN(pb.MLP(1, [3], 1)), _X1, _Y1, num_steps=2, lr=0.0, progress=False)
 
 
-@case("16.8 train_map(ProjectedBNN) refused: N(0, 1) on w is not its MAP",
-      Raises(TypeError, r"ProjectedBNN has other latent sites .*AutoDelta"))
+@case(
+    "16.8 train_map(ProjectedBNN) refused: N(0, 1) on w is not its MAP",
+    Raises(TypeError, r"ProjectedBNN has other latent sites .*AutoDelta"),
+)
 def _():
     return pb.train_map(pb.ProjectedBNN(pb.MLP(1, [3], 1)), _X1, _Y1, num_steps=2, progress=False)
 
 
-@case("cryptic: train_map(BNNLV) names the model and the fix, no matmul error",
-      Raises(TypeError, r"BNNLV has other latent sites .*AutoDelta"))
+@case(
+    "cryptic: train_map(BNNLV) names the model and the fix, no matmul error",
+    Raises(TypeError, r"BNNLV has other latent sites .*AutoDelta"),
+)
 def _():
     return pb.train_map(pb.BNNLV(pb.MLP(2, [3], 1)), _X1, _Y1, num_steps=2, progress=False)
 
 
-@case("cryptic: ncai_guide(BNN) names BNN+LV, no AttributeError",
-      Raises(TypeError, r"needs a BNN\+LV model \(pb.BNNLV\), got BNN"))
+@case(
+    "cryptic: ncai_guide(BNN) names BNN+LV, no AttributeError",
+    Raises(TypeError, r"needs a BNN\+LV model \(pb.BNNLV\), got BNN"),
+)
 def _():
     return pb.ncai_guide(pb.BNN(pb.MLP(1, [3], 1)), _X1, _Y1, num_steps=2)
 
 
-@case("cryptic: NCAIElbo with batch_size=2 names batch_size",
-      Raises(ValueError, r"at least 3 points per step, got a batch of 2: use batch_size >= 3"))
+@case(
+    "cryptic: NCAIElbo with batch_size=2 names batch_size",
+    Raises(ValueError, r"at least 3 points per step, got a batch of 2: use batch_size >= 3"),
+)
 def _():
     model = pb.BNNLV(pb.MLP(2, [3], 1))
-    return pb.fit_svi(model, pb.MeanField(model), _X1, _Y1, num_steps=2, batch_size=2,
-                      loss=pb.NCAIElbo(), progress=False)  # fmt: skip
+    return pb.fit_svi(
+        model, pb.MeanField(model), _X1, _Y1, num_steps=2, batch_size=2, loss=pb.NCAIElbo(), progress=False
+    )
 
 
-@case("cryptic: HypernetGuide with the default loss: the density error, no JIT warning first",
-      Value(lambda v: "KNNElbo" in v[0] and not any("could not compile" in w for w in v[1]),
-            "NotImplementedError naming KNNElbo, no 'could not compile' warning"))
+@case(
+    "cryptic: HypernetGuide with the default loss: the density error, no JIT warning first",
+    Value(
+        lambda v: "KNNElbo" in v[0] and not any("could not compile" in w for w in v[1]),
+        "NotImplementedError naming KNNElbo, no 'could not compile' warning",
+    ),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     with warnings.catch_warnings(record=True) as record:
@@ -747,9 +946,13 @@ class _Payload:
         return (_payload_ran, ())
 
 
-@case("security: a __reduce__ payload in a fit file is refused without running",
-      Value(lambda v: "refused without running it" in v[0] and "_payload_ran" in v[0] and v[1] == 0,
-            "ValueError naming the object, payload never called"))
+@case(
+    "security: a __reduce__ payload in a fit file is refused without running",
+    Value(
+        lambda v: "refused without running it" in v[0] and "_payload_ran" in v[0] and v[1] == 0,
+        "ValueError naming the object, payload never called",
+    ),
+)
 def _():
     from pyro_bnnlv.serialization import load_fit
 
@@ -764,8 +967,10 @@ def _():
     return "", len(_PAYLOAD_RUNS)
 
 
-@case("security: a class name outside the allow-list is refused, never imported",
-      Raises(ValueError, r"names the model class 'os:system', which is not one load_fit rebuilds"))
+@case(
+    "security: a class name outside the allow-list is refused, never imported",
+    Raises(ValueError, r"names the model class 'os:system', which is not one load_fit rebuilds"),
+)
 def _():
     from pyro_bnnlv.serialization import load_fit
 
@@ -790,8 +995,10 @@ def _round_trip(model, guide, x, y, with_y=True, sites=("w",)):
     return all(torch.equal(a[s], b[s]) and a[s].dtype == b[s].dtype for s in sites), b["w"].dtype
 
 
-@case("save/load: MeanField saved without y reloads and samples identically",
-      Value(lambda v: v == (True, torch.float32), "identical draws, float32"))
+@case(
+    "save/load: MeanField saved without y reloads and samples identically",
+    Value(lambda v: v == (True, torch.float32), "identical draws, float32"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     guide = pb.MeanField(model)
@@ -799,8 +1006,10 @@ def _():
     return _round_trip(model, guide, _X1, _Y1, with_y=False)
 
 
-@case("save/load: a LaplaceGuide reloads and samples identically",
-      Value(lambda v: v == (True, torch.float32), "identical draws, float32"))
+@case(
+    "save/load: a LaplaceGuide reloads and samples identically",
+    Value(lambda v: v == (True, torch.float32), "identical draws, float32"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     w = pb.train_map(model, _X1, _Y1, num_steps=20, seed=0, progress=False)
@@ -808,8 +1017,10 @@ def _():
     return _round_trip(model, guide, _X1, _Y1)
 
 
-@case("float64: a float64 BNN+MeanField round trip stays float64",
-      Value(lambda v: v == (True, F64), "identical draws, float64"))
+@case(
+    "float64: a float64 BNN+MeanField round trip stays float64",
+    Value(lambda v: v == (True, F64), "identical draws, float64"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1)).double()
     guide = pb.MeanField(model)
@@ -817,8 +1028,10 @@ def _():
     return _round_trip(model, guide, _X1.double(), _Y1.double())
 
 
-@case("float64: init_to_network after model.double() starts MeanField at the float64 network weights",
-      Value(lambda v: v[0] == F64 and v[1], "float64 locs equal to init_weights"))
+@case(
+    "float64: init_to_network after model.double() starts MeanField at the float64 network weights",
+    Value(lambda v: v[0] == F64 and v[1], "float64 locs equal to init_weights"),
+)
 def _():
     from pyro_bnnlv.infer.svi import isolated_param_store
 
@@ -831,26 +1044,36 @@ def _():
     return guide.locs.w.dtype, torch.equal(guide.locs.w.detach(), w0)
 
 
-@case("float64: HypernetGuide on model.double() trains and samples float64",
-      Value(lambda v: v == F64, "float64 draws"))
+@case("float64: HypernetGuide on model.double() trains and samples float64", Value(lambda v: v == F64, "float64 draws"))
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1)).double()
     guide = pb.HypernetGuide(model, hidden_sizes=(6,), noise_dim=2)
-    pb.fit_svi(model, guide, _X1.double(), _Y1.double(), num_steps=2, progress=False,
-               loss=pb.KNNElbo(num_particles=2, num_kl_samples=4, num_prior_samples=4))  # fmt: skip
+    pb.fit_svi(
+        model,
+        guide,
+        _X1.double(),
+        _Y1.double(),
+        num_steps=2,
+        progress=False,
+        loss=pb.KNNElbo(num_particles=2, num_kl_samples=4, num_prior_samples=4),
+    )
     return guide.sample_weights(3)["w"].dtype
 
 
-@case("float64: sampled Laplace of a float64 model draws float64 through sample_posterior",
-      Value(lambda v: v == F64, "float64 draws"))
+@case(
+    "float64: sampled Laplace of a float64 model draws float64 through sample_posterior",
+    Value(lambda v: v == F64, "float64 draws"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1)).double()
     la = pb.LinearizedLaplace(model, torch.zeros(model.num_weights, dtype=F64)).fit(_X1.double(), _Y1.double())
     return pb.sample_posterior(model, la.as_guide(), _X1.double(), num_samples=3, seed=0)["w"].dtype
 
 
-@case("numpy integer num_samples accepted by sample_posterior (Laplace guide)",
-      Value(lambda v: v == (3, 10), "(3, 10) draws"))
+@case(
+    "numpy integer num_samples accepted by sample_posterior (Laplace guide)",
+    Value(lambda v: v == (3, 10), "(3, 10) draws"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1))
     guide = pb.LinearizedLaplace(model, torch.zeros(10)).fit(_X1, _Y1).as_guide()
@@ -872,8 +1095,10 @@ def _linear_net_data():
     return model, x, y, X, precision, w_map
 
 
-@case("value: Laplace evidence of a linear network equals the exact Gaussian evidence",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-5, "log N(y; 0, s^2 X X^T + sigma^2 I) to 1e-5"))
+@case(
+    "value: Laplace evidence of a linear network equals the exact Gaussian evidence",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-5, "log N(y; 0, s^2 X X^T + sigma^2 I) to 1e-5"),
+)
 def _():
     model, x, y, X, _, w_map = _linear_net_data()
     la = pb.LinearizedLaplace(model, w_map).fit(x, y)
@@ -882,8 +1107,10 @@ def _():
     return la.log_marginal_likelihood().item(), exact.item()
 
 
-@case("value: Laplace predictive of a linear network equals the exact posterior predictive",
-      Value(lambda v: v < 1e-7, "mean and f-variance to 1e-7"))
+@case(
+    "value: Laplace predictive of a linear network equals the exact posterior predictive",
+    Value(lambda v: v < 1e-7, "mean and f-variance to 1e-7"),
+)
 def _():
     model, x, y, X, precision, w_map = _linear_net_data()
     pred = pb.LinearizedLaplace(model, w_map).fit(x, y).predictive(x[:4])
@@ -893,16 +1120,20 @@ def _():
     return max(mean_err.item(), var_err.item())
 
 
-@case("value: train_map on a linear network reaches the ridge (MAP) solution",
-      Value(lambda v: v < 1e-4, "fitted values within 1e-4 of X w_MAP"))
+@case(
+    "value: train_map on a linear network reaches the ridge (MAP) solution",
+    Value(lambda v: v < 1e-4, "fitted values within 1e-4 of X w_MAP"),
+)
 def _():
     model, x, y, X, _, w_map = _linear_net_data()
     w = pb.train_map(model, x, y, num_steps=1500, lr=0.05, seed=0, progress=False)
     return (model.f(x, w).squeeze(-1) - X @ w_map).abs().max().item()
 
 
-@case("value: evaluate with one weight sample is the mean Gaussian log density",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "test_ll = mean log N(y; f(x; w), sigma^2)"))
+@case(
+    "value: evaluate with one weight sample is the mean Gaussian log density",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-6, "test_ll = mean log N(y; f(x; w), sigma^2)"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1), noise_scale=0.5)
     w = torch.randn(10, generator=_gen(1))
@@ -910,8 +1141,10 @@ def _():
     return pb.evaluate(model, w, _X1, _Y1)["test_ll"], exact.item()
 
 
-@case("value: evaluate MPIW and RMSE on the original scale (one sample: 2 z sigma y_std, y_std RMSE)",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-5 and abs(v[2] - v[3]) < 1e-5, "closed-form MPIW and RMSE"))
+@case(
+    "value: evaluate MPIW and RMSE on the original scale (one sample: 2 z sigma y_std, y_std RMSE)",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-5 and abs(v[2] - v[3]) < 1e-5, "closed-form MPIW and RMSE"),
+)
 def _():
     from statistics import NormalDist
 
@@ -922,23 +1155,28 @@ def _():
     return r["mpiw"], 2 * NormalDist().inv_cdf(0.95) * 0.5 * 3.0, r["rmse"], rmse
 
 
-@case("value: evaluate(level=np.float32(0.5)) equals level=0.5",
-      Value(lambda v: v[0].equals(v[1]), "identical metrics"))
+@case(
+    "value: evaluate(level=np.float32(0.5)) equals level=0.5", Value(lambda v: v[0].equals(v[1]), "identical metrics")
+)
 def _():
     model, w = _bnn_and_samples()
     x, y = torch.randn(7, 2, generator=_gen(1)), torch.randn(7, generator=_gen(2))
     return pb.evaluate(model, w, x, y, level=np.float32(0.5)), pb.evaluate(model, w, x, y, level=0.5)
 
 
-@case("value: sample_posterior(guide=None) draws the prior (sd = prior_scale 2)",
-      Value(lambda v: abs(v - 2.0) < 0.05, "sd within 0.05 of 2"))
+@case(
+    "value: sample_posterior(guide=None) draws the prior (sd = prior_scale 2)",
+    Value(lambda v: abs(v - 2.0) < 0.05, "sd within 0.05 of 2"),
+)
 def _():
     model = pb.BNN(pb.MLP(1, [3], 1), prior_scale=2.0)
     return pb.sample_posterior(model, None, _X1, num_samples=4000, seed=0)["w"].std().item()
 
 
-@case("value: knn_kl(N(0, 1), N(0, 4)) in d = 1 is 0.318",
-      Value(lambda v: abs(v - (0.5 * (0.25 - 1) + math.log(2))) < 0.05, "within 0.05 of the closed form"))
+@case(
+    "value: knn_kl(N(0, 1), N(0, 4)) in d = 1 is 0.318",
+    Value(lambda v: abs(v - (0.5 * (0.25 - 1) + math.log(2))) < 0.05, "within 0.05 of the closed form"),
+)
 def _():
     g = _gen(3)
     return knn_kl(torch.randn(3000, 1, generator=g, dtype=F64), 2 * torch.randn(3000, 1, generator=g, dtype=F64)).item()
@@ -949,8 +1187,10 @@ def _():
     return knn_entropy(3 * torch.rand(3000, 2, generator=_gen(), dtype=F64)).item()
 
 
-@case("value: knn_kl of a float32 p against a float64 q equals the float64 estimate",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-5, "within 1e-5"))
+@case(
+    "value: knn_kl of a float32 p against a float64 q equals the float64 estimate",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-5, "within 1e-5"),
+)
 def _():
     g = _gen()
     p, q = torch.randn(200, 2, generator=g, dtype=F64), 2 * torch.randn(300, 2, generator=g, dtype=F64)
@@ -962,8 +1202,10 @@ def _():
     return ksg_mutual_information(np.random.default_rng(0).normal(size=50), np.ones(50))
 
 
-@case("value: linear model log_evidence (K = 1, N = 1) is log N(y; 0, s0^2 + sy^2)",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-9, "to 1e-9"))
+@case(
+    "value: linear model log_evidence (K = 1, N = 1) is log N(y; 0, s0^2 + sy^2)",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-9, "to 1e-9"),
+)
 def _():
     from pyro_bnnlv.stats.linear_closed_forms import log_evidence, prior_gaussian
 
@@ -972,8 +1214,10 @@ def _():
     return log_evidence(prior_gaussian(1, 0.0, 1.5), torch.tensor([y], dtype=F64), 0.5).item(), exact
 
 
-@case("value: run_nuts on the over-parametrised linear model matches the exact posterior of f",
-      Value(lambda v: abs(v[0] - v[2]) < 0.05 and abs(v[1] / v[3] - 1) < 0.3, "mean within 0.05, var within 30%"))
+@case(
+    "value: run_nuts on the over-parametrised linear model matches the exact posterior of f",
+    Value(lambda v: abs(v[0] - v[2]) < 0.05 and abs(v[1] / v[3] - 1) < 0.3, "mean within 0.05, var within 30%"),
+)
 def _():
     from pyro_bnnlv.stats.linear_closed_forms import exact_posterior
 
@@ -986,8 +1230,10 @@ def _():
     return f.mean().item(), f.var().item(), (X @ post.loc).item(), (X @ post.cov @ X).item()
 
 
-@case("value: fit_svi with a (N,) float64 y on a float32 model gives the float32 fit",
-      Value(lambda v: v[0] == pytest.approx(v[1], rel=1e-5), "same loss curve"))
+@case(
+    "value: fit_svi with a (N,) float64 y on a float32 model gives the float32 fit",
+    Value(lambda v: v[0] == pytest.approx(v[1], rel=1e-5), "same loss curve"),
+)
 def _():
     curves = []
     for target in (_Y1, _Y1.double()):
@@ -1029,185 +1275,533 @@ MORE_CLEAN = {
     # fit_svi / train_map
     "fit_svi: numpy x": (lambda: _fit(x=_X1.numpy()), TypeError, r"x must be a torch.Tensor, got ndarray"),
     "fit_svi: (N,) x for in_features=1": (lambda: _fit(x=_X1[:, 0]), ValueError, r"x must have shape \(N, 1\)"),
-    "fit_svi: float64 data on a float32 model": (lambda: _fit(x=_X1.double(), y=_Y1.double()), ValueError,
-                                                 r"x has dtype torch.float64 .*model.double\(\)"),
+    "fit_svi: float64 data on a float32 model": (
+        lambda: _fit(x=_X1.double(), y=_Y1.double()),
+        ValueError,
+        r"x has dtype torch.float64 .*model.double\(\)",
+    ),
     "fit_svi: inf in y": (lambda: _fit(y=torch.full((24,), math.inf)), ValueError, r"y contains NaN or infinite"),
     "fit_svi: NaN in x": (lambda: _fit(x=_NAN_X), ValueError, r"x contains NaN or infinite"),
-    "fit_svi: num_steps 2.0": (lambda: _fit(num_steps=2.0), ValueError, r"num_steps must be a positive integer, got 2.0"),
+    "fit_svi: num_steps 2.0": (
+        lambda: _fit(num_steps=2.0),
+        ValueError,
+        r"num_steps must be a positive integer, got 2.0",
+    ),
     "fit_svi: lr nan": (lambda: _fit(lr=math.nan), ValueError, r"lr must be a positive number, got nan"),
     "fit_svi: batch_size 0": (lambda: _fit(batch_size=0), ValueError, r"batch_size must be a positive integer"),
-    "fit_svi: guide of another model": (lambda: _fit(guide=pb.MeanField(pb.BNN(pb.MLP(1, [5], 1)))), ValueError,
-                                        r"w must have last dimension num_weights=10; got shape \(16,\)"),
-    "fit_svi: unknown model_kwargs": (lambda: _fit(model_kwargs={"foo": 1}), TypeError, r"unexpected keyword argument 'foo'"),
-    "train_map: init of the wrong shape": (lambda: pb.train_map(_bnn(), _X1, _Y1, num_steps=2, init=torch.zeros(3)),
-                                           ValueError, r"init must have last dimension num_weights=10"),
+    "fit_svi: guide of another model": (
+        lambda: _fit(guide=pb.MeanField(pb.BNN(pb.MLP(1, [5], 1)))),
+        ValueError,
+        r"w must have last dimension num_weights=10; got shape \(16,\)",
+    ),
+    "fit_svi: unknown model_kwargs": (
+        lambda: _fit(model_kwargs={"foo": 1}),
+        TypeError,
+        r"unexpected keyword argument 'foo'",
+    ),
+    "train_map: init of the wrong shape": (
+        lambda: pb.train_map(_bnn(), _X1, _Y1, num_steps=2, init=torch.zeros(3)),
+        ValueError,
+        r"init must have last dimension num_weights=10",
+    ),
     "train_map: NaN x": (lambda: pb.train_map(_bnn(), _NAN_X, _Y1, num_steps=2), ValueError, r"x contains NaN"),
-    "train_map: the linear model": (lambda: pb.train_map(_LIN(), torch.ones(4), torch.zeros(4), num_steps=2),
-                                    TypeError, r"train_map fits the weights of a BNN"),
+    "train_map: the linear model": (
+        lambda: pb.train_map(_LIN(), torch.ones(4), torch.zeros(4), num_steps=2),
+        TypeError,
+        r"train_map fits the weights of a BNN",
+    ),
     # guides
-    "MeanField: init_scale 0": (lambda: pb.MeanField(_bnn(), init_scale=0), ValueError, r"init_scale must be a positive number"),
+    "MeanField: init_scale 0": (
+        lambda: pb.MeanField(_bnn(), init_scale=0),
+        ValueError,
+        r"init_scale must be a positive number",
+    ),
     "MeanField: init_scale nan": (lambda: pb.MeanField(_bnn(), init_scale=math.nan), ValueError, r"init_scale must be"),
-    "HypernetGuide: hidden_sizes '44'": (lambda: pb.HypernetGuide(_bnn(), hidden_sizes="44"), ValueError,
-                                         r"hidden_sizes must be positive integers"),
-    "HypernetGuide: on BNN+LV's local z": (lambda: _fit(m := _LV(), pb.HypernetGuide(m), loss=_knn()), ValueError,
-                                           r"HypernetGuide covers global latents only; site 'z'"),
-    "HypernetGuide: sample_weights before set-up": (lambda: pb.HypernetGuide(_bnn()).sample_weights(3), RuntimeError,
-                                                    r"call the guide once"),
-    "HypernetGuide: unknown activation name": (lambda: pb.HypernetGuide(_bnn(), activation="Relu"), ValueError,
-                                               r"activation 'Relu' is not a torch.nn module class"),
-    "ncai_guide: z_init 'x'": (lambda: pb.ncai_guide(_LV(), _X1, _Y1, z_init="x", num_steps=2), ValueError, r"z_init must be"),
-    "ncai_guide: scale_jitter 1": (lambda: pb.ncai_guide(_LV(), _X1, _Y1, scale_jitter=1.0), ValueError, r"scale_jitter must lie in \[0, 1\)"),
-    "ncai_guide: x with D + K columns": (lambda: pb.ncai_guide(_LV(), torch.randn(24, 2), _Y1, num_steps=2), ValueError,
-                                         r"x must have shape \(N, 1\)"),
-    "ncai_guide: num_steps 0": (lambda: pb.ncai_guide(_LV(), _X1, _Y1, num_steps=0), ValueError, r"num_steps must be a positive integer"),
+    "HypernetGuide: hidden_sizes '44'": (
+        lambda: pb.HypernetGuide(_bnn(), hidden_sizes="44"),
+        ValueError,
+        r"hidden_sizes must be positive integers",
+    ),
+    "HypernetGuide: on BNN+LV's local z": (
+        lambda: _fit(m := _LV(), pb.HypernetGuide(m), loss=_knn()),
+        ValueError,
+        r"HypernetGuide covers global latents only; site 'z'",
+    ),
+    "HypernetGuide: sample_weights before set-up": (
+        lambda: pb.HypernetGuide(_bnn()).sample_weights(3),
+        RuntimeError,
+        r"call the guide once",
+    ),
+    "HypernetGuide: unknown activation name": (
+        lambda: pb.HypernetGuide(_bnn(), activation="Relu"),
+        ValueError,
+        r"activation 'Relu' is not a torch.nn module class",
+    ),
+    "ncai_guide: z_init 'x'": (
+        lambda: pb.ncai_guide(_LV(), _X1, _Y1, z_init="x", num_steps=2),
+        ValueError,
+        r"z_init must be",
+    ),
+    "ncai_guide: scale_jitter 1": (
+        lambda: pb.ncai_guide(_LV(), _X1, _Y1, scale_jitter=1.0),
+        ValueError,
+        r"scale_jitter must lie in \[0, 1\)",
+    ),
+    "ncai_guide: x with D + K columns": (
+        lambda: pb.ncai_guide(_LV(), torch.randn(24, 2), _Y1, num_steps=2),
+        ValueError,
+        r"x must have shape \(N, 1\)",
+    ),
+    "ncai_guide: num_steps 0": (
+        lambda: pb.ncai_guide(_LV(), _X1, _Y1, num_steps=0),
+        ValueError,
+        r"num_steps must be a positive integer",
+    ),
     "ncai_guide: misspelt option": (lambda: pb.ncai_guide(_LV(), _X1, _Y1, num_step=2), TypeError, r"'num_step'"),
-    "init_to_network: weights of the wrong shape": (lambda: pb.init_to_network(_bnn(), weights=torch.zeros(3)), ValueError,
-                                                    r"weights must have last dimension num_weights=10"),
-    "init_to_network: a plain function": (lambda: pb.init_to_network(lambda x: x), TypeError, r"needs a model with a network"),
-    "own_param_names: a function": (lambda: pb.own_param_names(lambda x: x), TypeError, r"guide must be a pyro.nn.PyroModule"),
+    "init_to_network: weights of the wrong shape": (
+        lambda: pb.init_to_network(_bnn(), weights=torch.zeros(3)),
+        ValueError,
+        r"weights must have last dimension num_weights=10",
+    ),
+    "init_to_network: a plain function": (
+        lambda: pb.init_to_network(lambda x: x),
+        TypeError,
+        r"needs a model with a network",
+    ),
+    "own_param_names: a function": (
+        lambda: pb.own_param_names(lambda x: x),
+        TypeError,
+        r"guide must be a pyro.nn.PyroModule",
+    ),
     # ELBOs
     "KNNElbo: unknown site": (lambda: _fit(loss=_knn(site="v")), ValueError, r"no site 'v'; KNNElbo\(site=...\)"),
     "KNNElbo: a local site": (lambda: _fit(_LV(), loss=_knn(site="z")), ValueError, r"site 'z' lies in a plate"),
-    "KNNElbo: num_kl_samples 1": (lambda: pb.KNNElbo(num_kl_samples=1), ValueError, r"num_kl_samples must be an integer >= 2"),
-    "KNNElbo: num_particles 0": (lambda: pb.KNNElbo(num_particles=0), ValueError, r"num_particles must be a positive integer"),
-    "KNNElbo: prior_sampler of the wrong width": (lambda: _fit(loss=_knn(prior_sampler=lambda n: torch.randn(n, 3))),
-                                                  ValueError, r"prior samples have 3 coordinates, guide samples 10"),
+    "KNNElbo: num_kl_samples 1": (
+        lambda: pb.KNNElbo(num_kl_samples=1),
+        ValueError,
+        r"num_kl_samples must be an integer >= 2",
+    ),
+    "KNNElbo: num_particles 0": (
+        lambda: pb.KNNElbo(num_particles=0),
+        ValueError,
+        r"num_particles must be a positive integer",
+    ),
+    "KNNElbo: prior_sampler of the wrong width": (
+        lambda: _fit(loss=_knn(prior_sampler=lambda n: torch.randn(n, 3))),
+        ValueError,
+        r"prior samples have 3 coordinates, guide samples 10",
+    ),
     "KNNElbo: ProjectedBNN's deterministic w": (lambda: _fit(_PROJ(), loss=_knn()), ValueError, r"no site 'w'"),
-    "FunctionalKNNElbo: train_fraction 2": (lambda: pb.FunctionalKNNElbo(train_fraction=2), ValueError, r"train_fraction must lie in \[0, 1\]"),
-    "FunctionalKNNElbo: num_inputs 0": (lambda: pb.FunctionalKNNElbo(num_inputs=0), ValueError, r"num_inputs must be a positive integer"),
-    "NCAIElbo: lambda1 -1": (lambda: pb.NCAIElbo(lambda1=-1), ValueError, r"lambda1 must be a finite non-negative number"),
+    "FunctionalKNNElbo: train_fraction 2": (
+        lambda: pb.FunctionalKNNElbo(train_fraction=2),
+        ValueError,
+        r"train_fraction must lie in \[0, 1\]",
+    ),
+    "FunctionalKNNElbo: num_inputs 0": (
+        lambda: pb.FunctionalKNNElbo(num_inputs=0),
+        ValueError,
+        r"num_inputs must be a positive integer",
+    ),
+    "NCAIElbo: lambda1 -1": (
+        lambda: pb.NCAIElbo(lambda1=-1),
+        ValueError,
+        r"lambda1 must be a finite non-negative number",
+    ),
     "NCAIElbo: eps_T 0": (lambda: pb.NCAIElbo(eps_T=0), ValueError, r"eps_T must be positive"),
-    "NCAIElbo: independence 'x'": (lambda: pb.NCAIElbo(independence="x"), ValueError, r"independence must be one of 'hsic', 'pc', 'knn-mi'"),
+    "NCAIElbo: independence 'x'": (
+        lambda: pb.NCAIElbo(independence="x"),
+        ValueError,
+        r"independence must be one of 'hsic', 'pc', 'knn-mi'",
+    ),
     "NCAIElbo: a BNN without z": (lambda: _fit(loss=pb.NCAIElbo()), ValueError, r"the guide has no site 'z'"),
     "NCAIElbo: no y": (lambda: _fit(_LV(), y=None, loss=pb.NCAIElbo()), ValueError, r"NCAIElbo needs observed targets"),
     "NCAIElbo: misspelt option": (lambda: pb.NCAIElbo(num_particle=2), TypeError, r"'num_particle'"),
     # run_nuts
-    "run_nuts: num_samples 0": (lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=0, warmup_steps=1), ValueError, r"num_samples must be a positive integer"),
-    "run_nuts: NaN x": (lambda: pb.run_nuts(_bnn(), _NAN_X, _Y1, num_samples=2, warmup_steps=1), ValueError, r"x contains NaN"),
-    "run_nuts: x and y rows": (lambda: pb.run_nuts(_bnn(), _X1, _Y1[:5], num_samples=2, warmup_steps=1), ValueError,
-                               r"different numbers of rows: 24 vs 5"),
-    "run_nuts: float64 data, float32 model": (lambda: pb.run_nuts(_bnn(), _X1.double(), _Y1.double(), num_samples=2,
-                                                                  warmup_steps=1), ValueError, r"x has dtype torch.float64"),
-    "run_nuts: NaN init": (lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, progress=False,
-                                               init={"w": torch.full((10,), math.nan)}), ValueError, r"initial values contain NaN"),
-    "run_nuts: init without w": (lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, progress=False,
-                                                     init={"v": torch.zeros(10)}), ValueError, r"init lacks site 'w'"),
-    "run_nuts: map_steps 0": (lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, map_steps=0), ValueError, r"map_steps must be a positive integer"),
-    "run_nuts: target_accept_prob nan": (lambda: _nuts(target_accept_prob=math.nan), ValueError, r"target_accept_prob must lie in"),
-    "run_nuts: a list x": (lambda: pb.run_nuts(_bnn(), [[1.0]] * 8, _Y1[:8], num_samples=2, warmup_steps=1), TypeError,
-                           r"x must be a torch.Tensor, got list"),
+    "run_nuts: num_samples 0": (
+        lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=0, warmup_steps=1),
+        ValueError,
+        r"num_samples must be a positive integer",
+    ),
+    "run_nuts: NaN x": (
+        lambda: pb.run_nuts(_bnn(), _NAN_X, _Y1, num_samples=2, warmup_steps=1),
+        ValueError,
+        r"x contains NaN",
+    ),
+    "run_nuts: x and y rows": (
+        lambda: pb.run_nuts(_bnn(), _X1, _Y1[:5], num_samples=2, warmup_steps=1),
+        ValueError,
+        r"different numbers of rows: 24 vs 5",
+    ),
+    "run_nuts: float64 data, float32 model": (
+        lambda: pb.run_nuts(_bnn(), _X1.double(), _Y1.double(), num_samples=2, warmup_steps=1),
+        ValueError,
+        r"x has dtype torch.float64",
+    ),
+    "run_nuts: NaN init": (
+        lambda: pb.run_nuts(
+            _bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, progress=False, init={"w": torch.full((10,), math.nan)}
+        ),
+        ValueError,
+        r"initial values contain NaN",
+    ),
+    "run_nuts: init without w": (
+        lambda: pb.run_nuts(
+            _bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, progress=False, init={"v": torch.zeros(10)}
+        ),
+        ValueError,
+        r"init lacks site 'w'",
+    ),
+    "run_nuts: map_steps 0": (
+        lambda: pb.run_nuts(_bnn(), _X1, _Y1, num_samples=2, warmup_steps=1, map_steps=0),
+        ValueError,
+        r"map_steps must be a positive integer",
+    ),
+    "run_nuts: target_accept_prob nan": (
+        lambda: _nuts(target_accept_prob=math.nan),
+        ValueError,
+        r"target_accept_prob must lie in",
+    ),
+    "run_nuts: a list x": (
+        lambda: pb.run_nuts(_bnn(), [[1.0]] * 8, _Y1[:8], num_samples=2, warmup_steps=1),
+        TypeError,
+        r"x must be a torch.Tensor, got list",
+    ),
     # evaluate and sample_posterior
     "evaluate: level nan": (lambda: _evaluate(level=math.nan), ValueError, r"level must lie in \(0, 1\), got nan"),
     "evaluate: level '0.9'": (lambda: _evaluate(level="0.9"), ValueError, r"level must lie in \(0, 1\), got '0.9'"),
     "evaluate: y_std < 0": (lambda: _evaluate(y_mean=0.0, y_std=-1.0), ValueError, r"y_std must be positive"),
-    "evaluate: numpy x_std (13,)": (lambda: _evaluate(y_mean=0.0, y_std=np.ones(13)), ValueError, r"y_std must be a scalar"),
-    "evaluate: (1, S, P) samples": (lambda: pb.evaluate(_m(), _W.unsqueeze(0), _X, _Y), ValueError,
-                                    r"posterior_samples\['w'\] must have shape \(S, P\)"),
-    "evaluate: inf weights": (lambda: pb.evaluate(_m(), torch.full((5, 17), math.inf), _X, _Y), ValueError,
-                              r"posterior_samples\['w'\] contains NaN or infinite"),
-    "evaluate: numpy x": (lambda: pb.evaluate(_m(), _W, _X.numpy(), _Y.numpy()), TypeError, r"x must be a torch.Tensor"),
-    "evaluate: split 'train'": (lambda: pb.evaluate(_m(), _W, pb.load_dataset("cosine", sizes=(10, 5, 5)), split="train"),
-                                ValueError, r"split must be 'test' or 'valid'"),
-    "evaluate: BNN+LV samples of a BNN": (lambda: pb.evaluate(_LV(), _W10, _X1, _Y1, seed=0), ValueError,
-                                          r"w must have last dimension num_weights=13"),
-    "evaluate: a BNN+LV guide without train_data": (lambda: pb.evaluate(m := _LV(), pb.MeanField(m), _X1, _Y1), ValueError,
-                                                    r"pass train_data=\(x_train, y_train\)"),
-    "sample_posterior: unknown site": (lambda: pb.sample_posterior(_bnn(), None, _X1, num_samples=2, sites=("v",)),
-                                       ValueError, r"sites \['v'\] not found"),
-    "sample_posterior: NaN x": (lambda: pb.sample_posterior(_bnn(), None, _NAN_X, num_samples=2), ValueError, r"x contains NaN"),
+    "evaluate: numpy x_std (13,)": (
+        lambda: _evaluate(y_mean=0.0, y_std=np.ones(13)),
+        ValueError,
+        r"y_std must be a scalar",
+    ),
+    "evaluate: (1, S, P) samples": (
+        lambda: pb.evaluate(_m(), _W.unsqueeze(0), _X, _Y),
+        ValueError,
+        r"posterior_samples\['w'\] must have shape \(S, P\)",
+    ),
+    "evaluate: inf weights": (
+        lambda: pb.evaluate(_m(), torch.full((5, 17), math.inf), _X, _Y),
+        ValueError,
+        r"posterior_samples\['w'\] contains NaN or infinite",
+    ),
+    "evaluate: numpy x": (
+        lambda: pb.evaluate(_m(), _W, _X.numpy(), _Y.numpy()),
+        TypeError,
+        r"x must be a torch.Tensor",
+    ),
+    "evaluate: split 'train'": (
+        lambda: pb.evaluate(_m(), _W, pb.load_dataset("cosine", sizes=(10, 5, 5)), split="train"),
+        ValueError,
+        r"split must be 'test' or 'valid'",
+    ),
+    "evaluate: BNN+LV samples of a BNN": (
+        lambda: pb.evaluate(_LV(), _W10, _X1, _Y1, seed=0),
+        ValueError,
+        r"w must have last dimension num_weights=13",
+    ),
+    "evaluate: a BNN+LV guide without train_data": (
+        lambda: pb.evaluate(m := _LV(), pb.MeanField(m), _X1, _Y1),
+        ValueError,
+        r"pass train_data=\(x_train, y_train\)",
+    ),
+    "sample_posterior: unknown site": (
+        lambda: pb.sample_posterior(_bnn(), None, _X1, num_samples=2, sites=("v",)),
+        ValueError,
+        r"sites \['v'\] not found",
+    ),
+    "sample_posterior: NaN x": (
+        lambda: pb.sample_posterior(_bnn(), None, _NAN_X, num_samples=2),
+        ValueError,
+        r"x contains NaN",
+    ),
     # Laplace
     "Laplace: NaN x in fit": (lambda: _la().fit(_NAN_X, _Y1), ValueError, r"x contains NaN"),
     "Laplace: NaN x in predictive": (lambda: _la().fit(_X1, _Y1).predictive(_NAN_X), ValueError, r"x contains NaN"),
-    "Laplace: prior_precision (3,)": (lambda: _la(prior_precision=torch.ones(3)), ValueError,
-                                      r"prior_precision must be a scalar or have shape \(10,\)"),
-    "Laplace: noise_scale nan": (lambda: _la(noise_scale=math.nan), ValueError, r"noise_scale must be a positive finite scalar"),
-    "Laplace: repeated subset_indices": (lambda: _la(structure="last_layer", subset_indices=torch.tensor([0, 0])),
-                                         ValueError, r"subset_indices must be distinct"),
-    "Laplace: dtype float16": (lambda: _la(dtype=torch.float16), ValueError, r"dtype must be torch.float32 or torch.float64"),
-    "Laplace: sample_weights(0)": (lambda: _la().fit(_X1, _Y1).as_guide().sample_weights(0), ValueError,
-                                   r"num_samples must be a positive integer"),
-    "Laplace: optimise by 'x'": (lambda: _la().fit(_X1, _Y1).optimize_hyperparameters(method="x"), ValueError,
-                                 r"method must be 'marglik' or 'validation'"),
-    "Laplace: validation without data": (lambda: _la().fit(_X1, _Y1).optimize_hyperparameters(method="validation"),
-                                         ValueError, r"needs x_valid and y_valid"),
-    "Laplace: the linear model": (lambda: pb.infer.LinearizedLaplace(_LIN(), torch.zeros(3)), TypeError, r"model must expose 'net'"),
+    "Laplace: prior_precision (3,)": (
+        lambda: _la(prior_precision=torch.ones(3)),
+        ValueError,
+        r"prior_precision must be a scalar or have shape \(10,\)",
+    ),
+    "Laplace: noise_scale nan": (
+        lambda: _la(noise_scale=math.nan),
+        ValueError,
+        r"noise_scale must be a positive finite scalar",
+    ),
+    "Laplace: repeated subset_indices": (
+        lambda: _la(structure="last_layer", subset_indices=torch.tensor([0, 0])),
+        ValueError,
+        r"subset_indices must be distinct",
+    ),
+    "Laplace: dtype float16": (
+        lambda: _la(dtype=torch.float16),
+        ValueError,
+        r"dtype must be torch.float32 or torch.float64",
+    ),
+    "Laplace: sample_weights(0)": (
+        lambda: _la().fit(_X1, _Y1).as_guide().sample_weights(0),
+        ValueError,
+        r"num_samples must be a positive integer",
+    ),
+    "Laplace: optimise by 'x'": (
+        lambda: _la().fit(_X1, _Y1).optimize_hyperparameters(method="x"),
+        ValueError,
+        r"method must be 'marglik' or 'validation'",
+    ),
+    "Laplace: validation without data": (
+        lambda: _la().fit(_X1, _Y1).optimize_hyperparameters(method="validation"),
+        ValueError,
+        r"needs x_valid and y_valid",
+    ),
+    "Laplace: the linear model": (
+        lambda: pb.infer.LinearizedLaplace(_LIN(), torch.zeros(3)),
+        TypeError,
+        r"model must expose 'net'",
+    ),
     # statistics
-    "knn_kl: k 0": (lambda: knn_kl(torch.randn(20, 2), torch.randn(20, 2), k=0), ValueError, r"k must be a positive int"),
-    "knn_kl: different d": (lambda: knn_kl(torch.randn(20, 2), torch.randn(20, 3)), ValueError, r"same dimension d, got 2 and 3"),
-    "knn_kl: (N,) samples": (lambda: knn_kl(torch.randn(20), torch.randn(20)), ValueError, r"p_samples must have 2 dimensions"),
-    "knn_kl: numpy samples": (lambda: knn_kl(np.zeros((5, 2)), torch.randn(5, 2)), TypeError, r"p_samples must be a torch.Tensor"),
-    "knn_kl: NaN": (lambda: knn_kl(torch.full((20, 2), math.nan), torch.randn(20, 2)), ValueError, r"p_samples contains non-finite"),
-    "knn_kl: empty": (lambda: knn_kl(torch.randn(0, 2), torch.randn(20, 2)), ValueError, r"p_samples must be non-empty"),
-    "knn_kl: one p sample": (lambda: knn_kl(torch.randn(1, 2), torch.randn(20, 2)), ValueError, r"p_samples has 1 samples but k=1"),
+    "knn_kl: k 0": (
+        lambda: knn_kl(torch.randn(20, 2), torch.randn(20, 2), k=0),
+        ValueError,
+        r"k must be a positive int",
+    ),
+    "knn_kl: different d": (
+        lambda: knn_kl(torch.randn(20, 2), torch.randn(20, 3)),
+        ValueError,
+        r"same dimension d, got 2 and 3",
+    ),
+    "knn_kl: (N,) samples": (
+        lambda: knn_kl(torch.randn(20), torch.randn(20)),
+        ValueError,
+        r"p_samples must have 2 dimensions",
+    ),
+    "knn_kl: numpy samples": (
+        lambda: knn_kl(np.zeros((5, 2)), torch.randn(5, 2)),
+        TypeError,
+        r"p_samples must be a torch.Tensor",
+    ),
+    "knn_kl: NaN": (
+        lambda: knn_kl(torch.full((20, 2), math.nan), torch.randn(20, 2)),
+        ValueError,
+        r"p_samples contains non-finite",
+    ),
+    "knn_kl: empty": (
+        lambda: knn_kl(torch.randn(0, 2), torch.randn(20, 2)),
+        ValueError,
+        r"p_samples must be non-empty",
+    ),
+    "knn_kl: one p sample": (
+        lambda: knn_kl(torch.randn(1, 2), torch.randn(20, 2)),
+        ValueError,
+        r"p_samples has 1 samples but k=1",
+    ),
     "knn_entropy: k >= n": (lambda: knn_entropy(torch.randn(3, 2), k=3), ValueError, r"samples has 3 samples but k=3"),
-    "functional_knn_kl: (T, O) values": (lambda: functional_knn_kl(torch.randn(10, 4), torch.randn(10, 4)), ValueError,
-                                         r"f_p must have 3 or 4 dimensions"),
+    "functional_knn_kl: (T, O) values": (
+        lambda: functional_knn_kl(torch.randn(10, 4), torch.randn(10, 4)),
+        ValueError,
+        r"f_p must have 3 or 4 dimensions",
+    ),
     "henze_zirkler: 2 rows": (lambda: henze_zirkler(torch.randn(2, 2)), ValueError, r"`x` must have at least 3 rows"),
     "henze_zirkler: NaN": (lambda: henze_zirkler(torch.full((20, 2), math.nan)), ValueError, r"`x` contains NaN"),
-    "henze_zirkler: ridge -1": (lambda: henze_zirkler(torch.randn(20, 2), ridge=-1), ValueError, r"`ridge` must be a finite number >= 0"),
+    "henze_zirkler: ridge -1": (
+        lambda: henze_zirkler(torch.randn(20, 2), ridge=-1),
+        ValueError,
+        r"`ridge` must be a finite number >= 0",
+    ),
     "henze_zirkler: empty": (lambda: henze_zirkler(torch.randn(0, 2)), ValueError, r"`x` must be non-empty"),
-    "KSG: k 0": (lambda: ksg_mutual_information(np.arange(20.0), np.arange(20.0), k=0), ValueError, r"`k` must be an integer with 1 <= k"),
-    "KSG: (n, 2, 2) x": (lambda: ksg_mutual_information(np.zeros((5, 2, 2)), np.zeros((5, 2, 2))), ValueError,
-                         r"`x` must have shape \(n,\) or \(n, d\)"),
+    "KSG: k 0": (
+        lambda: ksg_mutual_information(np.arange(20.0), np.arange(20.0), k=0),
+        ValueError,
+        r"`k` must be an integer with 1 <= k",
+    ),
+    "KSG: (n, 2, 2) x": (
+        lambda: ksg_mutual_information(np.zeros((5, 2, 2)), np.zeros((5, 2, 2))),
+        ValueError,
+        r"`x` must have shape \(n,\) or \(n, d\)",
+    ),
     "KSG: empty": (lambda: ksg_mutual_information(np.zeros(0), np.zeros(0)), ValueError, r"`x` must be non-empty"),
-    "KSG: inf": (lambda: ksg_mutual_information(np.r_[np.inf, np.ones(9)], np.arange(10.0)), ValueError, r"`x` contains NaN or infinite"),
+    "KSG: inf": (
+        lambda: ksg_mutual_information(np.r_[np.inf, np.ones(9)], np.arange(10.0)),
+        ValueError,
+        r"`x` contains NaN or infinite",
+    ),
     # data
-    "from_arrays: no rows": (lambda: pb.datasets.from_arrays(np.zeros((0, 2)), np.zeros(0)), ValueError, r"0 rows leave 0 for training"),
-    "from_arrays: two targets": (lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.zeros((20, 2))), ValueError,
-                                 r"y must have shape \(N,\) \(one real-valued target\)"),
-    "from_arrays: rows": (lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.zeros(5)), ValueError, r"different numbers of rows: 20 vs 5"),
-    "from_arrays: NaN": (lambda: pb.datasets.from_arrays(np.full((20, 2), np.nan), np.zeros(20)), ValueError, r"x contains NaN"),
-    "from_arrays: strings": (lambda: pb.datasets.from_arrays([["a", "b"]] * 20, np.zeros(20)), ValueError, r"x must be numeric"),
-    "from_arrays: test_fraction 1": (lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), test_fraction=1.0),
-                                     ValueError, r"test_fraction must be a fraction in \[0, 1\)"),
-    "from_arrays: fractions leave no training rows": (lambda: pb.datasets.from_arrays(
-        np.zeros((20, 2)), np.arange(20.0), test_fraction=0.6, valid_fraction=0.5), ValueError, r"20 rows leave -2 for training"),
-    "from_arrays: constant y": (lambda: pb.datasets.from_arrays(np.random.default_rng(0).normal(size=(20, 2)), np.ones(20)),
-                                ValueError, r"training targets are constant"),
-    "load_dataset: split -1": (lambda: pb.datasets.load_dataset("boston", split=-1), ValueError, r"split must be an integer in \[0, 20\)"),
-    "load_dataset: split 2.5": (lambda: pb.datasets.load_dataset("boston", split=2.5), ValueError, r"split must be an integer"),
-    "load_dataset: split for a synthetic set": (lambda: pb.datasets.load_dataset("cosine", split=3), TypeError, r"'split'"),
-    "load_dataset: valid_fraction 1": (lambda: pb.datasets.load_dataset("boston", valid_fraction=1.0), ValueError,
-                                       r"valid_fraction must lie in \[0, 1\)"),
+    "from_arrays: no rows": (
+        lambda: pb.datasets.from_arrays(np.zeros((0, 2)), np.zeros(0)),
+        ValueError,
+        r"0 rows leave 0 for training",
+    ),
+    "from_arrays: two targets": (
+        lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.zeros((20, 2))),
+        ValueError,
+        r"y must have shape \(N,\) \(one real-valued target\)",
+    ),
+    "from_arrays: rows": (
+        lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.zeros(5)),
+        ValueError,
+        r"different numbers of rows: 20 vs 5",
+    ),
+    "from_arrays: NaN": (
+        lambda: pb.datasets.from_arrays(np.full((20, 2), np.nan), np.zeros(20)),
+        ValueError,
+        r"x contains NaN",
+    ),
+    "from_arrays: strings": (
+        lambda: pb.datasets.from_arrays([["a", "b"]] * 20, np.zeros(20)),
+        ValueError,
+        r"x must be numeric",
+    ),
+    "from_arrays: test_fraction 1": (
+        lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), test_fraction=1.0),
+        ValueError,
+        r"test_fraction must be a fraction in \[0, 1\)",
+    ),
+    "from_arrays: fractions leave no training rows": (
+        lambda: pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), test_fraction=0.6, valid_fraction=0.5),
+        ValueError,
+        r"20 rows leave -2 for training",
+    ),
+    "from_arrays: constant y": (
+        lambda: pb.datasets.from_arrays(np.random.default_rng(0).normal(size=(20, 2)), np.ones(20)),
+        ValueError,
+        r"training targets are constant",
+    ),
+    "load_dataset: split -1": (
+        lambda: pb.datasets.load_dataset("boston", split=-1),
+        ValueError,
+        r"split must be an integer in \[0, 20\)",
+    ),
+    "load_dataset: split 2.5": (
+        lambda: pb.datasets.load_dataset("boston", split=2.5),
+        ValueError,
+        r"split must be an integer",
+    ),
+    "load_dataset: split for a synthetic set": (
+        lambda: pb.datasets.load_dataset("cosine", split=3),
+        TypeError,
+        r"'split'",
+    ),
+    "load_dataset: valid_fraction 1": (
+        lambda: pb.datasets.load_dataset("boston", valid_fraction=1.0),
+        ValueError,
+        r"valid_fraction must lie in \[0, 1\)",
+    ),
     # save / load
-    "save_fit: x of the wrong width": (lambda: _save_only(m := _bnn(), pb.MeanField(m), x=torch.randn(24, 2)),
-                                       ValueError, r"x must have shape \(N, 1\)"),
-    "save_fit: a guide function": (lambda: _save_only(_bnn(), lambda *a: None), TypeError,
-                                   r"guide function is not a class load_fit rebuilds"),
-    "save_fit: an AutoIAFNormal": (lambda: _save_only(m := _bnn(), AutoIAFNormal(m)),
-                                   TypeError, r"guide AutoIAFNormal is not a class load_fit rebuilds.*register_class"),
-    "load_fit: a text file": (lambda: _load_text_file(), ValueError, r"is not a pyro_bnnlv fit: .*starts with b'hello'"),
-    "load_fit: format 99": (lambda: _load_saved({"format": 99, "model_class": "x"}), ValueError, r"unsupported fit file format 99"),
+    "save_fit: x of the wrong width": (
+        lambda: _save_only(m := _bnn(), pb.MeanField(m), x=torch.randn(24, 2)),
+        ValueError,
+        r"x must have shape \(N, 1\)",
+    ),
+    "save_fit: a guide function": (
+        lambda: _save_only(_bnn(), lambda *a: None),
+        TypeError,
+        r"guide function is not a class load_fit rebuilds",
+    ),
+    "save_fit: an AutoIAFNormal": (
+        lambda: _save_only(m := _bnn(), AutoIAFNormal(m)),
+        TypeError,
+        r"guide AutoIAFNormal is not a class load_fit rebuilds.*register_class",
+    ),
+    "load_fit: a text file": (
+        lambda: _load_text_file(),
+        ValueError,
+        r"is not a pyro_bnnlv fit: .*starts with b'hello'",
+    ),
+    "load_fit: format 99": (
+        lambda: _load_saved({"format": 99, "model_class": "x"}),
+        ValueError,
+        r"unsupported fit file format 99",
+    ),
     "load_fit: a list": (lambda: _load_saved([1, 2, 3]), ValueError, r"is not a pyro_bnnlv fit .*it holds a list"),
-    "load_fit: a state dict": (lambda: _load_saved(_bnn().state_dict()), ValueError, r"a state dict of .*load_state_dict"),
+    "load_fit: a state dict": (
+        lambda: _load_saved(_bnn().state_dict()),
+        ValueError,
+        r"a state dict of .*load_state_dict",
+    ),
     "load_fit: missing file": (lambda: serialization.load_fit("/nonexistent/fit.pt"), FileNotFoundError, r"fit.pt"),
-    "register_class: kind 'foo'": (lambda: serialization.register_class(pb.BNN, "foo"), ValueError, r"kind must be 'model' or 'guide'"),
+    "register_class: kind 'foo'": (
+        lambda: serialization.register_class(pb.BNN, "foo"),
+        ValueError,
+        r"kind must be 'model' or 'guide'",
+    ),
     # models and networks
-    "ProjectedBNN: task for a single-task model": (lambda: _fit(_PROJ(), model_kwargs={"task": torch.zeros(24, dtype=torch.long)}),
-                                                   ValueError, r"task is only for a multi-task ProjectedBNN"),
-    "ProjectedBNN: multi-task without task": (lambda: _fit(pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=2)), ValueError,
-                                              r"needs task=\(N,\) task indices"),
-    "ProjectedBNN: task out of range": (lambda: _fit(pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=2),
-                                                     model_kwargs={"task": torch.full((24,), 2)}), ValueError, r"task indices must lie in \[0, 2\)"),
-    "ProjectedBNN: num_tasks 0": (lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=0), ValueError, r"num_tasks must be a positive integer"),
-    "ProjectedBNN: fixed_phi of the wrong size": (lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), fixed_phi=torch.zeros(3)), ValueError,
-                                                  r"fixed_phi must have last dimension"),
-    "ProjectedBNN: decoder_hidden 2.5": (lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), decoder_hidden=[2.5]), ValueError,
-                                         r"hidden_sizes\[0\] must be a positive integer"),
-    "BNN+LV: latent_scale (2,)": (lambda: pb.BNNLV(pb.MLP(3, [3], 1), latent_dim=2, latent_scale=torch.ones(2)), ValueError,
-                                  r"latent_scale must be a scalar"),
-    "BNN: noise_scale nan": (lambda: pb.BNN(pb.MLP(1, [3], 1), noise_scale=math.nan), ValueError, r"noise_scale must be positive and finite"),
+    "ProjectedBNN: task for a single-task model": (
+        lambda: _fit(_PROJ(), model_kwargs={"task": torch.zeros(24, dtype=torch.long)}),
+        ValueError,
+        r"task is only for a multi-task ProjectedBNN",
+    ),
+    "ProjectedBNN: multi-task without task": (
+        lambda: _fit(pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=2)),
+        ValueError,
+        r"needs task=\(N,\) task indices",
+    ),
+    "ProjectedBNN: task out of range": (
+        lambda: _fit(pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=2), model_kwargs={"task": torch.full((24,), 2)}),
+        ValueError,
+        r"task indices must lie in \[0, 2\)",
+    ),
+    "ProjectedBNN: num_tasks 0": (
+        lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), num_tasks=0),
+        ValueError,
+        r"num_tasks must be a positive integer",
+    ),
+    "ProjectedBNN: fixed_phi of the wrong size": (
+        lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), fixed_phi=torch.zeros(3)),
+        ValueError,
+        r"fixed_phi must have last dimension",
+    ),
+    "ProjectedBNN: decoder_hidden 2.5": (
+        lambda: pb.ProjectedBNN(pb.MLP(1, [3], 1), decoder_hidden=[2.5]),
+        ValueError,
+        r"hidden_sizes\[0\] must be a positive integer",
+    ),
+    "BNN+LV: latent_scale (2,)": (
+        lambda: pb.BNNLV(pb.MLP(3, [3], 1), latent_dim=2, latent_scale=torch.ones(2)),
+        ValueError,
+        r"latent_scale must be a scalar",
+    ),
+    "BNN: noise_scale nan": (
+        lambda: pb.BNN(pb.MLP(1, [3], 1), noise_scale=math.nan),
+        ValueError,
+        r"noise_scale must be positive and finite",
+    ),
     "MLP: width 0": (lambda: pb.MLP(1, [0], 1), ValueError, r"hidden_sizes\[0\] must be a positive integer"),
-    "MLP: width True": (lambda: pb.MLP(1, [True], 1), ValueError, r"hidden_sizes\[0\] must be a positive integer .*got True"),
+    "MLP: width True": (
+        lambda: pb.MLP(1, [True], 1),
+        ValueError,
+        r"hidden_sizes\[0\] must be a positive integer .*got True",
+    ),
     "MLP: out_features 0": (lambda: pb.MLP(1, [3], 0), ValueError, r"out_features must be a positive integer"),
-    "MLP: weights of the wrong size": (lambda: pb.MLP(1, [3], 1)(_X1, torch.zeros(5)), ValueError, r"w must have last dimension num_weights=10"),
+    "MLP: weights of the wrong size": (
+        lambda: pb.MLP(1, [3], 1)(_X1, torch.zeros(5)),
+        ValueError,
+        r"w must have last dimension num_weights=10",
+    ),
     "linear model: K 0": (lambda: pb.OverparametrisedLinear(0), ValueError, r"K must be a positive integer, got 0"),
-    "linear model: noise_scale -1": (lambda: pb.OverparametrisedLinear(3, noise_scale=-1), ValueError, r"noise_scale must be positive"),
-    "linear model: prior_scale (2,)": (lambda: pb.OverparametrisedLinear(3, prior_scale=torch.ones(2)), ValueError,
-                                       r"prior_scale must be a scalar or have shape \(3,\)"),
-    "linear model: (N, 1) y": (lambda: _fit(_LIN(), x=torch.ones(4), y=torch.zeros(4, 1)), ValueError, r"y must be a tensor of shape \(N,\)"),
-    "linear model: x of width 2": (lambda: _LIN()(torch.zeros(4, 2), torch.zeros(4)), ValueError, r"x must have shape \(N,\), \(N, 1\) or \(N, 3\)"),
-    "linear model: x and y rows": (lambda: _LIN()(torch.zeros(4), torch.zeros(5)), ValueError, r"different numbers of rows: 4 vs 5"),
+    "linear model: noise_scale -1": (
+        lambda: pb.OverparametrisedLinear(3, noise_scale=-1),
+        ValueError,
+        r"noise_scale must be positive",
+    ),
+    "linear model: prior_scale (2,)": (
+        lambda: pb.OverparametrisedLinear(3, prior_scale=torch.ones(2)),
+        ValueError,
+        r"prior_scale must be a scalar or have shape \(3,\)",
+    ),
+    "linear model: (N, 1) y": (
+        lambda: _fit(_LIN(), x=torch.ones(4), y=torch.zeros(4, 1)),
+        ValueError,
+        r"y must be a tensor of shape \(N,\)",
+    ),
+    "linear model: x of width 2": (
+        lambda: _LIN()(torch.zeros(4, 2), torch.zeros(4)),
+        ValueError,
+        r"x must have shape \(N,\), \(N, 1\) or \(N, 3\)",
+    ),
+    "linear model: x and y rows": (
+        lambda: _LIN()(torch.zeros(4), torch.zeros(5)),
+        ValueError,
+        r"different numbers of rows: 4 vs 5",
+    ),
     "linear model: neither x nor y": (lambda: _LIN()(), ValueError, r"pass x .* or y to fix the number of rows"),
 }
 
@@ -1249,17 +1843,20 @@ for _name, (_fn, _exc, _match) in MORE_CLEAN.items():
 _NUMPY = "numpy scalar refused as if it were not a number"
 
 
-@case("numpy: fit_svi(lr=np.float32(0.05)) fits as lr=0.05",
-      Value(lambda v: v[0] == v[1], "the same loss curve"))
+@case("numpy: fit_svi(lr=np.float32(0.05)) fits as lr=0.05", Value(lambda v: v[0] == v[1], "the same loss curve"))
 def _():
     return [_fit(lr=lr, num_steps=3, seed=0) for lr in (np.float32(0.05), float(np.float32(0.05)))]
 
 
-@case("numpy: train_map(lr=np.float32(0.05)) fits as lr=0.05",
-      Value(lambda v: torch.equal(v[0], v[1]), "the same weights"))
+@case(
+    "numpy: train_map(lr=np.float32(0.05)) fits as lr=0.05",
+    Value(lambda v: torch.equal(v[0], v[1]), "the same weights"),
+)
 def _():
-    return [pb.train_map(_bnn(), _X1, _Y1, num_steps=3, lr=lr, seed=0, progress=False)
-            for lr in (np.float32(0.05), float(np.float32(0.05)))]  # fmt: skip
+    return [
+        pb.train_map(_bnn(), _X1, _Y1, num_steps=3, lr=lr, seed=0, progress=False)
+        for lr in (np.float32(0.05), float(np.float32(0.05)))
+    ]
 
 
 @case("numpy: MeanField(seed=np.int64(1)) accepted", Value(lambda v: v == 1, "seed 1"))
@@ -1287,8 +1884,10 @@ def _():
     return pb.NCAIElbo(warmup_steps=np.int64(5)).warmup_steps
 
 
-@case("numpy: LinearizedLaplace(chunk_size=np.int64(4)) accepted",
-      Value(lambda v: v[0] == v[1], "the same evidence as chunk_size=4"))
+@case(
+    "numpy: LinearizedLaplace(chunk_size=np.int64(4)) accepted",
+    Value(lambda v: v[0] == v[1], "the same evidence as chunk_size=4"),
+)
 def _():
     return [_la(chunk_size=c).fit(_X1, _Y1).log_marginal_likelihood().item() for c in (np.int64(4), 4)]
 
@@ -1335,23 +1934,32 @@ def _():
     return pb.train_map(_bnn(), _X1, _Y1, num_steps=2, init=torch.full((10,), math.nan), progress=False)
 
 
-@case("gap: MeanField(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"))
+@case(
+    "gap: MeanField(init_scale=inf) refused at construction",
+    Raises(ValueError, r"init_scale must be a positive (finite )?number"),
+)
 def _():
     model = _bnn()
     return _fit(model, pb.MeanField(model, init_scale=math.inf))
 
 
-@case("gap: HypernetGuide(init_scale=inf) refused at construction", Raises(ValueError, r"init_scale must be a positive (finite )?number"))
+@case(
+    "gap: HypernetGuide(init_scale=inf) refused at construction",
+    Raises(ValueError, r"init_scale must be a positive (finite )?number"),
+)
 def _():
     model = _bnn()
     return _fit(model, pb.HypernetGuide(model, init_scale=math.inf), loss=_knn())
 
 
-@case("gap: HypernetGuide(hidden_sizes=5) is one hidden layer of width 5 (as MLP reads it)",
-      Value(lambda v: v == ((5,), (3,)), "hidden_sizes (5,), and (3,) for np.int64(3)"))
+@case(
+    "gap: HypernetGuide(hidden_sizes=5) is one hidden layer of width 5 (as MLP reads it)",
+    Value(lambda v: v == ((5,), (3,)), "hidden_sizes (5,), and (3,) for np.int64(3)"),
+)
 def _():
-    return pb.HypernetGuide(_bnn(), hidden_sizes=5).hidden_sizes, pb.HypernetGuide(_bnn(), hidden_sizes=np.int64(3)).hidden_sizes
-
+    return pb.HypernetGuide(_bnn(), hidden_sizes=5).hidden_sizes, pb.HypernetGuide(
+        _bnn(), hidden_sizes=np.int64(3)
+    ).hidden_sizes
 
 
 @case("gap: ncai_guide(y=None) names y", Raises((TypeError, ValueError), r"y must be"))
@@ -1364,11 +1972,14 @@ def _():
     return pb.init_to_network(_bnn(), seed="a")
 
 
-@case("gap: FunctionalKNNElbo(input_dist with 3 columns) on 1-D inputs names input_dist",
-      Raises(ValueError, r"input_dist"))
+@case(
+    "gap: FunctionalKNNElbo(input_dist with 3 columns) on 1-D inputs names input_dist",
+    Raises(ValueError, r"input_dist"),
+)
 def _():
-    loss = pb.FunctionalKNNElbo(num_particles=2, num_kl_samples=4, num_prior_samples=4, num_inputs=5,
-                                input_dist=torch.randn(10, 3))  # fmt: skip
+    loss = pb.FunctionalKNNElbo(
+        num_particles=2, num_kl_samples=4, num_prior_samples=4, num_inputs=5, input_dist=torch.randn(10, 3)
+    )
     return _fit(loss=loss)
 
 
@@ -1392,31 +2003,41 @@ def _():
     return _evaluate(seed="a")
 
 
-@case("gap: evaluate with 0 posterior samples names the samples", Raises(ValueError, r"posterior_samples.*(0|no) samples"))
+@case(
+    "gap: evaluate with 0 posterior samples names the samples", Raises(ValueError, r"posterior_samples.*(0|no) samples")
+)
 def _():
     return pb.evaluate(_m(), _W[:0], _X, _Y)
 
 
-@case("gap: evaluate(float32 model, float64 samples) names the dtypes",
-      Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float64 but the model and x are torch.float32"))
+@case(
+    "gap: evaluate(float32 model, float64 samples) names the dtypes",
+    Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float64 but the model and x are torch.float32"),
+)
 def _():
     return pb.evaluate(_m(), _W.double(), _X, _Y)
 
 
-@case("gap: evaluate(float64 model, float32 samples) names the dtypes",
-      Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float32 but the model and x are torch.float64"))
+@case(
+    "gap: evaluate(float64 model, float32 samples) names the dtypes",
+    Raises(ValueError, r"posterior_samples\['w'\] has dtype torch.float32 but the model and x are torch.float64"),
+)
 def _():
     return pb.evaluate(_m().double(), _W, _X.double(), _Y.double())
 
 
-@case("gap: evaluate with integer weight samples names the dtype",
-      Raises(ValueError, r"posterior_samples\['w'\] must be a floating-point tensor .*torch.int64"))
+@case(
+    "gap: evaluate with integer weight samples names the dtype",
+    Raises(ValueError, r"posterior_samples\['w'\] must be a floating-point tensor .*torch.int64"),
+)
 def _():
     return pb.evaluate(_m(), torch.ones(5, 17, dtype=torch.long), _X, _Y)
 
 
-@case("gap: evaluate on the over-parametrised linear model: test LL of one sample",
-      Value(lambda v: abs(v[0] - v[1]) < 1e-6, "mean log N(y; X w, sigma_y^2)"))
+@case(
+    "gap: evaluate on the over-parametrised linear model: test LL of one sample",
+    Value(lambda v: abs(v[0] - v[1]) < 1e-6, "mean log N(y; X w, sigma_y^2)"),
+)
 def _():
     model = pb.OverparametrisedLinear(3, noise_scale=0.5)
     w = torch.tensor([[0.3, -0.6, 1.2]])
@@ -1425,22 +2046,28 @@ def _():
     return pb.evaluate(model, w, torch.ones(4), y)["test_ll"], exact
 
 
-@case("gap: sample_posterior(sites='obs') reads one site name, or refuses a string",
-      Value(lambda v: list(v) == ["obs"] and v["obs"].shape == (2, 24), "{'obs': (2, 24)}: 'obs' read as one name"))
+@case(
+    "gap: sample_posterior(sites='obs') reads one site name, or refuses a string",
+    Value(lambda v: list(v) == ["obs"] and v["obs"].shape == (2, 24), "{'obs': (2, 24)}: 'obs' read as one name"),
+)
 def _():
     model = _bnn()
     return pb.sample_posterior(model, pb.MeanField(model), _X1, num_samples=2, sites="obs")
 
 
-@case("gap: sample_posterior(float64 model, float32 x): the hint names model.float()",
-      Raises(ValueError, r"model.to\(torch.float32\), e.g. model.float\(\)"))
+@case(
+    "gap: sample_posterior(float64 model, float32 x): the hint names model.float()",
+    Raises(ValueError, r"model.to\(torch.float32\), e.g. model.float\(\)"),
+)
 def _():
     model = _bnn().double()
     return pb.sample_posterior(model, pb.MeanField(model), _X1, num_samples=2)
 
 
-@case("gap: LinearizedLaplace.as_guide(torch.int64) names dtype",
-      Raises(ValueError, r"dtype must be torch.float32 or torch.float64 .*got torch.int64"))
+@case(
+    "gap: LinearizedLaplace.as_guide(torch.int64) names dtype",
+    Raises(ValueError, r"dtype must be torch.float32 or torch.float64 .*got torch.int64"),
+)
 def _():
     return _la().fit(_X1, _Y1).as_guide(torch.int64)
 
@@ -1460,24 +2087,35 @@ def _():
     return _fit(_LIN(), x=torch.ones(0), y=torch.zeros(0))
 
 
-@case("gap: BNN(noise_scale='0.1') names noise_scale", Raises((TypeError, ValueError), r"noise_scale must be a positive number"))
+@case(
+    "gap: BNN(noise_scale='0.1') names noise_scale",
+    Raises((TypeError, ValueError), r"noise_scale must be a positive number"),
+)
 def _():
     return pb.BNN(pb.MLP(1, [3], 1), noise_scale="0.1")
 
 
-@case("gap: MLP(1, None, 1) names hidden_sizes", Raises((TypeError, ValueError), r"hidden_sizes must be a sequence of layer widths"))
+@case(
+    "gap: MLP(1, None, 1) names hidden_sizes",
+    Raises((TypeError, ValueError), r"hidden_sizes must be a sequence of layer widths"),
+)
 def _():
     return pb.MLP(1, None, 1)
 
 
-@case("gap: model.f(x of the wrong width, w) names x and in_features", Raises(ValueError, r"x has 2 columns .*in_features=1"))
+@case(
+    "gap: model.f(x of the wrong width, w) names x and in_features",
+    Raises(ValueError, r"x has 2 columns .*in_features=1"),
+)
 def _():
     model = _bnn()
     return model.f(torch.zeros(4, 2), torch.zeros(10))
 
 
-@case("gap: model.f(float32 x, float64 w) names the dtypes",
-      Raises(ValueError, r"x has dtype torch.float32 but w has dtype torch.float64"))
+@case(
+    "gap: model.f(float32 x, float64 w) names the dtypes",
+    Raises(ValueError, r"x has dtype torch.float32 but w has dtype torch.float64"),
+)
 def _():
     return _bnn().f(_X1, torch.zeros(10, dtype=F64))
 
@@ -1492,24 +2130,33 @@ def _():
     return pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), seed="a")
 
 
-@case("gap: from_arrays(seed=-1) names seed", Raises(ValueError, r"seed must be None or an integer in \[0, 2\*\*32\), got -1"))
+@case(
+    "gap: from_arrays(seed=-1) names seed",
+    Raises(ValueError, r"seed must be None or an integer in \[0, 2\*\*32\), got -1"),
+)
 def _():
     return pb.datasets.from_arrays(np.zeros((20, 2)), np.arange(20.0), seed=-1)
 
 
-@case("gap: load_dataset('cosine', sizes=(-1, 5, 5)) names sizes",
-      Raises(ValueError, r"sizes\[0\] \(training\) must be a positive integer, got -1"))
+@case(
+    "gap: load_dataset('cosine', sizes=(-1, 5, 5)) names sizes",
+    Raises(ValueError, r"sizes\[0\] \(training\) must be a positive integer, got -1"),
+)
 def _():
     return pb.datasets.load_dataset("cosine", sizes=(-1, 5, 5))
 
 
-@case("gap: load_dataset('cosine', sizes=(10, 5)) names sizes",
-      Raises(ValueError, r"sizes must be three positive integers \(n_train, n_valid, n_test\), got 2"))
+@case(
+    "gap: load_dataset('cosine', sizes=(10, 5)) names sizes",
+    Raises(ValueError, r"sizes must be three positive integers \(n_train, n_valid, n_test\), got 2"),
+)
 def _():
     return pb.datasets.load_dataset("cosine", sizes=(10, 5))
 
 
-@case("gap: save_fit into a directory path names path", Raises((IsADirectoryError, ValueError), r"path .* is a directory"))
+@case(
+    "gap: save_fit into a directory path names path", Raises((IsADirectoryError, ValueError), r"path .* is a directory")
+)
 def _():
     model = _bnn()
     with tempfile.TemporaryDirectory() as d:
@@ -1526,14 +2173,18 @@ def _tampered(edit):
         return serialization.load_fit(path)
 
 
-@case("gap: load_fit on a file without 'guide_state' says what is missing",
-      Raises(ValueError, r"is damaged or incomplete: it lacks \['guide_state'\]"))
+@case(
+    "gap: load_fit on a file without 'guide_state' says what is missing",
+    Raises(ValueError, r"is damaged or incomplete: it lacks \['guide_state'\]"),
+)
 def _():
     return _tampered(lambda p: p.pop("guide_state"))
 
 
-@case("gap: load_fit on a file whose config and state disagree says the file is inconsistent",
-      Raises(ValueError, r"is inconsistent .*its model_state does not match the BNN its model_config rebuilds"))
+@case(
+    "gap: load_fit on a file whose config and state disagree says the file is inconsistent",
+    Raises(ValueError, r"is inconsistent .*its model_state does not match the BNN its model_config rebuilds"),
+)
 def _():
     return _tampered(lambda p: p["model_config"]["net"].update(hidden_sizes=[5]))
 
@@ -1545,8 +2196,10 @@ def _():
 
 
 # silent wrong results
-@case("gap: LinearizedLaplace(ProjectedBNN) refused: N(0, 1) on w is not that model's prior",
-      Raises(TypeError, r"ProjectedBNN has other latent sites"))
+@case(
+    "gap: LinearizedLaplace(ProjectedBNN) refused: N(0, 1) on w is not that model's prior",
+    Raises(TypeError, r"ProjectedBNN has other latent sites"),
+)
 def _():
     return _la(_PROJ()).fit(_X1, _Y1).log_marginal_likelihood()
 
@@ -1570,22 +2223,30 @@ def _save_then_load(model, guide, x=_X1, y=_Y1, **kwargs):
 _READABLE = Value(lambda v: v[0] in ("refused", "loaded"), "refused at save time or loadable")
 
 
-@case("gap: save_fit(float32 model, float64 x) refuses or writes a loadable file",
-      Value(lambda v: v[0] == "refused" and "x has dtype torch.float64" in v[1], "refused at save time, naming x's dtype"))
+@case(
+    "gap: save_fit(float32 model, float64 x) refuses or writes a loadable file",
+    Value(
+        lambda v: v[0] == "refused" and "x has dtype torch.float64" in v[1], "refused at save time, naming x's dtype"
+    ),
+)
 def _():
     model = _bnn()
     return _save_then_load(model, pb.MeanField(model), _X1.double(), _Y1.double())
 
 
-@case("gap: save_fit(a guide that never ran) refuses or writes a loadable file",
-      Value(lambda v: v[0] == "refused" and "never ran" in v[1], "refused at save time: the guide never ran"))
+@case(
+    "gap: save_fit(a guide that never ran) refuses or writes a loadable file",
+    Value(lambda v: v[0] == "refused" and "never ran" in v[1], "refused at save time: the guide never ran"),
+)
 def _():
     model = _bnn()
     return _save_then_load(model, pb.MeanField(model))
 
 
-@case("gap: save_fit(model, guide of another model) refuses or writes a loadable file",
-      Value(lambda v: v[0] == "refused" and "another model" in v[1], "refused at save time: a guide of another model"))
+@case(
+    "gap: save_fit(model, guide of another model) refuses or writes a loadable file",
+    Value(lambda v: v[0] == "refused" and "another model" in v[1], "refused at save time: a guide of another model"),
+)
 def _():
     a = _bnn()
     guide = pb.MeanField(a)
@@ -1593,8 +2254,10 @@ def _():
     return _save_then_load(pb.BNN(pb.MLP(1, [5], 1)), guide)
 
 
-@case("gap: save_fit(AutoLowRankMultivariateNormal(rank=2)) without guide_kwargs refuses or loads",
-      Value(lambda v: v[0] == "loaded" and v[1][1].rank == 2, "loaded with rank 2 (recorded by save_fit)"))
+@case(
+    "gap: save_fit(AutoLowRankMultivariateNormal(rank=2)) without guide_kwargs refuses or loads",
+    Value(lambda v: v[0] == "loaded" and v[1][1].rank == 2, "loaded with rank 2 (recorded by save_fit)"),
+)
 def _():
     from pyro.infer import Trace_ELBO
     from pyro.infer.autoguide import AutoLowRankMultivariateNormal
@@ -1632,15 +2295,21 @@ def _save_over_a_good_fit_failing_part_way():
         return "saved", False, sorted(os.listdir(d))
 
 
-@case("39.2 save_fit failing part-way raises OSError naming the path and the fix",
-      Value(lambda v: "save_fit could not write" in v[0] and "Nothing was changed" in v[0] and "enforce" not in v[0],
-            "an OSError naming the path, without torch's writer message"))
+@case(
+    "39.2 save_fit failing part-way raises OSError naming the path and the fix",
+    Value(
+        lambda v: "save_fit could not write" in v[0] and "Nothing was changed" in v[0] and "enforce" not in v[0],
+        "an OSError naming the path, without torch's writer message",
+    ),
+)
 def _():
     return _save_over_a_good_fit_failing_part_way()
 
 
-@case("39.2 save_fit failing part-way keeps the previous fit and leaves no temporary file",
-      Value(lambda v: v[1] and v[2] == ["fit.pt"], "the old bytes at the path, no other file"))
+@case(
+    "39.2 save_fit failing part-way keeps the previous fit and leaves no temporary file",
+    Value(lambda v: v[1] and v[2] == ["fit.pt"], "the old bytes at the path, no other file"),
+)
 def _():
     return _save_over_a_good_fit_failing_part_way()
 
@@ -1648,51 +2317,82 @@ def _():
 _DAMAGED = r"is damaged or was not written by save_fit: "
 
 
-@case("39.7 load_fit: negative x_shape names x_shape", Raises(ValueError, _DAMAGED + r"x_shape \(-5, 1\) has a size below 1"))
+@case(
+    "39.7 load_fit: negative x_shape names x_shape",
+    Raises(ValueError, _DAMAGED + r"x_shape \(-5, 1\) has a size below 1"),
+)
 def _():
     return _tampered(lambda p: p.update(x_shape=(-5, 1)))
 
 
-@case("39.7 load_fit: huge x_shape refused before allocating", Raises(ValueError, _DAMAGED + r"x_shape .* describes 1e\+12 values"))
+@case(
+    "39.7 load_fit: huge x_shape refused before allocating",
+    Raises(ValueError, _DAMAGED + r"x_shape .* describes 1e\+12 values"),
+)
 def _():
     return _tampered(lambda p: p.update(x_shape=(10**12, 1)))
 
 
-@case("39.7 load_fit: huge hidden sizes refused before allocating",
-      Raises(ValueError, _DAMAGED + r"model_config\['net'\]\['hidden_sizes'\]\[0\] is 1000000, larger than"))
+@case(
+    "39.7 load_fit: huge hidden sizes refused before allocating",
+    Raises(ValueError, _DAMAGED + r"model_config\['net'\]\['hidden_sizes'\]\[0\] is 1000000, larger than"),
+)
 def _():
     return _tampered(lambda p: p["model_config"]["net"].update(hidden_sizes=[10**6, 10**6]))
 
 
-@case("39.7 load_fit: unknown guide option names it", Raises(ValueError, _DAMAGED + r"guide_kwargs has the option\(s\) \['bogus'\]"))
+@case(
+    "39.7 load_fit: unknown guide option names it",
+    Raises(ValueError, _DAMAGED + r"guide_kwargs has the option\(s\) \['bogus'\]"),
+)
 def _():
     return _tampered(lambda p: p.update(guide_kwargs={"bogus": 1}))
 
 
-@case("39.7 load_fit: NaN location names the entry", Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] contains NaN"))
+@case(
+    "39.7 load_fit: NaN location names the entry",
+    Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] contains NaN"),
+)
 def _():
-    return _tampered(lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"] * math.nan}))
+    return _tampered(
+        lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"] * math.nan})
+    )
 
 
-@case("39.7 load_fit: negative noise names it", Raises(ValueError, _DAMAGED + r"model_state\['noise_scale'\] has a value <= 0"))
+@case(
+    "39.7 load_fit: negative noise names it",
+    Raises(ValueError, _DAMAGED + r"model_state\['noise_scale'\] has a value <= 0"),
+)
 def _():
     return _tampered(lambda p: p["model_state"].update(noise_scale=torch.tensor(-0.1)))
 
 
-@case("39.7 load_fit: integer state names the dtype", Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] has dtype torch.int64"))
+@case(
+    "39.7 load_fit: integer state names the dtype",
+    Raises(ValueError, _DAMAGED + r"guide_state\['locs.w_unconstrained'\] has dtype torch.int64"),
+)
 def _():
-    return _tampered(lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"].long()}))
+    return _tampered(
+        lambda p: p["guide_state"].update({"locs.w_unconstrained": p["guide_state"]["locs.w_unconstrained"].long()})
+    )
 
 
-@case("39.7 load_fit: a format-2 file naming an old module path loads",
-      Value(lambda v: type(v[0]) is pb.BNN and type(v[1]) is pb.MeanField, "(BNN, MeanField)"))
+@case(
+    "39.7 load_fit: a format-2 file naming an old module path loads",
+    Value(lambda v: type(v[0]) is pb.BNN and type(v[1]) is pb.MeanField, "(BNN, MeanField)"),
+)
 def _():
-    return _tampered(lambda p: p.update(format=2, model_class="pyro_bnnlv.old.place:BNN",
-                                        guide_class="pyro_bnnlv.old.guides:MeanField"))
+    return _tampered(
+        lambda p: p.update(
+            format=2, model_class="pyro_bnnlv.old.place:BNN", guide_class="pyro_bnnlv.old.guides:MeanField"
+        )
+    )
 
 
-@case("39.6 from_frame(target among features) names the target",
-      Raises(ValueError, r"features includes the target column 'y'"))
+@case(
+    "39.6 from_frame(target among features) names the target",
+    Raises(ValueError, r"features includes the target column 'y'"),
+)
 def _():
     import pandas as pd
 
@@ -1700,30 +2400,40 @@ def _():
     return pb.datasets.from_frame(frame, target="y", features=["a", "y"])
 
 
-@case("39.6 from_arrays with a column near 1e307 (float32) names the column",
-      Raises(ValueError, r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"))
+@case(
+    "39.6 from_arrays with a column near 1e307 (float32) names the column",
+    Raises(ValueError, r"x column 1 has a mean or standard deviation beyond what torch.float32 holds"),
+)
 def _():
     x = np.stack([np.arange(30.0), 1e307 * (1 + 0.01 * np.arange(30.0))], 1)
     return pb.datasets.from_arrays(x, np.arange(30.0))
 
 
-@case("39.6 true_log_density on a standardised set's y without data= refuses",
-      Raises(ValueError, r"y is the y_test of the standardised data set 'yuan'.*pass data="))
+@case(
+    "39.6 true_log_density on a standardised set's y without data= refuses",
+    Raises(ValueError, r"y is the y_test of the standardised data set 'yuan'.*pass data="),
+)
 def _():
     data = pb.datasets.load_dataset("yuan", standardize=True)
     return pb.datasets.true_log_density("yuan", data.x_test, data.y_test)
 
 
-@case("39.6 true_log_density(data=standardised set) is the raw density + log y_std",
-      Value(lambda v: float(np.abs(v[0] - v[1]).max()) < 1e-5, "log p(y_raw | x_raw) + log y_std"))
+@case(
+    "39.6 true_log_density(data=standardised set) is the raw density + log y_std",
+    Value(lambda v: float(np.abs(v[0] - v[1]).max()) < 1e-5, "log p(y_raw | x_raw) + log y_std"),
+)
 def _():
     raw, std = pb.datasets.load_dataset("yuan"), pb.datasets.load_dataset("yuan", standardize=True)
-    return (pb.datasets.true_log_density("yuan", std.x_test, std.y_test, data=std),
-            pb.datasets.true_log_density("yuan", raw.x_test.double(), raw.y_test.double()) + np.log(float(std.y_std)))
+    return (
+        pb.datasets.true_log_density("yuan", std.x_test, std.y_test, data=std),
+        pb.datasets.true_log_density("yuan", raw.x_test.double(), raw.y_test.double()) + np.log(float(std.y_std)),
+    )
 
 
-@case("39.6 true_log_density where the noise variance is not positive refuses (was NaN)",
-      Raises(ValueError, r"x\[0\] = -0.7: the noise variance of 'goldberg' is not positive"))
+@case(
+    "39.6 true_log_density where the noise variance is not positive refuses (was NaN)",
+    Raises(ValueError, r"x\[0\] = -0.7: the noise variance of 'goldberg' is not positive"),
+)
 def _():
     return pb.datasets.true_log_density("goldberg", np.array([-0.7]), np.zeros(1))
 
@@ -1739,15 +2449,19 @@ def _():
     return model.f(_X1.numpy().astype(np.float64), w), model.f(_X1, w)
 
 
-@case("39 evaluate(split='valid') on a 3-row data set names the empty split",
-      Raises(ValueError, r"split='valid': the data set 'data' has no valid points"))
+@case(
+    "39 evaluate(split='valid') on a 3-row data set names the empty split",
+    Raises(ValueError, r"split='valid': the data set 'data' has no valid points"),
+)
 def _():
     data = pb.datasets.from_arrays(np.arange(3.0)[:, None], np.arange(3.0))
     return pb.evaluate(_bnn(), torch.zeros(3, 10), data, split="valid")
 
 
-@case("39 sample_posterior(loaded BNN+LV fit, slice of x, sites=('w', 'z')) says to pass the training data",
-      Raises(ValueError, r"per-datapoint latents \['z'\] do not fit x of 5 rows"))
+@case(
+    "39 sample_posterior(loaded BNN+LV fit, slice of x, sites=('w', 'z')) says to pass the training data",
+    Raises(ValueError, r"per-datapoint latents \['z'\] do not fit x of 5 rows"),
+)
 def _():
     model = _LV()
     guide = pb.MeanField(model)
@@ -1767,8 +2481,7 @@ def _params():
     for name, (_, _, gap) in CASES.items():
         marks = ()
         if gap is not None:
-            marks = pytest.mark.xfail(strict=True, raises=gap.raises,
-                                      reason=f"{gap.kind}: {gap.what} (fix: {gap.fix})")  # fmt: skip
+            marks = pytest.mark.xfail(strict=True, raises=gap.raises, reason=f"{gap.kind}: {gap.what} (fix: {gap.fix})")
         yield pytest.param(name, marks=marks, id=name)
 
 

@@ -55,8 +55,10 @@ def test_project_with_one_decoder_broadcasts_without_copying_phi():
         out = model.project(z, p)
         assert out.shape == (4, 6, model.net.num_weights)
         torch.testing.assert_close(out, per_z)
-    phis = torch.randn(6, model.num_phi, generator=g)    # one decoder per z: broadcast as before
-    torch.testing.assert_close(model.project(z, phis), model.decoder(z.unsqueeze(-2), phis.expand(4, 6, -1)).squeeze(-2))
+    phis = torch.randn(6, model.num_phi, generator=g)  # one decoder per z: broadcast as before
+    torch.testing.assert_close(
+        model.project(z, phis), model.decoder(z.unsqueeze(-2), phis.expand(4, 6, -1)).squeeze(-2)
+    )
     assert model.project(z[0, 0], phis).shape == (6, model.net.num_weights)
 
 
@@ -65,7 +67,7 @@ def test_multi_task_shapes_fixed_phi_and_errors():
     task = torch.arange(30) % 3
     model = ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, num_tasks=3)
     guide = AutoNormal(model)
-    guide(x, y, task=task)                      # set up with the observed data
+    guide(x, y, task=task)  # set up with the observed data
     pred = Predictive(model, guide=guide, num_samples=5, parallel=True)(x, task=task)
     assert pred["z"].shape == (5, 3, 2) and pred["w"].shape == (5, 3, model.net.num_weights)
     assert pred["obs"].shape == (5, 30)
@@ -85,11 +87,22 @@ def test_multi_task_shapes_fixed_phi_and_errors():
 def test_fge_collects_distinct_candidates_that_all_fit():
     x, y = _data(60)
     bnn = pb.BNN(pb.MLP(1, [10], 1), prior_scale=1.0, noise_scale=0.1)
-    res = fge(bnn, x, y, num_candidates=12, keep=5, map_steps=1500, map_lr=0.01, cycle_epochs=5,
-              batch_size=32, seed=0, progress=False)  # fmt: skip
+    res = fge(
+        bnn,
+        x,
+        y,
+        num_candidates=12,
+        keep=5,
+        map_steps=1500,
+        map_lr=0.01,
+        cycle_epochs=5,
+        batch_size=32,
+        seed=0,
+        progress=False,
+    )
     assert res.candidates.shape == (12, bnn.net.num_weights) and res.kept.shape == (5, bnn.net.num_weights)
     dist = torch.cdist(res.candidates, res.candidates) + torch.eye(12)
-    assert (dist > 1e-4).all()                                   # all distinct
+    assert (dist > 1e-4).all()  # all distinct
     with torch.no_grad():
         f = bnn.net(x, res.candidates)[..., 0]
         f_map = bnn.net(x, res.map_weights)[..., 0]
@@ -98,19 +111,29 @@ def test_fge_collects_distinct_candidates_that_all_fit():
     # every candidate fits: within twice the noise (0.1), far below a constant predictor's error
     assert rmse_map < 0.15 and (rmse < 0.2).all() and float(y.std()) > 0.6, (rmse, rmse_map)
     assert torch.equal(res.kept[0], res.candidates[res.valid_rmse.argmin()])
-    assert cyclic_lr(9, 20, 0.01, 0.0001) == pytest.approx(0.0001)   # mid-cycle minimum
+    assert cyclic_lr(9, 20, 0.01, 0.0001) == pytest.approx(0.0001)  # mid-cycle minimum
     assert cyclic_lr(19, 20, 0.01, 0.0001) == pytest.approx(0.01)
 
 
 def test_autoencoder_reduces_both_terms_and_recentring_is_exact():
     x, y = _data(60)
     bnn = pb.BNN(pb.MLP(1, [10], 1), prior_scale=1.0, noise_scale=0.1)
-    res = fge(bnn, x, y, num_candidates=20, keep=20, map_steps=800, map_lr=0.01, cycle_epochs=3,
-              batch_size=32, seed=0, progress=False)  # fmt: skip
+    res = fge(
+        bnn,
+        x,
+        y,
+        num_candidates=20,
+        keep=20,
+        map_steps=800,
+        map_lr=0.01,
+        cycle_epochs=3,
+        batch_size=32,
+        seed=0,
+        progress=False,
+    )
     model = ProjectedBNN(bnn.net, latent_dim=2, decoder_hidden=[10])
     fit = fit_projection(model, res.kept, x, y, num_steps=600, lr=0.01, seed=0, progress=False)
-    unconstrained = fit_projection(model, res.kept, x, y, beta=0.0, num_steps=600, lr=0.01, seed=0,
-                                   progress=False)  # fmt: skip
+    unconstrained = fit_projection(model, res.kept, x, y, beta=0.0, num_steps=600, lr=0.01, seed=0, progress=False)
     first = lambda v: sum(v[:30]) / 30  # noqa: E731
     last = lambda v: sum(v[-30:]) / 30  # noqa: E731
     assert last(fit.reconstruction) < 0.8 * first(fit.reconstruction)
@@ -122,10 +145,12 @@ def test_autoencoder_reduces_both_terms_and_recentring_is_exact():
     assert last(fit.neg_log_lik) < first(fit.neg_log_lik) + 0.1
     # the prediction constraint is what keeps the reconstructed weights predictive
     with torch.no_grad():
+
         def nll(phi):
             w = model.project(fit.codes if phi is fit.phi else unconstrained.codes, phi)
             f = model.net(x, w)[..., 0]
             return -torch.distributions.Normal(f, 0.1).log_prob(y).mean()
+
     assert nll(fit.phi) < nll(unconstrained.phi)
     assert fit.codes.std(0) == pytest.approx(torch.full((2,), float(model.latent_scale)), rel=1e-4)
     # the re-centred decoder on the re-centred codes is the same function
@@ -138,24 +163,30 @@ def test_autoencoder_reduces_both_terms_and_recentring_is_exact():
 def test_three_stage_fit_beats_the_prior_predictive_and_variants_run():
     data = pb.load_dataset("cosine")
     x, y = data.x_train, data.y_train
-    kwargs = dict(fge_kwargs=dict(num_candidates=30, keep=15, map_steps=800, map_lr=0.01, cycle_epochs=3),
-                  projection_kwargs=dict(num_steps=400), num_steps=600, num_particles=8,
-                  progress=False, seed=0)  # fmt: skip
+    kwargs = dict(
+        fge_kwargs=dict(num_candidates=30, keep=15, map_steps=800, map_lr=0.01, cycle_epochs=3),
+        projection_kwargs=dict(num_steps=400),
+        num_steps=600,
+        num_particles=8,
+        progress=False,
+        seed=0,
+    )
     model = ProjectedBNN(pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2)
     fit = fit_projected_bnn(model, x, y, x_valid=data.x_valid, y_valid=data.y_valid, **kwargs)
     post = pb.sample_posterior(fit.model, fit.guide, x, num_samples=200, seed=0)
     prior = Predictive(fit.model, num_samples=200, return_sites=["w"])(x)["w"].squeeze(1)
     ll_post = float(pb.evaluate(fit.model, post, data.x_test, data.y_test)["test_ll"])
     ll_prior = float(pb.evaluate(fit.model, {"w": prior}, data.x_test, data.y_test)["test_ll"])
-    assert ll_post > ll_prior + 2, (ll_post, ll_prior)       # nats per test point
+    assert ll_post > ll_prior + 2, (ll_post, ll_prior)  # nats per test point
     assert set(fit.seconds) == {"fge", "autoencoder", "vi"}
     for variant in ("one-stage", "qz-only"):
         m = ProjectedBNN(pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2)
         f = fit_projected_bnn(m, x, y, variant=variant, **dict(kwargs, num_steps=100))
         assert all(torch.isfinite(torch.tensor(f.losses)))
-        assert hasattr(f.guide.locs, "phi") == (variant == "one-stage")   # qz-only: phi fixed
-    linear = ProjectedBNN(pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2, decoder_hidden=[],
-                          decoder_activation="identity")  # fmt: skip
+        assert hasattr(f.guide.locs, "phi") == (variant == "one-stage")  # qz-only: phi fixed
+    linear = ProjectedBNN(
+        pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2, decoder_hidden=[], decoder_activation="identity"
+    )
     f = fit_projected_bnn(linear, x, y, **dict(kwargs, num_steps=100))
     assert linear.num_phi == 2 * linear.net.num_weights + linear.net.num_weights
     with pytest.raises(ValueError, match="variant"):
@@ -174,19 +205,30 @@ def test_three_stage_fit_beats_the_prior_predictive_and_variants_run():
 def test_multi_task_codes_separate_the_tasks_of_the_sine_family():
     data = pb.load_dataset("sine-tasks", num_tasks=6)
     x, y, task = data.x_train, data.y_train, data.extras["task_train"]
-    model = ProjectedBNN(pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2, num_tasks=6,
-                         latent_scale=1.0, phi_scale=1.0)  # fmt: skip
+    model = ProjectedBNN(
+        pb.MLP(1, [20], 1, activation="tanh"), latent_dim=2, num_tasks=6, latent_scale=1.0, phi_scale=1.0
+    )
     guide = init_projected_guide(model, None, seed=0)
-    pb.fit_svi(model, guide, x, y, num_steps=1500, lr=0.03, seed=0, progress=False,
-               loss=pb.ClosedFormKLElbo(("z", "phi"), num_particles=4), model_kwargs={"task": task})
+    pb.fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=1500,
+        lr=0.03,
+        seed=0,
+        progress=False,
+        loss=pb.ClosedFormKLElbo(("z", "phi"), num_particles=4),
+        model_kwargs={"task": task},
+    )
     loc, scale = guide.locs.z.detach(), guide.scales.z.detach()
     sep = torch.cdist(loc, loc) / (scale.pow(2).sum(-1)[:, None] + scale.pow(2).sum(-1)[None]).sqrt()
     off = sep[~torch.eye(6, dtype=torch.bool)]
-    assert off.median() > 2, sep                         # codes of different tasks are apart
+    assert off.median() > 2, sep  # codes of different tasks are apart
     w = pb.sample_posterior(model, guide, x, y, num_samples=50, seed=0, task=task)["w"]
     f = model.net(x.unsqueeze(-2), w[:, task, :]).squeeze(-2)[..., 0].mean(0)
     rmse = float((f - y).pow(2).mean().sqrt())
-    assert rmse < 0.7 * float(y.std())                   # one shared function could not do this
+    assert rmse < 0.7 * float(y.std())  # one shared function could not do this
 
 
 # --- generative decoders (issue 17) -------------------------------------------------------------
@@ -223,9 +265,16 @@ def test_mmd_matches_the_closed_form_between_two_gaussians():
         return 2 * c * (1 - torch.exp(-m.square().sum() / (2 * (h**2 + 2 * s**2)))) + 2 * (1 - c) / n
 
     exact = float(sum(closed_form(h) for h in bandwidths))
-    est = torch.stack([mmd2(s * torch.randn(n, d, generator=g, dtype=torch.float64),
-                            m + s * torch.randn(n, d, generator=g, dtype=torch.float64), bandwidths)
-                       for _ in range(reps)])  # fmt: skip
+    est = torch.stack(
+        [
+            mmd2(
+                s * torch.randn(n, d, generator=g, dtype=torch.float64),
+                m + s * torch.randn(n, d, generator=g, dtype=torch.float64),
+                bandwidths,
+            )
+            for _ in range(reps)
+        ]
+    )
     # Monte Carlo: one estimate's sd is about 0.02 here, the mean of 16 about 0.005
     assert float(est.mean()) == pytest.approx(exact, abs=0.02), (est.mean(), exact)
     a = torch.randn(50, d, generator=g)
@@ -266,22 +315,18 @@ def test_gaussian_kl_matches_torch():
     from pyro_bnnlv.infer.projection.decoder import gaussian_kl
 
     mu, log_sd = torch.randn(5, 3), 0.3 * torch.randn(5, 3)
-    ref = torch.distributions.kl_divergence(torch.distributions.Normal(mu, log_sd.exp()),
-                                            torch.distributions.Normal(0.0, 0.5)).sum(-1)  # fmt: skip
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Normal(mu, log_sd.exp()), torch.distributions.Normal(0.0, 0.5)
+    ).sum(-1)
     assert torch.allclose(gaussian_kl(mu, log_sd, 0.5), ref, atol=1e-5)
 
 
 def test_four_modes_data_and_diagnostics():
-    from pyro_bnnlv.datasets.projected_toys import (
-        bumps_fitted,
-        canonical_rbf_units,
-        four_modes_net,
-        missed_bump_modes,
-    )
+    from pyro_bnnlv.datasets.projected_toys import bumps_fitted, canonical_rbf_units, four_modes_net, missed_bump_modes
 
     data = pb.load_dataset("four-modes")
     x, y = data.x_train[:, 0], data.y_train
-    assert torch.equal(x, -x.flip(0)) and torch.equal(y, y.flip(0))      # mirror-symmetric
+    assert torch.equal(x, -x.flip(0)) and torch.equal(y, y.flip(0))  # mirror-symmetric
     assert len(pb.load_dataset("four-modes", symmetric=False).x_train) == 320
     net = four_modes_net()
     cand = _analytic_four_mode_candidates(per_mode=2)
@@ -312,8 +357,19 @@ def test_generative_decoder_covers_modes_where_eq6_collapses():
     census = {}
     for objective in ("mmd", "autoencoder"):
         model = ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-        fit = fit_projection(model, cand, data.x_train, data.y_train, objective=objective, num_steps=300, lr=0.03,
-                             batch_size=128, num_prior_draws=32, seed=0, progress=False)  # fmt: skip
+        fit = fit_projection(
+            model,
+            cand,
+            data.x_train,
+            data.y_train,
+            objective=objective,
+            num_steps=300,
+            lr=0.03,
+            batch_size=128,
+            num_prior_draws=32,
+            seed=0,
+            progress=False,
+        )
         with torch.no_grad():
             census[objective] = missed_bump_modes(net, model.project(z, fit.phi))
         assert fit.objective == objective and len(fit.neg_log_lik) == 300
@@ -325,10 +381,9 @@ def test_vae_objective_trains_and_arguments_are_checked():
     x, y = _data(40)
     model = ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5])
     cand = torch.randn(12, model.net.num_weights)
-    fit = fit_projection(model, cand, x, y, objective="vae", beta=0.0, num_steps=300, lr=0.02, seed=0,
-                         progress=False)  # fmt: skip
+    fit = fit_projection(model, cand, x, y, objective="vae", beta=0.0, num_steps=300, lr=0.02, seed=0, progress=False)
     assert fit.codes.shape == (12, 2) and len(fit.kl) == 300
-    assert sum(fit.reconstruction[-20:]) < sum(fit.reconstruction[:20])     # the ELBO improves
+    assert sum(fit.reconstruction[-20:]) < sum(fit.reconstruction[:20])  # the ELBO improves
     with pytest.raises(ValueError, match="objective"):
         fit_projection(model, cand, x, y, objective="gan")
     with pytest.raises(ValueError, match="mmd_space"):
@@ -359,7 +414,7 @@ def test_fig2_projected_posterior_covers_two_modes_and_mfvi_one():
         assert t.loc[name, "modes"] >= 2 and t.loc[name, "fits_three"] >= 0.5, t.loc[name]
         shares = t.loc[name, ["miss -3", "miss -1", "miss +1", "miss +3"]]
         assert (shares >= 0.1).sum() >= 2
-        assert t.loc[name, "test_ll"] > t.loc["MFVI on w", "test_ll"] + 1     # the four-bump predictive
+        assert t.loc[name, "test_ll"] > t.loc["MFVI on w", "test_ll"] + 1  # the four-bump predictive
 
 
 def test_decoder_defaults_per_objective_are_wired():
@@ -412,8 +467,16 @@ def test_fig2_default_generative_call_covers_two_modes(seed):
     cand = four_modes_candidates(data, seed=seed)
     pyro.clear_param_store()
     model = ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-    fit = fit_projected_bnn(model, data.x_train, data.y_train, variant="full", candidates=cand,
-                            projection_kwargs={"objective": "mmd"}, seed=seed, progress=False)  # fmt: skip
+    fit = fit_projected_bnn(
+        model,
+        data.x_train,
+        data.y_train,
+        variant="full",
+        candidates=cand,
+        projection_kwargs={"objective": "mmd"},
+        seed=seed,
+        progress=False,
+    )
     w = pb.sample_posterior(fit.model, fit.guide, data.x_train, num_samples=1000, seed=seed)["w"]
     census = missed_bump_modes(net, w)
     assert census["modes"] >= 2 and census["fits_three"] >= 0.5, census
@@ -424,15 +487,30 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
     step-size grid inside each task, one task per D_z, early stopping, resuming from the store."""
     from pyro_bnnlv.reproduce.projected import select_best, uci_experiment
 
-    kw = dict(hidden=5, num_candidates=6, keep=4, cycle_epochs=1, map_steps=30, ae_steps=20, vi_steps=60,
-              num_samples=20, lrs=(0.01, 0.001), bbb_lrs=(0.01, 0.001), latent_dims=(2, 3), eval_every=10,
-              patience=1, executor="inline", progress=False, out_dir=tmp_path)  # fmt: skip
+    kw = dict(
+        hidden=5,
+        num_candidates=6,
+        keep=4,
+        cycle_epochs=1,
+        map_steps=30,
+        ae_steps=20,
+        vi_steps=60,
+        num_samples=20,
+        lrs=(0.01, 0.001),
+        bbb_lrs=(0.01, 0.001),
+        latent_dims=(2, 3),
+        eval_every=10,
+        patience=1,
+        executor="inline",
+        progress=False,
+        out_dir=tmp_path,
+    )
     table = uci_experiment(["yacht"], ["random"], **kw)
     sweep = table.attrs["sweep"]
-    assert len(sweep) == 5 and (sweep["status"] == "done").all()           # BbB + 2 decoders x 2 D_z
+    assert len(sweep) == 5 and (sweep["status"] == "done").all()  # BbB + 2 decoders x 2 D_z
     assert set(table["method"]) == {"BbB", "FGE", "Proj-BNN", "Proj-BNN (MMD)"}
-    assert (sweep["steps"] < 60).any()                                        # early stopping stopped one
-    for _, row in sweep.iterrows():                                          # the reported lr is the best
+    assert (sweep["steps"] < 60).any()  # early stopping stopped one
+    for _, row in sweep.iterrows():  # the reported lr is the best
         grid = {lr: row[f"valid_ll@lr={lr:g}"] for lr in (0.01, 0.001)}
         assert row["lr"] == max(grid, key=grid.get) and row["valid_ll"] == grid[row["lr"]]
     proj = sweep[sweep["method"] == "Proj-BNN (MMD)"]
@@ -456,7 +534,7 @@ def test_proj_uci_sweep_selects_by_validation_and_resumes(tmp_path):
     kept = select_best(failed).set_index("method")
     assert kept.loc["FGE", "valid_ll"] == table.set_index("method").loc["FGE", "valid_ll"]
     assert kept.loc["Proj-BNN", "status"] == "failed"
-    again = uci_experiment(["yacht"], ["random"], **kw)                      # resumes: nothing to run
+    again = uci_experiment(["yacht"], ["random"], **kw)  # resumes: nothing to run
     assert "nothing to run" in again.attrs["summary"] and again.equals(table)
     with pytest.raises(ValueError, match="overrides"):
         uci_experiment(["yacht"], ["random"], overrides={"steps": 3}, **kw)
@@ -468,8 +546,20 @@ def test_proj_uci_a_diverging_step_size_loses_instead_of_failing_the_task():
     from pyro_bnnlv.reproduce.projected import uci_task
     from pyro_bnnlv.sweep import Task
 
-    kw = dict(hidden=5, latent_dim=2, num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=10,
-              vi_steps=40, lr=0.01, num_samples=20, eval_every=10, patience=2)  # fmt: skip
+    kw = dict(
+        hidden=5,
+        latent_dim=2,
+        num_candidates=4,
+        keep=2,
+        cycle_epochs=1,
+        map_steps=10,
+        ae_steps=10,
+        vi_steps=40,
+        lr=0.01,
+        num_samples=20,
+        eval_every=10,
+        patience=2,
+    )
     task = Task("yacht", method="BbB", split="random", seed=0)
     out = uci_task(task, bbb_lrs=(1e6, 0.01), **kw)
     assert out["valid_ll@lr=1e+06"] == -math.inf and "error@lr=1e+06" in out
@@ -523,15 +613,24 @@ def test_proj_uci_checks_use_common_random_numbers_and_leave_the_training_draws_
     loc, scale = guide.locs.w.detach(), guide.scales.w.detach()
     z = (first.detach() - loc) / scale
     assert z.mean(0).abs().max() < 0.15 and (z.std(0) - 1).abs().max() < 0.1
-    assert torch.equal(_CheckDraws(("w",), 2000, seed=3)(guide)["w"], first)       # seeded
+    assert torch.equal(_CheckDraws(("w",), 2000, seed=3)(guide)["w"], first)  # seeded
     assert not torch.equal(_CheckDraws(("w",), 2000, seed=4)(guide)["w"], first)
 
     def fit(check: bool) -> list[float]:
         with pyro.get_param_store().scope():
             g = AutoNormal(bnn)
             d = _CheckDraws(("w",), 50, seed=0)
-            return pb.fit_svi(bnn, g, x, y, num_steps=30, lr=0.01, seed=1, progress=False,
-                              callback=(lambda step, value: d(g)) if check else None)  # fmt: skip
+            return pb.fit_svi(
+                bnn,
+                g,
+                x,
+                y,
+                num_steps=30,
+                lr=0.01,
+                seed=1,
+                progress=False,
+                callback=(lambda step, value: d(g)) if check else None,
+            )
 
     assert fit(check=True) == fit(check=False)
 
@@ -544,8 +643,19 @@ def test_proj_uci_a_fit_diverging_after_a_check_is_evaluated_at_its_best_checked
     from pyro_bnnlv.reproduce import projected
     from pyro_bnnlv.sweep import Task
 
-    kw = dict(hidden=5, latent_dim=2, num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=10,
-              lr=0.01, num_samples=20, eval_every=10, patience=50)  # fmt: skip
+    kw = dict(
+        hidden=5,
+        latent_dim=2,
+        num_candidates=4,
+        keep=2,
+        cycle_epochs=1,
+        map_steps=10,
+        ae_steps=10,
+        lr=0.01,
+        num_samples=20,
+        eval_every=10,
+        patience=50,
+    )
     task = Task("yacht", method="BbB", split="random", seed=0)
     truncated = projected.uci_task(task, vi_steps=25, **kw)
     real_fit_svi = projected.fit_svi
@@ -558,6 +668,7 @@ def test_proj_uci_a_fit_diverging_after_a_check_is_evaluated_at_its_best_checked
                     for p in guide.parameters():
                         p.fill_(float("nan"))
                 raise NonFiniteLossError(step, float("nan"))
+
         return real_fit_svi(model, guide, *args, callback=cb, **kwargs)
 
     monkeypatch.setattr(projected, "fit_svi", diverging_fit_svi)
@@ -580,11 +691,30 @@ def test_proj_uci_paper_budget_uses_minibatches_of_128_in_the_decoder_stage(monk
         return real(*args, **kwargs)
 
     monkeypatch.setattr(projected, "fit_projection", recording)
-    small = dict(num_candidates=4, keep=2, cycle_epochs=1, map_steps=10, ae_steps=5, vi_steps=10, num_samples=10,
-                 lrs=(0.01,), latent_dims=(2,), patience=None)  # fmt: skip
-    projected.uci_experiment(["yacht"], ["random"], methods=["Proj-BNN"], paper=True, overrides=small, hidden=4,
-                             executor="inline", progress=False)  # fmt: skip
-    projected.uci_experiment(["yacht"], ["random"], methods=["Proj-BNN"], hidden=4, executor="inline",
-                             progress=False, **small)  # fmt: skip
+    small = dict(
+        num_candidates=4,
+        keep=2,
+        cycle_epochs=1,
+        map_steps=10,
+        ae_steps=5,
+        vi_steps=10,
+        num_samples=10,
+        lrs=(0.01,),
+        latent_dims=(2,),
+        patience=None,
+    )
+    projected.uci_experiment(
+        ["yacht"],
+        ["random"],
+        methods=["Proj-BNN"],
+        paper=True,
+        overrides=small,
+        hidden=4,
+        executor="inline",
+        progress=False,
+    )
+    projected.uci_experiment(
+        ["yacht"], ["random"], methods=["Proj-BNN"], hidden=4, executor="inline", progress=False, **small
+    )
     assert seen == [128, 256]
     assert projected.PAPER_BUDGET["ae_batch"] == 128

@@ -34,11 +34,7 @@ KERNEL_ATTRIBUTES = [
     "_potential_energy_last",
 ]
 # private methods of HMC that FlatNUTS calls, with the parameters it passes
-KERNEL_METHODS = {
-    "_sample_r": ["name"],
-    "_cache": ["z", "potential_energy", "z_grads"],
-    "_fetch_from_cache": [],
-}
+KERNEL_METHODS = {"_sample_r": ["name"], "_cache": ["z", "potential_energy", "z_grads"], "_fetch_from_cache": []}
 # public attributes FlatNUTS relies on (their shape of use is Pyro-internal)
 KERNEL_PUBLIC = ["mass_matrix_adapter", "initial_params", "step_size", "potential_fn"]
 MASS_ADAPTER_ATTRIBUTES = ["mass_matrix_size", "scale", "inverse_mass_matrix"]
@@ -46,8 +42,19 @@ MASS_ADAPTER_ATTRIBUTES = ["mass_matrix_size", "scale", "inverse_mass_matrix"]
 # chain_records reads
 MCMC_ATTRIBUTES = ["_samples", "_args", "_kwargs", "_diagnostics", "disable_validation", "sampler"]
 # attributes FlatNUTS adds; Pyro must not use them itself
-FLAT_OWN = ["flat_potential", "_vg", "_ext", "_tree_potential", "_generator", "_mass_key", "_mass",
-            "_records", "_dtype", "_p", "_m"]  # fmt: skip
+FLAT_OWN = [
+    "flat_potential",
+    "_vg",
+    "_ext",
+    "_tree_potential",
+    "_generator",
+    "_mass_key",
+    "_mass",
+    "_records",
+    "_dtype",
+    "_p",
+    "_m",
+]
 
 
 def _missing(what: str) -> str:
@@ -124,8 +131,7 @@ def test_flatnuts_sets_its_attributes():
 @pytest.fixture(scope="module")
 def stock_mcmc():
     nuts = NUTS(potential_fn=lambda p: 0.5 * (p["w"] ** 2).sum(), max_tree_depth=2)
-    mcmc = MCMC(nuts, num_samples=2, warmup_steps=1, initial_params={"w": torch.zeros(2)},
-                disable_progbar=True)  # fmt: skip
+    mcmc = MCMC(nuts, num_samples=2, warmup_steps=1, initial_params={"w": torch.zeros(2)}, disable_progbar=True)
     mcmc.run()
     return mcmc
 
@@ -147,8 +153,9 @@ def test_mcmc_internals_used_by_the_chain_runner():
     src = inspect.getsource(MCMC.run)
     for needle in ("self.sampler.run(", "self.sampler.terminate(", "self._diagnostics[chain_id]"):
         if needle not in src:
-            pytest.fail(f"Pyro's MCMC.run no longer contains {needle!r} (the sampler protocol "
-                        f"_ChainRunner follows): {FIX}")  # fmt: skip
+            pytest.fail(
+                f"Pyro's MCMC.run no longer contains {needle!r} (the sampler protocol _ChainRunner follows): {FIX}"
+            )
 
 
 @pytest.mark.parametrize(
@@ -199,7 +206,9 @@ def test_what_the_fused_closed_form_steps_read_of_autonormal_and_the_trace_messe
         guide()
         loc, scale = guide._get_loc_and_scale("z")
     if loc.shape != (2,) or not torch.allclose(scale, torch.full((2,), 0.3)):
-        pytest.fail("AutoNormal._get_loc_and_scale no longer returns (loc, scale): pin pyro-ppl or update closed_form_kl")
+        pytest.fail(
+            "AutoNormal._get_loc_and_scale no longer returns (loc, scale): pin pyro-ppl or update closed_form_kl"
+        )
     if guide.prototype_trace is None or not hasattr(guide, "create_plates"):
         pytest.fail("AutoNormal has no prototype_trace / create_plates: pin pyro-ppl or update closed_form_kl")
     if not TraceMessenger(param_only=True).param_only:

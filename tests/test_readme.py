@@ -53,16 +53,20 @@ def test_readme_quick_start_runs(tmp_path, monkeypatch):
 def test_readme_nuts_section_runs(tmp_path, monkeypatch):
     """The guide's NUTS / ArviZ snippet runs after the README's quick start (small sizes)."""
     block = _section_code("NUTS, the gold standard, and ArviZ", GUIDE)
-    small = {"num_samples=1000, warmup_steps=1000": "num_samples=30, warmup_steps=30",
-             "num_chains=4": "num_chains=2", "num_samples=1000, num_draws=100": "num_samples=60, num_draws=3"}
+    small = {
+        "num_samples=1000, warmup_steps=1000": "num_samples=30, warmup_steps=30",
+        "num_chains=4": "num_chains=2",
+        "num_samples=1000, num_draws=100": "num_samples=60, num_draws=3",
+    }
     for old, new in small.items():
         assert old in block, old
         block = block.replace(old, new)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     _run_quick_start(namespace)
-    exec(compile(block.replace("seed=0)", "seed=0, progress=False, max_tree_depth=5)"),
-                 "guide NUTS", "exec"), namespace)  # fmt: skip
+    exec(
+        compile(block.replace("seed=0)", "seed=0, progress=False, max_tree_depth=5)"), "guide NUTS", "exec"), namespace
+    )
     idata = namespace["idata"]
     assert idata.weights["w"].shape[:2] == (2, 30)
     assert "log_likelihood" in idata.groups()
@@ -90,11 +94,15 @@ def test_links_into_docs_resolve(doc):
 
 def test_every_moved_snippet_is_tested():
     """The guide's python blocks are the ones the tests above run (none left untested)."""
-    tested = {"BNN+LV and NCAI in your own script", "NUTS, the gold standard, and ArviZ",
-              "Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)",
-              "Projected BNN: inference in a low-dimensional weight space",
-              "Linearised and sampled Laplace, in-between uncertainty", "Classification and K-FAC Laplace",
-              "Sweeps: parallel, resumable experiments"}  # fmt: skip
+    tested = {
+        "BNN+LV and NCAI in your own script",
+        "NUTS, the gold standard, and ArviZ",
+        "Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)",
+        "Projected BNN: inference in a low-dimensional weight space",
+        "Linearised and sampled Laplace, in-between uncertainty",
+        "Classification and K-FAC Laplace",
+        "Sweeps: parallel, resumable experiments",
+    }
     headings = re.findall(r"^## (.+)$", GUIDE.read_text(), re.M)
     with_code = {h for h in headings if _section_blocks(h, GUIDE)}
     assert with_code == tested
@@ -127,8 +135,11 @@ def test_readme_sweep_example_runs(tmp_path, monkeypatch):
     """The sweep section's code, in this process (inline), on 2 tasks with a few steps."""
     monkeypatch.chdir(tmp_path)
     code = _section_code("Sweeps: parallel, resumable experiments", GUIDE)
-    code = (code.replace("for s in range(5)", "for s in range(1)").replace("steps=2000", "steps=20")
-            .replace("workers=2", 'executor="inline", progress=False'))  # fmt: skip
+    code = (
+        code.replace("for s in range(5)", "for s in range(1)")
+        .replace("steps=2000", "steps=20")
+        .replace("workers=2", 'executor="inline", progress=False')
+    )
     script = tmp_path / "sweep_section.py"  # run as a user's script: __main__ with a file
     script.write_text(code)
     with warnings.catch_warnings(record=True) as caught:
@@ -140,7 +151,7 @@ def test_readme_sweep_example_runs(tmp_path, monkeypatch):
 
 
 def test_readme_own_data_section_runs_twice(tmp_path, monkeypatch):
-    """"Your own data in 20 lines": both blocks, with fewer steps, run twice in one process (Pyro's
+    """ "Your own data in 20 lines": both blocks, with fewer steps, run twice in one process (Pyro's
     global state must not leak between the runs) and give the same numbers both times."""
     import matplotlib.figure
     import pandas as pd
@@ -165,10 +176,15 @@ def test_readme_own_data_section_runs_twice(tmp_path, monkeypatch):
 def test_readme_bnnlv_section_runs(tmp_path, monkeypatch):
     """The BNN+LV / NCAI block on heavy-tail (300 training points < the paper's batch of 500)."""
     monkeypatch.chdir(tmp_path)
-    code = _small(_section_code("BNN+LV and NCAI in your own script", GUIDE),
-                  {"num_steps=3000": "num_steps=20", "num_samples=500": "num_samples=50",
-                   "pb.ncai_guide(model, x, y)": "pb.ncai_guide(model, x, y, num_steps=20)",
-                   'load_dataset("heavy-tail")': 'load_dataset("heavy-tail", sizes=(120, 60, 60))'})  # fmt: skip
+    code = _small(
+        _section_code("BNN+LV and NCAI in your own script", GUIDE),
+        {
+            "num_steps=3000": "num_steps=20",
+            "num_samples=500": "num_samples=50",
+            "pb.ncai_guide(model, x, y)": "pb.ncai_guide(model, x, y, num_steps=20)",
+            'load_dataset("heavy-tail")': 'load_dataset("heavy-tail", sizes=(120, 60, 60))',
+        },
+    )
     namespace: dict = {}
     exec(compile(code, "guide BNN+LV", "exec"), namespace)
     eb = namespace["eb"]
@@ -179,10 +195,15 @@ def test_readme_bnnlv_section_runs(tmp_path, monkeypatch):
 def test_readme_hypernet_section_runs(tmp_path, monkeypatch):
     """The NN-HyVI / FuNN-HyVI block with the fast preset's sizes and a few steps."""
     monkeypatch.chdir(tmp_path)
-    code = _small(_section_code("Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)", GUIDE),
-                  {"pb.KNNElbo()": "pb.KNNElbo.fast()",
-                   "pb.FunctionalKNNElbo(input_dist": "pb.FunctionalKNNElbo.fast(input_dist",
-                   "num_steps=3000": "num_steps=10", "num_samples=500": "num_samples=100"})  # fmt: skip
+    code = _small(
+        _section_code("Implicit hypernetwork guides and k-NN ELBOs (NN-HyVI, FuNN-HyVI)", GUIDE),
+        {
+            "pb.KNNElbo()": "pb.KNNElbo.fast()",
+            "pb.FunctionalKNNElbo(input_dist": "pb.FunctionalKNNElbo.fast(input_dist",
+            "num_steps=3000": "num_steps=10",
+            "num_samples=500": "num_samples=100",
+        },
+    )
     namespace: dict = {}
     exec(compile(code, "guide HyVI", "exec"), namespace)
     report = namespace["report"]
@@ -194,7 +215,9 @@ def test_readme_classification_section_runs_twice(tmp_path, monkeypatch):
     """The README's classification snippet as written but for the step counts, twice in one
     process (Pyro's global state): the same numbers both times, and a working classifier."""
     monkeypatch.chdir(tmp_path)
-    code = _small(_section_code("Classification"), {"num_steps=1500": "num_steps=300", "num_steps=2000": "num_steps=300"})
+    code = _small(
+        _section_code("Classification"), {"num_steps=1500": "num_steps=300", "num_steps=2000": "num_steps=300"}
+    )
     printed = []
     runs = []
     for _ in range(2):
@@ -231,10 +254,14 @@ def test_readme_laplace_section_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_readme_projected_section_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = _small(_section_code("Projected BNN: inference in a low-dimensional weight space", GUIDE),
-                  {"x_valid=xv, y_valid=yv)": "x_valid=xv, y_valid=yv, num_steps=50, progress=False, "
-                   "fge_kwargs=dict(num_candidates=20, keep=10, map_steps=100), projection_kwargs=dict(num_steps=50))",
-                   "num_samples=500": "num_samples=50"})  # fmt: skip
+    code = _small(
+        _section_code("Projected BNN: inference in a low-dimensional weight space", GUIDE),
+        {
+            "x_valid=xv, y_valid=yv)": "x_valid=xv, y_valid=yv, num_steps=50, progress=False, "
+            "fge_kwargs=dict(num_candidates=20, keep=10, map_steps=100), projection_kwargs=dict(num_steps=50))",
+            "num_samples=500": "num_samples=50",
+        },
+    )
     namespace: dict = {}
     exec(compile(code, "guide projected", "exec"), namespace)
     assert namespace["w"]["w"].shape[0] == 50

@@ -77,8 +77,9 @@ def test_rendering_rounds_like_the_old_readme(tmp_path):
     assert tables.num(-0.004) == "0.00" and tables.num(2.345678) == "2.35"
     assert tables.paper_value(-1.055) == "-1.06" and tables.as_printed(0.243) == "0.243"
     assert tables.as_printed(4.7) == "4.70"
-    rows = pd.DataFrame({"dataset": ["d"] * 3, "scheme": ["random"] * 3, "method": ["A", "B", "C"],
-                         "test_ll": [-1.0, -0.5, -2.0]})  # fmt: skip
+    rows = pd.DataFrame(
+        {"dataset": ["d"] * 3, "scheme": ["random"] * 3, "method": ["A", "B", "C"], "test_ll": [-1.0, -0.5, -2.0]}
+    )
     rows.to_csv(tmp_path / "p.csv", index=False)
     text = report.render("<!-- table: proj-uci p.csv -->\n", tmp_path)
     assert "| d | random | -1.00 | **-0.50** | -2.00 |" in text
@@ -90,10 +91,21 @@ def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_f
     one-split CSV keeps its plain cells; failed fits do not enter the means."""
     from pyro_bnnlv.reproduce.hyvi import uci_table as _hyvi_uci
 
-    rows = [dict(dataset="boston", split=s, method="MFVI", rmse=2.0 + s, test_ll=-2.0 - s, auroc_ood=0.9,
-                 status="done") for s in range(3)]  # fmt: skip
-    rows.append(dict(dataset="boston", split=3, method="MFVI", rmse=float("nan"), test_ll=float("nan"),
-                     auroc_ood=float("nan"), status="failed"))  # fmt: skip
+    rows = [
+        dict(dataset="boston", split=s, method="MFVI", rmse=2.0 + s, test_ll=-2.0 - s, auroc_ood=0.9, status="done")
+        for s in range(3)
+    ]
+    rows.append(
+        dict(
+            dataset="boston",
+            split=3,
+            method="MFVI",
+            rmse=float("nan"),
+            test_ll=float("nan"),
+            auroc_ood=float("nan"),
+            status="failed",
+        )
+    )
     table = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
     # mean 3.00, sd 1, se 1/sqrt(3) = 0.58; the paper's MFVI boston RMSE 3.696 in brackets
     assert "3.00 ± 0.58 (3.70)" in table and "-3.00 ± 0.58 (-2.97)" in table
@@ -101,10 +113,20 @@ def test_hyvi_uci_table_gives_the_standard_error_over_several_splits_and_skips_f
     assert "±" not in one and "2.00 (3.70)" in one
     assert "| boston | 3 of 4 |" in table and "| boston | 1 of 1 |" in one
     # a sweep under way: pending rows count as planned splits, not as fits
-    rows += [dict(dataset="boston", split=s, method=m, rmse=float("nan"), test_ll=float("nan"),
-                  auroc_ood=float("nan"), status="pending") for s in (4, 5) for m in ("MFVI", "NN-HyVI")]  # fmt: skip
-    rows.append(dict(dataset="boston", split=0, method="NN-HyVI", rmse=3.0, test_ll=-3.0, auroc_ood=0.9,
-                     status="done"))  # fmt: skip
+    rows += [
+        dict(
+            dataset="boston",
+            split=s,
+            method=m,
+            rmse=float("nan"),
+            test_ll=float("nan"),
+            auroc_ood=float("nan"),
+            status="pending",
+        )
+        for s in (4, 5)
+        for m in ("MFVI", "NN-HyVI")
+    ]
+    rows.append(dict(dataset="boston", split=0, method="NN-HyVI", rmse=3.0, test_ll=-3.0, auroc_ood=0.9, status="done"))
     partial = _hyvi_uci([pd.DataFrame(rows)], ["x.csv"], {})
     assert "| boston | 3 / 1 of 6 |" in partial and "3.00 ± 0.58 (3.70)" in partial
     capped = _hyvi_uci([pd.DataFrame(rows).assign(capped=[True] + [False] * (len(rows) - 1))], ["x.csv"], {})
@@ -117,11 +139,13 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
     row's best."""
     from pyro_bnnlv.reproduce.projected import uci_table as _proj_uci
 
-    rows = [dict(dataset="yacht", scheme="random", method="BbB", test_ll=-1.0, status="done"),
-            dict(dataset="yacht", scheme="random", method="Proj-BNN", test_ll=-0.5, status="partial"),
-            dict(dataset="yacht", scheme="random", method="Proj-BNN (MMD)", test_ll=float("nan"), status="pending"),
-            dict(dataset="wine", scheme="random", method="BbB", test_ll=-0.9, status="done"),
-            dict(dataset="wine", scheme="random", method="Proj-BNN", test_ll=-1.2, status="done")]  # fmt: skip
+    rows = [
+        dict(dataset="yacht", scheme="random", method="BbB", test_ll=-1.0, status="done"),
+        dict(dataset="yacht", scheme="random", method="Proj-BNN", test_ll=-0.5, status="partial"),
+        dict(dataset="yacht", scheme="random", method="Proj-BNN (MMD)", test_ll=float("nan"), status="pending"),
+        dict(dataset="wine", scheme="random", method="BbB", test_ll=-0.9, status="done"),
+        dict(dataset="wine", scheme="random", method="Proj-BNN", test_ll=-1.2, status="done"),
+    ]
     table = _proj_uci([pd.DataFrame(rows)], ["x.csv"], {})
     assert "| yacht | random | -1.00 | **-0.50*** |  |" in table
     assert "| wine | random | **-0.90** | -1.20 |  |" in table
@@ -130,14 +154,40 @@ def test_proj_uci_table_marks_cells_picked_from_a_partly_finished_grid():
 def test_proj_uci_table_gives_rmse_or_the_selected_step_size_and_latent_size_on_request():
     from pyro_bnnlv.reproduce.projected import uci_table as _proj_uci
 
-    rows = pd.DataFrame([
-        dict(dataset="boston", scheme="random", method="BbB", lr=0.1, latent_dim=float("nan"), test_ll=-2.0,
-             rmse=0.3, status="done"),
-        dict(dataset="boston", scheme="random", method="FGE", lr=float("nan"), latent_dim=float("nan"),
-             test_ll=-2.5, rmse=0.4, status="done"),
-        dict(dataset="boston", scheme="random", method="Proj-BNN", lr=0.01, latent_dim=50.0, test_ll=-0.5,
-             rmse=0.35, status="partial"),
-    ])  # fmt: skip
+    rows = pd.DataFrame(
+        [
+            dict(
+                dataset="boston",
+                scheme="random",
+                method="BbB",
+                lr=0.1,
+                latent_dim=float("nan"),
+                test_ll=-2.0,
+                rmse=0.3,
+                status="done",
+            ),
+            dict(
+                dataset="boston",
+                scheme="random",
+                method="FGE",
+                lr=float("nan"),
+                latent_dim=float("nan"),
+                test_ll=-2.5,
+                rmse=0.4,
+                status="done",
+            ),
+            dict(
+                dataset="boston",
+                scheme="random",
+                method="Proj-BNN",
+                lr=0.01,
+                latent_dim=50.0,
+                test_ll=-0.5,
+                rmse=0.35,
+                status="partial",
+            ),
+        ]
+    )
     assert "| boston | random | **0.30** | 0.40 | 0.35* |" in _proj_uci([rows], ["x.csv"], {"values": "rmse"})
     assert "| boston | random | 0.1 |  | 0.01 / 50* |" in _proj_uci([rows], ["x.csv"], {"values": "selected"})
     with pytest.raises(ValueError, match="values='nll'.*values=test_ll"):
@@ -150,11 +200,20 @@ def test_proj_four_modes_table_lists_the_seeds_and_bolds_only_fits_with_two_mode
     from pyro_bnnlv.reproduce.projected_toy import four_modes_table as _proj_four_modes
 
     def census(modes_mmd, ll):
-        return pd.DataFrame([
-            dict(fit="MFVI on w", fits_three=1.0, modes=1, **{"miss -1": 0.0, "miss +1": 1.0}, test_ll=-1.3),
-            dict(fit="mmd", prior_fits_three=0.75, prior_modes=3, fits_three=0.7, modes=modes_mmd,
-                 **{"miss -1": 0.52, "miss +1": 0.48}, test_ll=ll),
-        ])  # fmt: skip
+        return pd.DataFrame(
+            [
+                dict(fit="MFVI on w", fits_three=1.0, modes=1, **{"miss -1": 0.0, "miss +1": 1.0}, test_ll=-1.3),
+                dict(
+                    fit="mmd",
+                    prior_fits_three=0.75,
+                    prior_modes=3,
+                    fits_three=0.7,
+                    modes=modes_mmd,
+                    **{"miss -1": 0.52, "miss +1": 0.48},
+                    test_ll=ll,
+                ),
+            ]
+        )
 
     table = _proj_four_modes([census(2, 0.84), census(2, 0.61)], ["s0.csv", "s1.csv"], {})
     assert "| **mmd** | 0.75 / 0.75 | 3 / 3 | 0.70 / 0.70 | 2 / 2 | .52/.48 | 0.84 / 0.61 |" in table
@@ -168,9 +227,17 @@ def test_ncai_protocol_table_puts_each_sets_true_density_ceiling_under_it(tmp_pa
     """The ceiling row is the set's ``E log p(y | x)`` (williams: 0.39) and only a set with a known
     generating density gets one."""
     methods = ["BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)"]
-    rows = pd.DataFrame({"dataset": ["williams"] * 4 + ["mine"] * 4, "method": methods * 2, "split": 1,
-                         "test_ll": [-0.1, 0.1, 0.2, 0.3] * 2, "mi_x_z": [None, 0.2, 0.3, 0.01] * 2,
-                         "hz_z": [None, 4.0, 5.0, 0.01] * 2, "selected": "noise_var=0.01"})  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "dataset": ["williams"] * 4 + ["mine"] * 4,
+            "method": methods * 2,
+            "split": 1,
+            "test_ll": [-0.1, 0.1, 0.2, 0.3] * 2,
+            "mi_x_z": [None, 0.2, 0.3, 0.01] * 2,
+            "hz_z": [None, 4.0, 5.0, 0.01] * 2,
+            "selected": "noise_var=0.01",
+        }
+    )
     rows.to_csv(tmp_path / "n.csv", index=False)
     lines = report.render("<!-- table: ncai-protocol n.csv -->\n", tmp_path).splitlines()
     ceilings = [line for line in lines if "ceiling" in line]
@@ -191,11 +258,25 @@ def test_ncai_paired_table_says_tie_within_the_splits_noise():
     lam_ll = [0.5, 0.6, 0.4, 0.55, 0.45]  # vs MFVI: +0.5 each split (+-0.1): higher
     noisy = [0.9, -0.7, 0.8, -0.6, 0.1]  # vs NCAI_0: mean +0.1, SE large: tie
     for split in range(5):
-        rows += [dict(dataset="toy", split=split, method="BNN+LV (MFVI)", test_ll=0.0, mi_x_z=0.5, hz_z=1.0),
-                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_0)", test_ll=lam_ll[split] - noisy[split],
-                      mi_x_z=0.2, hz_z=0.5),
-                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_lambda)", test_ll=lam_ll[split],
-                      mi_x_z=0.1 + 0.01 * split, hz_z=0.1)]  # fmt: skip
+        rows += [
+            dict(dataset="toy", split=split, method="BNN+LV (MFVI)", test_ll=0.0, mi_x_z=0.5, hz_z=1.0),
+            dict(
+                dataset="toy",
+                split=split,
+                method="BNN+LV (NCAI_0)",
+                test_ll=lam_ll[split] - noisy[split],
+                mi_x_z=0.2,
+                hz_z=0.5,
+            ),
+            dict(
+                dataset="toy",
+                split=split,
+                method="BNN+LV (NCAI_lambda)",
+                test_ll=lam_ll[split],
+                mi_x_z=0.1 + 0.01 * split,
+                hz_z=0.1,
+            ),
+        ]
     text = paired_table([pd.DataFrame(rows)], ["x.csv"], {})
     lines = text.splitlines()
     mfvi = next(line for line in lines if "BNN+LV MFVI" in line)
@@ -240,10 +321,11 @@ def test_generated_block_without_end_is_a_clear_error(tmp_path):
 
 
 def test_generated_block_keeps_its_indent_and_wraps(tmp_path):
-    rows = [dict(dataset="d", scheme=s, method=m, valid_ll=v, test_ll=t)
-            for s in ("random", "extrapolation")
-            for m, v, t in (("BbB", 0.0, -1.0), ("FGE", 0.0, -2.0), ("Proj-BNN", 1.0, -0.5),
-                            ("Proj-BNN (MMD)", 0.5, -3.0))]  # fmt: skip
+    rows = [
+        dict(dataset="d", scheme=s, method=m, valid_ll=v, test_ll=t)
+        for s in ("random", "extrapolation")
+        for m, v, t in (("BbB", 0.0, -1.0), ("FGE", 0.0, -2.0), ("Proj-BNN", 1.0, -0.5), ("Proj-BNN (MMD)", 0.5, -3.0))
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "p.csv", index=False)
     text = "* bullet\n  <!-- generated: proj-uci-wins p.csv -->\n  stale\n  <!-- end generated -->\n  after\n"
     new, changed = report.render_blocks(text, tmp_path)
@@ -261,10 +343,12 @@ def test_proj_uci_wins_counts_the_variant_validation_chose_not_the_better_test_v
     from pyro_bnnlv.reproduce.projected import uci_wins_summary
 
     def cell(scheme, eq6, mmd):  # (valid_ll, test_ll) per variant; BbB -1, FGE -2
-        return [dict(dataset="d", scheme=scheme, method="BbB", valid_ll=0.0, test_ll=-1.0),
-                dict(dataset="d", scheme=scheme, method="FGE", valid_ll=0.0, test_ll=-2.0),
-                dict(dataset="d", scheme=scheme, method="Proj-BNN", valid_ll=eq6[0], test_ll=eq6[1]),
-                dict(dataset="d", scheme=scheme, method="Proj-BNN (MMD)", valid_ll=mmd[0], test_ll=mmd[1])]  # fmt: skip
+        return [
+            dict(dataset="d", scheme=scheme, method="BbB", valid_ll=0.0, test_ll=-1.0),
+            dict(dataset="d", scheme=scheme, method="FGE", valid_ll=0.0, test_ll=-2.0),
+            dict(dataset="d", scheme=scheme, method="Proj-BNN", valid_ll=eq6[0], test_ll=eq6[1]),
+            dict(dataset="d", scheme=scheme, method="Proj-BNN (MMD)", valid_ll=mmd[0], test_ll=mmd[1]),
+        ]
 
     rows = cell("a", (1.0, -1.5), (0.0, -0.5)) + cell("b", (0.0, -0.8), (1.0, -0.7))
     text = uci_wins_summary([pd.DataFrame(rows)], ["x.csv"], {})
@@ -278,8 +362,9 @@ def _hyvi_rows(diffs_nn: list[float], diffs_funn: list[float]) -> pd.DataFrame:
     rows = []
     for split, (a, b) in enumerate(zip(diffs_nn, diffs_funn)):
         for method, ll in (("MFVI", -1.0), ("NN-HyVI", -1.0 + a), ("FuNN-HyVI", -1.0 + b)):
-            rows.append(dict(dataset="wine", split=split, method=method, test_ll=ll, rmse=0.7, auroc_ood=0.9,
-                             status="done"))  # fmt: skip
+            rows.append(
+                dict(dataset="wine", split=split, method=method, test_ll=ll, rmse=0.7, auroc_ood=0.9, status="done")
+            )
     return pd.DataFrame(rows)
 
 
@@ -310,11 +395,25 @@ def test_ncai_paired_summary_names_wins_and_ties():
     rows = []
     noisy = [0.9, -0.7, 0.8, -0.6, 0.1]
     for split in range(5):
-        rows += [dict(dataset="toy", split=split, method="BNN (MFVI)", test_ll=-1.0, mi_x_z=None, hz_z=None),
-                 dict(dataset="toy", split=split, method="BNN+LV (MFVI)", test_ll=0.5 - noisy[split], mi_x_z=0.5,
-                      hz_z=0.1 + noisy[split]),
-                 dict(dataset="toy", split=split, method="BNN+LV (NCAI_lambda)", test_ll=0.5 + 0.01 * split,
-                      mi_x_z=0.1 + 0.01 * split, hz_z=0.1)]  # fmt: skip
+        rows += [
+            dict(dataset="toy", split=split, method="BNN (MFVI)", test_ll=-1.0, mi_x_z=None, hz_z=None),
+            dict(
+                dataset="toy",
+                split=split,
+                method="BNN+LV (MFVI)",
+                test_ll=0.5 - noisy[split],
+                mi_x_z=0.5,
+                hz_z=0.1 + noisy[split],
+            ),
+            dict(
+                dataset="toy",
+                split=split,
+                method="BNN+LV (NCAI_lambda)",
+                test_ll=0.5 + 0.01 * split,
+                mi_x_z=0.1 + 0.01 * split,
+                hz_z=0.1,
+            ),
+        ]
     text = paired_summary([pd.DataFrame(rows)], ["x.csv"], {})
     assert "above the BNN's on toy (1.52, SE 0.01)" in text
     assert "; tied with BNN+LV MFVI's on toy (0.12, SE 0.33)." in text  # differences 0.9, -0.69, 0.82, -0.57, 0.14
@@ -328,12 +427,25 @@ def test_in_between_paired_table_pairs_by_split_and_says_tie_within_noise():
     # MAP 0.3 above the default on every split (+-0.01): a win; LL +-0.5 alternating: a tie;
     # SL only in the first run: no row; split 5 only in the first run: not paired
     def run(map_ll, ll, sl=None, splits=range(5)):
-        rows = [{"dataset": "boston", "kind": "standard", "split": s, "MAP": map_ll[s], "LL": ll[s],
-                 **({"SL": sl} if sl is not None else {})} for s in splits]  # fmt: skip
+        rows = [
+            {
+                "dataset": "boston",
+                "kind": "standard",
+                "split": s,
+                "MAP": map_ll[s],
+                "LL": ll[s],
+                **({"SL": sl} if sl is not None else {}),
+            }
+            for s in splits
+        ]
         return pd.DataFrame(rows)
 
-    first = run([-2.0 + (0.01 if s % 2 else -0.01) for s in range(6)], [0.5 if s % 2 else -0.5 for s in range(6)],
-                sl=-3.0, splits=range(6))  # fmt: skip
+    first = run(
+        [-2.0 + (0.01 if s % 2 else -0.01) for s in range(6)],
+        [0.5 if s % 2 else -0.5 for s in range(6)],
+        sl=-3.0,
+        splits=range(6),
+    )
     default = run([-2.3] * 5, [0.0] * 5)
     lines = protocol_paired_table([first, default], ["a.csv", "b.csv"], {"label": "App._D"}).splitlines()
     assert lines[0].startswith("| set | splits | method | n | App. D | default | App. D - default (SE), verdict |")

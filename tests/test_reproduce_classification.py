@@ -18,9 +18,26 @@ from pyro_bnnlv.reproduce.report import TABLES
 def _run(tmp_path, part):
     out = tmp_path / "results"
     out.mkdir()
-    status = cli_main(["reproduce", "classification", "--small", "--seeds", "1", "--parts", part, "--executor", "inline",
-                       "--quiet", "--results-dir", str(out), "--out", str(tmp_path / "sweeps"),
-                       "--code-version", "test"])  # fmt: skip
+    status = cli_main(
+        [
+            "reproduce",
+            "classification",
+            "--small",
+            "--seeds",
+            "1",
+            "--parts",
+            part,
+            "--executor",
+            "inline",
+            "--quiet",
+            "--results-dir",
+            str(out),
+            "--out",
+            str(tmp_path / "sweeps"),
+            "--code-version",
+            "test",
+        ]
+    )
     assert status == 0
     return out
 
@@ -28,8 +45,18 @@ def _run(tmp_path, part):
 def test_two_moons_smoke_run_through_the_cli(tmp_path, capsys):
     out = _run(tmp_path, "two-moons")
     t = pd.read_csv(out / "classification-two-moons.csv")
-    assert list(t.columns) == ["dataset", "seed", "method", "tv_to_nuts", "kl_to_nuts", "accuracy", "nll", "brier",
-                               "ece", "seconds"]  # fmt: skip
+    assert list(t.columns) == [
+        "dataset",
+        "seed",
+        "method",
+        "tv_to_nuts",
+        "kl_to_nuts",
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "seconds",
+    ]
     assert list(t["method"]) == list(cls.TWO_MOONS_METHODS)
     assert t[["tv_to_nuts", "kl_to_nuts", "accuracy", "nll", "ece"]].notna().all().all()
     by = t.set_index("method")
@@ -41,8 +68,26 @@ def test_two_moons_smoke_run_through_the_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "TV to NUTS" in text and "pair (ordered by mean TV)" in text
     # the store resumes: the same command runs nothing and gives the same table
-    cli_main(["reproduce", "classification", "--small", "--seeds", "1", "--parts", "two-moons", "--executor", "inline",
-              "--quiet", "--results-dir", str(out), "--out", str(tmp_path / "sweeps"), "--code-version", "test"])  # fmt: skip
+    cli_main(
+        [
+            "reproduce",
+            "classification",
+            "--small",
+            "--seeds",
+            "1",
+            "--parts",
+            "two-moons",
+            "--executor",
+            "inline",
+            "--quiet",
+            "--results-dir",
+            str(out),
+            "--out",
+            str(tmp_path / "sweeps"),
+            "--code-version",
+            "test",
+        ]
+    )
     assert pd.read_csv(out / "classification-two-moons.csv").equals(t)
     assert "ran 0 tasks" in capsys.readouterr().out
 
@@ -50,8 +95,20 @@ def test_two_moons_smoke_run_through_the_cli(tmp_path, capsys):
 def test_digits_smoke_run_through_the_cli(tmp_path):
     out = _run(tmp_path, "digits")
     t = pd.read_csv(out / "classification-digits.csv")
-    assert list(t.columns) == ["dataset", "seed", "method", "accuracy", "nll", "brier", "ece", "auroc_entropy",
-                               "auroc_mi", "seconds", "memory_mb", "dense_cov_mb"]  # fmt: skip
+    assert list(t.columns) == [
+        "dataset",
+        "seed",
+        "method",
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "auroc_entropy",
+        "auroc_mi",
+        "seconds",
+        "memory_mb",
+        "dense_cov_mb",
+    ]
     by = t.set_index("method")
     assert list(by.index) == list(cls.DIGITS_METHODS)
     assert math.isnan(by.loc["MAP", "auroc_mi"]) and 0 <= by.loc["K-FAC", "auroc_mi"] <= 1
@@ -86,8 +143,14 @@ def test_grid_paired_differences_and_tables():
     probs = torch.tensor([[0.3, 0.7], [1.0, 0.0], [1e-15, 1 - 1e-15]], dtype=torch.float64)
     back = cls._decode_grid(cls._encode_grid(probs))
     assert torch.allclose(back, probs.clamp(1e-12, 1 - 1e-12), atol=1e-4)
-    t = pd.DataFrame(dict(seed=[0, 0, 1, 1, 2, 2], method=["A", "B"] * 3, tv_to_nuts=[0.1, 0.3, 0.2, 0.5, 0.1, 0.4],
-                          kl_to_nuts=[0.1, 0.1, 0.2, 0.2, 0.3, 0.31]))  # fmt: skip
+    t = pd.DataFrame(
+        dict(
+            seed=[0, 0, 1, 1, 2, 2],
+            method=["A", "B"] * 3,
+            tv_to_nuts=[0.1, 0.3, 0.2, 0.5, 0.1, 0.4],
+            kl_to_nuts=[0.1, 0.1, 0.2, 0.2, 0.3, 0.31],
+        )
+    )
     mean, se, n = cls.paired_differences(t, "A", "B", "tv_to_nuts")
     assert n == 3 and mean == pytest.approx(-0.8 / 3)
     assert se == pytest.approx(float(pd.Series([-0.2, -0.3, -0.3]).std() / math.sqrt(3)))

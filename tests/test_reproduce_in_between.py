@@ -29,14 +29,30 @@ def test_run_split_gives_every_method_on_a_small_problem():
 
 @needs_data
 def test_uci_table_and_summary_on_yacht(capsys):
-    table = uci_table(["yacht"], standard_splits=[0], max_gap_dims=1, map_steps=100, vi_steps=50,
-                      num_samples=10, progress=False)  # fmt: skip
+    table = uci_table(
+        ["yacht"], standard_splits=[0], max_gap_dims=1, map_steps=100, vi_steps=50, num_samples=10, progress=False
+    )
     assert list(table["kind"]) == ["standard", "gap"]
     summ = summary(table)
     assert set(summ["method"]) == set(METHODS)
     assert summ["mean"].map(math.isfinite).all()
-    assert main(["--datasets", "yacht", "--standard-splits", "1", "--max-gap-dims", "1", "--map-steps", "50",
-                 "--vi-steps", "20"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--datasets",
+                "yacht",
+                "--standard-splits",
+                "1",
+                "--max-gap-dims",
+                "1",
+                "--map-steps",
+                "50",
+                "--vi-steps",
+                "20",
+            ]
+        )
+        == 0
+    )
     assert "yacht" in capsys.readouterr().out
 
 
@@ -59,8 +75,16 @@ def test_uci_split_counts_and_missing_standard_splits_are_skipped():
     assert uci_num_splits("protein") == 5 and uci_num_splits("yacht") == 20
     with pytest.raises(ValueError, match="unknown UCI dataset"):
         uci_num_splits("nope")
-    table = uci_table(["yacht"], standard_splits=[19, 20], gap=False, map_steps=20, vi_steps=10,
-                      num_samples=5, progress=False, methods=("MAP",))  # fmt: skip
+    table = uci_table(
+        ["yacht"],
+        standard_splits=[19, 20],
+        gap=False,
+        map_steps=20,
+        vi_steps=10,
+        num_samples=5,
+        progress=False,
+        methods=("MAP",),
+    )
     assert list(table["split"]) == [19]
 
 

@@ -12,8 +12,7 @@ def test_round_trip_gives_identical_predictions(tmp_path):
     for seed, guide_cls in ((0, AutoNormal), (1, AutoMultivariateNormal)):
         model = pb.BNN(pb.MLP(1, [8], 1), noise_scale=0.2, learn_noise=True)
         guide = guide_cls(model, init_loc_fn=pb.init_to_network(model, seed=seed))
-        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=30, seed=seed,
-                   progress=False)  # fmt: skip
+        pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=30, seed=seed, progress=False)
         path = tmp_path / f"fit{seed}.pt"
         save_fit(path, model, guide, data.x_train, data.y_train)
         fits.append((model, guide, path))
@@ -36,13 +35,20 @@ def test_projected_bnn_round_trip_single_task_multi_task_and_fixed_phi(tmp_path)
     task = torch.arange(30) % 3
     base = pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5])
     cases = {
-        "single": (pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5],
-                                   decoder_activation="tanh", noise_scale=0.3), {}),
-        "multi": (pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, num_tasks=3, learn_noise=True),
-                  {"task": task}),
-        "fixed": (pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5],
-                                  fixed_phi=torch.randn(base.num_phi, generator=g)), {}),
-    }  # fmt: skip
+        "single": (
+            pb.ProjectedBNN(
+                pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5], decoder_activation="tanh", noise_scale=0.3
+            ),
+            {},
+        ),
+        "multi": (pb.ProjectedBNN(pb.MLP(1, [6], 1), latent_dim=2, num_tasks=3, learn_noise=True), {"task": task}),
+        "fixed": (
+            pb.ProjectedBNN(
+                pb.MLP(1, [6], 1), latent_dim=2, decoder_hidden=[5], fixed_phi=torch.randn(base.num_phi, generator=g)
+            ),
+            {},
+        ),
+    }
     for name, (model, kwargs) in cases.items():
         guide = AutoNormal(model)
         pb.fit_svi(model, guide, x, y, num_steps=20, seed=0, progress=False, model_kwargs=kwargs)

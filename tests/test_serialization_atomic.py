@@ -47,8 +47,11 @@ def test_a_write_failing_part_way_keeps_the_previous_file(tmp_path, monkeypatch)
         raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
 
     monkeypatch.setattr(torch, "save", fails_part_way)
-    with pytest.raises(OSError, match=r"save_fit could not write .*fit\.pt.*stopped part-way.*Nothing was changed"
-                                      r".*call save_fit again") as info:
+    with pytest.raises(
+        OSError,
+        match=r"save_fit could not write .*fit\.pt.*stopped part-way.*Nothing was changed"
+        r".*call save_fit again",
+    ) as info:
         save_fit(path, *_fit(5))
     assert "enforce fail" not in str(info.value)  # torch's message is the cause, not the error
     monkeypatch.setattr(torch, "save", real)

@@ -53,25 +53,61 @@ CASES = {
     "BNN-AutoMultivariateNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoMultivariateNormal(m), x, y), ("w",)),
     "BNN-AutoDiagonalNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoDiagonalNormal(m), x, y), ("w",)),
     # rank 2 is not the default (round(sqrt(P)) = 4 for P = 19): save_fit records it, no guide_kwargs
-    "BNN-AutoLowRankMultivariateNormal": (BNN, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=2), x, y), ("w",)),
-    "BNN-AutoLowRankMultivariateNormal-default-rank": (BNN, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m), x, y), ("w",)),
+    "BNN-AutoLowRankMultivariateNormal": (
+        BNN,
+        1,
+        lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=2), x, y),
+        ("w",),
+    ),
+    "BNN-AutoLowRankMultivariateNormal-default-rank": (
+        BNN,
+        1,
+        lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m), x, y),
+        ("w",),
+    ),
     "BNN-AutoDelta": (BNN, 1, lambda m, x, y: _fit(m, AutoDelta(m), x, y), ("w",)),
-    "BNN-HypernetGuide": (BNN, 1, lambda m, x, y: _knn(m, pb.HypernetGuide(m, hidden_sizes=(7,), noise_dim=3), x, y), ("w",)),
+    "BNN-HypernetGuide": (
+        BNN,
+        1,
+        lambda m, x, y: _knn(m, pb.HypernetGuide(m, hidden_sizes=(7,), noise_dim=3), x, y),
+        ("w",),
+    ),
     "BNN-Laplace-full": (BNN, 1, _laplace("full"), ("w",)),
     "BNN-Laplace-diag": (BNN, 1, _laplace("diag"), ("w",)),
     "BNN-Laplace-last_layer": (BNN, 1, _laplace("last_layer"), ("w",)),
-    "BNNLV-AutoNormal": (BNNLV, 1, lambda m, x, y: _fit(m, AutoNormal(m, create_plates=m.create_plates), x, y, batch_size=8), ("w", "z")),
+    "BNNLV-AutoNormal": (
+        BNNLV,
+        1,
+        lambda m, x, y: _fit(m, AutoNormal(m, create_plates=m.create_plates), x, y, batch_size=8),
+        ("w", "z"),
+    ),
     "BNNLV-MeanField": (BNNLV, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y, batch_size=8), ("w", "z")),
     "BNNLV-ncai_guide": (BNNLV, 1, lambda m, x, y: _fit(m, pb.ncai_guide(m, x, y, num_steps=20), x, y), ("w", "z")),
-    "BNNLV-hypernet_lv_guide": (BNNLV, 1, lambda m, x, y: _knn(m, hypernet_lv_guide(m, activation="Tanh"), x, y), ("w", "z")),
+    "BNNLV-hypernet_lv_guide": (
+        BNNLV,
+        1,
+        lambda m, x, y: _knn(m, hypernet_lv_guide(m, activation="Tanh"), x, y),
+        ("w", "z"),
+    ),
     "ProjectedBNN-AutoNormal": (PROJ, 1, lambda m, x, y: _fit(m, AutoNormal(m), x, y), ("w", "z")),
     "ProjectedBNN-MeanField": (PROJ, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y), ("w", "z")),
     "Linear-AutoNormal": (LIN, 1, lambda m, x, y: _fit(m, AutoNormal(m), x, y), ("w",)),
     "Linear-MeanField": (LIN, 1, lambda m, x, y: _fit(m, pb.MeanField(m), x, y), ("w",)),
-    "BNNLV-AutoLowRankMultivariateNormal": (BNNLV, 1, lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=3), x, y), ("w", "z")),
-}  # fmt: skip
-FLOAT64 = ["BNN-MeanField", "BNN-HypernetGuide", "BNN-Laplace-full", "BNNLV-MeanField", "BNNLV-hypernet_lv_guide",
-           "BNN-AutoLowRankMultivariateNormal"]
+    "BNNLV-AutoLowRankMultivariateNormal": (
+        BNNLV,
+        1,
+        lambda m, x, y: _fit(m, AutoLowRankMultivariateNormal(m, rank=3), x, y),
+        ("w", "z"),
+    ),
+}
+FLOAT64 = [
+    "BNN-MeanField",
+    "BNN-HypernetGuide",
+    "BNN-Laplace-full",
+    "BNNLV-MeanField",
+    "BNNLV-hypernet_lv_guide",
+    "BNN-AutoLowRankMultivariateNormal",
+]
 
 
 def _sample(model, guide, x, y, sites, needs_y):
@@ -118,11 +154,14 @@ def test_hypernet_activation_by_name():
         pb.HypernetGuide(model, activation="os.system")
 
 
-@pytest.mark.parametrize("model_class, guide_class", [
-    ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.guides.laplace:LaplaceGuide"),  # before issue 15's move
-    ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.infer.laplace_guide:LaplaceGuide"),  # as format 2 wrote
-    ("pyro_bnnlv.models.deep.somewhere:BNN", "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"),  # a later move
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "model_class, guide_class",
+    [
+        ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.guides.laplace:LaplaceGuide"),  # before issue 15's move
+        ("pyro_bnnlv.models.bnn:BNN", "pyro_bnnlv.infer.laplace_guide:LaplaceGuide"),  # as format 2 wrote
+        ("pyro_bnnlv.models.deep.somewhere:BNN", "pyro_bnnlv.infer.laplace.guide:LaplaceGuide"),  # a later move
+    ],
+)
 def test_a_format_2_file_naming_old_module_paths_still_loads(model_class, guide_class, tmp_path):
     """Formats 1-2 named classes ``module:Qualname``; they are read by the last component, so a
     class moved to another module (LaplaceGuide into ``infer``'s sub-packages) keeps loading.
@@ -151,6 +190,9 @@ def test_format_3_names_classes_only_by_registered_name(tmp_path):
     payload = torch.load(path, weights_only=True)
     payload["guide_class"] = "pyro_bnnlv.guides.mean_field:MeanField"  # not a registered name
     torch.save(payload, path)
-    with pytest.raises(ValueError, match=r"names the guide class 'pyro_bnnlv.guides.mean_field:MeanField', which is "
-                                         r"not one load_fit rebuilds \(AutoDelta, .*MeanField"):
+    with pytest.raises(
+        ValueError,
+        match=r"names the guide class 'pyro_bnnlv.guides.mean_field:MeanField', which is "
+        r"not one load_fit rebuilds \(AutoDelta, .*MeanField",
+    ):
         load_fit(path)

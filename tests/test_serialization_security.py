@@ -99,7 +99,7 @@ def test_load_fit_reads_with_weights_only(fit_file, monkeypatch):
         ("truncated", "torch.load cannot read it"),
         ("future", "unsupported fit file format 99"),
     ],
-)  # fmt: skip
+)
 def test_files_that_are_not_fits_say_what_they_are(content, match, fit_file, tmp_path):
     path = tmp_path / "other.pt"
     if isinstance(content, bytes):
@@ -165,8 +165,11 @@ def test_register_class_refuses_a_name_taken_by_another_class(tmp_path, monkeypa
     class MeanField(AutoNormal):  # a user's class named like the library's
         pass
 
-    with pytest.raises(ValueError, match=r"the guide name 'MeanField' is already registered for "
-                                         r"pyro_bnnlv.guides.mean_field.MeanField; .*name='MyMeanField'"):
+    with pytest.raises(
+        ValueError,
+        match=r"the guide name 'MeanField' is already registered for "
+        r"pyro_bnnlv.guides.mean_field.MeanField; .*name='MyMeanField'",
+    ):
         register_class(MeanField, "guide")
     with pytest.raises(ValueError, match=r"name must be a Python identifier"):
         register_class(MeanField, "guide", name="my:guide")
@@ -203,10 +206,13 @@ def test_format_1_file_saved_without_y_loads(tmp_path):
     torch.testing.assert_close(guide2.locs.w, guide.locs.w, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("x_dtype", "torch.load", "not a floating-point torch dtype"),
-    ("model_class", ["a", "list"], "names the model class"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("x_dtype", "torch.load", "not a floating-point torch dtype"),
+        ("model_class", ["a", "list"], "names the model class"),
+    ],
+)
 def test_crafted_fields_are_checked(field, value, match, fit_file, tmp_path):
     payload = torch.load(fit_file, weights_only=True)
     payload[field] = value

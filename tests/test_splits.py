@@ -26,8 +26,12 @@ def _toy(n=301, d=3, seed=0, standardize=True) -> Dataset:
     y = x.sum(1) + rng.normal(size=n)
     cut = [int(0.7 * n), int(0.8 * n)]
     parts = np.split(np.arange(n), cut)
-    return make_dataset("toy", {k: (x[p], y[p]) for k, p in zip(("train", "valid", "test"), parts)},
-                        standardize=standardize, description="toy")  # fmt: skip
+    return make_dataset(
+        "toy",
+        {k: (x[p], y[p]) for k, p in zip(("train", "valid", "test"), parts)},
+        standardize=standardize,
+        description="toy",
+    )
 
 
 def _indices(ds):
@@ -70,10 +74,12 @@ def test_gap_split_sizes_disjointness_and_the_gap(n):
         # re-standardised with the new training statistics, on the right rows
         assert split.standardized
         torch.testing.assert_close(split.x_train.mean(0), torch.zeros(3), atol=1e-5, rtol=0)
-        torch.testing.assert_close(split.x_test * split.x_std + split.x_mean,
-                                   torch.as_tensor(x[te], dtype=torch.float32), rtol=1e-5, atol=1e-4)  # fmt: skip
-        torch.testing.assert_close(split.y_test * split.y_std + split.y_mean,
-                                   torch.as_tensor(y[te], dtype=torch.float32), rtol=1e-5, atol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            split.x_test * split.x_std + split.x_mean, torch.as_tensor(x[te], dtype=torch.float32), rtol=1e-5, atol=1e-4
+        )
+        torch.testing.assert_close(
+            split.y_test * split.y_std + split.y_mean, torch.as_tensor(y[te], dtype=torch.float32), rtol=1e-5, atol=1e-4
+        )
 
 
 def test_splits_are_deterministic_and_seeded():

@@ -111,9 +111,7 @@ def test_hz_univariate_matches_reference(kind, n, seed):
 
 def test_hz_beta_uses_published_exponent():
     # beta = 2^{-1/2} (n(2k+1)/4)^{1/(k+4)}, not the ^{-k/4} printed after eq. 25
-    assert henze_zirkler_beta(100, 2) == pytest.approx(
-        (1 / math.sqrt(2)) * (100 * 5 / 4) ** (1 / 6), rel=1e-15
-    )
+    assert henze_zirkler_beta(100, 2) == pytest.approx((1 / math.sqrt(2)) * (100 * 5 / 4) ** (1 / 6), rel=1e-15)
     assert henze_zirkler_beta(1000, 1) > henze_zirkler_beta(100, 1)
 
 
@@ -279,9 +277,7 @@ def test_offdiag_cov_norm():
     assert offdiag_cov_norm(torch.from_numpy(z)).item() == pytest.approx(expected, rel=1e-10)
     c1 = np.cov(z, rowvar=False, bias=False)
     expected1 = np.sqrt(np.sum(c1**2) - np.sum(np.diag(c1) ** 2))
-    assert offdiag_cov_norm(torch.from_numpy(z), correction=1).item() == pytest.approx(
-        expected1, rel=1e-10
-    )
+    assert offdiag_cov_norm(torch.from_numpy(z), correction=1).item() == pytest.approx(expected1, rel=1e-10)
 
 
 def test_offdiag_cov_norm_k1_and_diagonal_are_zero_with_finite_grad():
@@ -345,9 +341,7 @@ def test_ksg_matches_mutual_info_regression(seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=800) * 3.0 + 1.0
     z = x**2 + rng.normal(size=800) * 2.0
-    ref = mutual_info_regression(
-        x[:, None], z, n_neighbors=5, discrete_features=False, random_state=0
-    )[0]
+    ref = mutual_info_regression(x[:, None], z, n_neighbors=5, discrete_features=False, random_state=0)[0]
     assert ksg_mutual_information(x, z, k=5) == pytest.approx(ref, abs=1e-6)
     assert ref > 0.5
 
@@ -375,12 +369,8 @@ def test_ksg_gaussian_closed_form_1d(rho):
 def test_ksg_gaussian_closed_form_multivariate():
     # I = -0.5 log(det C / (det C_xx det C_zz)) = 0.2299 for this C; single-run sd at n = 1000
     # is 0.023 (100 seeds), so the 10-seed mean has sd ~0.007; tolerance 0.03.
-    cov = np.array(
-        [[1, 0.3, 0.5, 0.2], [0.3, 1, 0.1, 0.4], [0.5, 0.1, 1, 0.3], [0.2, 0.4, 0.3, 1.0]]
-    )
-    truth = -0.5 * math.log(
-        np.linalg.det(cov) / (np.linalg.det(cov[:2, :2]) * np.linalg.det(cov[2:, 2:]))
-    )
+    cov = np.array([[1, 0.3, 0.5, 0.2], [0.3, 1, 0.1, 0.4], [0.5, 0.1, 1, 0.3], [0.2, 0.4, 0.3, 1.0]])
+    truth = -0.5 * math.log(np.linalg.det(cov) / (np.linalg.det(cov[:2, :2]) * np.linalg.det(cov[2:, 2:])))
     est = _gauss_mi_estimates(cov, 2, 1000, range(10))
     assert est.mean() == pytest.approx(truth, abs=0.03)
 

@@ -139,7 +139,9 @@ def test_multiscale_knn_mi_floors_each_size_and_draws_fresh_sets():
     fine = torch.sin(8 * x) + 0.2 * torch.randn(300, 1, generator=gen)  # 8 rad per unit of x
     # seeded: the mean of the floored single-size estimates, seed + j for the j-th size
     sizes = (8, 16, 32)
-    expected = sum(knn_mutual_information(x, fine, m=m, subsets=2, seed=5 + j).clamp_min(0) for j, m in enumerate(sizes)) / 3
+    expected = (
+        sum(knn_mutual_information(x, fine, m=m, subsets=2, seed=5 + j).clamp_min(0) for j, m in enumerate(sizes)) / 3
+    )
     assert multiscale_knn_mi(x, fine, sizes, seed=5) == expected
     assert expected.item() > 0.3
     # fresh sets from torch's global generator: reproducible under a seed, different across calls

@@ -67,8 +67,9 @@ def test_eq23_at_constant_input_is_eq15(scale):
     loc, cov = invariance_abiding_posterior(torch.full((K,), scale, dtype=F64), mu, s2, m, lam)
     ref = L.qmix(prior, m, lam)
     assert torch.allclose(loc, ref.loc, atol=1e-12) and torch.allclose(cov, ref.cov, atol=1e-12)
-    gap = invariance_gap_at_inputs(torch.full((K,), scale, dtype=F64), L.q0(prior, m, lam).loc,
-                                   L.q0(prior, m, lam).cov.diagonal(), mu, s2)  # fmt: skip
+    gap = invariance_gap_at_inputs(
+        torch.full((K,), scale, dtype=F64), L.q0(prior, m, lam).loc, L.q0(prior, m, lam).cov.diagonal(), mu, s2
+    )
     assert float(gap) == pytest.approx(float(L.invariance_gap(prior, m, lam)), rel=1e-10)
 
 
@@ -183,8 +184,10 @@ def test_mixture_gap_monte_carlo():
     """Eq. 23's mixture over inputs: equals the per-input gap for identical inputs, is below the
     mean per-input gap (convexity) otherwise, and agrees with torch's mixture density."""
     K, H = 3, 2
-    thetas = [(torch.full((K,), 0.5, dtype=F64), torch.full((K,), 1.5, dtype=F64)),
-              (torch.tensor([0.1, -0.4, 1.0], dtype=F64), torch.tensor([0.5, 2.0, 1.0], dtype=F64))]
+    thetas = [
+        (torch.full((K,), 0.5, dtype=F64), torch.full((K,), 1.5, dtype=F64)),
+        (torch.tensor([0.1, -0.4, 1.0], dtype=F64), torch.tensor([0.5, 2.0, 1.0], dtype=F64)),
+    ]
     model, prior, (loc, scale) = _linear_bnn(K, H, thetas)
     same = first_layer_invariance_gap(model, (loc, scale), torch.ones(5, K - 1), num_samples=4000)
     z = (same.gap_mixture - same.gap_mean) / same.gap_mixture_se
@@ -229,8 +232,7 @@ def test_uninformative_coordinates_give_the_prior():
     # at x = (2, 0) only (W00, b0) are seen: the 2-d eq. 23 gap plus nothing from W01 beyond KL
     sub = [0, 2]
     zero, one = torch.zeros(2, dtype=F64), torch.ones(2, dtype=F64)
-    gap2 = invariance_gap_at_inputs(torch.tensor([2.0, 1.0], dtype=F64), loc[idx][sub], v[sub],
-                                    zero, one)  # fmt: skip
+    gap2 = invariance_gap_at_inputs(torch.tensor([2.0, 1.0], dtype=F64), loc[idx][sub], v[sub], zero, one)
     kl_w01 = 0.5 * float(v[1] + loc[idx[1]] ** 2 - 1 - torch.log(v[1]))
     assert long.gap[1] == pytest.approx(float(gap2) + kl_w01, rel=1e-10)
     df = first_layer_invariance_gap(model, (loc, scale), x)
@@ -257,8 +259,9 @@ def test_validation_and_plot(tmp_path, toy_data):
     with pytest.raises(ValueError, match="num_samples"):
         first_layer_invariance_gap(model, params, x, num_samples=-1)
     with pytest.raises(ValueError, match="both m and lam"):
-        invariance_gap_at_inputs(torch.ones(2), torch.zeros(2), torch.ones(2), torch.zeros(2),
-                                 torch.ones(2), m=torch.zeros(2))  # fmt: skip
+        invariance_gap_at_inputs(
+            torch.ones(2), torch.zeros(2), torch.ones(2), torch.zeros(2), torch.ones(2), m=torch.zeros(2)
+        )
     df = first_layer_invariance_gap(model, params, x, num_samples=100)
     fig = plot_first_layer_invariance_gap(df, tmp_path / "gap.png")
     assert (tmp_path / "gap.png").stat().st_size > 0 and fig.axes[0].patches
@@ -306,8 +309,7 @@ def test_layer_zero_is_the_first_layer_function(deep_fit):
     assert by.groupby("layer").size().to_dict() == {0: 3, 1: 2, 2: 1}
     assert (by.gap_mean > 0).all() and (by.gap_mean <= by.gap_max).all()
     assert (by.gap_mixture < by.gap_mean + 4 * by.gap_mixture_se).all()
-    long = invariance_gap_by_layer(model, params, x, layers=[2, 0], num_activation_samples=2,
-                                   per_input=True)  # fmt: skip
+    long = invariance_gap_by_layer(model, params, x, layers=[2, 0], num_activation_samples=2, per_input=True)
     assert list(long.columns[:4]) == ["layer", "draw", "input", "unit"]
     assert long.groupby("layer").size().to_dict() == {0: 3 * len(x), 2: 2 * len(x)}
     assert (long[long.layer == 0].draw == 0).all() and set(long[long.layer == 2].draw) == {0, 1}
@@ -343,8 +345,9 @@ def test_later_layer_matches_brute_force_on_hand_built_activations(deep_fit, lay
     got_z = layer_inputs(model, guide, x, layer, num_activation_samples=S, seed=seed, activations="q0")
     assert torch.allclose(got_z, z, rtol=0, atol=1e-12)
     df = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed, activations="q0")
-    long = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed,
-                                per_input=True, activations="q0")  # fmt: skip
+    long = layer_invariance_gap(
+        model, guide, x, layer, num_activation_samples=S, seed=seed, per_input=True, activations="q0"
+    )
     W_loc, b_loc = model.net.unflatten(loc)[layer]
     W_sc, b_sc = model.net.unflatten(scale)[layer]
     P_loc, pb_loc = model.net.unflatten(model.prior_loc.to(F64))[layer]
@@ -370,8 +373,7 @@ def test_later_layer_matches_brute_force_on_hand_built_activations(deep_fit, lay
         assert df.kl_to_prior[j] == pytest.approx(float(kl_prior), rel=1e-8)
     assert df.attrs["num_activation_vectors"] == S * len(x)
     # another seed draws other activations (the gap is a Monte-Carlo estimate over z)
-    other = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed + 1,
-                                 activations="q0")  # fmt: skip
+    other = layer_invariance_gap(model, guide, x, layer, num_activation_samples=S, seed=seed + 1, activations="q0")
     assert not other.gap_mean.equals(df.gap_mean)
 
 
@@ -384,8 +386,7 @@ def test_gap_of_a_layer_at_its_prior_is_zero(deep_fit):
         loc2, scale2 = loc.clone(), scale.clone()
         loc2[idx] = model.prior_loc.to(F64)[idx]
         scale2[idx] = model.prior_scale.to(F64)[idx]
-        by = invariance_gap_by_layer(model, (loc2, scale2), x, num_activation_samples=3,
-                                     num_samples=20)  # fmt: skip
+        by = invariance_gap_by_layer(model, (loc2, scale2), x, num_activation_samples=3, num_samples=20)
         at_prior = by[by.layer == layer]
         assert (at_prior.gap_max.abs() < 1e-8).all() and (at_prior.kl_to_prior.abs() < 1e-8).all()
         assert (at_prior.gap_mixture.abs() < 1e-8).all()
@@ -519,14 +520,17 @@ def test_later_layer_gap_is_the_linear_models_where_they_coincide():
     scale = torch.full((net.num_weights,), 0.5, dtype=F64)
     first = layer_indices(net, 0)
     loc[first[:, -1]], scale[first[:, -1]] = 1.0, 1e-7
-    for m, lam in [(torch.full((K,), 0.7, dtype=F64), torch.full((K,), 2.5, dtype=F64)),
-                   L.theta_star_mix(torch.ones(10, dtype=F64), K, 0.3)]:  # fmt: skip
+    for m, lam in [
+        (torch.full((K,), 0.7, dtype=F64), torch.full((K,), 2.5, dtype=F64)),
+        L.theta_star_mix(torch.ones(10, dtype=F64), K, 0.3),
+    ]:
         q = L.q0(prior, m, lam)
         loc[out], scale[out] = q.loc, q.cov.diagonal().sqrt()
         gap = float(L.invariance_gap(prior, m, lam))
         for source in ("qmix", "q0"):
-            df = layer_invariance_gap(model, (loc, scale), torch.zeros(3, 1), 1, num_activation_samples=8,
-                                      activations=source)  # fmt: skip
+            df = layer_invariance_gap(
+                model, (loc, scale), torch.zeros(3, 1), 1, num_activation_samples=8, activations=source
+            )
             assert df.gap_mean[0] == pytest.approx(gap, rel=1e-5)
             assert df.gap_max[0] == pytest.approx(gap, rel=1e-5)
 
@@ -538,9 +542,11 @@ def test_activation_source_is_checked_and_qmix_is_the_default(deep_fit):
     with pytest.raises(ValueError, match="activations must be"):
         invariance_gap_by_layer(model, params, x, activations=None)
     default = layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2)
-    assert default.equals(layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2,
-                                               activations="qmix"))  # fmt: skip
-    assert not default.gap_mean.equals(layer_invariance_gap(model, params, x, 2, num_activation_samples=4,
-                                                            seed=2, activations="q0").gap_mean)  # fmt: skip
+    assert default.equals(
+        layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2, activations="qmix")
+    )
+    assert not default.gap_mean.equals(
+        layer_invariance_gap(model, params, x, 2, num_activation_samples=4, seed=2, activations="q0").gap_mean
+    )
     # layer 0 sees the data whatever the source
     assert layer_invariance_gap(model, params, x, 0, activations="q0").equals(layer_invariance_gap(model, params, x, 0))

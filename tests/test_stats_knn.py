@@ -47,8 +47,7 @@ def _gaussian_kl(m1, s1, m2, s2) -> float:
     """KL(N(m1, s1) || N(m2, s2))."""
     s2i = torch.linalg.inv(s2)
     dm = m2 - m1
-    return 0.5 * (torch.trace(s2i @ s1) + dm @ s2i @ dm - len(m1)
-                  + torch.logdet(s2) - torch.logdet(s1)).item()
+    return 0.5 * (torch.trace(s2i @ s1) + dm @ s2i @ dm - len(m1) + torch.logdet(s2) - torch.logdet(s1)).item()
 
 
 def _draw(n: int, mean: torch.Tensor, cov: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -60,8 +59,7 @@ def _entropy_errors(d: int, n: int, seeds: range) -> np.ndarray:
     cov = _covariance(d, 0)
     true = _gaussian_entropy(cov)
     zero = torch.zeros(d, dtype=F64)
-    return np.array([knn_entropy(_draw(n, zero, cov, torch.Generator().manual_seed(s))).item()
-                     - true for s in seeds])
+    return np.array([knn_entropy(_draw(n, zero, cov, torch.Generator().manual_seed(s))).item() - true for s in seeds])
 
 
 def _brute_force_log_kth(x: np.ndarray, y: np.ndarray, k: int, exclude_self: bool) -> np.ndarray:
@@ -304,8 +302,7 @@ def test_kl_argument_order_and_scale_invariance():
     assert abs(np.mean(wide_narrow) - 0.807) < 0.25
     assert np.mean(wide_narrow) > np.mean(narrow_wide) + 0.2
     # eq. (4) only involves distance ratios (paper, below eq. 6).
-    assert knn_kl(7.0 * narrow, 7.0 * wide).item() == pytest.approx(
-        knn_kl(narrow, wide).item(), rel=1e-10)
+    assert knn_kl(7.0 * narrow, 7.0 * wide).item() == pytest.approx(knn_kl(narrow, wide).item(), rel=1e-10)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,7 +344,8 @@ def test_ties_leave_the_gaussian_kl_estimate_unbiased():
     # and the leave-one-out rule is the brute-force formula with x_i removed from q
     x, y = p[:200].numpy(), torch.cat([p[:50], q[:150]]).numpy()
     assert knn_kl(p[:200], torch.cat([p[:50], q[:150]])).item() == pytest.approx(
-        _brute_force_kl_leave_out(x, y, 50), rel=1e-12)
+        _brute_force_kl_leave_out(x, y, 50), rel=1e-12
+    )
 
 
 def _brute_force_kl_leave_out(x: np.ndarray, y: np.ndarray, shared: int) -> float:
@@ -404,8 +402,10 @@ def test_noise_grows_like_sqrt_d_over_n():
     # over 8 seeds; the check uses 6 seeds and a factor-2 band.
     for d in (10, 1000):
         g = torch.Generator().manual_seed(1)
-        est = [knn_kl(torch.randn(100, d, generator=g, dtype=F64),
-                      torch.randn(100, d, generator=g, dtype=F64)).item() for _ in range(6)]
+        est = [
+            knn_kl(torch.randn(100, d, generator=g, dtype=F64), torch.randn(100, d, generator=g, dtype=F64)).item()
+            for _ in range(6)
+        ]
         ratio = np.std(est, ddof=1) / (0.8 * math.sqrt(d / 100))
         assert 0.5 < ratio < 2.0, (d, ratio)
 
@@ -521,19 +521,16 @@ def test_functional_estimators_reduce_to_parameter_space_ones():
     mean_h = sum(knn_entropy(f[r]) for r in range(3)) / 3
     assert functional_knn_entropy(f, correction="none").item() == pytest.approx(mean_h.item())
     assert functional_knn_entropy(f).item() == pytest.approx(mean_h.item() - 0.5 * math.log(4))
-    assert functional_knn_entropy(f, correction="rescaled").item() == pytest.approx(
-        mean_h.item() - 2.0 * math.log(4))
+    assert functional_knn_entropy(f, correction="rescaled").item() == pytest.approx(mean_h.item() - 2.0 * math.log(4))
     mean_kl = sum(knn_kl(f[r], h[r]) for r in range(3)) / 3
     assert functional_knn_kl(f, h).item() == pytest.approx(mean_kl.item())
     # vector-valued outputs (R, S, T, O) are flattened to R^{T*O}; T is still dim 2.
     f4 = f.reshape(3, 30, 2, 2)
     assert functional_knn_entropy(f4, correction="none").item() == pytest.approx(mean_h.item())
-    assert functional_knn_entropy(f4, correction="rescaled").item() == pytest.approx(
-        mean_h.item() - 2.0 * math.log(2))
+    assert functional_knn_entropy(f4, correction="rescaled").item() == pytest.approx(mean_h.item() - 2.0 * math.log(2))
     # with a single input (T = 1) the paper's and the rescaled corrections coincide (both 0).
     f1 = f[:, :, :1]
-    assert functional_knn_entropy(f1).item() == functional_knn_entropy(
-        f1, correction="rescaled").item()
+    assert functional_knn_entropy(f1).item() == functional_knn_entropy(f1, correction="rescaled").item()
 
 
 def test_functional_entropy_linear_model_closed_form():
@@ -548,7 +545,7 @@ def test_functional_entropy_linear_model_closed_form():
     torch.manual_seed(11)
     f = predictor_space_samples(_linear_fn, w, _uniform_inputs, num_draws, num_inputs)
     xs = _draw_inputs(11, num_draws, num_inputs)
-    h_fx = np.mean([_gaussian_entropy(x @ sigma @ x.T) for x in xs])            # E_X H(f^X)
+    h_fx = np.mean([_gaussian_entropy(x @ sigma @ x.T) for x in xs])  # E_X H(f^X)
     h_scaled = np.mean([_gaussian_entropy(x @ sigma @ x.T / num_inputs) for x in xs])
     est_none = functional_knn_entropy(f, correction="none").item()
     est_paper = functional_knn_entropy(f).item()
@@ -573,18 +570,15 @@ def test_functional_kl_linear_model_closed_form():
     w_q = math.sqrt(0.5) * torch.randn(s, D_IN, dtype=F64) + mu
     w_p = torch.randn(s, D_IN, dtype=F64)
     torch.manual_seed(5)
-    f_q, f_p = predictor_space_samples(_linear_fn, (w_q, w_p), _uniform_inputs, num_draws,
-                                       num_inputs)
+    f_q, f_p = predictor_space_samples(_linear_fn, (w_q, w_p), _uniform_inputs, num_draws, num_inputs)
     xs = _draw_inputs(5, num_draws, num_inputs)
-    true = np.mean([_gaussian_kl(x @ mu, x @ sigma_q @ x.T, torch.zeros(num_inputs, dtype=F64),
-                                 x @ x.T) for x in xs])
+    true = np.mean([_gaussian_kl(x @ mu, x @ sigma_q @ x.T, torch.zeros(num_inputs, dtype=F64), x @ x.T) for x in xs])
     est = functional_knn_kl(f_q, f_p).item()
     assert abs(est - true) < 0.12
     # and the same-distribution predictor-space KL is near zero
     w_q2 = math.sqrt(0.5) * torch.randn(s, D_IN, dtype=F64) + mu
     torch.manual_seed(5)
-    f_q, f_q2 = predictor_space_samples(_linear_fn, (w_q, w_q2), _uniform_inputs, num_draws,
-                                        num_inputs)
+    f_q, f_q2 = predictor_space_samples(_linear_fn, (w_q, w_q2), _uniform_inputs, num_draws, num_inputs)
     assert abs(functional_knn_kl(f_q, f_q2).item()) < 0.1
 
 

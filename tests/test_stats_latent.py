@@ -17,7 +17,10 @@ from pyro_bnnlv.stats.latent import (
 
 def test_knn_entropy_1d_matches_the_general_estimator_and_closed_form():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(6, 400, generator=g, dtype=torch.float64) * torch.tensor([0.5, 1, 2, 3, 4, 5.0]).unsqueeze(-1).double()
+    x = (
+        torch.randn(6, 400, generator=g, dtype=torch.float64)
+        * torch.tensor([0.5, 1, 2, 3, 4, 5.0]).unsqueeze(-1).double()
+    )
     batched = knn_entropy_1d(x, k=5)
     for i in range(6):
         assert batched[i].item() == pytest.approx(knn_entropy(x[i].unsqueeze(-1), k=5).item(), rel=1e-10)
@@ -44,8 +47,9 @@ def test_uncertainty_decomposition_closed_form():
     assert frame["aleatoric"].tolist() == pytest.approx([aleatoric] * 2, abs=0.05)
     # total: entropy of 0.5 N(-1, sd^2) + 0.5 N(1, sd^2), by numerical integration
     t = torch.linspace(-15, 15, 20001, dtype=torch.float64)
-    dens = 0.5 * (torch.distributions.Normal(-1.0, sd).log_prob(t).exp()
-                  + torch.distributions.Normal(1.0, sd).log_prob(t).exp())  # fmt: skip
+    dens = 0.5 * (
+        torch.distributions.Normal(-1.0, sd).log_prob(t).exp() + torch.distributions.Normal(1.0, sd).log_prob(t).exp()
+    )
     total = -(dens * dens.log()).sum().item() * (t[1] - t[0]).item()
     assert frame["total"].tolist() == pytest.approx([total] * 2, abs=0.05)
     assert (frame["epistemic"] > 0).all() and (frame["epistemic"] < 0.2).all()

@@ -47,7 +47,7 @@ def test_ood_report_table_and_figure(tmp_path):
     far = torch.linspace(3, 4, 40)[:, None]
     frame = ood_report(model, w, near, near, far, figure=tmp_path / "ood.png")
     assert list(frame.index) == ["train", "test", "ood"]
-    assert frame.loc["ood", "auroc"] == 1.0          # |x| >= 3 is always more uncertain here
+    assert frame.loc["ood", "auroc"] == 1.0  # |x| >= 3 is always more uncertain here
     assert math.isnan(frame.loc["test", "auroc"])
     assert frame.loc["ood", "mean"] > frame.loc["test", "mean"]
     assert (tmp_path / "ood.png").stat().st_size > 1000

@@ -96,8 +96,11 @@ def test_compiled_and_torch_paths_agree_in_float32(seed):
 @pytest.mark.parametrize("kind", ["skewed", "bimodal"])
 def test_hz_matches_pingouin_on_both_paths(compiled, kind):
     rng = np.random.default_rng(3)
-    x = rng.exponential(size=(150, 3)) ** 2 if kind == "skewed" else (
-        rng.normal(size=(150, 3)) + 3.0 * np.where(rng.random((150, 1)) < 0.5, -1.0, 1.0))  # fmt: skip
+    x = (
+        rng.exponential(size=(150, 3)) ** 2
+        if kind == "skewed"
+        else (rng.normal(size=(150, 3)) + 3.0 * np.where(rng.random((150, 1)) < 0.5, -1.0, 1.0))
+    )
     ref = pingouin.multivariate_normality(x).hz
     assert henze_zirkler(torch.from_numpy(x), compiled=compiled).item() == pytest.approx(ref, rel=1e-10)
 
@@ -189,12 +192,12 @@ def test_reused_input_gram_is_never_stale():
     # was, so it could not show a stale cache), one entry moved
     for change in (swap, lambda: x.pow_(3), lambda: x[7].add_(1.0)):
         change()
-        assert normalized_hsic(x, mu, compiled=True).item() == pytest.approx(
-            _autograd_hsic(x, mu).item(), rel=1e-12)  # fmt: skip
+        assert normalized_hsic(x, mu, compiled=True).item() == pytest.approx(_autograd_hsic(x, mu).item(), rel=1e-12)
     other = x.clone()
     other[0, 0] = other[0, 0] + 1e-9  # one entry, by a hair
     assert normalized_hsic(other, mu, compiled=True).item() == pytest.approx(
-        _autograd_hsic(other, mu).item(), rel=1e-12)  # fmt: skip
+        _autograd_hsic(other, mu).item(), rel=1e-12
+    )
     assert normalized_hsic(other, mu, compiled=True).item() != normalized_hsic(x, mu, compiled=True).item()
 
 

@@ -60,13 +60,20 @@ def toy_fit(task: Task) -> dict:
     svi = SVI(_model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
     for _ in range(10):
         loss = svi.step(x)
-    return {"loss": loss, "loc": float(pyro.param("AutoNormal.locs.loc").detach()), "np_draw": float(np.random.rand()),
-            "n_params": len(pyro.get_param_store())}  # fmt: skip
+    return {
+        "loss": loss,
+        "loc": float(pyro.param("AutoNormal.locs.loc").detach()),
+        "np_draw": float(np.random.rand()),
+        "n_params": len(pyro.get_param_store()),
+    }
 
 
 def _tasks(n_splits=3, sleep=0.0, methods=("a", "b")):
-    return [Task("toy", method=m, split=s, grid={"scale": 0.5 + s, "sleep": sleep}, seed=s)
-            for m in methods for s in range(n_splits)]  # fmt: skip
+    return [
+        Task("toy", method=m, split=s, grid={"scale": 0.5 + s, "sleep": sleep}, seed=s)
+        for m in methods
+        for s in range(n_splits)
+    ]
 
 
 def _results(table: pd.DataFrame) -> pd.DataFrame:
@@ -82,9 +89,11 @@ def test_task_id_is_the_hash_of_its_canonical_key_and_ignores_grid_order():
     assert a.id == b.id == hashlib.sha256(canonical.encode()).hexdigest()[:16]
     assert a.grid == (("eps", 0.5), ("lr", 0.01)) and a.params == {"eps": 0.5, "lr": 0.01}
     assert Task.from_key(a.key()) == a
-    others = [Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=3, seed=7),
-              Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=2, seed=8),
-              Task("boston", "MFVI", "gap-3", {"lr": 0.01, "eps": 0.5}, restart=2, seed=7)]  # fmt: skip
+    others = [
+        Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=3, seed=7),
+        Task("boston", "MFVI", 3, {"lr": 0.01, "eps": 0.5}, restart=2, seed=8),
+        Task("boston", "MFVI", "gap-3", {"lr": 0.01, "eps": 0.5}, restart=2, seed=7),
+    ]
     assert len({a.id, *(t.id for t in others)}) == 4
 
 
@@ -209,8 +218,9 @@ def test_kill_9_mid_sweep_then_rerun_completes_the_table_without_running_a_task_
         f"    run_sweep(_tasks(n_splits=4, sleep=1.0), toy_fit, out_dir={str(out)!r}, workers=2, progress=False,\n"
         "              code_version='kill-test')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]),
-               **{MARKS_ENV: str(marks1)})  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]), **{MARKS_ENV: str(marks1)}
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
         deadline = time.monotonic() + 180
@@ -266,14 +276,21 @@ def test_a_different_sweep_in_the_same_directory_is_an_error_and_overwrites_noth
     with pytest.raises(SweepMismatchError, match=r"different sweep \(settings steps: 10 -> 20\)"):
         run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 20}, progress=False)
     with pytest.raises(SweepMismatchError, match="0 stored tasks not in this sweep, 2 new ones"):
-        run_sweep(_tasks(n_splits=3), toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
-                  progress=False)  # fmt: skip
+        run_sweep(
+            _tasks(n_splits=3), toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10}, progress=False
+        )
     with pytest.raises(SweepMismatchError, match="task function"):
-        run_sweep(tasks, _returns_array, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
-                  progress=False)  # fmt: skip
+        run_sweep(tasks, _returns_array, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10}, progress=False)
     with pytest.raises(SweepMismatchError, match="computed by other code.*resume them with code_version='pyro_bnnlv"):
-        run_sweep(tasks, toy_fit, out_dir=tmp_path, executor="inline", sweep_meta={"steps": 10},
-                  code_version="other", progress=False)  # fmt: skip
+        run_sweep(
+            tasks,
+            toy_fit,
+            out_dir=tmp_path,
+            executor="inline",
+            sweep_meta={"steps": 10},
+            code_version="other",
+            progress=False,
+        )
     assert (tmp_path / STORE_NAME).read_bytes() == stored
 
 
@@ -322,8 +339,7 @@ def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, mo
     # the same through run_sweep (Ray may already be running in this session: pretend it is not)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ConnectionError, match="cannot reach a Ray cluster"):
-        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1",
-                  progress=False)  # fmt: skip
+        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1", progress=False)
     assert time.perf_counter() - t0 < 30
     with pytest.raises(ValueError, match="must look like host:port"):
         check_ray_address("localhost")
@@ -331,8 +347,7 @@ def test_an_unreachable_ray_address_is_a_clear_error_within_seconds(tmp_path, mo
 
 def test_an_address_while_connected_to_ray_is_an_error(tmp_path, ray_instance):
     with pytest.raises(ValueError, match="already connected to Ray, so address='127.0.0.1:1' would be ignored"):
-        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1",
-                  progress=False)  # fmt: skip
+        run_sweep(_tasks(n_splits=1), toy_fit, out_dir=tmp_path, executor="ray", address="127.0.0.1:1", progress=False)
 
 
 def test_stop_after_starts_no_task_after_the_deadline_and_a_rerun_completes_the_table(tmp_path):
@@ -357,8 +372,7 @@ def test_stop_after_lets_running_worker_tasks_finish(tmp_path, executor, request
     if executor == "ray":
         request.getfixturevalue("ray_instance")
     tasks = _tasks(n_splits=2, sleep=3.0)
-    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor=executor, workers=2, progress=False,
-                      stop_after=1.5)  # fmt: skip
+    table = run_sweep(tasks, toy_fit, out_dir=tmp_path, executor=executor, workers=2, progress=False, stop_after=1.5)
     assert list(table["status"]) == ["done", "done", "pending", "pending"]
     assert table.attrs["ran"] == 2 and table.attrs["pending"] == 2
     assert (table["task_seconds"].iloc[:2] >= 3.0).all()
@@ -375,8 +389,9 @@ def test_stop_after_zero_reads_the_store_even_while_another_driver_runs_it(tmp_p
     pd.testing.assert_frame_equal(look, done)
     for write in (False, True):  # another driver has created the file, then its tables, not yet its tasks
         with SweepStore(tmp_path / f"starting-{write}").open(write=write):
-            look = run_sweep(tasks, toy_fit, out_dir=tmp_path / f"starting-{write}", executor="inline",
-                             progress=False, stop_after=0)  # fmt: skip
+            look = run_sweep(
+                tasks, toy_fit, out_dir=tmp_path / f"starting-{write}", executor="inline", progress=False, stop_after=0
+            )
             assert look.empty and "another process is running this sweep" in look.attrs["executor"]
             assert load_results(tmp_path / f"starting-{write}").empty  # the look wrote nothing
     fresh = run_sweep(tasks, toy_fit, out_dir=tmp_path / "new", executor="inline", progress=False, stop_after=0)
@@ -465,8 +480,9 @@ def test_status_borrows_an_estimate_from_other_stores_for_a_method_none_of_whose
     stores = {}
     for name in ("done1", "done2", "new"):
         tasks = [Task(name, method=m, split=0, grid=grid, restart=r, seed=r) for m in ("a", "b") for r in range(3)]
-        run_sweep(tasks, toy_fit, out_dir=tmp_path / name / "selection", executor="inline", progress=False,
-                  stop_after=0)  # fmt: skip
+        run_sweep(
+            tasks, toy_fit, out_dir=tmp_path / name / "selection", executor="inline", progress=False, stop_after=0
+        )
         stores[name] = (tmp_path / name / "selection", tasks)
     # a: 10 s x 1 task in done1, 40 s x 2 tasks in done2 -> pooled 30 s a task; b finished nowhere
     for name, seconds in (("done1", [10.0]), ("done2", [40.0, 40.0])):
@@ -488,9 +504,11 @@ def test_status_borrows_an_estimate_from_other_stores_for_a_method_none_of_whose
     text = format_status([sweep_status(stores[name][0]) for name in ("done1", "done2", "new")], workers=1)
     # own: a 2x10 + 1x40 = 60 s, b 2 x 3600 in done1; borrowed: a 3 x 30 (new), b 3 x 3600 (done2, new)
     expected = (60 + 2 * 3600 + 90 + 6 * 3600) / 3600
-    assert text.splitlines()[-1] == (f"remaining: {expected:.1f} core-hours, {expected:.1f} h on 1 worker "
-                                     f"({(90 + 6 * 3600) / 3600:.1f} core-hours of it borrowed from other stores' "
-                                     "timings)")  # fmt: skip
+    assert text.splitlines()[-1] == (
+        f"remaining: {expected:.1f} core-hours, {expected:.1f} h on 1 worker "
+        f"({(90 + 6 * 3600) / 3600:.1f} core-hours of it borrowed from other stores' "
+        "timings)"
+    )
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -498,8 +516,20 @@ def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, cap
     from pyro_bnnlv.cli import main
     from pyro_bnnlv.sweep.cli import report
 
-    args = ["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
-            "--executor", "inline", "--out", str(tmp_path / "store")]  # fmt: skip
+    args = [
+        "reproduce",
+        "hyvi-uci",
+        "--small",
+        "--quiet",
+        "--splits",
+        "1",
+        "--datasets",
+        "yacht",
+        "--executor",
+        "inline",
+        "--out",
+        str(tmp_path / "store"),
+    ]
     assert main(args + ["--output", str(tmp_path / "a.csv")]) == 0
     assert "3 tasks: 3 done, 0 failed, 0 pending\nran 3 tasks" in capsys.readouterr().out
     assert main(args + ["--output", str(tmp_path / "b.csv")]) == 0  # resumed: nothing left to run
@@ -514,16 +544,27 @@ def test_reproduce_resumes_from_out_and_exits_non_zero_on_failures(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["reproduce", "hyvi-cosine", "--small", "--workers", "2"])
     assert "apply to the uci experiment" in capsys.readouterr().err
-    failed = run_sweep(_tasks(n_splits=1, methods=("fail",)), toy_fit, out_dir=None, executor="inline",
-                       progress=False)  # fmt: skip
+    failed = run_sweep(_tasks(n_splits=1, methods=("fail",)), toy_fit, out_dir=None, executor="inline", progress=False)
     assert report(failed) == 1 and "1 tasks: 0 done, 1 failed" in capsys.readouterr().out
 
 
 def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_path, capsys):
     from pyro_bnnlv.cli import main
 
-    args = ["reproduce", "hyvi-uci", "--small", "--quiet", "--splits", "1", "--datasets", "yacht",
-            "--executor", "inline", "--out", str(tmp_path / "store")]  # fmt: skip
+    args = [
+        "reproduce",
+        "hyvi-uci",
+        "--small",
+        "--quiet",
+        "--splits",
+        "1",
+        "--datasets",
+        "yacht",
+        "--executor",
+        "inline",
+        "--out",
+        str(tmp_path / "store"),
+    ]
     assert main(args + ["--stop-after", "0", "--output", str(tmp_path / "a.csv")]) == 3
     out = capsys.readouterr().out
     assert "3 tasks: 0 done, 0 failed, 3 pending" in out and "run the same command again to continue" in out
@@ -543,21 +584,64 @@ def test_stop_after_on_the_command_line_exits_3_until_the_sweep_is_complete(tmp_
             main(args + ["--stop-after", bad])
         assert "--stop-after takes" in capsys.readouterr().err
     # the NCAI protocol: one deadline for both stages; nothing selected yet -> no rows, exit 3
-    ncai = ["reproduce", "ncai", "--datasets", "heavy-tail", "--steps", "5", "--restarts", "1", "--splits", "1",
-            "--executor", "inline", "--quiet", "--out", str(tmp_path / "ncai"), "--stop-after", "0"]  # fmt: skip
+    ncai = [
+        "reproduce",
+        "ncai",
+        "--datasets",
+        "heavy-tail",
+        "--steps",
+        "5",
+        "--restarts",
+        "1",
+        "--splits",
+        "1",
+        "--executor",
+        "inline",
+        "--quiet",
+        "--out",
+        str(tmp_path / "ncai"),
+        "--stop-after",
+        "0",
+    ]
     assert main(ncai) == 3
     out = capsys.readouterr().out
     assert "0 selected fits; 0 failed tasks" in out
     assert "tasks pending in heavy-tail (selection); run the same command again to continue" in out
-    full = ["reproduce", "ncai", "--full", "--datasets", "depeweg", "--executor", "inline", "--quiet",
-            "--out", str(tmp_path / "ncai-full"), "--stop-after", "0"]  # fmt: skip
+    full = [
+        "reproduce",
+        "ncai",
+        "--full",
+        "--datasets",
+        "depeweg",
+        "--executor",
+        "inline",
+        "--quiet",
+        "--out",
+        str(tmp_path / "ncai-full"),
+        "--stop-after",
+        "0",
+    ]
     assert main(full) == 3  # --full plans depeweg with App. F.1's own noise grids
     planned = load_results(tmp_path / "ncai-full" / "depeweg" / "selection")
     assert set(planned.loc[planned["method"] == "BNN (MFVI)", "noise_var"]) == {1.0, 0.1, 0.5}
     assert set(planned.loc[planned["method"] != "BNN (MFVI)", "noise_var"]) == {0.1}
     capsys.readouterr()
-    compare = ["compare", "heavy-tail", "--steps", "5", "--restarts", "1", "--executor", "inline", "--no-plot",
-               "--quiet", "--out", str(tmp_path / "compare"), "--stop-after", "0"]  # fmt: skip
+    compare = [
+        "compare",
+        "heavy-tail",
+        "--steps",
+        "5",
+        "--restarts",
+        "1",
+        "--executor",
+        "inline",
+        "--no-plot",
+        "--quiet",
+        "--out",
+        str(tmp_path / "compare"),
+        "--stop-after",
+        "0",
+    ]
     assert main(compare) == 3
     assert "pending; run the same command again to continue" in capsys.readouterr().out
     assert main(compare[:-2] + ["--output", str(tmp_path / "full.csv")]) == 0
@@ -584,8 +668,9 @@ def test_workers_load_the_compiled_nuts_core_built_once_by_the_driver(tmp_path):
         pytest.skip("the compiled NUTS core cannot be built here (no compiler or PYRO_BNNLV_COMPILED=0)")
     built = os.stat(compiled.nuts_extension().__file__).st_mtime_ns
     tasks = [Task("none", method="load", seed=s) for s in range(2)]
-    table = run_sweep(tasks, compiled_core_file, out_dir=tmp_path, workers=2, prepare=compiled.nuts_extension,
-                      progress=False)  # fmt: skip
+    table = run_sweep(
+        tasks, compiled_core_file, out_dir=tmp_path, workers=2, prepare=compiled.nuts_extension, progress=False
+    )
     assert (table["status"] == "done").all()
     assert set(table["file"]) == {compiled.nuts_extension().__file__} and set(table["mtime_ns"]) == {built}
 
@@ -678,8 +763,10 @@ def test_snapshot_copies_nested_stores_and_the_copy_resumes(tmp_path):
     snaps = snapshot_stores(src, tmp_path / "dst")
     writer.execute("COMMIT")
     writer.close()
-    assert [s.destination for s in snaps] == [tmp_path / "dst" / "x" / "one" / STORE_NAME,
-                                              tmp_path / "dst" / "y" / STORE_NAME]  # fmt: skip
+    assert [s.destination for s in snaps] == [
+        tmp_path / "dst" / "x" / "one" / STORE_NAME,
+        tmp_path / "dst" / "y" / STORE_NAME,
+    ]
     assert [s.counts for s in snaps] == [{"done": 4}, {"pending": 2}]  # the state before the transaction
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", src.name]  # nothing opened beside
     resumed = run_sweep(tasks, toy_fit, out_dir=tmp_path / "dst" / "x" / "one", executor="inline", progress=False)
@@ -692,9 +779,11 @@ def test_snapshot_of_a_store_a_killed_driver_left_mid_commit_says_to_resume_it_f
     from pyro_bnnlv.sweep.snapshot import snapshot_stores
 
     db = _big_store(tmp_path / "src", n=200)
-    code = (f"import sqlite3, os\nc = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-            "c.execute('PRAGMA cache_size=5'); c.execute('BEGIN')\n"
-            "c.execute(\"UPDATE tasks SET status='done', result=?\", ('y' * 2000,))\nos._exit(9)\n")  # fmt: skip
+    code = (
+        f"import sqlite3, os\nc = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "c.execute('PRAGMA cache_size=5'); c.execute('BEGIN')\n"
+        "c.execute(\"UPDATE tasks SET status='done', result=?\", ('y' * 2000,))\nos._exit(9)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=False)
     assert (db.parent / (STORE_NAME + "-journal")).stat().st_size > 0  # a hot journal
     with pytest.raises(ValueError, match="interrupted by a killed driver .*--stop-after 0"):
@@ -745,8 +834,10 @@ def test_library_task_functions_are_stored_under_registered_names_others_under_m
     from pyro_bnnlv.sweep import task_function
     from pyro_bnnlv.sweep.task import describe_fn
 
-    names = {describe_fn(f)["function"] for f in (hyvi.uci_task, in_between.split_task, ncai_compare.fit_task,
-                                                  projected.uci_task)}  # fmt: skip
+    names = {
+        describe_fn(f)["function"]
+        for f in (hyvi.uci_task, in_between.split_task, ncai_compare.fit_task, projected.uci_task)
+    }
     assert names == {"hyvi/uci", "in-between/split", "ncai-compare/fit", "projected/uci"}
     assert describe_fn(toy_fit)["function"] == f"{__name__}:toy_fit"
     with pytest.raises(ValueError, match="'ncai-compare/fit' is taken by pyro_bnnlv.reproduce.ncai_compare:fit_task"):
@@ -783,20 +874,30 @@ def with_transform(task: Task, *, transform) -> dict:
 def test_a_partial_holding_a_function_resumes(tmp_path):
     fn = functools.partial(with_transform, transform=math.exp)
     first = run_sweep(_tasks(2), fn, out_dir=tmp_path, executor="inline", progress=False)
-    again = run_sweep(_tasks(2), functools.partial(with_transform, transform=math.exp), out_dir=tmp_path,
-                      executor="inline", progress=False)  # fmt: skip
+    again = run_sweep(
+        _tasks(2),
+        functools.partial(with_transform, transform=math.exp),
+        out_dir=tmp_path,
+        executor="inline",
+        progress=False,
+    )
     assert again.attrs["ran"] == 0 and first["value"].tolist() == again["value"].tolist() == [1.0, math.e] * 2
     with pytest.raises(SweepMismatchError, match="transform"):
-        run_sweep(_tasks(2), functools.partial(with_transform, transform=math.log1p), out_dir=tmp_path,
-                  executor="inline", progress=False)  # fmt: skip
+        run_sweep(
+            _tasks(2),
+            functools.partial(with_transform, transform=math.log1p),
+            out_dir=tmp_path,
+            executor="inline",
+            progress=False,
+        )
 
 
-_USER_FIT = '''
+_USER_FIT = """
 def fit_one(task):
     if task.split >= 2:
         raise ValueError("a bug in fit_one")
     return {"value": 1.0}
-'''
+"""
 
 
 def _user_module(tmp_path: Path, source: str, monkeypatch):
@@ -825,12 +926,17 @@ def test_an_edited_task_function_is_refused_instead_of_mixing_its_results_with_t
     assert stored.startswith(code_version()) and f"; task source {module.__name__} " in stored
     (tmp_path / f"{module.__name__}.py").write_text("def fit_one(task):\n    return {'value': 2.0}\n")
     module = importlib.reload(module)
-    with pytest.raises(SweepMismatchError, match=rf"task function's source changed \({module.__name__} differs.*"
-                                                 rf"another output directory.*code_version='.*{module.__name__}"):
+    with pytest.raises(
+        SweepMismatchError,
+        match=rf"task function's source changed \({module.__name__} differs.*"
+        rf"another output directory.*code_version='.*{module.__name__}",
+    ):
         run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False)
     assert load_results(out)["value"].tolist()[:2] == [1.0, 1.0]  # the store is untouched
-    assert run_sweep(tasks, module.fit_one, out_dir=tmp_path / "v2", executor="inline",
-                     progress=False)["value"].tolist() == [2.0] * 4  # fmt: skip
+    assert (
+        run_sweep(tasks, module.fit_one, out_dir=tmp_path / "v2", executor="inline", progress=False)["value"].tolist()
+        == [2.0] * 4
+    )
     # the explicit way to keep the stored results: resume with their label
     kept = run_sweep(tasks, module.fit_one, out_dir=out, executor="inline", progress=False, code_version=stored)
     assert kept.attrs["ran"] == 2 and kept["value"].tolist() == [1.0, 1.0, 2.0, 2.0]
@@ -888,9 +994,12 @@ def _damage(kind: str, store: Path) -> None:
                 conn.execute("UPDATE tasks SET result = substr(result, 1, 7) WHERE position = 1")
 
 
-DAMAGE = {"random bytes": "not a sweep store SQLite can read", "truncated": "not a sweep store SQLite can read",
-          "meta rows deleted": r"damaged: its meta table lacks \['fingerprint'",
-          "cut JSON": r"damaged: task [0-9a-f]{16}'s stored result is not valid JSON.*UPDATE tasks SET"}  # fmt: skip
+DAMAGE = {
+    "random bytes": "not a sweep store SQLite can read",
+    "truncated": "not a sweep store SQLite can read",
+    "meta rows deleted": r"damaged: its meta table lacks \['fingerprint'",
+    "cut JSON": r"damaged: task [0-9a-f]{16}'s stored result is not valid JSON.*UPDATE tasks SET",
+}
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
@@ -965,8 +1074,11 @@ def exits_its_worker(task: Task) -> dict:
 
 
 def test_a_task_that_kills_its_worker_is_named_and_the_others_complete(tmp_path):
-    tasks = [Task("toy", method="ok", grid={"sleep": 1.0}), Task("toy", method="exit", grid={"sleep": 0.2}),
-             Task("toy", method="ok", split=1, grid={"sleep": 0.0})]  # fmt: skip
+    tasks = [
+        Task("toy", method="ok", grid={"sleep": 1.0}),
+        Task("toy", method="exit", grid={"sleep": 0.2}),
+        Task("toy", method="ok", split=1, grid={"sleep": 0.0}),
+    ]
     table = run_sweep(tasks, exits_its_worker, out_dir=tmp_path, workers=2, progress=False)
     assert table["status"].tolist() == ["done", "failed", "done"] and table["value"].tolist()[::2] == [0.0, 1.0]
     assert "This task ended its worker process" in table["error"][1]

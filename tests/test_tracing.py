@@ -39,8 +39,18 @@ def test_compiled_losses_over_library_models_raise_no_tracer_warning(name, parti
     with warnings.catch_warnings():
         warnings.simplefilter("error", torch.jit.TracerWarning)
         warnings.filterwarnings("error", message=".*disagrees with its eager twin")
-        losses = pb.fit_svi(model, AutoNormal(model), x, y, num_steps=12, lr=0.01, seed=0, progress=False,
-                            loss=loss, model_kwargs=kwargs)  # fmt: skip
+        losses = pb.fit_svi(
+            model,
+            AutoNormal(model),
+            x,
+            y,
+            num_steps=12,
+            lr=0.01,
+            seed=0,
+            progress=False,
+            loss=loss,
+            model_kwargs=kwargs,
+        )
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
@@ -89,7 +99,9 @@ def test_a_kept_trace_shows_the_users_tracer_warnings_where_they_arose_and_not_t
         _torch_default_filters()
         with pytest.raises(ValueError, match="the guide's own error"):
             pb.fit_svi(model, failing_guide, x, y, num_steps=3, progress=False, loss=pb.CompiledTraceElbo())
-    assert [Path(w.filename).name for w in record if issubclass(w.category, torch.jit.TracerWarning)] == ["test_tracing.py"]
+    assert [Path(w.filename).name for w in record if issubclass(w.category, torch.jit.TracerWarning)] == [
+        "test_tracing.py"
+    ]
 
 
 def test_shape_branches_hides_only_boolean_conversions_and_only_while_tracing():

@@ -64,9 +64,14 @@ def test_projected_tutorial_runs_at_small_size(run_tutorial, tmp_path):
     ns = run_tutorial("projected_bnn.py")
     assert ns["SMALL"] is True
     table = ns["table"]
-    assert list(table.index) == ["candidates", "MFVI on w", "Proj-BNN autoencoder, q(z)",
-                                 "Proj-BNN autoencoder, q(z) q(phi)", "Proj-BNN mmd, q(z)",
-                                 "Proj-BNN mmd, q(z) q(phi)"]  # fmt: skip
+    assert list(table.index) == [
+        "candidates",
+        "MFVI on w",
+        "Proj-BNN autoencoder, q(z)",
+        "Proj-BNN autoencoder, q(z) q(phi)",
+        "Proj-BNN mmd, q(z)",
+        "Proj-BNN mmd, q(z) q(phi)",
+    ]
     assert table[["fits_three", "modes", "test_ll"]].notna().all().all()
     # the candidates are MAP fits of three bumps (the toy's premise)
     assert table.loc["candidates", "fits_three"] >= 0.5

@@ -35,6 +35,7 @@ def _sine_frame(n=60, seed=0):
 @pytest.fixture
 def no_backend_switch(monkeypatch):
     """Fail if anything calls matplotlib.use during the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"matplotlib.use{args} was called: plot helpers must not switch the backend")
 
@@ -121,8 +122,9 @@ def test_evaluate_takes_a_dataset_a_guide_and_warns_on_forgotten_statistics():
     # a guide: the same draws as sample_posterior with the same seed
     pd.testing.assert_series_equal(pb.evaluate(model, guide, data, num_samples=200, seed=1), explicit)
     valid = pb.evaluate(model, samples, data, split="valid")
-    pd.testing.assert_series_equal(valid, pb.evaluate(model, samples, data.x_valid, data.y_valid,
-                                                      y_mean=data.y_mean, y_std=data.y_std))  # fmt: skip
+    pd.testing.assert_series_equal(
+        valid, pb.evaluate(model, samples, data.x_valid, data.y_valid, y_mean=data.y_mean, y_std=data.y_std)
+    )
     with pytest.warns(UserWarning, match="standardised scale.*y_mean=data.y_mean"):
         standardised = pb.evaluate(model, samples, data.x_test, data.y_test)
     # the warning is right: those numbers differ from the original-scale ones by log(y_std)
@@ -183,8 +185,9 @@ def test_uncertainty_decomposition_plot_on_the_original_scale(no_backend_switch)
     fig = plot_uncertainty_decomposition({"a": frame, "b": frame}, data=data)
     ax = fig.axes[0]
     order = frame.sort_values("x")
-    np.testing.assert_allclose(ax.lines[0].get_xdata(), order["x"] * float(data.x_std[0]) + float(data.x_mean[0]),
-                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        ax.lines[0].get_xdata(), order["x"] * float(data.x_std[0]) + float(data.x_mean[0]), rtol=1e-6
+    )
     shift = math.log(float(data.y_std))  # H(aY + b) = H(Y) + log a
     np.testing.assert_allclose(ax.lines[0].get_ydata(), order["total"] + shift, rtol=1e-6)
     np.testing.assert_allclose(ax.lines[2].get_ydata(), order["epistemic"], rtol=1e-6)
@@ -238,8 +241,9 @@ def test_other_plot_helpers_draw_into_given_axes(no_backend_switch):
     assert len(axes[2, 0].lines) == 3 and not axes[2, 1].lines
     data = pb.load_dataset("cosine", sizes=(30, 10, 10))
     bnn = pb.BNN(pb.MLP(1, [5], 1), noise_scale=0.1)
-    idata = pb.to_inference_data(bnn, {"w": 0.1 * torch.randn(2, 15, bnn.num_weights, generator=g)},
-                                 data.x_train, data.y_train, seed=0)  # fmt: skip
+    idata = pb.to_inference_data(
+        bnn, {"w": 0.1 * torch.randn(2, 15, bnn.num_weights, generator=g)}, data.x_train, data.y_train, seed=0
+    )
     trace_fig, trace_axes = plt.subplots(2, 2)
     assert pb.diagnostics.plot_trace(idata, f_points=[0], axes=trace_axes) is trace_fig
     assert all(ax.lines or ax.patches for ax in trace_axes.ravel())
@@ -254,9 +258,12 @@ def test_no_library_code_switches_the_matplotlib_backend():
     from pathlib import Path
 
     root = Path(pb.__file__).parent
-    offenders = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
-                 for i, line in enumerate(p.read_text().splitlines(), 1)
-                 if re.search(r"matplotlib\.use\(|switch_backend\(", line) and not line.lstrip().startswith("#")]  # fmt: skip
+    offenders = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"matplotlib\.use\(|switch_backend\(", line) and not line.lstrip().startswith("#")
+    ]
     assert not offenders, offenders
 
 
@@ -283,8 +290,9 @@ def test_fan_in_prior_scale_reads_modulenet_layers():
     net = pb.ModuleNet(seq, 6, 1)
     assert torch.equal(pb.fan_in_prior_scale(net, omega=3.0), pb.fan_in_prior_scale(pb.MLP(6, [32, 32], 1), omega=3.0))
     assert net.param_slices()["2.weight"] == slice(6 * 32 + 32, 6 * 32 + 32 + 32 * 32)
-    conv = pb.ModuleNet(nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv1d(1, 2, 3), nn.Flatten(),
-                                      nn.Linear(12, 1)), 8, 1)  # fmt: skip
+    conv = pb.ModuleNet(
+        nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(12, 1)), 8, 1
+    )
     fan = conv.layer_fan_in()
     assert set(fan[conv.param_slices()["1.weight"]].tolist()) == {3.0}  # 1 channel x kernel 3
     with pytest.raises(ValueError, match=r"\['1.weight', '1.bias'\].*prior_scale"):

@@ -16,7 +16,10 @@ def test_counts_each_kind_shows_it_once_and_restores_the_warning_machinery():
             warnings.warn("grid edge", UserWarning)
     assert warnings.showwarning is before
     assert [str(w.message)[:9] for w in shown] == ["jitter 1e", "grid edge"]  # first of each kind
-    assert tally.summary().startswith("3x RuntimeWarning: jitter 1e-6 added") and "; 2x UserWarning: grid edge" in tally.summary()
+    assert (
+        tally.summary().startswith("3x RuntimeWarning: jitter 1e-6 added")
+        and "; 2x UserWarning: grid edge" in tally.summary()
+    )
     assert len(tally.summary(limit=20)) == 20
     with WarningTally() as quiet:
         pass

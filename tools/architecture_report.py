@@ -81,12 +81,14 @@ def is_alias_module(tree: ast.Module) -> bool:
     body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     if not body:
         return False
+
     def trivial(n: ast.stmt) -> bool:
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             return True
         if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"]:
             return True
         return isinstance(n, ast.Expr) and "globals" in ast.unparse(n)
+
     return all(trivial(n) for n in body) and any(isinstance(n, ast.ImportFrom) and n.level for n in body)
 
 
@@ -149,8 +151,10 @@ def main() -> None:
     show("private names imported across sub-packages", private)
     for name, n in counts.items():
         print(f"{name}: {n}")
-    print(f"lines of Python: {lines['package']} outside reproduce/, {lines['reproduce']} in reproduce/, "
-          f"{sum(lines.values())} in all; {len(files)} modules")
+    print(
+        f"lines of Python: {lines['package']} outside reproduce/, {lines['reproduce']} in reproduce/, "
+        f"{sum(lines.values())} in all; {len(files)} modules"
+    )
     print("largest files:", sorted(files, reverse=True)[:5])
 
 

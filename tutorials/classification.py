@@ -60,10 +60,10 @@ size = dict(
     warmup=60 if SMALL else 1000,
     samples=60 if SMALL else 1000,
     nuts_map_steps=300 if SMALL else 2000,
-    steps=200 if SMALL else 3000,          # SVI and MAP steps on two moons
+    steps=200 if SMALL else 3000,  # SVI and MAP steps on two moons
     grid=25 if SMALL else 60,
-    cnn_steps=40 if SMALL else 1500,       # MAP and MFVI steps of the CNN
-    draws=50 if SMALL else 1000,           # predictive draws (Laplace logits, MFVI weights)
+    cnn_steps=40 if SMALL else 1500,  # MAP and MFVI steps of the CNN
+    draws=50 if SMALL else 1000,  # predictive draws (Laplace logits, MFVI weights)
 )
 size
 
@@ -78,8 +78,17 @@ size
 data = pb.load_dataset("two-moons", seed=0)
 x, y = data.x_train, data.y_train
 model = pb.BNN(pb.MLP(2, [size["hidden"]], 2, activation="tanh"), prior_scale=1.0, likelihood="categorical")
-mcmc = pb.run_nuts(model, x, y, num_samples=size["samples"], warmup_steps=size["warmup"],
-                   num_chains=size["chains"], seed=0, progress=False, map_steps=size["nuts_map_steps"])
+mcmc = pb.run_nuts(
+    model,
+    x,
+    y,
+    num_samples=size["samples"],
+    warmup_steps=size["warmup"],
+    num_chains=size["chains"],
+    seed=0,
+    progress=False,
+    map_steps=size["nuts_map_steps"],
+)
 w_nuts = mcmc.get_samples()["w"]
 print(mcmc.run_info.path, "draws:", tuple(w_nuts.shape))
 
@@ -88,7 +97,7 @@ pb.fit_svi(model, guide, x, y, num_steps=size["steps"], lr=0.01, seed=0, progres
 w_mfvi = pb.sample_posterior(model, guide, x, num_samples=size["draws"], seed=0)["w"]
 
 w_map = pb.train_map(model, x, y, num_steps=size["steps"], lr=0.01, seed=0, progress=False)
-laplace = pb.LinearizedLaplace(model, w_map, structure="full").fit(x, y)   # the model's own prior, as NUTS
+laplace = pb.LinearizedLaplace(model, w_map, structure="full").fit(x, y)  # the model's own prior, as NUTS
 
 # %% [markdown]
 # Each method's predictive `p(y | x)`: the average of the softmax over the posterior draws
@@ -149,8 +158,15 @@ plt.close(fig)
 
 # %%
 digits = pb.load_dataset("digits-ood", seed=0)
-cnn = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Flatten(),
-                    nn.Linear(16 * 6 * 6, 32), nn.ReLU(), nn.Linear(32, 5))
+cnn = nn.Sequential(
+    nn.Unflatten(1, (1, 8, 8)),
+    nn.Conv2d(1, 16, 3),
+    nn.ReLU(),
+    nn.Flatten(),
+    nn.Linear(16 * 6 * 6, 32),
+    nn.ReLU(),
+    nn.Linear(32, 5),
+)
 net = pb.ModuleNet(cnn, 64, 5)
 cnn_model = pb.BNN(net, prior_scale=pb.fan_in_prior_scale(net, omega=1.0), likelihood="categorical")
 xd, yd, xt, yt, xo = (digits.x_train, digits.y_train, digits.x_test, digits.y_test, digits.extras["x_ood"])
@@ -158,7 +174,7 @@ print(digits, "weights:", net.num_weights)
 
 w_cnn = pb.train_map(cnn_model, xd, yd, num_steps=size["cnn_steps"], lr=0.01, seed=0, progress=False)
 kfac = pb.LinearizedLaplace(cnn_model, w_cnn, structure="kfac").fit(xd, yd)
-print(kfac.optimize_hyperparameters())                  # the prior precision by marginal likelihood
+print(kfac.optimize_hyperparameters())  # the prior precision by marginal likelihood
 cnn_guide = pb.MeanField(cnn_model, seed=0)
 pb.fit_svi(cnn_model, cnn_guide, xd, yd, num_steps=size["cnn_steps"], lr=0.01, seed=0, progress=False)
 
@@ -188,13 +204,17 @@ entropy, bald, auroc = pb.stats.predictive_entropy, pb.stats.mutual_information,
 rows = {}
 for name, (s_in, s_out) in samples.items():
     m = pb.stats.classification_metrics(yt, s_in.mean(0))
-    rows[name] = {"accuracy": m["accuracy"], "NLL": -m["test_ll"], "ECE": m["ece"],
-                  "AUROC entropy": auroc(entropy(s_in), entropy(s_out)),
-                  "AUROC BALD": auroc(bald(s_in), bald(s_out)) if len(s_in) > 1 else float("nan"),
-                  "posterior MB": memory[name] / 2**20}
+    rows[name] = {
+        "accuracy": m["accuracy"],
+        "NLL": -m["test_ll"],
+        "ECE": m["ece"],
+        "AUROC entropy": auroc(entropy(s_in), entropy(s_out)),
+        "AUROC BALD": auroc(bald(s_in), bald(s_out)) if len(s_in) > 1 else float("nan"),
+        "posterior MB": memory[name] / 2**20,
+    }
 cnn_table = pd.DataFrame(rows).T
 print(cnn_table.round(3).to_string())
-print(f"a dense covariance would take {net.num_weights ** 2 * 8 / 2**20:,.0f} MB")
+print(f"a dense covariance would take {net.num_weights**2 * 8 / 2**20:,.0f} MB")
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))

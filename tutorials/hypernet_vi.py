@@ -54,8 +54,8 @@ pd.set_option("display.width", 120)
 size = dict(
     hidden=20 if SMALL else 50,
     steps=300 if SMALL else 3000,
-    particles=20 if SMALL else 100,       # sec. 4.3: 100 samples for the expected log-likelihood
-    kl_samples=100 if SMALL else 500,     # ... and 500 guide / 500 prior samples for the KL
+    particles=20 if SMALL else 100,  # sec. 4.3: 100 samples for the expected log-likelihood
+    kl_samples=100 if SMALL else 500,  # ... and 500 guide / 500 prior samples for the KL
     num_samples=300 if SMALL else 1000,
 )
 size
@@ -71,8 +71,7 @@ size
 # %%
 data = pb.load_dataset("cosine")
 x, y = data.x_train, data.y_train
-model = pb.BNN(pb.MLP(1, [size["hidden"]], 1, activation="tanh"), prior_scale=math.sqrt(0.5),
-               noise_scale=0.1)
+model = pb.BNN(pb.MLP(1, [size["hidden"]], 1, activation="tanh"), prior_scale=math.sqrt(0.5), noise_scale=0.1)
 hyper = pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model, seed=0), init_scale=0.05)
 hyper(x, y)
 try:
@@ -89,36 +88,40 @@ except NotImplementedError as err:
 
 # %%
 nu = pyro.distributions.Uniform(torch.tensor([-4.0]), torch.tensor([2.0])).to_event(1)
-knn = dict(num_particles=size["particles"], num_kl_samples=size["kl_samples"],
-           num_prior_samples=size["kl_samples"])
+knn = dict(num_particles=size["particles"], num_kl_samples=size["kl_samples"], num_prior_samples=size["kl_samples"])
 setups = {
-    "MFVI": (lambda: AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model)),
-             Trace_ELBO()),
-    "NN-HyVI": (lambda: pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model), init_scale=0.05),
-                pb.KNNElbo(**knn)),
-    "FuNN-HyVI": (lambda: pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model), init_scale=0.05),
-                  pb.FunctionalKNNElbo(input_dist=nu, num_inputs=50, **knn)),
+    "MFVI": (lambda: AutoNormal(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model)), Trace_ELBO()),
+    "NN-HyVI": (
+        lambda: pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model), init_scale=0.05),
+        pb.KNNElbo(**knn),
+    ),
+    "FuNN-HyVI": (
+        lambda: pb.HypernetGuide(model, init_loc_fn=pb.init_to_network(model), init_scale=0.05),
+        pb.FunctionalKNNElbo(input_dist=nu, num_inputs=50, **knn),
+    ),
 }
 posteriors = {}
 for name, (make_guide, loss) in setups.items():
     with pyro.get_param_store().scope():
         guide = make_guide()
-        pb.fit_svi(model, guide, x, y, num_steps=size["steps"], lr=0.005, loss=loss,
-                   batch_size=50, seed=0, progress=not SMALL)
+        pb.fit_svi(
+            model, guide, x, y, num_steps=size["steps"], lr=0.005, loss=loss, batch_size=50, seed=0, progress=not SMALL
+        )
         posteriors[name] = pb.sample_posterior(model, guide, x, num_samples=size["num_samples"], seed=0)
 
 # %% [markdown]
 # ## Predictive uncertainty inside the data, in the gap, and far out (Fig. 1)
 
 # %%
-regions = {"data": torch.cat([torch.linspace(-1, -0.5, 50), torch.linspace(0.5, 1, 50)]),
-           "gap": torch.linspace(-0.4, 0.4, 50),
-           "far": torch.cat([torch.linspace(-4, -3, 50), torch.linspace(1.5, 2, 50)])}
+regions = {
+    "data": torch.cat([torch.linspace(-1, -0.5, 50), torch.linspace(0.5, 1, 50)]),
+    "gap": torch.linspace(-0.4, 0.4, 50),
+    "far": torch.cat([torch.linspace(-4, -3, 50), torch.linspace(1.5, 2, 50)]),
+}
 rows = {}
 for name, samples in posteriors.items():
     with torch.no_grad():
-        sd = {f"sd f ({r})": float(model.f(v[:, None], samples["w"])[..., 0].std(0).mean())
-              for r, v in regions.items()}
+        sd = {f"sd f ({r})": float(model.f(v[:, None], samples["w"])[..., 0].std(0).mean()) for r, v in regions.items()}
     rows[name] = {**sd, "test LL": float(pb.evaluate(model, samples, data.x_test, data.y_test)["test_ll"])}
 uncertainty = pd.DataFrame(rows).T
 print(uncertainty.round(3).to_string())
@@ -148,8 +151,7 @@ plt.close(fig)
 x_ood = data.extras["x_ood"].reshape(-1, 1).to(x.dtype)
 ood = {}
 for name, samples in posteriors.items():
-    frame = ood_report(model, samples, x, data.x_test, x_ood, figure=OUT / f"hyvi_entropy_{name}.png",
-                       title=name)
+    frame = ood_report(model, samples, x, data.x_test, x_ood, figure=OUT / f"hyvi_entropy_{name}.png", title=name)
     ood[name] = frame.loc["ood", "auroc"]
 ood_auroc = pd.Series(ood, name="AUROC (OOD vs test)")
 print(ood_auroc.round(3).to_string())

@@ -55,11 +55,11 @@ size = dict(
     hidden=20 if SMALL else 50,
     map_steps=1500 if SMALL else 5000,
     vi_steps=600 if SMALL else 10000,
-    vi_particles=4 if SMALL else 32,        # App. D: 32 samples per ELBO estimate
+    vi_particles=4 if SMALL else 32,  # App. D: 32 samples per ELBO estimate
     nuts_warmup=60 if SMALL else 500,
     nuts_samples=60 if SMALL else 500,
     max_tree_depth=6 if SMALL else 10,
-    samples=100,                            # App. D: error bars from 100 samples
+    samples=100,  # App. D: error bars from 100 samples
 )
 size
 
@@ -106,13 +106,14 @@ print(la, f"log evidence {float(la.log_marginal_likelihood()):.1f}")
 
 # %%
 guides = {}
-for name, cls, loss in (("MFVI", AutoNormal, LocalReparamELBO(num_particles=size["vi_particles"])),
-                        ("FCVI", AutoMultivariateNormal, None)):
+for name, cls, loss in (
+    ("MFVI", AutoNormal, LocalReparamELBO(num_particles=size["vi_particles"])),
+    ("FCVI", AutoMultivariateNormal, None),
+):
     t0 = time.perf_counter()
     guide = cls(model, init_scale=0.01, init_loc_fn=pb.init_to_network(model, seed=0))
     if loss is None:
-        loss = pb.CompiledTraceElbo(num_particles=size["vi_particles"], vectorize_particles=True,
-                                    max_plate_nesting=1)
+        loss = pb.CompiledTraceElbo(num_particles=size["vi_particles"], vectorize_particles=True, max_plate_nesting=1)
     pb.fit_svi(model, guide, x, y, num_steps=size["vi_steps"], lr=0.01, loss=loss, seed=0, progress=False)
     guides[name] = guide
     timings[name] = time.perf_counter() - t0
@@ -124,9 +125,17 @@ for name, cls, loss in (("MFVI", AutoNormal, LocalReparamELBO(num_particles=size
 
 # %%
 t0 = time.perf_counter()
-mcmc = run_nuts(model, x, y, num_samples=size["nuts_samples"], warmup_steps=size["nuts_warmup"],
-                max_tree_depth=size["max_tree_depth"], map_steps=size["map_steps"], seed=0,
-                progress=not SMALL)
+mcmc = run_nuts(
+    model,
+    x,
+    y,
+    num_samples=size["nuts_samples"],
+    warmup_steps=size["nuts_warmup"],
+    max_tree_depth=size["max_tree_depth"],
+    map_steps=size["map_steps"],
+    seed=0,
+    progress=not SMALL,
+)
 timings["NUTS"] = time.perf_counter() - t0
 
 # %% [markdown]
@@ -134,6 +143,7 @@ timings["NUTS"] = time.perf_counter() - t0
 #
 # Mean and two standard deviations of `f(x)` (without the output noise). For the sampling
 # methods the moments come from 100 draws (App. D).
+
 
 # %%
 def sample_bands(samples):
@@ -143,9 +153,8 @@ def sample_bands(samples):
 
 
 bands = {"LL": (pred_grid.mean[:, 0].float(), pred_grid.f_var[:, 0].sqrt().float())}
-draws = {name: pb.sample_posterior(model, g, x, num_samples=size["samples"], seed=0)["w"]
-         for name, g in guides.items()}
-draws["NUTS"] = mcmc.get_samples()["w"][-size["samples"]:]
+draws = {name: pb.sample_posterior(model, g, x, num_samples=size["samples"], seed=0)["w"] for name, g in guides.items()}
+draws["NUTS"] = mcmc.get_samples()["w"][-size["samples"] :]
 for name in ("MFVI", "FCVI", "NUTS"):
     bands[name] = sample_bands(draws[name])
 
@@ -187,9 +196,15 @@ for name in ("MFVI", "FCVI", "LL", "NUTS"):
     else:
         test_ll = pb.evaluate(model, draws[name], data.x_test, data.y_test)["test_ll"]
         gap_ll = pb.evaluate(model, draws[name], x_gap, y_gap)["test_ll"]
-    rows[name] = {"sd f(-0.75)": float(sd[0]), "sd f(0)": float(sd[1]), "sd f(0.75)": float(sd[2]),
-                  "gap / cluster sd": float(sd[1] / sd[[0, 2]].mean()),
-                  "test LL": float(test_ll), "gap LL": float(gap_ll), "seconds": timings[name]}
+    rows[name] = {
+        "sd f(-0.75)": float(sd[0]),
+        "sd f(0)": float(sd[1]),
+        "sd f(0.75)": float(sd[2]),
+        "gap / cluster sd": float(sd[1] / sd[[0, 2]].mean()),
+        "test LL": float(test_ll),
+        "gap LL": float(gap_ll),
+        "seconds": timings[name],
+    }
 table = pd.DataFrame(rows).T
 print(table.round(3).to_string())
 
@@ -245,13 +260,12 @@ print("linearised Laplace:", la.evaluate(data.x_test, data.y_test).round(3).to_d
 # %%
 relu_net = pb.MLP(1, [size["hidden"]], 1, activation="relu")
 relu_model = pb.BNN(relu_net, prior_scale=1.0, noise_scale=0.1)
-w_ml = pb.train_map(relu_model, x, y, num_steps=size["map_steps"], lr=0.01, use_prior=False, seed=1,
-                    progress=False)
+w_ml = pb.train_map(relu_model, x, y, num_steps=size["map_steps"], lr=0.01, use_prior=False, seed=1, progress=False)
 blr = LinearizedLaplace(relu_model, w_ml, structure="last_layer").fit(x, y)
 fine = torch.linspace(-2.0, 2.0, 401).unsqueeze(-1)
-J, _ = blr.jacobian(fine)                                  # (M, 1, K): [phi(x), 1]
+J, _ = blr.jacobian(fine)  # (M, 1, K): [phi(x), 1]
 var_blr = blr.predictive(fine).f_var[:, 0]
-var_mf = (J[:, 0].square() / blr.posterior_precision.diagonal()).sum(-1)   # App. B eq. (3)
+var_mf = (J[:, 0].square() / blr.posterior_precision.diagonal()).sum(-1)  # App. B eq. (3)
 
 
 def second_differences(v):
@@ -265,7 +279,9 @@ convex = {
 }
 gap_peak = {
     "MFVI-output": float(var_mf[(fine[:, 0] - 0.0).abs().argmin()] / var_mf[(fine[:, 0] + 0.75).abs().argmin()]),
-    "BLR (full covariance)": float(var_blr[(fine[:, 0] - 0.0).abs().argmin()] / var_blr[(fine[:, 0] + 0.75).abs().argmin()]),
+    "BLR (full covariance)": float(
+        var_blr[(fine[:, 0] - 0.0).abs().argmin()] / var_blr[(fine[:, 0] + 0.75).abs().argmin()]
+    ),
 }
 convexity = pd.DataFrame({"convex on [-2, 2]": convex, "var f(0) / var f(-0.75)": gap_peak})
 print(convexity.to_string())

@@ -91,11 +91,21 @@ size
 closed = invariance_gap_table(Ks=range(2, 129, 2), N=10)
 q0_opt = closed[(closed.theta == "theta_0*") & (closed.approx == "q0")].set_index("K")
 mix_opt = closed[(closed.theta == "theta_mix*") & (closed.approx == "qmix")].set_index("K")
-print(pd.DataFrame({
-    "gap at theta_0*": q0_opt.gap, "gap at theta_mix*": mix_opt.gap, "bound (eq. 3)": q0_opt.bound,
-    "pred var y, q0(theta_0*)": q0_opt.pred_var_y, "pred var y, exact": mix_opt.pred_var_y,
-    "prior pred var y": q0_opt.prior_pred_var_y,
-}).loc[[2, 8, 32, 64, 128]].round(4).to_string())
+print(
+    pd.DataFrame(
+        {
+            "gap at theta_0*": q0_opt.gap,
+            "gap at theta_mix*": mix_opt.gap,
+            "bound (eq. 3)": q0_opt.bound,
+            "pred var y, q0(theta_0*)": q0_opt.pred_var_y,
+            "pred var y, exact": mix_opt.pred_var_y,
+            "prior pred var y": q0_opt.prior_pred_var_y,
+        }
+    )
+    .loc[[2, 8, 32, 64, 128]]
+    .round(4)
+    .to_string()
+)
 
 # %% [markdown]
 # ## 2. The same experiment with Pyro's mean-field VI
@@ -108,11 +118,23 @@ print(pd.DataFrame({
 
 # %%
 t0 = time.perf_counter()
-svi = svi_invariance_experiment(Ks=size["Ks_svi"], stages=size["svi_stages"],
-                                num_particles=size["svi_particles"], seed=0)
+svi = svi_invariance_experiment(
+    Ks=size["Ks_svi"], stages=size["svi_stages"], num_particles=size["svi_particles"], seed=0
+)
 svi_seconds = time.perf_counter() - t0
-cols = ["K", "loc_err", "scale_rel_err", "pred_var_f_fit", "pred_var_f_star", "pred_var_f_post",
-        "pred_var_f_prior", "pred_var_rel_err", "elbo_gap", "gap_theta_0", "gap_theta_mix"]
+cols = [
+    "K",
+    "loc_err",
+    "scale_rel_err",
+    "pred_var_f_fit",
+    "pred_var_f_star",
+    "pred_var_f_post",
+    "pred_var_f_prior",
+    "pred_var_rel_err",
+    "elbo_gap",
+    "gap_theta_0",
+    "gap_theta_mix",
+]
 print(f"{len(svi)} fits in {svi_seconds:.0f} s")
 print(svi[cols].round(4).to_string())
 
@@ -129,8 +151,9 @@ write_invariance_gap_figure(OUT / "invariance-gap.png", Ks=range(2, 129, 2), N=1
 # %%
 nuts_tables = {}
 for K in size["nuts_Ks"]:
-    table, mcmc = nuts_invariance_check(K=K, num_samples=size["nuts_samples"],
-                                        warmup_steps=size["nuts_warmup"], num_chains=2, seed=0)
+    table, mcmc = nuts_invariance_check(
+        K=K, num_samples=size["nuts_samples"], warmup_steps=size["nuts_warmup"], num_chains=2, seed=0
+    )
     nuts_tables[K] = table
     print(f"K = {K}: {mcmc.run_info.path}, {mcmc.run_info.total_seconds:.1f} s")
     print(table.round(4).to_string())
@@ -157,9 +180,15 @@ for H in size["bnn_widths"]:
     pb.fit_svi(model, guide, x, y, num_steps=size["bnn_steps"], lr=0.01, seed=0, progress=False)
     df = first_layer_invariance_gap(model, guide, x, num_samples=size["mixture_samples"], seed=0)
     gap_tables[H] = df
-    totals.append(dict(width=H, total_gap=df.gap_mean.sum(), total_gap_mixture=df.gap_mixture.sum(),
-                       first_layer_kl=df.kl_to_prior.sum(),
-                       collapsed_units=int((df.kl_to_prior < 0.1).sum())))
+    totals.append(
+        dict(
+            width=H,
+            total_gap=df.gap_mean.sum(),
+            total_gap_mixture=df.gap_mixture.sum(),
+            first_layer_kl=df.kl_to_prior.sum(),
+            collapsed_units=int((df.kl_to_prior < 0.1).sum()),
+        )
+    )
     plot_first_layer_invariance_gap(df, OUT / f"invariance-gap-bnn-{H}.png")
 totals = pd.DataFrame(totals).set_index("width")
 print(totals.round(3).to_string())
@@ -182,10 +211,13 @@ Hd = size["deep_width"]
 deep = pb.BNN(pb.MLP(1, [Hd, Hd], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
 deep_guide = AutoNormal(deep, init_scale=0.01, init_loc_fn=pb.init_to_network(deep, seed=0))
 pb.fit_svi(deep, deep_guide, x, y, num_steps=size["bnn_steps"], lr=0.01, seed=0, progress=False)
-by_layer = pb.stats.invariance_gap_by_layer(deep, deep_guide, x, seed=0,
-                                            num_activation_samples=size["activation_samples"])
+by_layer = pb.stats.invariance_gap_by_layer(
+    deep, deep_guide, x, seed=0, num_activation_samples=size["activation_samples"]
+)
 layer_totals = by_layer.groupby("layer").agg(
-    units=("unit", "size"), gap_mean_per_unit=("gap_mean", "mean"), total_gap=("gap_mean", "sum"),
+    units=("unit", "size"),
+    gap_mean_per_unit=("gap_mean", "mean"),
+    total_gap=("gap_mean", "sum"),
     total_kl=("kl_to_prior", "sum"),
     collapsed_units=("kl_to_prior", lambda kl: int((kl < 0.1).sum())),
 )

@@ -32,8 +32,7 @@ from pyro_bnnlv.stats import (
 
 SMALL = os.environ.get("PYRO_BNNLV_TUTORIAL_SMALL") == "1"
 STEPS = 60 if SMALL else 3000
-data = pb.load_dataset("heavy-tail", seed=0, standardize=True,
-                       sizes=(100, 50, 50) if SMALL else (300, 300, 300))
+data = pb.load_dataset("heavy-tail", seed=0, standardize=True, sizes=(100, 50, 50) if SMALL else (300, 300, 300))
 print(data)
 
 # %% [markdown]
@@ -45,11 +44,11 @@ print(data)
 # in distribution; its estimate is near 0).
 
 # %%
-model = pb.BNNLV(pb.MLP(2, [50], 1, activation="leaky_relu"), latent_dim=1,
-                 latent_scale=0.1, noise_scale=0.3)
+model = pb.BNNLV(pb.MLP(2, [50], 1, activation="leaky_relu"), latent_dim=1, latent_scale=0.1, noise_scale=0.3)
 map_guide = AutoDelta(model, init_loc_fn=pb.init_to_network(model))
-pb.fit_svi(model, map_guide, data.x_train, data.y_train, num_steps=STEPS, lr=0.01,
-           loss=Trace_ELBO(), seed=0, progress=False)
+pb.fit_svi(
+    model, map_guide, data.x_train, data.y_train, num_steps=STEPS, lr=0.01, loss=Trace_ELBO(), seed=0, progress=False
+)
 z_map = latent_means(map_guide, data.x_train, data.y_train)
 mi_map = ksg_mutual_information(data.x_train.numpy(), z_map.numpy())
 mi_true = ksg_mutual_information(data.x_train.numpy(), data.extras["z_train"].numpy())
@@ -63,8 +62,9 @@ print(f"I(x; z_MAP) = {mi_map:.3f}   vs   I(x; z_true) = {mi_true:.3f}")
 # log-likelihood, and writes Fig. 4 (predictives on top, latent means against x below).
 
 # %%
-cfg = CompareConfig(steps=STEPS, restarts=1 if SMALL else 2, num_samples=50 if SMALL else 500,
-                    map_steps=50 if SMALL else 2000)
+cfg = CompareConfig(
+    steps=STEPS, restarts=1 if SMALL else 2, num_samples=50 if SMALL else 500, map_steps=50 if SMALL else 2000
+)
 table, fits = run_compare(data, cfg, progress=not SMALL, figure="tutorial-ncai-compare.png")
 print(table.to_string(index=False, float_format="%.3f"))
 
@@ -79,10 +79,10 @@ grid = torch.linspace(float(data.x_train.min()), float(data.x_train.max()), 25 i
 frames = {}
 for method in ("BNN+LV (MFVI)", "BNN+LV (NCAI_lambda)"):
     fit = fits[method]
-    samples = pb.sample_posterior(fit.model, fit.guide, data.x_train, data.y_train,
-                                  num_samples=20 if SMALL else 200, seed=0)
-    frames[method] = uncertainty_decomposition(fit.model, samples, grid.unsqueeze(-1),
-                                               num_inner=30 if SMALL else 200)
+    samples = pb.sample_posterior(
+        fit.model, fit.guide, data.x_train, data.y_train, num_samples=20 if SMALL else 200, seed=0
+    )
+    frames[method] = uncertainty_decomposition(fit.model, samples, grid.unsqueeze(-1), num_inner=30 if SMALL else 200)
 plot_uncertainty_decomposition(frames, "tutorial-ncai-uncertainty.png")
 summary = pd.DataFrame({m: f[["total", "aleatoric", "epistemic"]].mean() for m, f in frames.items()})
 print(summary.round(3))

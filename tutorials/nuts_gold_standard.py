@@ -59,9 +59,9 @@ size = dict(
     max_tree_depth=6 if SMALL else 10,
     map_steps=300 if SMALL else 2000,
     vi_steps=400 if SMALL else 5000,
-    kl_samples=100 if SMALL else 1000,     # App. C: 1,000 samples of each posterior
-    kl_draws=5 if SMALL else 100,          # App. C: 100 draws ...
-    kl_inputs=20 if SMALL else 200,        # ... of T = 200 inputs
+    kl_samples=100 if SMALL else 1000,  # App. C: 1,000 samples of each posterior
+    kl_draws=5 if SMALL else 100,  # App. C: 100 draws ...
+    kl_inputs=20 if SMALL else 200,  # ... of T = 200 inputs
 )
 size
 
@@ -85,13 +85,21 @@ print(data, model.net)
 
 # %%
 t0 = time.perf_counter()
-mcmc = run_nuts(model, x, y, num_samples=size["samples"], warmup_steps=size["warmup"],
-                num_chains=size["chains"], max_tree_depth=size["max_tree_depth"],
-                map_steps=size["map_steps"], seed=0, progress=not SMALL)
+mcmc = run_nuts(
+    model,
+    x,
+    y,
+    num_samples=size["samples"],
+    warmup_steps=size["warmup"],
+    num_chains=size["chains"],
+    max_tree_depth=size["max_tree_depth"],
+    map_steps=size["map_steps"],
+    seed=0,
+    progress=not SMALL,
+)
 nuts_seconds = time.perf_counter() - t0
 steps = [n for rec in chain_records(mcmc) for n in rec["num_steps"]]
-print(f"{mcmc.run_info.path}: {nuts_seconds:.1f} s, "
-      f"{sum(steps) / len(steps):.0f} leapfrog steps per draw")
+print(f"{mcmc.run_info.path}: {nuts_seconds:.1f} s, {sum(steps) / len(steps):.0f} leapfrog steps per draw")
 
 # %% [markdown]
 # ## ArviZ: function-space diagnostics
@@ -143,8 +151,7 @@ vi_samples = pb.sample_posterior(model, guide, x, num_samples=size["kl_samples"]
 idata_vi = to_inference_data(model, guide, x, y, num_samples=size["kl_samples"], seed=0)
 
 nu = torch.distributions.Uniform(torch.tensor([-1.5]), torch.tensor([1.5]))
-protocol = dict(num_samples=size["kl_samples"], num_draws=size["kl_draws"],
-                num_inputs=size["kl_inputs"], seed=0)
+protocol = dict(num_samples=size["kl_samples"], num_draws=size["kl_draws"], num_inputs=size["kl_inputs"], seed=0)
 w_nuts = mcmc.get_samples(group_by_chain=True)["w"]
 half = w_nuts.shape[0] // 2
 kl_vi = compare_posteriors(vi_samples, mcmc, model, nu, **protocol)
@@ -153,8 +160,10 @@ kl_nuts = compare_posteriors(w_nuts[:half], w_nuts[half:], model, nu, **protocol
 x_gap = data.extras["x_gap"].reshape(-1, 1).to(x.dtype)
 y_gap = data.extras["y_gap"].to(y.dtype)
 rows = {}
-for name, post, kl, loo in (("MFVI", vi_samples, kl_vi, az.loo(idata_vi)),
-                            ("NUTS (KL: half vs half)", mcmc, kl_nuts, loo_nuts)):
+for name, post, kl, loo in (
+    ("MFVI", vi_samples, kl_vi, az.loo(idata_vi)),
+    ("NUTS (KL: half vs half)", mcmc, kl_nuts, loo_nuts),
+):
     rows[name] = {
         "KL param (q||NUTS)": kl.loc["parameter", "KL(approx||ref)"],
         "KL param (NUTS||q)": kl.loc["parameter", "KL(ref||approx)"],

@@ -51,9 +51,13 @@ OUT = Path(os.environ.get("PYRO_BNNLV_TUTORIAL_OUT", "."))
 OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pd.set_option("display.width", 140)
-size = dict(restarts=40 if SMALL else 200, map_steps=300 if SMALL else 1500,
-            decoder_steps=150 if SMALL else 2000, vi_steps=150 if SMALL else 2000,
-            samples=200 if SMALL else 1000)
+size = dict(
+    restarts=40 if SMALL else 200,
+    map_steps=300 if SMALL else 1500,
+    decoder_steps=150 if SMALL else 2000,
+    vi_steps=150 if SMALL else 2000,
+    samples=200 if SMALL else 1000,
+)
 size
 
 # %% [markdown]
@@ -102,14 +106,33 @@ z_prior = torch.randn(2000, 2, generator=torch.Generator().manual_seed(0))
 prior_draws = {}
 for objective in ("autoencoder", "mmd"):
     model = pb.ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-    decoder = fit_projection(model, candidates, x, y, objective=objective, num_steps=size["decoder_steps"],
-                             lr=0.01, input_noise=0.1, seed=0, progress=False)
+    decoder = fit_projection(
+        model,
+        candidates,
+        x,
+        y,
+        objective=objective,
+        num_steps=size["decoder_steps"],
+        lr=0.01,
+        input_noise=0.1,
+        seed=0,
+        progress=False,
+    )
     with torch.no_grad():
         decoded = model.project(z_prior, decoder.phi)
     for variant, label in (("qz-only", "q(z)"), ("full", "q(z) q(phi)")):
         model = pb.ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-        fit = fit_projected_bnn(model, x, y, variant=variant, projection=decoder, num_steps=size["vi_steps"],
-                                num_particles=20, seed=0, progress=not SMALL)
+        fit = fit_projected_bnn(
+            model,
+            x,
+            y,
+            variant=variant,
+            projection=decoder,
+            num_steps=size["vi_steps"],
+            num_particles=20,
+            seed=0,
+            progress=not SMALL,
+        )
         name = f"Proj-BNN {objective}, {label}"
         samples[name] = pb.sample_posterior(fit.model, fit.guide, x, num_samples=size["samples"], seed=0)["w"]
         prior_draws[name] = decoded

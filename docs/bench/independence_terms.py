@@ -38,6 +38,7 @@ def _one_d(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Sampler:
     def sample(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         x = rng.uniform(-3, 3, (n, 1))
         return x, f(x[:, 0], rng.standard_normal(n))[:, None]
+
     return sample
 
 
@@ -45,15 +46,18 @@ def _three_d(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Sampler:
     def sample(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         x = rng.uniform(-3, 3, (n, 3))
         return x, f(x, rng.standard_normal(n))[:, None]
+
     return sample
 
 
 def _bimodal(shift: float, dims: int = 1) -> Sampler:
     """``z = shift * s + 0.3 e`` with ``s = +-1``, ``P(s = 1) = sigmoid(2 x_1)``."""
+
     def sample(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         x = rng.uniform(-3, 3, (n, dims))
         s = np.where(rng.uniform(size=n) < 1 / (1 + np.exp(-2 * x[:, 0])), 1.0, -1.0)
         return x, (shift * s + 0.3 * rng.standard_normal(n))[:, None]
+
     return sample
 
 
@@ -65,8 +69,11 @@ PATTERNS: dict[str, Sampler] = {
     **{f"tanh {a:g}": _one_d(lambda x, e, a=a: a * np.tanh(2 * x) + e) for a in (0.5, 2.0)},
     "cubic": _one_d(lambda x, e: 0.1 * x**3 + 0.5 * e),
     **{f"quadratic {a:g}": _one_d(lambda x, e, a=a: a * x**2 + e) for a in (0.1, 0.5)},
-    **{f"sin f={f:g} a={a:g}": _one_d(lambda x, e, f=f, a=a: a * np.sin(f * x) + e)
-       for f in (1.0, 3.0, 8.0) for a in (0.5, 2.0)},
+    **{
+        f"sin f={f:g} a={a:g}": _one_d(lambda x, e, f=f, a=a: a * np.sin(f * x) + e)
+        for f in (1.0, 3.0, 8.0)
+        for a in (0.5, 2.0)
+    },
     **{f"variance {s:g}": _one_d(lambda x, e, s=s: np.exp(s * x) * e) for s in (0.1, 0.3, 0.8)},
     "variance |x|": _one_d(lambda x, e: (0.1 + np.abs(x)) * e),
     **{f"bimodal {d:g}": _bimodal(d) for d in (0.5, 1.0, 3.0)},
@@ -90,8 +97,9 @@ def statistic(x: np.ndarray, z: np.ndarray, options: dict) -> float:
         return float(independence_statistic(torch.as_tensor(x), torch.as_tensor(z), **options))
 
 
-def validate(n: int, draws: int, reference_n: int, seed: int = 0,
-             candidates: tuple[str, ...] = tuple(CANDIDATES)) -> tuple[dict[str, float], dict[str, dict[str, float]]]:  # fmt: skip
+def validate(
+    n: int, draws: int, reference_n: int, seed: int = 0, candidates: tuple[str, ...] = tuple(CANDIDATES)
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """``(reference KSG per pattern, {candidate: {pattern: mean over draws}})``, seeded."""
     reference, values = {}, {c: {} for c in candidates}
     for i, (name, sample) in enumerate(PATTERNS.items()):
@@ -104,8 +112,9 @@ def validate(n: int, draws: int, reference_n: int, seed: int = 0,
     return reference, values
 
 
-def null_quantiles(n: int, reps: int, seed: int = 0, dims: int = 1,
-                   candidates: tuple[str, ...] = tuple(CANDIDATES)) -> dict[str, tuple[float, float]]:  # fmt: skip
+def null_quantiles(
+    n: int, reps: int, seed: int = 0, dims: int = 1, candidates: tuple[str, ...] = tuple(CANDIDATES)
+) -> dict[str, tuple[float, float]]:
     """Per candidate ``(mean, 95% quantile)`` over ``reps`` batches of ``n`` independent
     ``x ~ U[-3, 3]^dims``, ``z ~ N(0, 1)``."""
     rng = np.random.default_rng([seed, n, dims])
@@ -134,15 +143,19 @@ def main() -> None:
     torch.manual_seed(0)
     reference, values = validate(args.n, args.draws, args.reference_n)
     cands = list(CANDIDATES)
-    print(f"{len(reference)} patterns; candidates: mean of {args.draws} batches of n = {args.n}; "
-          f"reference: KSG on {args.reference_n} points")  # fmt: skip
+    print(
+        f"{len(reference)} patterns; candidates: mean of {args.draws} batches of n = {args.n}; "
+        f"reference: KSG on {args.reference_n} points"
+    )
     print(f"{'pattern':<22}{'KSG':>8}" + "".join(f"{c:>17}" for c in cands))
     for p in sorted(reference, key=reference.get):
         print(f"{p:<22}{reference[p]:>8.3f}" + "".join(f"{values[c][p]:>17.4f}" for c in cands))
     print(f"{'Spearman vs KSG':<30}" + "".join(f"{spearman(reference, values[c]):>17.3f}" for c in cands))
     for label, names in (("1-D x", ONE_D), ("3-D x", [p for p in reference if p not in ONE_D])):
-        print(f"{f'  on the {len(names)} with {label}':<30}"
-              + "".join(f"{spearman(reference, values[c], names):>17.3f}" for c in cands))  # fmt: skip
+        print(
+            f"{f'  on the {len(names)} with {label}':<30}"
+            + "".join(f"{spearman(reference, values[c], names):>17.3f}" for c in cands)
+        )
     for n in (64, 128, 350, 750):
         null = null_quantiles(n, args.null_reps)
         print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>8.4f} /{null[c][1]:>7.4f}" for c in cands))

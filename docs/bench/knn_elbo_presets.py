@@ -42,10 +42,14 @@ def main() -> None:
         "FuNN-HyVI default": lambda: pb.FunctionalKNNElbo(input_dist=nu),
         "FuNN-HyVI fast": lambda: pb.FunctionalKNNElbo.fast(input_dist=nu),
     }
+
     def guide_for(name):
         init = pb.init_to_network(model, seed=0)
-        return (AutoNormal(model, init_scale=0.01, init_loc_fn=init) if name == "MFVI"
-                else pb.HypernetGuide(model, init_loc_fn=init, init_scale=0.05))
+        return (
+            AutoNormal(model, init_scale=0.01, init_loc_fn=init)
+            if name == "MFVI"
+            else pb.HypernetGuide(model, init_loc_fn=init, init_scale=0.05)
+        )
 
     # cost: interleaved rounds of 20 steps each, every setting in its own param store
     stores, svis, times = {}, {}, {name: [] for name in settings}
@@ -68,12 +72,20 @@ def main() -> None:
     for name, make in settings.items():
         with pyro.get_param_store().scope():
             guide = guide_for(name)
-            pb.fit_svi(model, guide, x, y, num_steps=args.steps, lr=0.005, batch_size=50, seed=0,
-                       loss=make(), progress=False)
+            pb.fit_svi(
+                model, guide, x, y, num_steps=args.steps, lr=0.005, batch_size=50, seed=0, loss=make(), progress=False
+            )
             w = pb.sample_posterior(model, guide, x, num_samples=500, seed=0)["w"]
         ll = float(pb.evaluate(model, {"w": w}, data.x_test, data.y_test)["test_ll"])
-        rows.append({"setting": name, "ms_per_step": ms[name], "cost_vs_mfvi": ms[name] / ms["MFVI"],
-                     **_region_sd(model, w), "test_ll": ll})
+        rows.append(
+            {
+                "setting": name,
+                "ms_per_step": ms[name],
+                "cost_vs_mfvi": ms[name] / ms["MFVI"],
+                **_region_sd(model, w),
+                "test_ll": ll,
+            }
+        )
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows).set_index("setting")
     print(table.round(3).to_string())

@@ -53,8 +53,9 @@ METHODS = ("MFVI", "NN-MFVI", "NN-HyVI", "FuNN-HyVI")
 def _setup(split: int):
     set_seed(split)
     data = load_split("boston", split, valid_fraction=0.0)
-    model = BNN(MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5,
-                learn_noise=True)  # fmt: skip
+    model = BNN(
+        MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True
+    )
     return data, model
 
 
@@ -63,11 +64,25 @@ def _fit(method: str, split: int, steps: int = 200_000):
     data, model = _setup(split)
     x, y = data.x_train, data.y_train
     guide = _guide("MFVI" if method == "NN-MFVI" else method, model, split)
-    loss = (KNNElbo(num_particles=100, num_kl_samples=500, num_prior_samples=500) if method == "NN-MFVI"
-            else _loss(method, input_box(x), 200, 100, 500))  # fmt: skip
+    loss = (
+        KNNElbo(num_particles=100, num_kl_samples=500, num_prior_samples=500)
+        if method == "NN-MFVI"
+        else _loss(method, input_box(x), 200, 100, 500)
+    )
     plateau = PlateauSchedule(patience=60 if method.endswith("MFVI") else 30)
-    hist = fit_svi(model, guide, x, y, num_steps=steps, lr=0.005, batch_size=50, seed=split, loss=loss,
-                   progress=False, lr_schedule=plateau)  # fmt: skip
+    hist = fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=steps,
+        lr=0.005,
+        batch_size=50,
+        seed=split,
+        loss=loss,
+        progress=False,
+        lr_schedule=plateau,
+    )
     return data, model, guide, len(hist)
 
 
@@ -90,11 +105,25 @@ def estimator_table(split: int = 0, pairs: int = 20) -> pd.DataFrame:
     d = loc.numel()
     for factor in (0.25, 0.5, 1.0, 2.0, 4.0):
         q = torch.distributions.Normal(loc, scale * factor)
-        est = torch.tensor([float(knn_kl(loc + factor * scale * torch.randn(500, d, generator=g),
-                                         PRIOR_SCALE * torch.randn(500, d, generator=g)))
-                            for _ in range(pairs)])  # fmt: skip
-        rows.append({"sd_factor": factor, "exact_kl": float(torch.distributions.kl_divergence(q, prior).sum()),
-                     "knn_kl_mean": float(est.mean()), "knn_kl_sd": float(est.std())})  # fmt: skip
+        est = torch.tensor(
+            [
+                float(
+                    knn_kl(
+                        loc + factor * scale * torch.randn(500, d, generator=g),
+                        PRIOR_SCALE * torch.randn(500, d, generator=g),
+                    )
+                )
+                for _ in range(pairs)
+            ]
+        )
+        rows.append(
+            {
+                "sd_factor": factor,
+                "exact_kl": float(torch.distributions.kl_divergence(q, prior).sum()),
+                "knn_kl_mean": float(est.mean()),
+                "knn_kl_sd": float(est.std()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -113,10 +142,17 @@ def fit_task(task: Task) -> dict[str, float]:
     m = evaluate(model, {"w": w}, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
     ratio = w.std(0) / PRIOR_SCALE
     est = _knn_kl(w, 10, torch.Generator().manual_seed(split))
-    return {"noise_scale": float(torch.as_tensor(model.noise_scale).detach()), "rmse": float(m["rmse"]),
-            "test_ll": float(m["test_ll"]), "sd_ratio_median": float(ratio.median()),
-            "share_wider_than_prior": float((ratio > 1).float().mean()), "knn_kl": sum(est) / len(est),
-            "exact_kl": exact, "steps_run": float(steps), "seconds": time.perf_counter() - t0}  # fmt: skip
+    return {
+        "noise_scale": float(torch.as_tensor(model.noise_scale).detach()),
+        "rmse": float(m["rmse"]),
+        "test_ll": float(m["test_ll"]),
+        "sd_ratio_median": float(ratio.median()),
+        "share_wider_than_prior": float((ratio > 1).float().mean()),
+        "knn_kl": sum(est) / len(est),
+        "exact_kl": exact,
+        "steps_run": float(steps),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main() -> None:
@@ -138,11 +174,29 @@ def main() -> None:
         print(table.to_string(index=False))
     else:
         tasks = [Task("boston", method=m, split=s, seed=s) for s in args.splits for m in args.methods]
-        table = run_sweep(tasks, fit_task, out_dir=args.store, executor="inline", code_version="knn-kl-width-1",
-                          stop_after=None if args.stop_after is None else 3600 * args.stop_after,
-                          desc="knn-kl-width")  # fmt: skip
-        columns = ["split", "method", "status", "noise_scale", "rmse", "test_ll", "sd_ratio_median",
-                   "share_wider_than_prior", "knn_kl", "exact_kl", "steps_run", "seconds"]
+        table = run_sweep(
+            tasks,
+            fit_task,
+            out_dir=args.store,
+            executor="inline",
+            code_version="knn-kl-width-1",
+            stop_after=None if args.stop_after is None else 3600 * args.stop_after,
+            desc="knn-kl-width",
+        )
+        columns = [
+            "split",
+            "method",
+            "status",
+            "noise_scale",
+            "rmse",
+            "test_ll",
+            "sd_ratio_median",
+            "share_wider_than_prior",
+            "knn_kl",
+            "exact_kl",
+            "steps_run",
+            "seconds",
+        ]
         print(table[[c for c in columns if c in table]].to_string(index=False))
         table = table[table["status"] == "done"][[c for c in columns if c in table and c != "status"]]
     if args.out:

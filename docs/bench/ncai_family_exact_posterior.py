@@ -40,8 +40,9 @@ from pyro_bnnlv.stats import ksg_mutual_information
 NODES = 2000
 
 
-def exact_posterior(problem: FamilyProblem, x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
-                    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def exact_posterior(
+    problem: FamilyProblem, x: np.ndarray, y: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """``E[z | x_n, y_n]`` and one draw ``z~_n ~ p(z | x_n, y_n)`` per point (``x (N, D)``,
     ``y (N,)`` on the generator's scale): the posterior on the midpoint grid, each draw a grid
     node chosen by its posterior weight, jittered uniformly within its cell."""
@@ -61,10 +62,15 @@ def problem_row(problem: FamilyProblem) -> dict[str, object]:
     x, y = data.x_train.double().numpy(), data.y_train.double().numpy().reshape(-1)
     z = np.asarray(data.extras["z_train"], dtype=float)
     mean, draw = exact_posterior(problem, x, y, np.random.default_rng([37, problem.index]))
-    return {"problem": problem.name.removeprefix("ncai-family-"), "effect": problem.effect, "D": problem.input_dim,
-            "N": len(y), "I(x; z)": ksg_mutual_information(x, z[:, None]),
-            "I(x; z~ posterior draw)": ksg_mutual_information(x, draw[:, None]),
-            "I(x; E[z|x,y])": ksg_mutual_information(x, mean[:, None])}  # fmt: skip
+    return {
+        "problem": problem.name.removeprefix("ncai-family-"),
+        "effect": problem.effect,
+        "D": problem.input_dim,
+        "N": len(y),
+        "I(x; z)": ksg_mutual_information(x, z[:, None]),
+        "I(x; z~ posterior draw)": ksg_mutual_information(x, draw[:, None]),
+        "I(x; E[z|x,y])": ksg_mutual_information(x, mean[:, None]),
+    }
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:

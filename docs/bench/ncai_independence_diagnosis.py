@@ -39,8 +39,12 @@ import numpy as np
 import torch
 
 DEFAULT_CACHE = Path("/tmp/ncai-diag/fits.npz")
-FITS = (("sin-tanh", "BNN+LV (NCAI_lambda)", 0), ("bimodal", "BNN+LV (NCAI_lambda)", 0),
-        ("sin-tanh", "BNN+LV (NCAI_lambda)", 1), ("bimodal", "BNN+LV (NCAI_lambda)", 1))  # fmt: skip
+FITS = (
+    ("sin-tanh", "BNN+LV (NCAI_lambda)", 0),
+    ("bimodal", "BNN+LV (NCAI_lambda)", 0),
+    ("sin-tanh", "BNN+LV (NCAI_lambda)", 1),
+    ("bimodal", "BNN+LV (NCAI_lambda)", 1),
+)
 
 
 def sin_tanh_data():
@@ -101,11 +105,13 @@ def statistics(x: np.ndarray, y: np.ndarray, mu: np.ndarray, rng: np.random.Gene
 
     xt, yt, mt = (torch.as_tensor(a) for a in (x, y, mu))
     with torch.no_grad():
-        out = {"penalty hsic_x": float(ncai_penalties(xt, yt, mt)["hsic_x"]),
-               "KSG": ksg_mutual_information(x, mu),
-               "knn-mi": float(independence_statistic(xt, mt, "knn-mi")),
-               "dcor": float(independence_statistic(xt, mt, "dcor")),
-               "hsic-multiscale": float(independence_statistic(xt, mt, "hsic-multiscale"))}  # fmt: skip
+        out = {
+            "penalty hsic_x": float(ncai_penalties(xt, yt, mt)["hsic_x"]),
+            "KSG": ksg_mutual_information(x, mu),
+            "knn-mi": float(independence_statistic(xt, mt, "knn-mi")),
+            "dcor": float(independence_statistic(xt, mt, "dcor")),
+            "hsic-multiscale": float(independence_statistic(xt, mt, "hsic-multiscale")),
+        }
         for c in SCALES:
             out[f"dCKA c={c:g}"] = float(multiscale_hsic(xt, mt, (c,)))
     return out
@@ -145,24 +151,34 @@ def main() -> None:
         q95 = permutation_q95(x, mu, rng)
         n = len(x)
         t = full["penalty hsic_x"]
-        print(f"\n== {name}, {method}, restart {restart}: N = {n}, valid LL {float(fits[key + '|valid_ll']):.3f}, "
-              f"sd(x) {x.std():.2f}, sd(mu_z) {mu.std():.3f}, last training step's hsic_x "
-              f"{float(fits.get(key + '|train_hsic', np.nan)):.4f}")  # fmt: skip
-        print(f"   penalty lambda3 N exp(T/eps_x) at T = {t:.4f}: {n * np.exp(t / EPS_X):.1f} nats, its floor (T = 0) "
-              f"{n:.0f}: the whole independence term is worth {n * (np.exp(t / EPS_X) - 1):.1f} nats; slope "
-              f"N exp(T/eps_x)/eps_x = {n * np.exp(t / EPS_X) / EPS_X:.0f} nats per unit of T")  # fmt: skip
-        batches = {b: [statistics(x[i], y[i], mu[i], rng) for i in
-                       (rng.choice(n, b, replace=False) for _ in range(N_BATCHES))] for b in (64, 128)}  # fmt: skip
-        print(f"   {'statistic':<18}{'full data':>10}{'perm. q95':>10}" + "".join(
-            f"{f'B={b} mean':>12}{'sd':>7}" for b in batches))
+        print(
+            f"\n== {name}, {method}, restart {restart}: N = {n}, valid LL {float(fits[key + '|valid_ll']):.3f}, "
+            f"sd(x) {x.std():.2f}, sd(mu_z) {mu.std():.3f}, last training step's hsic_x "
+            f"{float(fits.get(key + '|train_hsic', np.nan)):.4f}"
+        )
+        print(
+            f"   penalty lambda3 N exp(T/eps_x) at T = {t:.4f}: {n * np.exp(t / EPS_X):.1f} nats, its floor (T = 0) "
+            f"{n:.0f}: the whole independence term is worth {n * (np.exp(t / EPS_X) - 1):.1f} nats; slope "
+            f"N exp(T/eps_x)/eps_x = {n * np.exp(t / EPS_X) / EPS_X:.0f} nats per unit of T"
+        )
+        batches = {
+            b: [statistics(x[i], y[i], mu[i], rng) for i in (rng.choice(n, b, replace=False) for _ in range(N_BATCHES))]
+            for b in (64, 128)
+        }
+        print(
+            f"   {'statistic':<18}{'full data':>10}{'perm. q95':>10}"
+            + "".join(f"{f'B={b} mean':>12}{'sd':>7}" for b in batches)
+        )
         for stat, value in full.items():
             row = f"   {stat:<18}{value:>10.4f}{q95.get(stat, np.nan):>10.4f}"
             for b, rows in batches.items():
                 v = np.array([r[stat] for r in rows])
                 row += f"{v.mean():>12.4f}{v.std():>7.4f}"
             print(row)
-        print(f"   (c: bandwidths c x median |x_i - x_j| and c x median |mu_i - mu_j|; the penalty's own "
-              f"bandwidth h^2 = Var is c = {np.sqrt(x.var()) / np.median(np.abs(x - x.T)):.2f} for x)")  # fmt: skip
+        print(
+            f"   (c: bandwidths c x median |x_i - x_j| and c x median |mu_i - mu_j|; the penalty's own "
+            f"bandwidth h^2 = Var is c = {np.sqrt(x.var()) / np.median(np.abs(x - x.T)):.2f} for x)"
+        )
 
 
 if __name__ == "__main__":

@@ -2,9 +2,17 @@
 # Laplace plotted; the data loader offline and from a mirror. Lines between the markers are the
 # user's; the rest times them.
 import sys, time
-T0 = time.perf_counter(); _t = [T0]
+
+T0 = time.perf_counter()
+_t = [T0]
+
+
 def lap(what):
-    now = time.perf_counter(); print(f"[walk] {what}: {now - _t[0]:.1f} s", flush=True); _t[0] = now
+    now = time.perf_counter()
+    print(f"[walk] {what}: {now - _t[0]:.1f} s", flush=True)
+    _t[0] = now
+
+
 MIRROR = sys.argv[1]
 # --- user ---
 import numpy as np
@@ -12,17 +20,18 @@ import arviz as az
 from torch import nn
 import pyro_bnnlv as pb
 from pyro_bnnlv.plotting import plot_predicted_vs_observed, plot_calibration
+
 # --- end user ---
 lap("imports")
 # --- user ---
 try:
-    pb.datasets.load_dataset("yacht")                      # offline, no data setting
+    pb.datasets.load_dataset("yacht")  # offline, no data setting
 except Exception as err:
     print(type(err).__name__, str(err))
 # --- end user ---
 lap("offline load_dataset (fails)")
 # --- user ---
-yacht = pb.datasets.load_dataset("yacht", mirror=MIRROR)   # a directory in the data layout
+yacht = pb.datasets.load_dataset("yacht", mirror=MIRROR)  # a directory in the data layout
 print(yacht)
 # --- end user ---
 lap("mirror load_dataset")

@@ -74,23 +74,41 @@ def main() -> None:
             return
         with torch.no_grad():
             xv, yv = data.x_valid, data.y_valid
-            rows.append(dict(step=step + 1, fresh20=ll(fresh(g, 20, gen_fresh), xv, yv), crn100=ll(crn(g)["w"], xv, yv),
-                             ref2000=ll(fresh(g, 2000, gen_ref), xv, yv),
-                             test500=ll(fresh(g, 500, gen_ref), data.x_test, data.y_test)))  # fmt: skip
+            rows.append(
+                dict(
+                    step=step + 1,
+                    fresh20=ll(fresh(g, 20, gen_fresh), xv, yv),
+                    crn100=ll(crn(g)["w"], xv, yv),
+                    ref2000=ll(fresh(g, 2000, gen_ref), xv, yv),
+                    test500=ll(fresh(g, 500, gen_ref), data.x_test, data.y_test),
+                )
+            )
 
     with pyro.get_param_store().scope():
         g = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=0))
-        fit_svi(bnn, g, data.x_train, data.y_train, num_steps=args.steps, lr=args.lr, batch_size=128, seed=0,
-                progress=True, loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1),
-                callback=lambda step, value: check(step, g))  # fmt: skip
+        fit_svi(
+            bnn,
+            g,
+            data.x_train,
+            data.y_train,
+            num_steps=args.steps,
+            lr=args.lr,
+            batch_size=128,
+            seed=0,
+            progress=True,
+            loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1),
+            callback=lambda step, value: check(step, g),
+        )
     a = np.array([[r[k] for k in RULES] for r in rows])
     print(f"{args.dataset}, lr {args.lr:g}, {len(rows)} checks")
     for i, k in enumerate(RULES):
         best_i, stop_i = stop_at(list(a[:, i]))
         jitter = np.sqrt(np.mean(np.diff(a[20:, i]) ** 2))
-        print(f"  {k:8s} corr with ref2000 {np.corrcoef(a[:, i], a[:, 2])[0, 1]:.3f}, "
-              f"offset {np.mean(a[:, i] - a[:, 2]):+.2f}, jitter {jitter:.2f} | keeps step {rows[best_i]['step']} "
-              f"(stops {rows[stop_i]['step']}): ref2000 {rows[best_i]['ref2000']:.3f}, test {rows[best_i]['test500']:.3f}")  # fmt: skip
+        print(
+            f"  {k:8s} corr with ref2000 {np.corrcoef(a[:, i], a[:, 2])[0, 1]:.3f}, "
+            f"offset {np.mean(a[:, i] - a[:, 2]):+.2f}, jitter {jitter:.2f} | keeps step {rows[best_i]['step']} "
+            f"(stops {rows[stop_i]['step']}): ref2000 {rows[best_i]['ref2000']:.3f}, test {rows[best_i]['test500']:.3f}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f)

@@ -15,6 +15,7 @@ import warnings
 import pandas as pd
 
 from .._checks import check_seed
+
 # registers the loaders, synthetic first
 from . import synthetic, files, projected_toys, ncai_family, classification  # noqa: F401, I001
 from .base import (

@@ -211,8 +211,15 @@ def make_dataset(
     return data
 
 
-def _scaled_extras(extras: dict[str, np.ndarray] | None, D: int, x_mean: np.ndarray, x_std: np.ndarray,
-                   y_mean: float, y_std: float, integers: bool) -> dict[str, Tensor]:  # fmt: skip
+def _scaled_extras(
+    extras: dict[str, np.ndarray] | None,
+    D: int,
+    x_mean: np.ndarray,
+    x_std: np.ndarray,
+    y_mean: float,
+    y_std: float,
+    integers: bool,
+) -> dict[str, Tensor]:
     """:func:`make_dataset`'s ``extras`` as tensors: ``x_*`` standardised like the inputs, ``y_*``
     like the targets, ``noise_std`` divided by ``y_std``; with ``integers`` (classification),
     integer arrays (labels) are kept as ``torch.long`` instead."""
@@ -241,8 +248,9 @@ def _check_classes(name: str, num_classes: Any, class_names: Any) -> tuple[int |
     K = check_int(num_classes, "num_classes", minimum=2)
     names = tuple(str(c) for c in range(K)) if class_names is None else tuple(str(c) for c in class_names)
     if len(names) != K:
-        raise ValueError(f"dataset {name!r}: class_names has {len(names)} names for num_classes={K}; "
-                         f"give one per class")  # fmt: skip
+        raise ValueError(
+            f"dataset {name!r}: class_names has {len(names)} names for num_classes={K}; give one per class"
+        )
     return K, names
 
 
@@ -251,9 +259,11 @@ def _check_labels(name: str, split: str, y: np.ndarray, K: int) -> np.ndarray:
     y = y.reshape(-1)
     bad = ~(np.isfinite(y) & (y == np.round(y)) & (y >= 0) & (y < K))
     if bad.any():
-        raise ValueError(f"dataset {name!r}: the {split} labels must be integers in [0, {K}) (num_classes={K}), "
-                         f"got {y[bad][0]:g}; map the classes to 0..K-1 first (from_arrays(..., "
-                         f"task='classification') does it)")  # fmt: skip
+        raise ValueError(
+            f"dataset {name!r}: the {split} labels must be integers in [0, {K}) (num_classes={K}), "
+            f"got {y[bad][0]:g}; map the classes to 0..K-1 first (from_arrays(..., "
+            f"task='classification') does it)"
+        )
     return y.astype(np.int64)
 
 
@@ -280,8 +290,9 @@ def _standardise(a: np.ndarray, mean: np.ndarray | float, std: np.ndarray | floa
     return a / std - np.asarray(mean) / std
 
 
-def _check_representable(name: str, x_mean: np.ndarray, x_std: np.ndarray, y_mean: float, y_std: float,
-                         standardize: bool) -> None:  # fmt: skip
+def _check_representable(
+    name: str, x_mean: np.ndarray, x_std: np.ndarray, y_mean: float, y_std: float, standardize: bool
+) -> None:
     """The statistics are stored as tensors of the default dtype: refuse (naming the column) what
     that dtype cannot hold instead of storing ``inf``."""
     if not standardize:
@@ -291,10 +302,12 @@ def _check_representable(name: str, x_mean: np.ndarray, x_std: np.ndarray, y_mea
         bad = np.flatnonzero(~(np.abs(values) <= big).all(1))
         if bad.size:
             column = f"x column {bad[0]}" if what == "x" else "y"
-            raise ValueError(f"dataset {name!r}: {column} has a mean or standard deviation beyond what "
-                             f"{torch.get_default_dtype()} holds ({big:.3g}), so its standardisation cannot be "
-                             f"stored; rescale it first (e.g. divide by a power of 10), or call "
-                             f"torch.set_default_dtype(torch.float64) before loading")  # fmt: skip
+            raise ValueError(
+                f"dataset {name!r}: {column} has a mean or standard deviation beyond what "
+                f"{torch.get_default_dtype()} holds ({big:.3g}), so its standardisation cannot be "
+                f"stored; rescale it first (e.g. divide by a power of 10), or call "
+                f"torch.set_default_dtype(torch.float64) before loading"
+            )
 
 
 def _check_representable_values(name: str, split: str, x: np.ndarray, y: np.ndarray) -> None:
@@ -303,9 +316,11 @@ def _check_representable_values(name: str, split: str, x: np.ndarray, y: np.ndar
     bad = np.flatnonzero(~(np.abs(x) <= big).all(0)) if x.size else []
     if len(bad) or (y.size and not (np.abs(y) <= big).all()):
         column = f"x column {bad[0]}" if len(bad) else "y"
-        raise ValueError(f"dataset {name!r}: {column} of the {split} split has values beyond what "
-                         f"{torch.get_default_dtype()} holds ({big:.3g}); rescale it first (e.g. divide by a power "
-                         f"of 10), or call torch.set_default_dtype(torch.float64) before loading")  # fmt: skip
+        raise ValueError(
+            f"dataset {name!r}: {column} of the {split} split has values beyond what "
+            f"{torch.get_default_dtype()} holds ({big:.3g}); rescale it first (e.g. divide by a power "
+            f"of 10), or call torch.set_default_dtype(torch.float64) before loading"
+        )
 
 
 def _canonical(name: str) -> str:
@@ -321,8 +336,10 @@ def _as_float_array(value: Any, name: str) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be numeric (a tensor, array or DataFrame of numbers); "
-                         f"encode categorical columns first, e.g. pandas.get_dummies ({err})") from None  # fmt: skip
+        raise ValueError(
+            f"{name} must be numeric (a tensor, array or DataFrame of numbers); "
+            f"encode categorical columns first, e.g. pandas.get_dummies ({err})"
+        ) from None
     if not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or infinite values; drop or impute them first")
     return arr
@@ -355,15 +372,23 @@ def encode_labels(value: Any, name: str = "y") -> tuple[np.ndarray, tuple[str, .
     if arr.ndim != 1:
         raise ValueError(f"{name} must have shape (N,) (one class label per row), got {arr.shape}")
     if arr.dtype.kind in "fcO" and pd.isna(arr).any():
-        raise ValueError(f"{name} has missing (NaN / None) class labels at rows "
-                         f"{np.flatnonzero(pd.isna(arr))[:5].tolist()}; drop those rows first")  # fmt: skip
+        raise ValueError(
+            f"{name} has missing (NaN / None) class labels at rows "
+            f"{np.flatnonzero(pd.isna(arr))[:5].tolist()}; drop those rows first"
+        )
     values = arr.tolist() if arr.dtype.kind == "O" else arr
-    fractional = [v for v in np.atleast_1d(values) if isinstance(v, (float, np.floating, complex, np.complexfloating))
-                  and not (np.real(v) == np.round(np.real(v)) and np.imag(v) == 0)]  # fmt: skip
+    fractional = [
+        v
+        for v in np.atleast_1d(values)
+        if isinstance(v, (float, np.floating, complex, np.complexfloating))
+        and not (np.real(v) == np.round(np.real(v)) and np.imag(v) == 0)
+    ]
     if fractional:
-        raise ValueError(f"{name} has float labels that are not whole numbers (e.g. {_plain(fractional[0])!r}); "
-                         f"task='classification' is for class labels (integers or strings): pass real-valued "
-                         f"targets with task='regression' (the default)")  # fmt: skip
+        raise ValueError(
+            f"{name} has float labels that are not whole numbers (e.g. {_plain(fractional[0])!r}); "
+            f"task='classification' is for class labels (integers or strings): pass real-valued "
+            f"targets with task='regression' (the default)"
+        )
     if arr.dtype.kind in "fc":
         arr = np.real(arr).astype(np.int64)
     elif arr.dtype.kind == "O":  # whole floats among Python objects: 1.0 is the class "1"
@@ -371,11 +396,17 @@ def encode_labels(value: Any, name: str = "y") -> tuple[np.ndarray, tuple[str, .
     try:
         classes, codes = np.unique(arr, return_inverse=True)
     except TypeError:
-        raise ValueError(f"{name} mixes label types that cannot be sorted (e.g. numbers and strings); "
-                         f"make them one type, e.g. all strings ({name}.astype(str))") from None  # fmt: skip
+        raise ValueError(
+            f"{name} mixes label types that cannot be sorted (e.g. numbers and strings); "
+            f"make them one type, e.g. all strings ({name}.astype(str))"
+        ) from None
     if len(classes) < 2:
-        raise ValueError(f"{name} has a single class ({_plain(classes[0])!r} in all {len(arr)} rows) where "
-                         f"classification needs at least two" if len(classes) else f"{name} has no labels")  # fmt: skip
+        raise ValueError(
+            f"{name} has a single class ({_plain(classes[0])!r} in all {len(arr)} rows) where "
+            f"classification needs at least two"
+            if len(classes)
+            else f"{name} has no labels"
+        )
     return codes.reshape(-1).astype(np.int64), tuple(str(c) for c in classes.tolist())
 
 
@@ -407,8 +438,10 @@ def stratified_split(labels: Any, n_valid: int, n_test: int, seed: int | None) -
     rng = np.random.default_rng(seed)
     classes, counts = np.unique(labels, return_counts=True)
     if n_valid + n_test > (counts - 1).sum():
-        raise ValueError(f"cannot hold out {n_valid} + {n_test} of {len(labels)} rows in {len(classes)} classes and "
-                         f"keep a training row of each class; use smaller fractions")  # fmt: skip
+        raise ValueError(
+            f"cannot hold out {n_valid} + {n_test} of {len(labels)} rows in {len(classes)} classes and "
+            f"keep a training row of each class; use smaller fractions"
+        )
     held = _apportion(counts, n_valid + n_test, counts - 1)
     to_test = _apportion(held, n_test, held)
     parts: tuple[list, list, list] = ([], [], [])
@@ -432,9 +465,11 @@ def _checked_xy(x: Any, y: Any, task: str) -> tuple[np.ndarray, np.ndarray, tupl
     if xa.ndim != 2:
         raise ValueError(f"x must have shape (N, D) or (N,), got {xa.shape}")
     if ya.ndim != 1:
-        raise ValueError(f"y must have shape (N,) (one real-valued target), got {ya.shape}: a Dataset holds one "
-                         "target; for several outputs fit the tensors directly (pb.BNN(pb.MLP(D, [50], L)) with y of "
-                         "shape (N, L) in fit_svi / evaluate), or one Dataset per column")  # fmt: skip
+        raise ValueError(
+            f"y must have shape (N,) (one real-valued target), got {ya.shape}: a Dataset holds one "
+            "target; for several outputs fit the tensors directly (pb.BNN(pb.MLP(D, [50], L)) with y of "
+            "shape (N, L) in fit_svi / evaluate), or one Dataset per column"
+        )
     if len(xa) != len(ya):
         raise ValueError(f"x and y have different numbers of rows: {len(xa)} vs {len(ya)}")
     return xa, ya, class_names
@@ -479,32 +514,31 @@ def from_arrays(
     N = len(xa)
     n_test, n_valid = round(test_fraction * N), round(valid_fraction * N)
     if N - n_test - n_valid < 2:
-        raise ValueError(f"{N} rows leave {N - n_test - n_valid} for training with test_fraction="
-                         f"{test_fraction} and valid_fraction={valid_fraction}; need at least 2")  # fmt: skip
+        raise ValueError(
+            f"{N} rows leave {N - n_test - n_valid} for training with test_fraction="
+            f"{test_fraction} and valid_fraction={valid_fraction}; need at least 2"
+        )
     if task == "classification":
         train, valid, test = stratified_split(ya, n_valid, n_test, seed)
         how = f"{len(class_names)} classes, stratified random"
     else:
         perm = np.random.default_rng(seed).permutation(N)
-        test, valid, train = perm[:n_test], perm[n_test:n_test + n_valid], perm[n_test + n_valid:]
+        test, valid, train = perm[:n_test], perm[n_test : n_test + n_valid], perm[n_test + n_valid :]
         how = "random"
     data = make_dataset(
-        name, {k: (xa[i], ya[i]) for k, i in (("train", train), ("valid", valid), ("test", test))},
+        name,
+        {k: (xa[i], ya[i]) for k, i in (("train", train), ("valid", valid), ("test", test))},
         standardize=standardize,
         description=f"{name}: {N} rows, {how} {1 - test_fraction - valid_fraction:.2g}/"
-                    f"{valid_fraction:.2g}/{test_fraction:.2g} split, seed {seed}",
-        num_classes=None if class_names is None else len(class_names), class_names=class_names,
-    )  # fmt: skip
+        f"{valid_fraction:.2g}/{test_fraction:.2g} split, seed {seed}",
+        num_classes=None if class_names is None else len(class_names),
+        class_names=class_names,
+    )
     data.seed = seed
     return data
 
 
-def from_frame(
-    frame: Any,
-    target: str,
-    features: Sequence[str] | None = None,
-    **options: Any,
-) -> Dataset:
+def from_frame(frame: Any, target: str, features: Sequence[str] | None = None, **options: Any) -> Dataset:
     """A pandas ``DataFrame`` as a :class:`Dataset`: column ``target`` is ``y``, ``features``
     (default: every other column) are ``x``; ``options`` as for :func:`from_arrays`
     (``name`` defaults to ``target``). With ``task="classification"`` the target column holds
@@ -518,8 +552,10 @@ def from_frame(
         raise ValueError(f"target column {target!r} not in the frame; columns: {list(frame.columns)}")
     features = [c for c in frame.columns if c != target] if features is None else list(features)
     if target in features:
-        raise ValueError(f"features includes the target column {target!r}, which would put y among the "
-                         f"inputs: leave it out of features= (or omit features= for every other column)")  # fmt: skip
+        raise ValueError(
+            f"features includes the target column {target!r}, which would put y among the "
+            f"inputs: leave it out of features= (or omit features= for every other column)"
+        )
     repeated = sorted({c for c in features if features.count(c) > 1}, key=str)
     if repeated:
         raise ValueError(f"features names the columns {repeated} more than once; list each feature once")
@@ -530,12 +566,13 @@ def from_frame(
     nonnumeric = [c for c in [*features, *([] if labels else [target])] if not pd.api.types.is_numeric_dtype(frame[c])]
     if nonnumeric:
         hint = f"; for class labels in {target!r} pass task='classification'" if target in nonnumeric else ""
-        raise ValueError(f"columns {nonnumeric} are not numeric; encode them first "
-                         f"(e.g. pandas.get_dummies) or leave them out of features={hint}")  # fmt: skip
+        raise ValueError(
+            f"columns {nonnumeric} are not numeric; encode them first "
+            f"(e.g. pandas.get_dummies) or leave them out of features={hint}"
+        )
     nan = [c for c in [*features, target] if frame[c].isna().any()]
     if nan:
-        raise ValueError(f"columns {nan} contain missing values; drop or impute them first "
-                         f"(e.g. frame.dropna())")  # fmt: skip
+        raise ValueError(f"columns {nan} contain missing values; drop or impute them first (e.g. frame.dropna())")
     options.setdefault("name", target)
     return from_arrays(frame[features].to_numpy(), frame[target].to_numpy(), **options)
 
@@ -552,8 +589,9 @@ class _Entry:
 REGISTRY: dict[str, _Entry] = {}
 
 
-def register(name: str, kind: str, summary: str,
-             task: str = "regression") -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:  # fmt: skip
+def register(
+    name: str, kind: str, summary: str, task: str = "regression"
+) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
     task = _check_task(task)
 
     def deco(fn: Callable[..., Dataset]) -> Callable[..., Dataset]:

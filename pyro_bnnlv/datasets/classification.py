@@ -56,8 +56,10 @@ def _sklearn_datasets(name: str) -> Any:
     try:
         from sklearn import datasets
     except ImportError:
-        raise ImportError(f"the data set {name!r} comes from scikit-learn, which is not installed: "
-                          f"pip install scikit-learn (or pip install -e '.[dev]')") from None  # fmt: skip
+        raise ImportError(
+            f"the data set {name!r} comes from scikit-learn, which is not installed: "
+            f"pip install scikit-learn (or pip install -e '.[dev]')"
+        ) from None
     return datasets
 
 
@@ -67,19 +69,37 @@ def _check_fractions(fractions: Any) -> tuple[float, float, float]:
     except (TypeError, ValueError):
         f = ()
     if len(f) != 3 or abs(sum(f) - 1.0) > 1e-9 or min(f) <= 0:
-        raise ValueError(f"fractions must be three positive numbers (train, valid, test) summing to 1, "
-                         f"got {fractions!r}")  # fmt: skip
+        raise ValueError(
+            f"fractions must be three positive numbers (train, valid, test) summing to 1, got {fractions!r}"
+        )
     return f
 
 
-def _split(name: str, x: np.ndarray, y: np.ndarray, n_valid: int, n_test: int, seed: int | None, *,
-           standardize: bool, description: str, class_names: Sequence[str], extras: dict | None = None,
-           ) -> Dataset:  # fmt: skip
+def _split(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    n_valid: int,
+    n_test: int,
+    seed: int | None,
+    *,
+    standardize: bool,
+    description: str,
+    class_names: Sequence[str],
+    extras: dict | None = None,
+) -> Dataset:
     """A stratified ``(N - n_valid - n_test) / n_valid / n_test`` split of labels ``y`` (``0..K-1``)."""
     train, valid, test = stratified_split(y, n_valid, n_test, seed)
     splits = {k: (x[i], y[i]) for k, i in (("train", train), ("valid", valid), ("test", test))}
-    return make_dataset(name, splits, standardize=standardize, description=description, extras=extras,
-                        num_classes=len(class_names), class_names=class_names)  # fmt: skip
+    return make_dataset(
+        name,
+        splits,
+        standardize=standardize,
+        description=description,
+        extras=extras,
+        num_classes=len(class_names),
+        class_names=class_names,
+    )
 
 
 def _bundled(name: str, loader: str, seed: int, fractions: Any, standardize: bool, what: str) -> Dataset:
@@ -87,42 +107,71 @@ def _bundled(name: str, loader: str, seed: int, fractions: Any, standardize: boo
     f = _check_fractions(fractions)
     x, y = np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
     N = len(y)
-    return _split(name, x, y, round(f[1] * N), round(f[2] * N), check_seed(seed), standardize=standardize,
-                  class_names=[str(c) for c in bunch.target_names],
-                  description=f"{what}; stratified random {f[0]:g}/{f[1]:g}/{f[2]:g} split, seed {seed}")  # fmt: skip
+    return _split(
+        name,
+        x,
+        y,
+        round(f[1] * N),
+        round(f[2] * N),
+        check_seed(seed),
+        standardize=standardize,
+        class_names=[str(c) for c in bunch.target_names],
+        description=f"{what}; stratified random {f[0]:g}/{f[1]:g}/{f[2]:g} split, seed {seed}",
+    )
 
 
-@register("digits", "bundled", "8x8 handwritten digits (scikit-learn), 1797 images, 64 inputs, K=10",
-          task="classification")  # fmt: skip
+@register(
+    "digits", "bundled", "8x8 handwritten digits (scikit-learn), 1797 images, 64 inputs, K=10", task="classification"
+)
 def digits(seed: int = 0, standardize: bool = True, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:
     """UCI optical digits, 8x8 (scikit-learn's ``load_digits``): 1,797 images, ``K = 10``."""
-    return _bundled("digits", "load_digits", seed, fractions, standardize,
-                    "8x8 handwritten digits 0-9 (UCI optdigits via scikit-learn), 64 pixel inputs 0-16")  # fmt: skip
+    return _bundled(
+        "digits",
+        "load_digits",
+        seed,
+        fractions,
+        standardize,
+        "8x8 handwritten digits 0-9 (UCI optdigits via scikit-learn), 64 pixel inputs 0-16",
+    )
 
 
-@register("breast-cancer", "bundled", "Wisconsin diagnostic breast cancer (scikit-learn), 569 rows, 30 inputs, K=2",
-          task="classification")  # fmt: skip
-def breast_cancer(seed: int = 0, standardize: bool = True,
-                  fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:  # fmt: skip
+@register(
+    "breast-cancer",
+    "bundled",
+    "Wisconsin diagnostic breast cancer (scikit-learn), 569 rows, 30 inputs, K=2",
+    task="classification",
+)
+def breast_cancer(seed: int = 0, standardize: bool = True, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:
     """Wisconsin diagnostic breast cancer (``load_breast_cancer``): 0 malignant, 1 benign."""
-    return _bundled("breast-cancer", "load_breast_cancer", seed, fractions, standardize,
-                    "Wisconsin diagnostic breast cancer, 30 inputs, 0 malignant / 1 benign")  # fmt: skip
+    return _bundled(
+        "breast-cancer",
+        "load_breast_cancer",
+        seed,
+        fractions,
+        standardize,
+        "Wisconsin diagnostic breast cancer, 30 inputs, 0 malignant / 1 benign",
+    )
 
 
 @register("iris", "bundled", "Fisher's iris (scikit-learn), 150 rows, 4 inputs, K=3", task="classification")
 def iris(seed: int = 0, standardize: bool = True, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:
     """Fisher's iris (``load_iris``): setosa, versicolor, virginica."""
-    return _bundled("iris", "load_iris", seed, fractions, standardize,
-                    "Fisher's iris, 4 inputs, 3 species")  # fmt: skip
+    return _bundled("iris", "load_iris", seed, fractions, standardize, "Fisher's iris, 4 inputs, 3 species")
 
 
-@register("wine-classes", "bundled", "UCI wine recognition (scikit-learn), 178 rows, 13 inputs, K=3",
-          task="classification")  # fmt: skip
-def wine_classes(seed: int = 0, standardize: bool = True,
-                 fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:  # fmt: skip
+@register(
+    "wine-classes", "bundled", "UCI wine recognition (scikit-learn), 178 rows, 13 inputs, K=3", task="classification"
+)
+def wine_classes(seed: int = 0, standardize: bool = True, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Dataset:
     """UCI wine recognition (``load_wine``): three cultivars; not ``wine`` (wine-quality regression)."""
-    return _bundled("wine-classes", "load_wine", seed, fractions, standardize,
-                    "UCI wine recognition, 13 chemical inputs, 3 cultivars")  # fmt: skip
+    return _bundled(
+        "wine-classes",
+        "load_wine",
+        seed,
+        fractions,
+        standardize,
+        "UCI wine recognition, 13 chemical inputs, 3 cultivars",
+    )
 
 
 @register("digits-ood", "bundled", "digits 0-4 (K=5); the digits 5-9 as extras['x_ood']", task="classification")
@@ -134,31 +183,53 @@ def digits_ood(seed: int = 0, standardize: bool = True, fractions: Sequence[floa
     x, y = np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
     inside = y < 5
     N = int(inside.sum())
-    return _split("digits-ood", x[inside], y[inside], round(f[1] * N), round(f[2] * N), check_seed(seed),
-                  standardize=standardize, class_names=[str(c) for c in range(5)],
-                  extras={"x_ood": x[~inside], "digit_ood": y[~inside]},
-                  description=f"8x8 digits 0-4 (K=5), the digits 5-9 out of distribution; stratified random "
-                              f"{f[0]:g}/{f[1]:g}/{f[2]:g} split, seed {seed}")  # fmt: skip
+    return _split(
+        "digits-ood",
+        x[inside],
+        y[inside],
+        round(f[1] * N),
+        round(f[2] * N),
+        check_seed(seed),
+        standardize=standardize,
+        class_names=[str(c) for c in range(5)],
+        extras={"x_ood": x[~inside], "digit_ood": y[~inside]},
+        description=f"8x8 digits 0-4 (K=5), the digits 5-9 out of distribution; stratified random "
+        f"{f[0]:g}/{f[1]:g}/{f[2]:g} split, seed {seed}",
+    )
 
 
-@register("two-moons", "synthetic", "two interleaved half circles (make_moons), noise 0.2, 300/100/100",
-          task="classification")  # fmt: skip
-def two_moons(seed: int = 0, standardize: bool = True, sizes: Sequence[int] = (300, 100, 100),
-              noise: float = 0.2) -> Dataset:  # fmt: skip
+@register(
+    "two-moons", "synthetic", "two interleaved half circles (make_moons), noise 0.2, 300/100/100", task="classification"
+)
+def two_moons(
+    seed: int = 0, standardize: bool = True, sizes: Sequence[int] = (300, 100, 100), noise: float = 0.2
+) -> Dataset:
     """``sklearn.datasets.make_moons(sum(sizes), noise=noise, random_state=seed)``, split stratified."""
     sizes = _check_sizes(sizes)
     noise = check_real(noise, "noise", nonnegative=True)
     seed = check_seed(seed)
     x, y = _sklearn_datasets("two-moons").make_moons(sum(sizes), noise=noise, random_state=seed)
-    return _split("two-moons", x, y.astype(np.int64), sizes[1], sizes[2], seed, standardize=standardize,
-                  class_names=("0", "1"),
-                  description=f"two moons (make_moons), noise {noise:g}; sizes {sizes}, seed {seed}")  # fmt: skip
+    return _split(
+        "two-moons",
+        x,
+        y.astype(np.int64),
+        sizes[1],
+        sizes[2],
+        seed,
+        standardize=standardize,
+        class_names=("0", "1"),
+        description=f"two moons (make_moons), noise {noise:g}; sizes {sizes}, seed {seed}",
+    )
 
 
-@register("spirals", "synthetic", "two interleaved spirals, 1.5 turns, noise 0.05, 300/100/100",
-          task="classification")  # fmt: skip
-def spirals(seed: int = 0, standardize: bool = True, sizes: Sequence[int] = (300, 100, 100),
-            noise: float = 0.05, turns: float = 1.5) -> Dataset:  # fmt: skip
+@register("spirals", "synthetic", "two interleaved spirals, 1.5 turns, noise 0.05, 300/100/100", task="classification")
+def spirals(
+    seed: int = 0,
+    standardize: bool = True,
+    sizes: Sequence[int] = (300, 100, 100),
+    noise: float = 0.05,
+    turns: float = 1.5,
+) -> Dataset:
     """Two interleaved spirals (module docstring): ``x = t (cos a, sin a) + eps``, ``t ~ U(0.1, 1)``,
     ``a = 2 pi turns t + pi c``, ``eps ~ N(0, noise^2 I)``."""
     sizes = _check_sizes(sizes)
@@ -171,5 +242,14 @@ def spirals(seed: int = 0, standardize: bool = True, sizes: Sequence[int] = (300
     t = rng.uniform(0.1, 1.0, N)
     a = 2 * np.pi * turns * t + np.pi * c
     x = t[:, None] * np.stack([np.cos(a), np.sin(a)], 1) + noise * rng.normal(size=(N, 2))
-    return _split("spirals", x, c, sizes[1], sizes[2], seed, standardize=standardize, class_names=("0", "1"),
-                  description=f"two spirals, {turns:g} turns, noise {noise:g}; sizes {sizes}, seed {seed}")  # fmt: skip
+    return _split(
+        "spirals",
+        x,
+        c,
+        sizes[1],
+        sizes[2],
+        seed,
+        standardize=standardize,
+        class_names=("0", "1"),
+        description=f"two spirals, {turns:g} turns, noise {noise:g}; sizes {sizes}, seed {seed}",
+    )

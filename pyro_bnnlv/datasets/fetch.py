@@ -53,14 +53,7 @@ import pandas as pd
 from .._checks import check_int
 from .base import DATA_DIR_ENV, default_data_dir
 
-__all__ = [
-    "MIRROR_ENV",
-    "DatasetUnavailableError",
-    "dataset_status",
-    "fetch_dataset",
-    "fetchable_datasets",
-    "manifest",
-]
+__all__ = ["MIRROR_ENV", "DatasetUnavailableError", "dataset_status", "fetch_dataset", "fetchable_datasets", "manifest"]
 
 #: Environment variable holding a mirror base URL (or directory) in the data directory's layout.
 MIRROR_ENV = "PYRO_BNNLV_MIRROR"
@@ -233,24 +226,28 @@ def _advice(name: str, root: Path, mirror: tuple[str, str] | None) -> str:
         f"${DATA_DIR_ENV} at a directory that has them"
     )
     if mirror is None:
-        return (by_hand + f", or use a mirror in that layout (a URL or a directory): "
-                f"load_dataset({name!r}, mirror=...), ${MIRROR_ENV}, or the CLI's "
-                f"pyro-bnnlv datasets --download {name} --mirror URL.")  # fmt: skip
+        return (
+            by_hand + f", or use a mirror in that layout (a URL or a directory): "
+            f"load_dataset({name!r}, mirror=...), ${MIRROR_ENV}, or the CLI's "
+            f"pyro-bnnlv datasets --download {name} --mirror URL."
+        )
     url, origin = mirror
     leave_out = "leave out mirror=" if origin == "mirror=" else f"unset ${MIRROR_ENV}"
-    return (by_hand + f". The mirror {url} (set by {origin}) is in use: repair it, or {leave_out} "
-            "to download from the public sources.")  # fmt: skip
+    return (
+        by_hand + f". The mirror {url} (set by {origin}) is in use: repair it, or {leave_out} "
+        "to download from the public sources."
+    )
 
 
-def _download(url: str, rel: str, known_hash: str | None, root: Path, retries: int, name: str,
-              mirror: tuple[str, str] | None) -> Path:  # fmt: skip
+def _download(
+    url: str, rel: str, known_hash: str | None, root: Path, retries: int, name: str, mirror: tuple[str, str] | None
+) -> Path:
     """Download ``url`` to ``root / rel`` with pooch (atomic, hash-checked, retried unless the
     connection fails)."""
     import pooch
     import requests
 
-    pup = pooch.create(path=root, base_url="", registry={rel: known_hash}, urls={rel: url},
-                       retry_if_failed=retries)  # fmt: skip
+    pup = pooch.create(path=root, base_url="", registry={rel: known_hash}, urls={rel: url}, retry_if_failed=retries)
     where = f"Cache path: {root / rel}" + (f" (expected SHA-256 {known_hash}). " if known_hash else ". ")
     try:
         return Path(pup.fetch(rel, downloader=_downloader(url)))
@@ -259,7 +256,8 @@ def _download(url: str, rel: str, known_hash: str | None, root: Path, retries: i
         raise DatasetUnavailableError(
             f"data set {name!r}: cannot connect to {host} to fetch {rel!r} ({err}); is this "
             f"machine offline? Tried {url} once (a failed connection is not retried). "
-            + where + _advice(name, root, mirror)
+            + where
+            + _advice(name, root, mirror)
         ) from None
     except (OSError, ValueError, requests.exceptions.RequestException) as err:
         raise DatasetUnavailableError(
@@ -268,8 +266,9 @@ def _download(url: str, rel: str, known_hash: str | None, root: Path, retries: i
         ) from None
 
 
-def _copy_from_local_mirror(source: Path, rel: str, entry: dict, root: Path, name: str,
-                            mirror: tuple[str, str]) -> None:  # fmt: skip
+def _copy_from_local_mirror(
+    source: Path, rel: str, entry: dict, root: Path, name: str, mirror: tuple[str, str]
+) -> None:
     """Copy a local mirror's file into the data directory once its checksum is right; a missing
     or damaged file is reported as such, without retries (it would not change)."""
     problem = _file_problem(source, entry)
@@ -295,8 +294,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: tuple[str, str] | None,
-                retries: int) -> None:  # fmt: skip
+def _fetch_file(name: str, rel: str, entry: dict, root: Path, mirror: tuple[str, str] | None, retries: int) -> None:
     spec = _dataset(name)
     path = root / rel
     if mirror is not None:
@@ -371,7 +369,7 @@ def fetch_dataset(
     if not download:
         first, problem = next(iter(problems.items()))
         damaged = sum(p != "missing" for p in problems.values())
-        fix = (" (delete a damaged file, or call with download=True to fetch it again)" if damaged else "")
+        fix = " (delete a damaged file, or call with download=True to fetch it again)" if damaged else ""
         raise DatasetUnavailableError(
             f"data set {name!r}: {len(problems)} of {len(files)} files missing or damaged under "
             f"{root} ({damaged} damaged; first: {root / first}, {problem}) and download=False{fix}. "

@@ -53,8 +53,9 @@ TABLES = {
 }
 
 
-def _resolve(name: str, data_dir: str | Path | None, rel: str, download: bool,
-             mirror: str | os.PathLike | None) -> Path:  # fmt: skip
+def _resolve(
+    name: str, data_dir: str | Path | None, rel: str, download: bool, mirror: str | os.PathLike | None
+) -> Path:
     """``rel`` inside the data directory, once every file of ``name`` is there and verified."""
     return fetch_dataset(name, data_dir, download=download, mirror=mirror) / rel
 
@@ -66,8 +67,9 @@ def _read_uci_matrix(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, features], data[:, target]
 
 
-def uci_num_splits(name: str, data_dir: str | Path | None = None, download: bool = True,
-                   mirror: str | os.PathLike | None = None) -> int:  # fmt: skip
+def uci_num_splits(
+    name: str, data_dir: str | Path | None = None, download: bool = True, mirror: str | os.PathLike | None = None
+) -> int:
     """How many standard splits the UCI set ``name`` has (20; protein 5)."""
     if name not in UCI_FOLDERS:
         raise ValueError(f"unknown UCI dataset {name!r}; expected one of {sorted(UCI_FOLDERS)}")
@@ -94,8 +96,9 @@ def load_uci(
     folder = _resolve(name, data_dir, f"uci/{UCI_FOLDERS[name]}", download, mirror)
     n_splits = uci_num_splits(name, data_dir, download, mirror)
     if isinstance(split, bool) or not isinstance(split, numbers.Integral) or not 0 <= split < n_splits:
-        raise ValueError(f"split must be an integer in [0, {n_splits}) for {name} (the index of a "
-                         f"standard split), got {split!r}")  # fmt: skip
+        raise ValueError(
+            f"split must be an integer in [0, {n_splits}) for {name} (the index of a standard split), got {split!r}"
+        )
     split = int(split)
     x, y = _read_uci_matrix(folder)
     train = np.loadtxt(folder / f"index_train_{split}.txt", dtype=int)
@@ -141,18 +144,19 @@ def load_table(
     parts = perm[:n_tr], perm[n_tr : n_tr + n_va], perm[n_tr + n_va :]
     splits = {k: (x[p], y[p]) for k, p in zip(("train", "valid", "test"), parts)}
     return make_dataset(
-        name, splits, standardize=standardize,
-        description=f"{description}; random {fractions} split, seed {seed}",
-    )  # fmt: skip
+        name, splits, standardize=standardize, description=f"{description}; random {fractions} split, seed {seed}"
+    )
 
 
 def _register_files() -> None:
     for name, folder in UCI_FOLDERS.items():
+
         def loader(seed: int = 0, _name: str = name, **kw) -> Dataset:
             return load_uci(_name, seed=seed, **kw)
 
         register(name, "file", f"UCI {folder}, standard splits (split=0..)")(loader)
     for name, (_, _, description) in TABLES.items():
+
         def loader(seed: int = 0, _name: str = name, **kw) -> Dataset:
             return load_table(_name, seed=seed, **kw)
 

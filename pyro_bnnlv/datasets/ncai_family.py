@@ -99,8 +99,18 @@ def family_problem(index: int) -> FamilyProblem:
     weight = rng.normal(0.0, 1.0, 3)
     weight /= np.sin(probe @ omega.T + phase).dot(weight).std()
     n_train = int(round(float(np.exp(rng.uniform(np.log(200), np.log(2000))))))
-    return FamilyProblem(index, EFFECTS[index % len(EFFECTS)], D, n_train, float(rng.uniform(0.05, 0.2)) ** 2,
-                         float(rng.uniform(0.3, 0.8)), omega, phase, weight, direction)  # fmt: skip
+    return FamilyProblem(
+        index,
+        EFFECTS[index % len(EFFECTS)],
+        D,
+        n_train,
+        float(rng.uniform(0.05, 0.2)) ** 2,
+        float(rng.uniform(0.3, 0.8)),
+        omega,
+        phase,
+        weight,
+        direction,
+    )
 
 
 FAMILY: tuple[FamilyProblem, ...] = tuple(family_problem(i) for i in range(SIZE))
@@ -142,16 +152,27 @@ def _loader(problem: FamilyProblem) -> Callable[..., Dataset]:
         n = problem.n_train
         parts = [_draw(problem, rng, m) for m in (n, max(100, n // 4), _TEST)]
         splits = {k: (p[0], p[1]) for k, p in zip(("train", "valid", "test"), parts)}
-        extras = {"z_train": parts[0][2], "z_valid": parts[1][2], "z_test": parts[2][2],
-                  "noise_std": np.array(np.sqrt(problem.noise_var))}  # fmt: skip
-        return make_dataset(problem.name, splits, standardize=standardize,
-                            description=f"issue 37's family, {problem.effect}, D={problem.input_dim}",
-                            extras=extras)  # fmt: skip
+        extras = {
+            "z_train": parts[0][2],
+            "z_valid": parts[1][2],
+            "z_test": parts[2][2],
+            "noise_std": np.array(np.sqrt(problem.noise_var)),
+        }
+        return make_dataset(
+            problem.name,
+            splits,
+            standardize=standardize,
+            description=f"issue 37's family, {problem.effect}, D={problem.input_dim}",
+            extras=extras,
+        )
 
     load.__doc__ = f"{problem.name}: {problem.effect} latent effect, D = {problem.input_dim}, N = {problem.n_train}"
     return load
 
 
 for _problem in FAMILY:
-    register(_problem.name, "synthetic",
-             f"issue 37's NCAI family: {_problem.effect}, D={_problem.input_dim}, N={_problem.n_train}")(_loader(_problem))  # fmt: skip
+    register(
+        _problem.name,
+        "synthetic",
+        f"issue 37's NCAI family: {_problem.effect}, D={_problem.input_dim}, N={_problem.n_train}",
+    )(_loader(_problem))

@@ -99,9 +99,11 @@ def true_log_density(name: str, x, y, *, nodes: int = 2000, data: Dataset | None
     proc = _process(name)
     source = standardized_source(y)
     if data is None and source is not None:
-        raise ValueError(f"y is the {source}, but true_log_density works on the generator's raw scale: pass "
-                         f"data=<that data set> to get the log density of the standardised y, or load the set "
-                         f"with standardize=False")  # fmt: skip
+        raise ValueError(
+            f"y is the {source}, but true_log_density works on the generator's raw scale: pass "
+            f"data=<that data set> to get the log density of the standardised y, or load the set "
+            f"with standardize=False"
+        )
     x, y = _as_1d(x, "x"), _as_1d(y, "y")
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
@@ -119,9 +121,11 @@ def true_log_density(name: str, x, y, *, nodes: int = 2000, data: Dataset | None
         var = proc.var(x)
         bad = np.flatnonzero(~(var > 0))
         if bad.size:
-            raise ValueError(f"x[{bad[0]}] = {x[bad[0]]:.6g}: the noise variance of {name!r} is not positive there "
-                             f"({var[bad[0]]:.3g}), so p(y | x) does not exist; its generator draws x from U[0, 1] "
-                             f"({bad.size} of {len(x)} inputs affected)")  # fmt: skip
+            raise ValueError(
+                f"x[{bad[0]}] = {x[bad[0]]:.6g}: the noise variance of {name!r} is not positive there "
+                f"({var[bad[0]]:.3g}), so p(y | x) does not exist; its generator draws x from U[0, 1] "
+                f"({bad.size} of {len(x)} inputs affected)"
+            )
         return normal_logpdf(y, proc.mean(x), np.sqrt(var)) + log_jacobian
     nodes = check_int(nodes, "nodes")
     if nodes % 2:

@@ -85,8 +85,13 @@ def four_modes(seed: int = 0, standardize: bool = False, noise: float = 0.05, sy
     fn = draw_symmetric if symmetric else draw
     splits = {"train": fn(), "valid": fn(), "test": fn()}
     what = "mirror-symmetric " if symmetric else ""
-    return make_dataset("four-modes", splits, standardize=standardize, extras={"noise_std": np.array(noise)},
-                        description=f"{what}bumps of height 1 at -3,-1,1,3 on a zero baseline over [-5, 5]")  # fmt: skip
+    return make_dataset(
+        "four-modes",
+        splits,
+        standardize=standardize,
+        extras={"noise_std": np.array(noise)},
+        description=f"{what}bumps of height 1 at -3,-1,1,3 on a zero baseline over [-5, 5]",
+    )
 
 
 def four_modes_net() -> MLP:
@@ -127,7 +132,7 @@ def canonical_rbf_units(net: MLP, w: Tensor) -> Tensor:
     Removes the ``k! 2^k`` copies of every solution that MAP restarts land in."""
     if net.activation != "rbf" or len(net.hidden_sizes) != 1 or net.in_features != 1:
         raise ValueError("canonical_rbf_units needs an MLP(1, [k], L, activation='rbf')")
-    (W1, b1), (W2, b2) = net.unflatten(w)           # (*S, k, 1), (*S, k), (*S, L, k), (*S, L)
+    (W1, b1), (W2, b2) = net.unflatten(w)  # (*S, k, 1), (*S, k), (*S, L, k), (*S, L)
     a, b = W1[..., 0], b1
     sign = torch.where(a < 0, -1.0, 1.0).to(w.dtype)
     a, b = a * sign, b * sign
@@ -138,8 +143,9 @@ def canonical_rbf_units(net: MLP, w: Tensor) -> Tensor:
 
 
 @register("sine-tasks", "synthetic", "Proj-BNN App. B: a sin(x + b) tasks for the multi-task model")
-def sine_tasks(seed: int = 0, standardize: bool = False, num_tasks: int = 12, points: int = 20,
-               noise: float = 0.1) -> Dataset:  # fmt: skip
+def sine_tasks(
+    seed: int = 0, standardize: bool = False, num_tasks: int = 12, points: int = 20, noise: float = 0.1
+) -> Dataset:
     """Sine family (see the module docstring): ``points`` per task per split."""
     num_tasks, points = check_int(num_tasks, "num_tasks"), check_int(points, "points")
     rng = np.random.default_rng(check_seed(seed))
@@ -151,9 +157,13 @@ def sine_tasks(seed: int = 0, standardize: bool = False, num_tasks: int = 12, po
         x = rng.uniform(-np.pi, np.pi, len(t))
         splits[split] = (x, a[t] * np.sin(x + b[t]) + noise * rng.normal(size=len(t)))
         tasks[f"task_{split}"] = t
-    data = make_dataset("sine-tasks", splits, standardize=standardize,
-                        extras={"amplitude": a, "phase": b, "noise_std": np.array(noise)},
-                        description=f"{num_tasks} tasks y = a sin(x + b), a ~ U(-3, 3), b on [0, 2 pi)")  # fmt: skip
+    data = make_dataset(
+        "sine-tasks",
+        splits,
+        standardize=standardize,
+        extras={"amplitude": a, "phase": b, "noise_std": np.array(noise)},
+        description=f"{num_tasks} tasks y = a sin(x + b), a ~ U(-3, 3), b on [0, 2 pi)",
+    )
     import torch
 
     data.extras.update({k: torch.as_tensor(v, dtype=torch.long) for k, v in tasks.items()})

@@ -46,9 +46,17 @@ def pooled_data(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _build(
-    dataset: Dataset, x: np.ndarray, y: np.ndarray, train: np.ndarray, valid: np.ndarray,
-    test: np.ndarray, name: str, description: str, standardize: bool | None, extras: dict,
-) -> Dataset:  # fmt: skip
+    dataset: Dataset,
+    x: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    valid: np.ndarray,
+    test: np.ndarray,
+    name: str,
+    description: str,
+    standardize: bool | None,
+    extras: dict,
+) -> Dataset:
     if len(train) == 0 or len(test) == 0:
         raise ValueError(f"{dataset.name}: too few points ({len(x)}) for this split")
     std = dataset.standardized if standardize is None else bool(standardize)
@@ -56,14 +64,15 @@ def _build(
     return make_dataset(
         name,
         {"train": (x[train], y[train]), "valid": (x[valid], y[valid]), "test": (x[test], y[test])},
-        standardize=std, description=description, extras=extras,
-    )  # fmt: skip
+        standardize=std,
+        description=description,
+        extras=extras,
+    )
 
 
 def gap_split(
-    dataset: Dataset, dim: int, *, valid_fraction: float = 0.1, seed: int = 0,
-    standardize: bool | None = None,
-) -> Dataset:  # fmt: skip
+    dataset: Dataset, dim: int, *, valid_fraction: float = 0.1, seed: int = 0, standardize: bool | None = None
+) -> Dataset:
     """The gap split of ``dataset`` along input dimension ``dim`` (module docstring).
 
     Test: the ``round(N / 3)`` points in the middle of the ``x_dim`` order (equally many below and
@@ -81,9 +90,18 @@ def gap_split(
     test = np.sort(order[lo : lo + n_test])
     rest = np.concatenate([order[:lo], order[lo + n_test :]])
     train, valid = random_holdout(rest, int(round(valid_fraction * len(rest))), seed)
-    return _build(dataset, x, y, train, valid, test, f"{dataset.name}-gap{dim}",
-                  f"{dataset.name}: gap split on input {dim} (middle third is the test set)",
-                  standardize, {"gap_dim": np.array(dim)})  # fmt: skip
+    return _build(
+        dataset,
+        x,
+        y,
+        train,
+        valid,
+        test,
+        f"{dataset.name}-gap{dim}",
+        f"{dataset.name}: gap split on input {dim} (middle third is the test set)",
+        standardize,
+        {"gap_dim": np.array(dim)},
+    )
 
 
 def gap_splits(dataset: Dataset, **options) -> list[Dataset]:
@@ -118,15 +136,28 @@ def _norm_split(dataset, kind, test_fraction, valid_fraction, seed, standardize)
     mask[test_pos] = True
     test, rest = np.sort(order[mask]), order[~mask]
     train, valid = random_holdout(rest, int(round(valid_fraction * N)), seed)
-    return _build(dataset, x, y, train, valid, test, f"{dataset.name}-{kind}",
-                  f"{dataset.name}: {kind} split (test: the {test_fraction:.0%} with the {what})",
-                  standardize, {})  # fmt: skip
+    return _build(
+        dataset,
+        x,
+        y,
+        train,
+        valid,
+        test,
+        f"{dataset.name}-{kind}",
+        f"{dataset.name}: {kind} split (test: the {test_fraction:.0%} with the {what})",
+        standardize,
+        {},
+    )
 
 
 def extrapolation_split(
-    dataset: Dataset, *, test_fraction: float = 0.1, valid_fraction: float = 0.1, seed: int = 0,
+    dataset: Dataset,
+    *,
+    test_fraction: float = 0.1,
+    valid_fraction: float = 0.1,
+    seed: int = 0,
     standardize: bool | None = None,
-) -> Dataset:  # fmt: skip
+) -> Dataset:
     """Extrapolation split (Pradier, Pan, Yao, Ghosh & Doshi-Velez 2018, arXiv:1811.07006, App. B):
     test = half of ``test_fraction`` of the points with the lowest and half with the highest input
     norms; validation = a random ``valid_fraction`` of all points from the rest; train = the
@@ -135,9 +166,13 @@ def extrapolation_split(
 
 
 def interpolation_split(
-    dataset: Dataset, *, test_fraction: float = 0.1, valid_fraction: float = 0.1, seed: int = 0,
+    dataset: Dataset,
+    *,
+    test_fraction: float = 0.1,
+    valid_fraction: float = 0.1,
+    seed: int = 0,
     standardize: bool | None = None,
-) -> Dataset:  # fmt: skip
+) -> Dataset:
     """Interpolation split (App. B, "inverted doughnut"): test = the ``test_fraction`` of points
     with the middle input norms; validation and train as in :func:`extrapolation_split`."""
     return _norm_split(dataset, "interpolation", test_fraction, valid_fraction, seed, standardize)

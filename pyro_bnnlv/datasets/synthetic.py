@@ -54,14 +54,18 @@ def _check_sizes(sizes) -> tuple[int, int, int]:
         raise ArgumentTypeError(f"sizes must be three positive integers (n_train, n_valid, n_test), got {sizes!r}")
     sizes = tuple(sizes)
     if len(sizes) != 3:
-        raise ValueError(f"sizes must be three positive integers (n_train, n_valid, n_test), got "
-                         f"{len(sizes)} value(s): {sizes!r}")  # fmt: skip
+        raise ValueError(
+            f"sizes must be three positive integers (n_train, n_valid, n_test), got {len(sizes)} value(s): {sizes!r}"
+        )
     try:
-        return tuple(check_int(n, f"sizes[{i}] ({part})") for i, (n, part) in
-                     enumerate(zip(sizes, ("training", "validation", "test"))))  # fmt: skip
+        return tuple(
+            check_int(n, f"sizes[{i}] ({part})")
+            for i, (n, part) in enumerate(zip(sizes, ("training", "validation", "test")))
+        )
     except ValueError as err:
-        raise type(err)(f"{err}: sizes must be three positive integers (n_train, n_valid, n_test), "
-                        f"got {sizes!r}") from None  # fmt: skip
+        raise type(err)(
+            f"{err}: sizes must be three positive integers (n_train, n_valid, n_test), got {sizes!r}"
+        ) from None
 
 
 def _splits(xs, ys):
@@ -94,9 +98,7 @@ def _latent_gt(name, rng, sizes, sample_x, standardize, description) -> Dataset:
         xs.append(x), ys.append(y), zs.append(z)
     extras = {"z_train": zs[0], "z_valid": zs[1], "z_test": zs[2]}
     extras.update(noise_std=np.array(np.sqrt(process.noise_var)), z_std=np.array(np.sqrt(process.z_var)))
-    return make_dataset(
-        name, _splits(xs, ys), standardize=standardize, description=description, extras=extras
-    )
+    return make_dataset(name, _splits(xs, ys), standardize=standardize, description=description, extras=extras)
 
 
 def _f_heavy_tail(x, z):
@@ -110,10 +112,13 @@ def heavy_tail(seed: int = 0, standardize: bool = False, sizes=(300, 300, 300)) 
     "300 training, validation and test x's": 300 in each split.
     """
     return _latent_gt(
-        "heavy-tail", np.random.default_rng(check_seed(seed)), sizes,
-        lambda rng, n: rng.uniform(-4.0, 4.0, n), standardize,
+        "heavy-tail",
+        np.random.default_rng(check_seed(seed)),
+        sizes,
+        lambda rng, n: rng.uniform(-4.0, 4.0, n),
+        standardize,
         "y = 6 tanh(0.1 x^3 (z+1)^6 - 10 x z^2 + z) + eps, z ~ N(0, 0.01), eps ~ N(0, 0.1)",
-    )  # fmt: skip
+    )
 
 
 def _f_depeweg(x, z):
@@ -136,10 +141,13 @@ def depeweg(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     """Depeweg (App. G.2): ``x`` from an equal mixture of ``N(-4, 0.16), N(0, 0.81), N(4, 0.16)``,
     ``z ~ N(0, 1)``, ``sigma_eps^2 = 0.1``."""
     return _latent_gt(
-        "depeweg", np.random.default_rng(check_seed(seed)), sizes, _depeweg_x,
+        "depeweg",
+        np.random.default_rng(check_seed(seed)),
+        sizes,
+        _depeweg_x,
         standardize,
         "y = 7 sin(x) + 3 |cos(x/2)| z + eps, z ~ N(0, 1), eps ~ N(0, 0.1)",
-    )  # fmt: skip
+    )
 
 
 @register("bimodal", "synthetic", "NCAI App. G: 10 sin x if z > 0 else 10 cos x, 750/250/250")
@@ -147,11 +155,13 @@ def bimodal(seed: int = 0, standardize: bool = False, sizes=(750, 250, 250)) -> 
     """Bimodal (App. G.3): ``x ~ Exp(rate 2) - 0.5`` clipped to ``[-0.5, 2]``, ``z ~ N(0, 0.1)``,
     ``sigma_eps^2 = 1``."""
     return _latent_gt(
-        "bimodal", np.random.default_rng(check_seed(seed)), sizes,
+        "bimodal",
+        np.random.default_rng(check_seed(seed)),
+        sizes,
         lambda rng, n: np.clip(rng.exponential(1.0 / 2.0, n) - 0.5, -0.5, 2.0),
         standardize,
         "y = 10 sin(x) if z > 0 else 10 cos(x), plus eps; z ~ N(0, 0.1), eps ~ N(0, 1)",
-    )  # fmt: skip
+    )
 
 
 def _heteroscedastic(name, seed, sizes, standardize, description) -> Dataset:
@@ -211,9 +221,8 @@ PROCESSES: dict[str, LatentProcess | HeteroscedasticProcess] = {
 def goldberg(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dataset:
     """Goldberg et al. (1998): ``y = 2 sin(2 pi x) + eps``, ``eps ~ N(0, x + 0.5)``, ``x ~ U[0, 1]``."""
     return _heteroscedastic(
-        "goldberg", seed, sizes, standardize,
-        "y = 2 sin(2 pi x) + eps, eps ~ N(0, x + 0.5), x ~ U[0, 1]",
-    )  # fmt: skip
+        "goldberg", seed, sizes, standardize, "y = 2 sin(2 pi x) + eps, eps ~ N(0, x + 0.5), x ~ U[0, 1]"
+    )
 
 
 @register("yuan", "synthetic", "NCAI App. G: Yuan & Wahba (2004), 200/200/200")
@@ -223,9 +232,12 @@ def yuan(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) -> Dat
     arXiv:1911.00569). Yuan & Wahba's own mean may be ``2 [exp(-30 (x - 0.25)^2) + sin(pi x^2)]
     - 2`` (a second hump near ``x = 0.7``); we follow the paper we reproduce."""
     return _heteroscedastic(
-        "yuan", seed, sizes, standardize,
+        "yuan",
+        seed,
+        sizes,
+        standardize,
         "y = 2 exp(-30 (x-0.25)^2 + sin(pi x^2)) - 2 + eps, eps ~ N(0, exp(sin 2 pi x))",
-    )  # fmt: skip
+    )
 
 
 @register("williams", "synthetic", "NCAI App. G: Williams (1996), 200/200/200")
@@ -233,9 +245,8 @@ def williams(seed: int = 0, standardize: bool = False, sizes=(200, 200, 200)) ->
     """Williams (1996): ``y = sin(2.5 x) sin(1.5 x) + eps``, ``eps ~ N(0, 0.01 + 0.25 (1 - sin(2.5 x))^2)``,
     ``x ~ U[0, 1]`` (the interval App. G states)."""
     return _heteroscedastic(
-        "williams", seed, sizes, standardize,
-        "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)",
-    )  # fmt: skip
+        "williams", seed, sizes, standardize, "y = sin(2.5x) sin(1.5x) + eps, eps ~ N(0, 0.01 + 0.25 (1 - sin 2.5x)^2)"
+    )
 
 
 def _two_intervals(rng, n, a, b):
@@ -245,9 +256,7 @@ def _two_intervals(rng, n, a, b):
 
 
 @register("cosine", "synthetic", "HyVI sec. 4.1: cos(4(x+0.2)) on [-1,-0.5]U[0.5,1], OOD box [-4,2]")
-def cosine(
-    seed: int = 0, standardize: bool = False, sizes=(120, 60, 120), num_ood: int = 1000
-) -> Dataset:
+def cosine(seed: int = 0, standardize: bool = False, sizes=(120, 60, 120), num_ood: int = 1000) -> Dataset:
     """Cosine toy (HyVI sec. 4.1): 120 training pairs, ``x ~ U([-1, -0.5] U [0.5, 1])``,
     ``y = cos(4 (x + 0.2)) + eps``, ``eps ~ N(0, 0.1^2)``. Validation (60) and test (120) points
     come from the same distribution; ``extras["x_ood"]`` holds ``num_ood`` inputs uniform on the
@@ -258,9 +267,12 @@ def cosine(
     ys = [np.cos(4 * (x + 0.2)) + 0.1 * rng.normal(size=len(x)) for x in xs]
     extras = {"x_ood": rng.uniform(-4.0, 2.0, check_int(num_ood, "num_ood", minimum=0)), "noise_std": np.array(0.1)}
     return make_dataset(
-        "cosine", _splits(xs, ys), standardize=standardize, extras=extras,
+        "cosine",
+        _splits(xs, ys),
+        standardize=standardize,
+        extras=extras,
         description="y = cos(4 (x + 0.2)) + N(0, 0.1^2), x in [-1,-0.5] U [0.5,1]; OOD x in [-4, 2]",
-    )  # fmt: skip
+    )
 
 
 @register("clusters", "synthetic", "In-between sec. 3: sin(4x) on two clusters [-1,-0.5], [0.5,1]")
@@ -274,12 +286,11 @@ def clusters(seed: int = 0, standardize: bool = False, sizes=(100, 50, 100)) -> 
     xs = [_two_intervals(rng, n, (-1.0, -0.5), (0.5, 1.0)) for n in sizes]
     ys = [np.sin(4 * x) + 0.1 * rng.normal(size=len(x)) for x in xs]
     x_gap = rng.uniform(-0.5, 0.5, 100)
-    extras = {
-        "x_gap": x_gap,
-        "y_gap": np.sin(4 * x_gap) + 0.1 * rng.normal(size=100),
-        "noise_std": np.array(0.1),
-    }
+    extras = {"x_gap": x_gap, "y_gap": np.sin(4 * x_gap) + 0.1 * rng.normal(size=100), "noise_std": np.array(0.1)}
     return make_dataset(
-        "clusters", _splits(xs, ys), standardize=standardize, extras=extras,
+        "clusters",
+        _splits(xs, ys),
+        standardize=standardize,
+        extras=extras,
         description="y = sin(4x) + N(0, 0.1^2), x in two clusters [-1,-0.5] and [0.5,1]",
-    )  # fmt: skip
+    )

@@ -3,6 +3,7 @@ network start and small initial scales); full-covariance VI is
 ``AutoMultivariateNormal``; this package adds what Pyro does not have: the implicit hypernetwork
 guide (``hypernet``), the sampled-Laplace guide (re-exported from ``infer.laplace_guide``) and NCAI
 initialisation (``ncai``)."""
+
 from .hypernet import HypernetGuide, ImplicitSample, hypernet_lv_guide
 from .init import init_to_network
 from .mean_field import MeanField

@@ -94,8 +94,9 @@ def _check_hidden_sizes(value: object) -> tuple[int, ...]:
     return tuple(as_positive_int(h, f"hidden_sizes[{i}]") for i, h in enumerate(value))
 
 
-def _hypernet(noise_dim: int, hidden_sizes: Sequence[int], out_dim: int,
-              activation: Callable[[], nn.Module]) -> nn.Sequential:  # fmt: skip
+def _hypernet(
+    noise_dim: int, hidden_sizes: Sequence[int], out_dim: int, activation: Callable[[], nn.Module]
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = noise_dim
     for h in hidden_sizes:
@@ -150,13 +151,13 @@ class HypernetGuide(AutoGuide):
         if not callable(model):
             raise TypeError(f"model must be a Pyro model (callable), got {type(model).__name__}")
         if not callable(init_loc_fn):
-            raise TypeError(f"init_loc_fn must be a Pyro init function site -> value, "
-                            f"got {type(init_loc_fn).__name__}")  # fmt: skip
+            raise TypeError(f"init_loc_fn must be a Pyro init function site -> value, got {type(init_loc_fn).__name__}")
         if isinstance(activation, str):
             activation = _torch_activation(activation)
         elif not callable(activation):
-            raise TypeError(f"activation must be a torch.nn module class (e.g. nn.ReLU) or its name ('ReLU'), "
-                            f"got {activation!r}")  # fmt: skip
+            raise TypeError(
+                f"activation must be a torch.nn module class (e.g. nn.ReLU) or its name ('ReLU'), got {activation!r}"
+            )
         super().__init__(InitMessenger(init_loc_fn)(model))  # as Pyro's AutoNormal does
         self.noise_dim = noise_dim
         self.hidden_sizes = hidden_sizes
@@ -171,10 +172,16 @@ class HypernetGuide(AutoGuide):
         same architecture. A custom activation outside ``torch.nn`` cannot be named and raises."""
         act = self.activation
         if not (isinstance(act, type) and getattr(nn, act.__name__, None) is act):
-            raise ValueError(f"activation {act!r} is not a torch.nn class, so it cannot be saved by name; "
-                             "use a torch.nn activation (e.g. nn.ReLU) to save this guide")  # fmt: skip
-        return dict(noise_dim=self.noise_dim, hidden_sizes=list(self.hidden_sizes),
-                    activation=act.__name__, init_scale=self.init_scale)  # fmt: skip
+            raise ValueError(
+                f"activation {act!r} is not a torch.nn class, so it cannot be saved by name; "
+                "use a torch.nn activation (e.g. nn.ReLU) to save this guide"
+            )
+        return dict(
+            noise_dim=self.noise_dim,
+            hidden_sizes=list(self.hidden_sizes),
+            activation=act.__name__,
+            init_scale=self.init_scale,
+        )
 
     # -- set-up ------------------------------------------------------------------------------------
     def _setup_prototype(self, *args, **kwargs) -> None:
@@ -196,8 +203,7 @@ class HypernetGuide(AutoGuide):
             while isinstance(support, dist.constraints.independent):
                 support = support.base_constraint
             if support is not dist.constraints.real:
-                raise ValueError(f"HypernetGuide needs real-valued sites; {name!r} has support "
-                                 f"{site['fn'].support}")  # fmt: skip
+                raise ValueError(f"HypernetGuide needs real-valued sites; {name!r} has support {site['fn'].support}")
             value = site["value"].detach()
             self._sites[name] = (value.shape, value.numel())
             inits.append(value.reshape(-1))
@@ -205,8 +211,10 @@ class HypernetGuide(AutoGuide):
             raise ValueError("the model has no latent sites for the HypernetGuide")
         dtypes = {v.dtype for v in inits}
         if len(dtypes) > 1:
-            raise ValueError(f"HypernetGuide generates all sites with one network; the sites have dtypes "
-                             f"{sorted(map(str, dtypes))}: convert the model to one dtype (e.g. model.double())")  # fmt: skip
+            raise ValueError(
+                f"HypernetGuide generates all sites with one network; the sites have dtypes "
+                f"{sorted(map(str, dtypes))}: convert the model to one dtype (e.g. model.double())"
+            )
         like = inits[0]  # the hypernet, its noise and its output follow the model's dtype and device
         out_dim = sum(n for _, n in self._sites.values())
         net = _hypernet(self.noise_dim, self.hidden_sizes, out_dim, self.activation)

@@ -42,10 +42,7 @@ def check_init_scale(value: object, name: str = "init_scale") -> float:
 
 
 def init_to_network(
-    model: torch.nn.Module,
-    seed: int = 0,
-    weights: Tensor | None = None,
-    fallback: Callable | None = init_to_feasible,
+    model: torch.nn.Module, seed: int = 0, weights: Tensor | None = None, fallback: Callable | None = init_to_feasible
 ) -> Callable:
     """An ``init_loc_fn`` for autoguides: site ``"w"`` starts at ``weights`` or at
     ``model.net.init_weights`` drawn with ``seed`` (an integer in ``[0, 2**32)``; ``None``: from
@@ -62,8 +59,9 @@ def init_to_network(
         weights = net.init_weights(None if seed is None else torch.Generator().manual_seed(seed))
     else:
         if not isinstance(weights, Tensor):
-            raise TypeError(f"weights must be a tensor of {net.num_weights} weights (or None), "
-                            f"got {type(weights).__name__}")  # fmt: skip
+            raise TypeError(
+                f"weights must be a tensor of {net.num_weights} weights (or None), got {type(weights).__name__}"
+            )
         net.check_weights(weights, "weights")
         if not torch.isfinite(weights).all():
             raise ValueError("weights contains NaN or infinite values")

@@ -78,16 +78,16 @@ class MeanField(AutoNormal):
         if not callable(model):
             raise TypeError(f"model must be a Pyro model (callable), got {type(model).__name__}")
         if init_loc_fn is not None and not callable(init_loc_fn):
-            raise TypeError(f"init_loc_fn must be a Pyro init function site -> value (or None), "
-                            f"got {type(init_loc_fn).__name__}")  # fmt: skip
+            raise TypeError(
+                f"init_loc_fn must be a Pyro init function site -> value (or None), got {type(init_loc_fn).__name__}"
+            )
         if init_loc_fn is None:
             has_net = isinstance(getattr(model, "net", None), FlatNet)
             init_loc_fn = init_to_network(model, seed=seed) if has_net else init_to_feasible
         if create_plates is None:
             create_plates = getattr(model, "create_plates", None)
         self.seed = seed
-        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale,
-                         create_plates=create_plates)  # fmt: skip
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=init_scale, create_plates=create_plates)
         own_param_names(self)
 
     def extra_repr(self) -> str:

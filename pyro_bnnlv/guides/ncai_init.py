@@ -53,8 +53,9 @@ def _ncai_seed(seed: object) -> int:
 
 def _check_targets(y: object) -> None:
     if y is None:
-        raise TypeError("y must be a tensor of targets: the NCAI initialisation trains a deterministic "
-                        "network on (x, y), got None")  # fmt: skip
+        raise TypeError(
+            "y must be a tensor of targets: the NCAI initialisation trains a deterministic network on (x, y), got None"
+        )
 
 
 def _deterministic_twin(model: BNNLV) -> tuple[BNN, Tensor]:
@@ -90,8 +91,9 @@ def ncai_init_weights(
     latent_weight_scale = check_real(latent_weight_scale, "latent_weight_scale", nonnegative=True, allow_none=True)
     model.check_data(x, y)
     twin, keep = _deterministic_twin(model)
-    w_twin = train_map(twin, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size,
-                       use_prior=False, seed=seed, progress=progress)  # fmt: skip
+    w_twin = train_map(
+        twin, x, y, num_steps=num_steps, lr=lr, batch_size=batch_size, use_prior=False, seed=seed, progress=progress
+    )
     if latent_weight_scale is None:
         fan_in, fan_out = model.net.layers[0][:2]
         latent_weight_scale = math.sqrt(2.0 / (fan_in + fan_out))
@@ -101,8 +103,7 @@ def ncai_init_weights(
     return w
 
 
-def ncai_init_loc_fn(model: BNNLV, x: Tensor, y: Tensor, *, z_init: str = "prior", seed: int = 0,
-                     **kwargs) -> Callable:  # fmt: skip
+def ncai_init_loc_fn(model: BNNLV, x: Tensor, y: Tensor, *, z_init: str = "prior", seed: int = 0, **kwargs) -> Callable:
     """``init_loc_fn`` for NCAI step 1: ``"w"`` from :func:`ncai_init_weights`; ``"z"`` drawn from
     the prior ``N(0, latent_scale^2)`` (``z_init="prior"``, seeded) or 0 (``"zero"``)."""
     if z_init not in ("prior", "zero"):

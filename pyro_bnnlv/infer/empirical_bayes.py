@@ -61,15 +61,13 @@ class EmpiricalBayes:
     all ``P`` entries equal to :attr:`prior_scale`.
     """
 
-    def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5,
-                 update_latent: bool = True):  # fmt: skip
+    def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5, update_latent: bool = True):
         every = check_int(every, "every")
         alpha, beta = check_real(alpha, "alpha"), check_real(beta, "beta")
         if alpha <= 1 or beta <= 0:
             raise ValueError(f"need alpha > 1 and beta > 0, got alpha={alpha}, beta={beta}")
         if not hasattr(model, "prior_scale"):
-            raise TypeError(f"model must have a prior_scale to update (pb.BNN, pb.BNNLV), "
-                            f"got {type(model).__name__}")  # fmt: skip
+            raise TypeError(f"model must have a prior_scale to update (pb.BNN, pb.BNNLV), got {type(model).__name__}")
         self.model, self.guide, self.every = model, guide, every
         self.alpha, self.beta = alpha, beta
         self.update_latent = bool(update_latent)
@@ -103,7 +101,7 @@ class EmpiricalBayes:
         if locs is None or scales is None or not hasattr(locs, "w"):
             raise TypeError(
                 f"EmpiricalBayes needs a mean-field guide with locs.w and scales.w (pb.MeanField or "
-                f"AutoNormal over the model's \"w\"), got {type(guide).__name__}"
+                f'AutoNormal over the model\'s "w"), got {type(guide).__name__}'
             )
         return locs, scales
 
@@ -126,8 +124,10 @@ class EmpiricalBayes:
 
     def __repr__(self) -> str:
         latent = "" if self.latent_scale is None else f", latent_scale={self.latent_scale:.4g}"
-        return (f"EmpiricalBayes(prior_scale={self.prior_scale:.4g}{latent}, "
-                f"updates={len(self.history)}, every={self.every})")
+        return (
+            f"EmpiricalBayes(prior_scale={self.prior_scale:.4g}{latent}, "
+            f"updates={len(self.history)}, every={self.every})"
+        )
 
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every == 0:

@@ -112,8 +112,13 @@ class _PlateauStopper:
         # relative threshold counts a slightly worse negative loss as progress (best * (1 - 1e-4)
         # lies above a negative best), so a negative ELBO loss would never decay
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=schedule.factor, patience=schedule.patience,
-            threshold=0.0, threshold_mode="abs")  # fmt: skip
+            optimizer,
+            mode="min",
+            factor=schedule.factor,
+            patience=schedule.patience,
+            threshold=0.0,
+            threshold_mode="abs",
+        )
         self.losses: list[float] = []
 
     def done(self, value: float) -> bool:
@@ -140,8 +145,11 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.value = step, value
 
 
-_INVALID_PARAMETER = re.compile(r"Expected parameter (\w+) .*? of distribution (\w+).*?to satisfy the "
-                                r"constraint (.*?), but found invalid values", re.DOTALL)  # fmt: skip
+_INVALID_PARAMETER = re.compile(
+    r"Expected parameter (\w+) .*? of distribution (\w+).*?to satisfy the "
+    r"constraint (.*?), but found invalid values",
+    re.DOTALL,
+)
 
 
 def _invalid_parameter(err: ValueError) -> str | None:
@@ -173,8 +181,14 @@ class _Restart:
         self.steps_taken = getattr(loss, "steps_taken", None)
         self.params: list[tuple[Tensor, Tensor]] = []
 
-    def record(self, params: list[Tensor], optimizer: torch.optim.Optimizer, stopper: _PlateauStopper | None,
-               model: object, guide: object) -> None:  # fmt: skip
+    def record(
+        self,
+        params: list[Tensor],
+        optimizer: torch.optim.Optimizer,
+        stopper: _PlateauStopper | None,
+        model: object,
+        guide: object,
+    ) -> None:
         """After step 0's loss, before its update: the initial parameters and optimiser state."""
         self.params = [(p, p.detach().clone()) for p in params]
         self.optimizer, self.optimizer_state = optimizer, copy.deepcopy(optimizer.state_dict())
@@ -197,7 +211,7 @@ class _Restart:
         pyro.util.set_rng_state(self.rng)
         history.clear()
         if isinstance(getattr(loss, "history", None), list):
-            del loss.history[self.loss_records:]
+            del loss.history[self.loss_records :]
         if self.steps_taken is not None:
             loss.steps_taken = self.steps_taken
         return 0
@@ -312,8 +326,14 @@ def _reemit(held: list[warnings.WarningMessage]) -> None:
         namespace = vars(module) if module is not None else None
         try:
             registry = None if namespace is None else namespace.setdefault("__warningregistry__", {})
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=registry,
-                                   module=None if module is None else module.__name__)  # fmt: skip
+            warnings.warn_explicit(
+                w.message,
+                w.category,
+                w.filename,
+                w.lineno,
+                registry=registry,
+                module=None if module is None else module.__name__,
+            )
         except Warning as raised:  # an "error" filter
             raised.add_note(f"raised while tracing, at {w.filename}:{w.lineno}")
             raise
@@ -336,8 +356,9 @@ def adam(params: list[Tensor], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=fused or None)
 
 
-def _plateau_stopper(schedule: PlateauSchedule | None, optimizer: torch.optim.Optimizer, n: int,
-                     batch_size: int | None) -> _PlateauStopper | None:  # fmt: skip
+def _plateau_stopper(
+    schedule: PlateauSchedule | None, optimizer: torch.optim.Optimizer, n: int, batch_size: int | None
+) -> _PlateauStopper | None:
     """The schedule's stopper over ``optimizer`` (``None`` without a schedule); an epoch is
     ``schedule.steps_per_epoch`` steps, by default one pass over the ``n`` points."""
     if schedule is None:
@@ -346,9 +367,19 @@ def _plateau_stopper(schedule: PlateauSchedule | None, optimizer: torch.optim.Op
     return _PlateauStopper(schedule, optimizer, per_epoch)
 
 
-def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor | None, num_steps: int,
-                         lr: float, batch_size: int | None, seed: int | None, callback: Callable | None,
-                         model_kwargs: dict | None, lr_schedule: PlateauSchedule | None) -> tuple[float, int | None]:  # fmt: skip
+def _check_fit_arguments(
+    model: Callable,
+    guide: Callable,
+    x: Tensor,
+    y: Tensor | None,
+    num_steps: int,
+    lr: float,
+    batch_size: int | None,
+    seed: int | None,
+    callback: Callable | None,
+    model_kwargs: dict | None,
+    lr_schedule: PlateauSchedule | None,
+) -> tuple[float, int | None]:
     """:func:`fit_svi`'s argument checks, before anything runs (errors name the argument and the
     fix; the model's own ``check_data`` before Pyro's trace appends its shape tables); returns the
     checked ``(lr, seed)``."""
@@ -356,11 +387,11 @@ def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor 
     check_int(batch_size, "batch_size", allow_none=True)
     lr = check_real(lr, "lr", positive=True)
     seed = check_seed(seed)
-    for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"),
-                              ("guide", guide, "pb.MeanField(model)")):  # fmt: skip
+    for name, fn, example in (("model", model, "pb.BNN(pb.MLP(1, [50], 1))"), ("guide", guide, "pb.MeanField(model)")):
         if not callable(fn):
-            raise TypeError(f"{name} must be a Pyro callable {name}(x, y, ...), e.g. {example}; "
-                            f"got {type(fn).__name__}")  # fmt: skip
+            raise TypeError(
+                f"{name} must be a Pyro callable {name}(x, y, ...), e.g. {example}; got {type(fn).__name__}"
+            )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable as callback(step, loss) (or None), got {type(callback).__name__}")
     check = getattr(model, "check_data", None)
@@ -374,8 +405,16 @@ def _check_fit_arguments(model: Callable, guide: Callable, x: Tensor, y: Tensor 
     return lr, seed
 
 
-def _guarded_step(guard: JitGuard, loss: ELBO, step: int, params: list[Tensor], model: Callable, guide: Callable,
-                  args: tuple, kwargs: dict) -> tuple[ELBO, float]:  # fmt: skip
+def _guarded_step(
+    guard: JitGuard,
+    loss: ELBO,
+    step: int,
+    params: list[Tensor],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> tuple[ELBO, float]:
     """One :meth:`JitGuard.step`; a distribution refusing a parameter the updates broke (its
     ``ValueError``) becomes :class:`NonFiniteLossError` naming the step and the parameter."""
     try:
@@ -387,8 +426,9 @@ def _guarded_step(guard: JitGuard, loss: ELBO, step: int, params: list[Tensor], 
         raise NonFiniteLossError(step, math.nan, detail) from err
 
 
-def _stop_requested(callback: Callable[[int, float], None] | None, stopper: _PlateauStopper | None, step: int,
-                    value: float) -> bool:  # fmt: skip
+def _stop_requested(
+    callback: Callable[[int, float], None] | None, stopper: _PlateauStopper | None, step: int, value: float
+) -> bool:
     """Whether :func:`fit_svi` ends after ``step``: the callback raised ``StopIteration``, or else
     the plateau schedule's learning rate is spent."""
     if callback is not None:
@@ -447,8 +487,9 @@ def fit_svi(
         NonFiniteLossError: training diverged (a NaN/inf loss, or a distribution parameter made
             invalid by the updates); the message names the step.
     """
-    lr, seed = _check_fit_arguments(model, guide, x, y, num_steps, lr, batch_size, seed, callback, model_kwargs,
-                                    lr_schedule)  # fmt: skip
+    lr, seed = _check_fit_arguments(
+        model, guide, x, y, num_steps, lr, batch_size, seed, callback, model_kwargs, lr_schedule
+    )
     set_seed(seed)
     loss = _default_loss(model, guide) if loss is None else loss
     forget_compiled(loss)
@@ -541,12 +582,15 @@ def train_map(
         w0 = net.init_weights(torch.Generator().manual_seed(0 if seed is None else seed))
     else:
         if not isinstance(init, Tensor):
-            raise TypeError(f"init must be a tensor of {net.num_weights} starting weights (or None), "
-                            f"got {type(init).__name__}")  # fmt: skip
+            raise TypeError(
+                f"init must be a tensor of {net.num_weights} starting weights (or None), got {type(init).__name__}"
+            )
         net.check_weights(init, "init")
         if not bool(torch.isfinite(init.detach()).all()):
-            raise ValueError("init contains NaN or infinite values: pass finite starting weights "
-                             "(or init=None for the network's default initialisation)")  # fmt: skip
+            raise ValueError(
+                "init contains NaN or infinite values: pass finite starting weights "
+                "(or init=None for the network's default initialisation)"
+            )
         w0 = init.detach().clone()
     w = torch.nn.Parameter(w0.to(x.dtype))
     learn_noise = bool(getattr(model, "learn_noise", False))
@@ -558,8 +602,9 @@ def train_map(
     for step in tqdm(range(num_steps), disable=not progress, desc="MAP", leave=False):
         idx = None if batch_size is None else torch.randint(N, (batch_size,))
         xb, yb = (x, y2) if idx is None else (x[idx], y2[idx])
-        obj = map_objective(model, w, xb, yb, N, use_prior=use_prior,
-                            noise_scale=log_sigma.exp() if learn_noise else None)  # fmt: skip
+        obj = map_objective(
+            model, w, xb, yb, N, use_prior=use_prior, noise_scale=log_sigma.exp() if learn_noise else None
+        )
         opt.zero_grad()
         obj.backward()
         opt.step()
@@ -571,8 +616,15 @@ def train_map(
     return w.detach()
 
 
-def map_objective(model: torch.nn.Module, w: Tensor, x: Tensor, y: Tensor, n_total: int,
-                  use_prior: bool = True, noise_scale: Tensor | None = None) -> Tensor:  # fmt: skip
+def map_objective(
+    model: torch.nn.Module,
+    w: Tensor,
+    x: Tensor,
+    y: Tensor,
+    n_total: int,
+    use_prior: bool = True,
+    noise_scale: Tensor | None = None,
+) -> Tensor:
     """Minibatch estimate of ``-(log p(y | x, w) + log p(w)) / N`` up to constants.
 
     ``0.5 ||(y - f(x; w)) / sigma||^2 (N / B) + 0.5 ||(w - m) / s||^2``, divided by ``N``, for a

@@ -1,5 +1,6 @@
 """Pyro models: BNN (``bnn``), BNN+LV (``bnnlv``), the over-parametrised linear model (``linear``)
 and the projected BNN (``projected``)."""
+
 from .bnn import BNN, fan_in_prior_scale
 from .bnnlv import BNNLV
 from .projected import ProjectedBNN

@@ -73,14 +73,17 @@ def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None
     strings, bools and other non-numbers are refused naming ``name``, as are NaN, infinite and
     non-positive entries."""
     is_bool = isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_))
+        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_)
+    )
     if is_bool or isinstance(value, (str, bytes)):
         raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
     try:
         t = torch.as_tensor(value, dtype=torch.get_default_dtype()).clone()
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r} "
-                                f"of type {type(value).__name__} ({err})") from None  # fmt: skip
+        raise ArgumentTypeError(
+            f"{name} must be a positive number (or a tensor of them), got {value!r} "
+            f"of type {type(value).__name__} ({err})"
+        ) from None
     if not torch.isfinite(t).all() or (t <= 0).any():
         raise ValueError(f"{name} must be positive and finite, got {value!r}")
     if shape is not None and t.dim() > 0 and t.shape != shape:
@@ -93,6 +96,7 @@ def as_tensor_args(x: Any, w: Any, dtype: torch.dtype) -> tuple[Any, Tensor]:
     argument's dtype when that one is a floating tensor, else of ``dtype`` (the model's); a
     tensor (or ``None`` for ``x``) is returned as is; anything else is a ``TypeError`` naming
     the argument."""
+
     def convert(value: Any, name: str, other: Any) -> Any:
         if isinstance(value, np.ndarray):
             like = other.dtype if isinstance(other, Tensor) and other.is_floating_point() else dtype
@@ -104,8 +108,9 @@ def as_tensor_args(x: Any, w: Any, dtype: torch.dtype) -> tuple[Any, Tensor]:
     return convert(x, "x", w), convert(w, "w", x)
 
 
-def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int,
-             likelihood: Likelihood | None = None) -> None:  # fmt: skip
+def check_xy(
+    x: Tensor, y: Tensor | None, in_features: int, out_features: int, likelihood: Likelihood | None = None
+) -> None:
     """Validate data: finite ``x (N, in_features)``; for regression ``y (N, out_features)``, or
     ``(N,)`` when ``out_features`` is 1; for a classification ``likelihood`` the labels it takes
     (:meth:`~pyro_bnnlv.models.likelihoods.Likelihood.check_targets`); ``ValueError`` naming the
@@ -113,10 +118,7 @@ def check_xy(x: Tensor, y: Tensor | None, in_features: int, out_features: int,
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != in_features:
-        raise ValueError(
-            f"x must have shape (N, {in_features}) (in_features={in_features}); "
-            f"got {tuple(x.shape)}"
-        )
+        raise ValueError(f"x must have shape (N, {in_features}) (in_features={in_features}); got {tuple(x.shape)}")
     if x.shape[0] == 0:
         raise ValueError("x has 0 rows: the data must have at least one point")
     if not torch.isfinite(x).all():
@@ -182,8 +184,10 @@ class BNN(PyroModule):
         self.register_buffer("prior_scale", scale)
         if self.likelihood.classification:
             if noise_scale is not None or learn_noise:
-                raise ValueError(f"the {self.likelihood.name} likelihood has no observation noise: leave out "
-                                 f"noise_scale and learn_noise")  # fmt: skip
+                raise ValueError(
+                    f"the {self.likelihood.name} likelihood has no observation noise: leave out "
+                    f"noise_scale and learn_noise"
+                )
             self.learn_noise = False
             return
         if noise_scale is None:
@@ -216,8 +220,9 @@ class BNN(PyroModule):
         if "noise_scale" in buffers:
             return buffers["noise_scale"]
         if getattr(self, "likelihood", None) is not None and self.likelihood.classification:
-            raise AttributeError(f"a {self.likelihood.name} {type(self).__name__} has no noise_scale "
-                                 f"(no observation noise)")  # fmt: skip
+            raise AttributeError(
+                f"a {self.likelihood.name} {type(self).__name__} has no noise_scale (no observation noise)"
+            )
         raise AttributeError(f"{type(self).__name__} has no noise_scale yet")
 
     def extra_repr(self) -> str:

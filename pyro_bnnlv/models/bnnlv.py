@@ -60,8 +60,7 @@ class BNNLV(BNN):
         noise_scale: float | Tensor = 0.1,
         learn_noise: bool = False,
     ) -> None:
-        super().__init__(net, prior_scale=prior_scale, noise_scale=noise_scale,
-                         learn_noise=learn_noise)  # fmt: skip
+        super().__init__(net, prior_scale=prior_scale, noise_scale=noise_scale, learn_noise=learn_noise)
         latent_dim = as_positive_int(latent_dim, "latent_dim")
         if net.in_features <= latent_dim:
             raise ValueError(
@@ -103,11 +102,7 @@ class BNNLV(BNN):
         return torch.cat([x.expand(*z.shape[:-1], x.shape[-1]), z], dim=-1)
 
     def predictive_components(
-        self,
-        x: Tensor,
-        samples: dict[str, Tensor],
-        generator: torch.Generator | None = None,
-        latent_draws: int = 1,
+        self, x: Tensor, samples: dict[str, Tensor], generator: torch.Generator | None = None, latent_draws: int = 1
     ) -> tuple[Tensor, Tensor]:
         r"""Posterior-predictive mixture components at new inputs (eq. 3, eq. 34).
 
@@ -158,8 +153,9 @@ class BNNLV(BNN):
         ``sites=("w", "z")``); used for the reconstruction MSE (eq. 33).
         """
         if "z" not in samples:
-            raise ValueError("samples has no 'z': draw it with pb.sample_posterior(model, guide, x, "
-                             "y, sites=('w', 'z'))")  # fmt: skip
+            raise ValueError(
+                "samples has no 'z': draw it with pb.sample_posterior(model, guide, x, y, sites=('w', 'z'))"
+            )
         w, z = samples["w"], samples["z"]
         expected = (w.shape[0], x.shape[0], self.latent_dim)
         if w.dim() != 2 or tuple(z.shape) != expected:
@@ -201,9 +197,15 @@ class BNNLV(BNN):
         mlp = mlp_of(self.net)  # an MLP, or a ModuleNet's equivalent MLP (same weights)
         if mlp is not None:
             return mlp_regression_potential(
-                mlp, x, y, prior_loc=self.prior_loc, prior_scale=self.prior_scale,
-                noise_scale=sigma, latent_dim=self.latent_dim, latent_scale=self.latent_scale,
-            )  # fmt: skip
+                mlp,
+                x,
+                y,
+                prior_loc=self.prior_loc,
+                prior_scale=self.prior_scale,
+                noise_scale=sigma,
+                latent_dim=self.latent_dim,
+                latent_scale=self.latent_scale,
+            )
         N, K = x.shape[0], self.latent_dim
         loc, scale = self.prior_loc.detach(), self.prior_scale.detach()
         zscale = self.latent_scale.detach()
@@ -212,17 +214,17 @@ class BNNLV(BNN):
         def log_density(p: dict[str, Tensor]) -> Tensor:
             w, z = p["w"], p["z"]
             f = self.net(self.network_input(x, z), w).reshape(N, -1)
-            return (normal(f, sigma).log_prob(y.reshape(N, -1)).sum()
-                    + normal(loc, scale).log_prob(w).sum()
-                    + normal(0.0, zscale).log_prob(z).sum())  # fmt: skip
+            return (
+                normal(f, sigma).log_prob(y.reshape(N, -1)).sum()
+                + normal(loc, scale).log_prob(w).sum()
+                + normal(0.0, zscale).log_prob(z).sum()
+            )
 
-        return FlatPotential.from_log_density({"w": (self.net.num_weights,), "z": (N, K)},
-                                              log_density)  # fmt: skip
+        return FlatPotential.from_log_density({"w": (self.net.num_weights,), "z": (N, K)}, log_density)
 
     def config(self) -> dict:
         return dict(super().config(), latent_dim=self.latent_dim)
 
     @classmethod
     def from_config(cls, config: dict) -> "BNNLV":
-        return cls(MLP(**config["net"]), latent_dim=config["latent_dim"],
-                   learn_noise=config["learn_noise"])  # fmt: skip
+        return cls(MLP(**config["net"]), latent_dim=config["latent_dim"], learn_noise=config["learn_noise"])

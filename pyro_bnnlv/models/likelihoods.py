@@ -108,8 +108,10 @@ class Categorical(Likelihood):
 
     def check_targets(self, y: Tensor, out_features: int) -> None:
         if y.dim() != 1:
-            raise ValueError(f"y must be a vector of class labels (N,) for the categorical likelihood; got shape "
-                             f"{tuple(y.shape)} (one-hot targets: y = y_onehot.argmax(-1))")  # fmt: skip
+            raise ValueError(
+                f"y must be a vector of class labels (N,) for the categorical likelihood; got shape "
+                f"{tuple(y.shape)} (one-hot targets: y = y_onehot.argmax(-1))"
+            )
         _check_labels(y, out_features, "categorical")
 
     def observed(self, y: Tensor | None, out_features: int) -> Tensor | None:
@@ -149,12 +151,15 @@ class Bernoulli(Likelihood):
         if y.dim() == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.dim() != 1:
-            raise ValueError(f"y must be a vector of 0/1 labels (N,) for the bernoulli likelihood; got shape "
-                             f"{tuple(y.shape)}")  # fmt: skip
+            raise ValueError(
+                f"y must be a vector of 0/1 labels (N,) for the bernoulli likelihood; got shape {tuple(y.shape)}"
+            )
         if y.is_floating_point():
             if not bool(((y == 0) | (y == 1)).all()):
-                raise ValueError("y must hold 0/1 labels for the bernoulli likelihood; it has other values "
-                                 "(for real-valued targets use likelihood='gaussian')")  # fmt: skip
+                raise ValueError(
+                    "y must hold 0/1 labels for the bernoulli likelihood; it has other values "
+                    "(for real-valued targets use likelihood='gaussian')"
+                )
             return
         _check_labels(y, 2, "bernoulli")
 

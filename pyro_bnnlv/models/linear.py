@@ -24,7 +24,6 @@ are compared with them, and Fig. 1-2 drawn, in :mod:`pyro_bnnlv.reproduce.invari
 construction for neural networks is :mod:`pyro_bnnlv.stats.invariance_gap`.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -158,9 +157,7 @@ class OverparametrisedLinear(PyroModule):
 
     def prior(self) -> Gaussian:
         """The weight prior as a float64 :class:`Gaussian` (for the closed forms)."""
-        return Gaussian(
-            self.prior_loc.to(DTYPE), torch.diag(self.weight_prior_scale.to(DTYPE) ** 2)
-        )
+        return Gaussian(self.prior_loc.to(DTYPE), torch.diag(self.weight_prior_scale.to(DTYPE) ** 2))
 
     def check_data(self, x: Tensor | None, y: Tensor | None = None) -> None:
         """Raise ``ValueError`` naming the argument for data the model cannot take: ``x`` of
@@ -230,9 +227,7 @@ class OverparametrisedLinear(PyroModule):
             noise_scale=float(self.noise_scale),
         )
 
-    def forward(
-        self, x: Tensor | None = None, y: Tensor | None = None, batch_size: int | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor | None = None, y: Tensor | None = None, batch_size: int | None = None) -> Tensor:
         if not torch.jit.is_tracing():  # under the JIT the checks would be frozen constants
             self.check_data(x, y)
         X = self.design_matrix(x, N=None if y is None else y.shape[0])

@@ -54,8 +54,10 @@ def mlp_of(net: Any) -> MLP | None:
         return None
     mlp = equivalent_mlp(net)
     if mlp is not None:
-        msg = (f"pyro_bnnlv: NUTS: this ModuleNet is {mlp_call(mlp)} on the same weight vector: NUTS uses "
-               f"that MLP's compiled potential ({_MODULENET_SLOWDOWN} faster than autograd through the module)")
+        msg = (
+            f"pyro_bnnlv: NUTS: this ModuleNet is {mlp_call(mlp)} on the same weight vector: NUTS uses "
+            f"that MLP's compiled potential ({_MODULENET_SLOWDOWN} faster than autograd through the module)"
+        )
         if msg not in _SAID:
             _SAID.add(msg)
             _log.info(msg)
@@ -64,10 +66,12 @@ def mlp_of(net: Any) -> MLP | None:
     _, reason = mlp_mismatch(net.module)
     if not reason:  # an MLP's module with other in/out widths than the ModuleNet's
         reason = f"its widths differ from the ModuleNet's ({net.in_features} -> {net.out_features})"
-    msg = (f"NUTS: this ModuleNet has no compiled potential ({reason}), so NUTS evaluates it by "
-           f"autograd through the module, {_MODULENET_SLOWDOWN} slower per leapfrog step than a pb.MLP; an "
-           f"nn.Sequential of biased nn.Linear layers and one activation of pb.MLP's ({MLP_ACTIVATION_MODULES}) "
-           "gets the MLP's (pb.nets.equivalent_mlp)")
+    msg = (
+        f"NUTS: this ModuleNet has no compiled potential ({reason}), so NUTS evaluates it by "
+        f"autograd through the module, {_MODULENET_SLOWDOWN} slower per leapfrog step than a pb.MLP; an "
+        f"nn.Sequential of biased nn.Linear layers and one activation of pb.MLP's ({MLP_ACTIVATION_MODULES}) "
+        "gets the MLP's (pb.nets.equivalent_mlp)"
+    )
     if msg not in _SAID:
         _SAID.add(msg)
         warnings.warn(msg, UserWarning, stacklevel=3)
@@ -148,9 +152,7 @@ class FlatPotential:
             raise ValueError(f"params lack sites {missing}; expected {list(self.sites)}")
         for k, shape in self.sites.items():
             if params[k].shape != shape:
-                raise ValueError(
-                    f"site {k!r} has shape {tuple(params[k].shape)}, expected {tuple(shape)}"
-                )
+                raise ValueError(f"site {k!r} has shape {tuple(params[k].shape)}, expected {tuple(shape)}")
         if len(self.sites) == 1:
             return params[self.names[0]].reshape(-1)
         return torch.cat([params[k].reshape(-1) for k in self.sites])
@@ -176,9 +178,7 @@ class FlatPotential:
 
     @classmethod
     def from_log_density(
-        cls,
-        sites: Mapping[str, Sequence[int]],
-        log_density: Callable[[dict[str, Tensor]], Tensor],
+        cls, sites: Mapping[str, Sequence[int]], log_density: Callable[[dict[str, Tensor]], Tensor]
     ) -> "FlatPotential":
         """A potential from ``log_density({site: value}) = log p(y, latents | x)`` (with constants).
 
@@ -210,8 +210,16 @@ class _RegressionTerms(NamedTuple):
     zprec: Tensor | None  # (K,) latent prior precision, None without latents
 
 
-def _regression_terms(net: Any, x: Tensor, y: Tensor, prior_loc: Tensor | float, prior_scale: Tensor | float,
-                      noise_scale: Tensor | float, latent_dim: int, latent_scale: Tensor | float) -> _RegressionTerms:  # fmt: skip
+def _regression_terms(
+    net: Any,
+    x: Tensor,
+    y: Tensor,
+    prior_loc: Tensor | float,
+    prior_scale: Tensor | float,
+    noise_scale: Tensor | float,
+    latent_dim: int,
+    latent_scale: Tensor | float,
+) -> _RegressionTerms:
     """:func:`mlp_regression_potential`'s argument checks and constants."""
     if not isinstance(net, MLP):
         raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
@@ -282,8 +290,9 @@ def mlp_regression_potential(
             ``False`` for the Python code.
     """
     K = latent_dim
-    Y, sigma, loc, prec, const, sites, zprec = _regression_terms(net, x, y, prior_loc, prior_scale, noise_scale,
-                                                                 latent_dim, latent_scale)  # fmt: skip
+    Y, sigma, loc, prec, const, sites, zprec = _regression_terms(
+        net, x, y, prior_loc, prior_scale, noise_scale, latent_dim, latent_scale
+    )
     dtype, N, P = x.dtype, x.shape[0], net.num_weights
     D = net.in_features - K
     has_loc = bool((loc != 0).any())
@@ -326,10 +335,18 @@ def mlp_regression_potential(
     if ext is None:
         return FlatPotential(sites, value_and_grad)
     core = ext.MLPPotential(
-        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        row.code, loc, prec, has_loc, inv_var, const, K,
+        xin,
+        Y,
+        [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
+        row.code,
+        loc,
+        prec,
+        has_loc,
+        inv_var,
+        const,
+        K,
         zprec if K else torch.ones(0, dtype=dtype),
-    )  # fmt: skip
+    )
     return FlatPotential(sites, core.value_and_grad, compiled=core)
 
 
@@ -340,8 +357,9 @@ def mlp_regression_potential(
 _LIKELIHOOD_CODES = {"gaussian": 0, "categorical": 1, "bernoulli": 2}
 
 
-def _prior_terms(P: int, dtype: torch.dtype, prior_loc: Tensor | float, prior_scale: Tensor | float
-                 ) -> tuple[Tensor, Tensor, float]:  # fmt: skip
+def _prior_terms(
+    P: int, dtype: torch.dtype, prior_loc: Tensor | float, prior_scale: Tensor | float
+) -> tuple[Tensor, Tensor, float]:
     """``(loc (P,), prec (P,), const)`` of the prior ``N(w; m, diag(s^2))``, ``const`` its
     normalising constant ``sum log s + P log sqrt(2 pi)``."""
     scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
@@ -351,8 +369,9 @@ def _prior_terms(P: int, dtype: torch.dtype, prior_loc: Tensor | float, prior_sc
     return loc, scale.pow(-2), float(scale.log().sum()) + P * _LOG_SQRT_2PI
 
 
-def _cross_entropy_head(name: str, labels: Tensor, K: int, dtype: torch.dtype
-                        ) -> tuple[Callable[[Tensor], tuple[float, Tensor]], Tensor]:  # fmt: skip
+def _cross_entropy_head(
+    name: str, labels: Tensor, K: int, dtype: torch.dtype
+) -> tuple[Callable[[Tensor], tuple[float, Tensor]], Tensor]:
     """The head ``f (N, K) -> (E, dE/df)`` of :func:`~pyro_bnnlv._mlp_kernels.mlp_loss_kernel` for
     the cross-entropy ``E = -sum_n log p(y_n | f_n)`` (``name``: ``"categorical"`` or
     ``"bernoulli"``), and the targets as an ``(N, K)`` matrix of ``dtype`` (one-hot rows;
@@ -433,8 +452,9 @@ def mlp_classification_potential(
         raise TypeError(f"net must be a pyro_bnnlv MLP, got {type(net).__name__}")
     lik = as_likelihood(likelihood)
     if not lik.classification:
-        raise ValueError(f"likelihood must be 'categorical' or 'bernoulli', got {lik.name!r} "
-                         "(regression: mlp_regression_potential)")  # fmt: skip
+        raise ValueError(
+            f"likelihood must be 'categorical' or 'bernoulli', got {lik.name!r} (regression: mlp_regression_potential)"
+        )
     dtype = x.dtype
     N, D, K, P = x.shape[0], net.in_features, net.out_features, net.num_weights
     lik.check_outputs(K)
@@ -462,7 +482,17 @@ def mlp_classification_potential(
     if ext is None:
         return FlatPotential({"w": (P,)}, value_and_grad)
     core = ext.MLPPotential(
-        xin, Y, [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        row.code, loc, prec, has_loc, 1.0, const, 0, torch.ones(0, dtype=dtype), _LIKELIHOOD_CODES[lik.name],
-    )  # fmt: skip
+        xin,
+        Y,
+        [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
+        row.code,
+        loc,
+        prec,
+        has_loc,
+        1.0,
+        const,
+        0,
+        torch.ones(0, dtype=dtype),
+        _LIKELIHOOD_CODES[lik.name],
+    )
     return FlatPotential({"w": (P,)}, core.value_and_grad, compiled=core)

@@ -115,8 +115,9 @@ class ProjectedBNN(BNN):
         if task.min() < 0 or task.max() >= self.num_tasks:
             raise ValueError(f"task indices must lie in [0, {self.num_tasks})")
 
-    def forward(self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None,
-                task: Tensor | None = None) -> Tensor:  # fmt: skip
+    def forward(
+        self, x: Tensor, y: Tensor | None = None, batch_size: int | None = None, task: Tensor | None = None
+    ) -> Tensor:
         if not torch.jit.is_tracing():
             self.check_data(x, y, task)
             self._check_dtype(x)
@@ -142,8 +143,8 @@ class ProjectedBNN(BNN):
                 f = self._plate_f(x_b, w)
             else:
                 t_b = task if batch_size is None else task[idx]
-                w_n = w[..., t_b, :]                                  # (*S, B, P)
-                f = self.net(x_b.unsqueeze(-2), w_n).squeeze(-2)     # (*S, B, L)
+                w_n = w[..., t_b, :]  # (*S, B, P)
+                f = self.net(x_b.unsqueeze(-2), w_n).squeeze(-2)  # (*S, B, L)
             return pyro.sample("obs", self._likelihood(f), obs=y_b)
 
     def closed_form_priors(self, dtype: torch.dtype) -> dict[str, dist.Normal] | None:
@@ -171,11 +172,14 @@ class ProjectedBNN(BNN):
                 "saving a ProjectedBNN needs an MLP network; for a ModuleNet save the state dicts yourself"
             )
         return dict(
-            net=self.net.config(), latent_dim=self.latent_dim,
+            net=self.net.config(),
+            latent_dim=self.latent_dim,
             decoder_hidden=list(self.decoder.hidden_sizes),
-            decoder_activation=self.decoder.activation, learn_noise=self.learn_noise,
-            num_tasks=self.num_tasks, fixed_phi=self.fixed_phi is not None,
-        )  # fmt: skip
+            decoder_activation=self.decoder.activation,
+            learn_noise=self.learn_noise,
+            num_tasks=self.num_tasks,
+            fixed_phi=self.fixed_phi is not None,
+        )
 
     @classmethod
     def from_config(cls, config: dict) -> "ProjectedBNN":

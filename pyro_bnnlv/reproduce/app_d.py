@@ -56,8 +56,9 @@ _BATCH = 100
 _LOG2PI = math.log(2 * math.pi)
 
 
-def train_map_minibatch(net: MLP, x: Tensor, y: Tensor, *, omega: float, lr: float, epochs: tuple[int, ...],
-                        seed: int) -> dict[int, tuple[Tensor, float]]:  # fmt: skip
+def train_map_minibatch(
+    net: MLP, x: Tensor, y: Tensor, *, omega: float, lr: float, epochs: tuple[int, ...], seed: int
+) -> dict[int, tuple[Tensor, float]]:
     """App. D's MAP training: ``{epoch: (w, sigma)}`` at the end of each of ``epochs`` (one run
     of ``max(epochs)`` epochs), minibatches of 100 drawn with replacement, Adam on ``w`` and
     ``log sigma^2`` (from -1), prior ``N(0, omega^2)`` on every weight."""
@@ -82,9 +83,23 @@ def train_map_minibatch(net: MLP, x: Tensor, y: Tensor, *, omega: float, lr: flo
     return snapshots
 
 
-def _scores(net: MLP, w: Tensor, sigma: float, omega: float, x: Tensor, y: Tensor, xe: Tensor, ye: Tensor,
-            methods: tuple[str, ...], *, num_samples: int, seed: int, y_mean: float, y_std: float,
-            laplace_prior: str = "as-stated") -> dict[str, float]:  # fmt: skip
+def _scores(
+    net: MLP,
+    w: Tensor,
+    sigma: float,
+    omega: float,
+    x: Tensor,
+    y: Tensor,
+    xe: Tensor,
+    ye: Tensor,
+    methods: tuple[str, ...],
+    *,
+    num_samples: int,
+    seed: int,
+    y_mean: float,
+    y_std: float,
+    laplace_prior: str = "as-stated",
+) -> dict[str, float]:
     """Per-point log-likelihood of ``(xe, ye)`` for each method, the Laplace fitted on ``(x, y)``."""
     out: dict[str, float] = {}
     if "MAP" in methods:
@@ -105,8 +120,15 @@ def _scores(net: MLP, w: Tensor, sigma: float, omega: float, x: Tensor, y: Tenso
     return out
 
 
-def app_d_map_laplace(data: Dataset, *, hidden_layers: int = 1, methods: tuple[str, ...] = ("MAP", "LL", "SL"),
-                      num_samples: int = 100, seed: int = 0, laplace_prior: str = "as-stated") -> dict[str, Any]:  # fmt: skip
+def app_d_map_laplace(
+    data: Dataset,
+    *,
+    hidden_layers: int = 1,
+    methods: tuple[str, ...] = ("MAP", "LL", "SL"),
+    num_samples: int = 100,
+    seed: int = 0,
+    laplace_prior: str = "as-stated",
+) -> dict[str, Any]:
     """App. D's protocol (module docstring) on one split: for each method its test LL (original
     scale), the chosen ``omega / lr / epochs`` (``"<method>_config"``) and its validation LL
     (``"<method>_valid"``). ``laplace_prior``: ``"as-stated"`` or ``"fan-in"`` (module docstring)."""
@@ -118,12 +140,27 @@ def app_d_map_laplace(data: Dataset, *, hidden_layers: int = 1, methods: tuple[s
     for omega, lr in itertools.product(APP_D_GRID["omega"], APP_D_GRID["lr"]):
         epochs = sorted({e for m in methods for e in APP_D_GRID["epochs"][m]})
         net = MLP(data.input_dim, hidden, 1, activation="tanh")
-        snaps = train_map_minibatch(net, data.x_train, data.y_train, omega=omega, lr=lr, epochs=tuple(epochs), seed=seed)
+        snaps = train_map_minibatch(
+            net, data.x_train, data.y_train, omega=omega, lr=lr, epochs=tuple(epochs), seed=seed
+        )
         for e, (w, sigma) in snaps.items():
             chosen = tuple(m for m in methods if e in APP_D_GRID["epochs"][m])
-            scores = _scores(net, w, sigma, omega, data.x_train, data.y_train, data.x_valid, data.y_valid, chosen,
-                             num_samples=num_samples, seed=seed, y_mean=0.0, y_std=1.0,
-                             laplace_prior=laplace_prior)  # fmt: skip
+            scores = _scores(
+                net,
+                w,
+                sigma,
+                omega,
+                data.x_train,
+                data.y_train,
+                data.x_valid,
+                data.y_valid,
+                chosen,
+                num_samples=num_samples,
+                seed=seed,
+                y_mean=0.0,
+                y_std=1.0,
+                laplace_prior=laplace_prior,
+            )
             for m, v in scores.items():
                 valid[m][(omega, lr, e)] = v if math.isfinite(v) else -math.inf
     x_all = torch.cat([data.x_train, data.x_valid])
@@ -133,9 +170,22 @@ def app_d_map_laplace(data: Dataset, *, hidden_layers: int = 1, methods: tuple[s
         (omega, lr, e), best = max(valid[m].items(), key=lambda kv: kv[1])
         net = MLP(data.input_dim, hidden, 1, activation="tanh")
         w, sigma = train_map_minibatch(net, x_all, y_all, omega=omega, lr=lr, epochs=(e,), seed=seed)[e]
-        test = _scores(net, w, sigma, omega, x_all, y_all, data.x_test, data.y_test, (m,), num_samples=num_samples,
-                       seed=seed, y_mean=float(data.y_mean), y_std=float(data.y_std),
-                       laplace_prior=laplace_prior)  # fmt: skip
+        test = _scores(
+            net,
+            w,
+            sigma,
+            omega,
+            x_all,
+            y_all,
+            data.x_test,
+            data.y_test,
+            (m,),
+            num_samples=num_samples,
+            seed=seed,
+            y_mean=float(data.y_mean),
+            y_std=float(data.y_std),
+            laplace_prior=laplace_prior,
+        )
         out[m] = test[m]
         out[f"{m}_config"] = f"omega={omega:g}, lr={lr:g}, epochs={e}"
         out[f"{m}_valid"] = best

@@ -89,8 +89,11 @@ def _hand_bbb_step(net: MLP, x: torch.Tensor, y: torch.Tensor, particles: int) -
 _SVI_LOSSES: dict[str, Callable[[int], object]] = {
     "fit_svi default (fused Trace_ELBO)": lambda k: None if k == 1 else FusedTraceElbo(k, vectorize_particles=True),
     "fit_svi + CompiledTraceElbo (torch.jit)": lambda k: CompiledTraceElbo(
-        num_particles=k, vectorize_particles=k > 1, max_plate_nesting=1),
-    "fit_svi + Trace_ELBO (eager)": lambda k: Trace_ELBO(num_particles=k, vectorize_particles=k > 1, max_plate_nesting=1),
+        num_particles=k, vectorize_particles=k > 1, max_plate_nesting=1
+    ),
+    "fit_svi + Trace_ELBO (eager)": lambda k: Trace_ELBO(
+        num_particles=k, vectorize_particles=k > 1, max_plate_nesting=1
+    ),
 }
 
 
@@ -132,8 +135,11 @@ def svi_overhead(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFra
     for name in ("toy", "boston"):  # the issue's targets: <= 1.05 at 1 and at 32 particles
         for k in (1, 32):
             table.attrs[f"{name}, {k} particle(s): fit_svi default / hand-written, target <= 1.05"] = float(
-                table.loc[(name, k, default), "ratio_to_hand"])
-    table.attrs["particles_32_vs_1_hand"] = float(ms[("toy", 32, "hand-written BbB")] / ms[("toy", 1, "hand-written BbB")])
+                table.loc[(name, k, default), "ratio_to_hand"]
+            )
+    table.attrs["particles_32_vs_1_hand"] = float(
+        ms[("toy", 32, "hand-written BbB")] / ms[("toy", 1, "hand-written BbB")]
+    )
     table.attrs["particles_32_vs_1_ours"] = float(ms[("toy", 32, default)] / ms[("toy", 1, default)])
     return table
 
@@ -170,14 +176,14 @@ def _hand_lv_step(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int) -> Cal
 def _lv_pair(net: MLP) -> tuple[BNNLV, AutoNormal]:
     """The benchmarks' BNN+LV and its mean-field guide over ``w`` and every ``z``."""
     model = BNNLV(net, latent_dim=1, noise_scale=0.3)
-    return model, AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
-                             init_loc_fn=init_to_network(model))  # fmt: skip
+    return model, AutoNormal(
+        model, init_scale=0.01, create_plates=model.create_plates, init_loc_fn=init_to_network(model)
+    )
 
 
 def _fit_svi_lv_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int, loss: object) -> float:
     model, guide = _lv_pair(net)
-    return fit_step_ms(model, guide, x, y, steps, lr=1e-3, loss=loss,
-                       batch_size=batch if batch < x.shape[0] else None)  # fmt: skip
+    return fit_step_ms(model, guide, x, y, steps, lr=1e-3, loss=loss, batch_size=batch if batch < x.shape[0] else None)
 
 
 def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 0) -> pd.DataFrame:
@@ -200,35 +206,54 @@ def lv_scaling(steps: int = 200, rounds: int = 3, batch: int = 500, seed: int = 
         rows += [(N, min(batch, N), k, v, v / med["hand-written"]) for k, v in med.items()]
         ours, hand = (statistics.median(v) for v in zip(*beside))
         ratio = statistics.median(a / b for a, b in beside)
-        rows += [(N, min(batch, N), ALTERNATED + ": fit_svi default", ours, ratio),
-                 (N, min(batch, N), ALTERNATED + ": hand-written", hand, 1.0)]  # fmt: skip
+        rows += [
+            (N, min(batch, N), ALTERNATED + ": fit_svi default", ours, ratio),
+            (N, min(batch, N), ALTERNATED + ": hand-written", hand, 1.0),
+        ]
     table = pd.DataFrame(rows, columns=["N", "batch", "contender", "ms_per_step", "ratio_to_hand"])
     table = table.set_index(["N", "contender"])
     for N in (100, 10_000, 45_000):
         table.attrs[f"N = {N}: fit_svi default / hand-written alternated step by step, target <= 1.1"] = float(
-            table.loc[(N, ALTERNATED + ": fit_svi default"), "ratio_to_hand"])
+            table.loc[(N, ALTERNATED + ": fit_svi default"), "ratio_to_hand"]
+        )
     return table
 
 
-
-def _fit_svi_lv_beside_hand_ms(net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int) -> tuple[float, float]:
+def _fit_svi_lv_beside_hand_ms(
+    net: MLP, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int
+) -> tuple[float, float]:
     """``fit_svi``'s default BNN+LV step and the hand-written one, alternated step by step
     (:func:`~pyro_bnnlv.reproduce.timing.fit_step_ms_beside`): ``(ours, hand)`` ms."""
     model, guide = _lv_pair(net)
-    return fit_step_ms_beside(_hand_lv_step(net, x, y, batch), model, guide, x, y, steps, lr=1e-3,
-                              batch_size=batch if batch < x.shape[0] else None)  # fmt: skip
+    return fit_step_ms_beside(
+        _hand_lv_step(net, x, y, batch),
+        model,
+        guide,
+        x,
+        y,
+        steps,
+        lr=1e-3,
+        batch_size=batch if batch < x.shape[0] else None,
+    )
 
 
 BENCHMARKS: dict[str, tuple[Callable[..., pd.DataFrame], str]] = {
-    "svi-overhead": (svi_overhead, ("BNN SVI step: fit_svi's fused default, compiled and eager Trace_ELBO vs "
-                                    "hand-written PyTorch, 1 and 32 particles, toy and boston")),
+    "svi-overhead": (
+        svi_overhead,
+        (
+            "BNN SVI step: fit_svi's fused default, compiled and eager Trace_ELBO vs "
+            "hand-written PyTorch, 1 and 32 particles, toy and boston"
+        ),
+    ),
     "lv-scaling": (lv_scaling, "BNN+LV minibatch SVI step against N: the same losses vs hand-written"),
-    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s; "
-             "4 chains; NumPyro"),
+    "nuts": (nuts_benchmark, "NUTS per-leapfrog cost: fast path vs Pyro's traced model; ESS/s; 4 chains; NumPyro"),
     "nuts-boston": (nuts_uci_benchmark, "NUTS on boston (1x50): 1 and 4 chains vs NumPyro, ESS/s of f"),
     "laplace": (laplace_bench, "GGN Laplace fit + linearised predictive vs a plain torch.func reference"),
-    "laplace-torch": (laplace_torch_bench, "categorical GGN Laplace (full, K-FAC) vs laplace-torch's on the same "
-                      "MAP network: probit / MC predictive, log marginal likelihood, fit + predictive time"),
+    "laplace-torch": (
+        laplace_torch_bench,
+        "categorical GGN Laplace (full, K-FAC) vs laplace-torch's on the same "
+        "MAP network: probit / MC predictive, log marginal likelihood, fit + predictive time",
+    ),
     "ncai": (ncai_bench, "NCAIElbo step (default: fused) vs the BNN+LV MFVI step (fit_svi default) on heavy-tail"),
     "knn": (knn_bench, "k-NN KL of 500 x 751 draws, forward + backward: two-pass search vs all pairs"),
     "proj": (proj_bench, "proj-uci's SVI steps on boston: fused vs traced closed-form KL, and Monte Carlo"),

@@ -121,18 +121,49 @@ __all__ = [
 
 TWO_MOONS_METHODS = ("NUTS", "NUTS-ref", "MFVI", "FCVI", "MAP", "LA-full", "LA-diag", "LA-last_layer", "LA-kfac")
 #: the tasks of one two-moons seed: the Laplace methods share their MAP fit
-TWO_MOONS_TASKS = {"NUTS": ("NUTS",), "NUTS-ref": ("NUTS-ref",), "MFVI": ("MFVI",), "FCVI": ("FCVI",),
-                   "MAP+Laplace": ("MAP", "LA-full", "LA-diag", "LA-last_layer", "LA-kfac")}  # fmt: skip
+TWO_MOONS_TASKS = {
+    "NUTS": ("NUTS",),
+    "NUTS-ref": ("NUTS-ref",),
+    "MFVI": ("MFVI",),
+    "FCVI": ("FCVI",),
+    "MAP+Laplace": ("MAP", "LA-full", "LA-diag", "LA-last_layer", "LA-kfac"),
+}
 DIGITS_METHODS = ("MAP", "K-FAC", "MFVI")
 DIGITS_TASKS = {"MAP+K-FAC": ("MAP", "K-FAC"), "MFVI": ("MFVI",)}
 
 #: default sizes (about 20 minutes on one core) and the smoke-test sizes of ``--small``
-TWO_MOONS_SIZE = dict(hidden=16, grid=50, margin=1.0, nuts_chains=4, nuts_warmup=1000, nuts_samples=1000,
-                      nuts_map_steps=2000, ref_chains=2, ref_warmup=250, ref_samples=250, ref_tree_depth=10, vi_steps=3000,
-                      map_steps=2000, num_samples=1000)  # fmt: skip
-TWO_MOONS_SMALL = dict(hidden=8, grid=12, margin=1.0, nuts_chains=2, nuts_warmup=100, nuts_samples=100,
-                       nuts_map_steps=300, ref_chains=1, ref_warmup=30, ref_samples=30, ref_tree_depth=5,
-                       vi_steps=200, map_steps=300, num_samples=200)  # fmt: skip
+TWO_MOONS_SIZE = dict(
+    hidden=16,
+    grid=50,
+    margin=1.0,
+    nuts_chains=4,
+    nuts_warmup=1000,
+    nuts_samples=1000,
+    nuts_map_steps=2000,
+    ref_chains=2,
+    ref_warmup=250,
+    ref_samples=250,
+    ref_tree_depth=10,
+    vi_steps=3000,
+    map_steps=2000,
+    num_samples=1000,
+)
+TWO_MOONS_SMALL = dict(
+    hidden=8,
+    grid=12,
+    margin=1.0,
+    nuts_chains=2,
+    nuts_warmup=100,
+    nuts_samples=100,
+    nuts_map_steps=300,
+    ref_chains=1,
+    ref_warmup=30,
+    ref_samples=30,
+    ref_tree_depth=5,
+    vi_steps=200,
+    map_steps=300,
+    num_samples=200,
+)
 DIGITS_SIZE = dict(map_steps=1500, vi_steps=1500, lr=0.01, la_samples=1000, vi_samples=500)
 DIGITS_SMALL = dict(map_steps=40, vi_steps=40, lr=0.01, la_samples=100, vi_samples=30)
 
@@ -211,8 +242,9 @@ def posterior_bytes(posterior: Any) -> int:
         return sum(_tensor_bytes(v, seen) for k, v in vars(posterior).items() if k not in skip)
     if isinstance(posterior, nn.Module):
         return sum(p.nelement() * p.element_size() for p in posterior.parameters())
-    raise TypeError(f"posterior_bytes takes a LinearizedLaplace, a guide (nn.Module) or a tensor, "
-                    f"got {type(posterior).__name__}")  # fmt: skip
+    raise TypeError(
+        f"posterior_bytes takes a LinearizedLaplace, a guide (nn.Module) or a tensor, got {type(posterior).__name__}"
+    )
 
 
 def paired_differences(table: pd.DataFrame, a: str, b: str, column: str) -> tuple[float, float, int]:
@@ -258,10 +290,32 @@ def _two_moons_model(hidden: int) -> BNN:
     return BNN(MLP(2, [hidden], 2, activation="tanh"), prior_scale=1.0, likelihood="categorical")
 
 
-def _nuts_probs(model: BNN, data: Dataset, xg: Tensor, *, kernel: str, chains: int, warmup: int, samples: int,
-                seed: int, max_tree_depth: int = 10, map_steps: int = 2000) -> tuple[Tensor, Tensor, dict[str, float]]:  # fmt: skip
-    mc = run_nuts(model, data.x_train, data.y_train, num_samples=samples, warmup_steps=warmup, num_chains=chains,
-                  seed=seed, progress=False, kernel=kernel, max_tree_depth=max_tree_depth, map_steps=map_steps)  # fmt: skip
+def _nuts_probs(
+    model: BNN,
+    data: Dataset,
+    xg: Tensor,
+    *,
+    kernel: str,
+    chains: int,
+    warmup: int,
+    samples: int,
+    seed: int,
+    max_tree_depth: int = 10,
+    map_steps: int = 2000,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    mc = run_nuts(
+        model,
+        data.x_train,
+        data.y_train,
+        num_samples=samples,
+        warmup_steps=warmup,
+        num_chains=chains,
+        seed=seed,
+        progress=False,
+        kernel=kernel,
+        max_tree_depth=max_tree_depth,
+        map_steps=map_steps,
+    )
     w = mc.get_samples()["w"]
     info = mc.run_info
     extra = dict(leapfrog_per_draw=float(info.mean_leapfrog_per_sample), draws=int(w.shape[0]))
@@ -289,33 +343,59 @@ def two_moons_fit(task: Task, **size: Any) -> dict[str, Any]:
     with WarningTally() as tally:
         if task.method == "NUTS":
             t = time.perf_counter()
-            pt, pg, extra = _nuts_probs(model, data, xg, kernel="flat", chains=int(opts["nuts_chains"]),
-                                        warmup=int(opts["nuts_warmup"]), samples=int(opts["nuts_samples"]), seed=seed,
-                                        map_steps=int(opts["nuts_map_steps"]))  # fmt: skip
+            pt, pg, extra = _nuts_probs(
+                model,
+                data,
+                xg,
+                kernel="flat",
+                chains=int(opts["nuts_chains"]),
+                warmup=int(opts["nuts_warmup"]),
+                samples=int(opts["nuts_samples"]),
+                seed=seed,
+                map_steps=int(opts["nuts_map_steps"]),
+            )
             put("NUTS", pt, pg, time.perf_counter() - t, **extra)
         elif task.method == "NUTS-ref":
             t = time.perf_counter()
-            pt, pg, extra = _nuts_probs(model, data, xg, kernel="pyro", chains=int(opts["ref_chains"]),
-                                        warmup=int(opts["ref_warmup"]), samples=int(opts["ref_samples"]),
-                                        seed=1000 + seed, max_tree_depth=int(opts["ref_tree_depth"]),
-                                        map_steps=int(opts["nuts_map_steps"]))  # fmt: skip
+            pt, pg, extra = _nuts_probs(
+                model,
+                data,
+                xg,
+                kernel="pyro",
+                chains=int(opts["ref_chains"]),
+                warmup=int(opts["ref_warmup"]),
+                samples=int(opts["ref_samples"]),
+                seed=1000 + seed,
+                max_tree_depth=int(opts["ref_tree_depth"]),
+                map_steps=int(opts["nuts_map_steps"]),
+            )
             put("NUTS-ref", pt, pg, time.perf_counter() - t, **extra)
         elif task.method in ("MFVI", "FCVI"):
             t = time.perf_counter()
             if task.method == "MFVI":
                 guide = MeanField(model, seed=seed)
             else:
-                guide = own_param_names(AutoMultivariateNormal(model, init_loc_fn=init_to_network(model, seed=seed),
-                                                               init_scale=0.01))  # fmt: skip
-            fit_svi(model, guide, data.x_train, data.y_train, num_steps=int(opts["vi_steps"]), lr=0.01, seed=seed,
-                    progress=False)  # fmt: skip
+                guide = own_param_names(
+                    AutoMultivariateNormal(model, init_loc_fn=init_to_network(model, seed=seed), init_scale=0.01)
+                )
+            fit_svi(
+                model,
+                guide,
+                data.x_train,
+                data.y_train,
+                num_steps=int(opts["vi_steps"]),
+                lr=0.01,
+                seed=seed,
+                progress=False,
+            )
             w = sample_posterior(model, guide, data.x_train, num_samples=int(opts["num_samples"]), seed=seed)["w"]
             seconds = time.perf_counter() - t
             put(task.method, _sample_probs(model, w, data.x_test).mean(0), _sample_probs(model, w, xg).mean(0), seconds)
         elif task.method == "MAP+Laplace":
             t = time.perf_counter()
-            w = train_map(model, data.x_train, data.y_train, num_steps=int(opts["map_steps"]), lr=0.01, seed=seed,
-                          progress=False)  # fmt: skip
+            w = train_map(
+                model, data.x_train, data.y_train, num_steps=int(opts["map_steps"]), lr=0.01, seed=seed, progress=False
+            )
             map_seconds = time.perf_counter() - t
             put("MAP", _sample_probs(model, w[None], data.x_test)[0], _sample_probs(model, w[None], xg)[0], map_seconds)
             for structure in ("full", "diag", "last_layer", "kfac"):
@@ -361,18 +441,36 @@ def _isnan(v: Any) -> bool:
 
 
 def two_moons_experiment(
-    seeds: Sequence[int] = (0, 1, 2), *, small: bool = False, out_dir: str | Path | None = None,
-    executor: str = "local", workers: int | None = None, address: str | None = None,
-    code_version: str | None = None, stop_after: float | None = None, progress: bool = True, **size: Any,
-) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    seeds: Sequence[int] = (0, 1, 2),
+    *,
+    small: bool = False,
+    out_dir: str | Path | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    code_version: str | None = None,
+    stop_after: float | None = None,
+    progress: bool = True,
+    **size: Any,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run part a (module docstring) as a sweep; return ``(rows, sweep)``: :func:`two_moons_rows`
     and the sweep's table (the grid logits, for :func:`plot_two_moons_entropy`)."""
     opts = {**(TWO_MOONS_SMALL if small else TWO_MOONS_SIZE), **size}
     tasks = [Task("two-moons", method=g, split=int(s), seed=int(s)) for s in seeds for g in TWO_MOONS_TASKS]
     fn = functools.partial(two_moons_fit, **opts)
-    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="classification two-moons",
-                      stop_after=stop_after, prepare=nuts_extension)  # fmt: skip
+    sweep = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        code_version=code_version,
+        progress=progress,
+        desc="classification two-moons",
+        stop_after=stop_after,
+        prepare=nuts_extension,
+    )
     rows = two_moons_rows(sweep)
     rows.attrs = dict(sweep.attrs)
     return rows, sweep
@@ -400,12 +498,13 @@ def plot_two_moons_entropy(sweep: pd.DataFrame, path: str | Path | None = None, 
     for ax, m in zip(axes.flat, methods):
         p = _decode_grid(merged[f"{m}.grid"])
         h = -(p * p.clamp_min(1e-300).log()).sum(-1).reshape(n, n)
-        im = ax.imshow(h.numpy(), origin="lower", extent=extent, vmin=0, vmax=math.log(2), cmap="viridis",
-                       aspect="auto")  # fmt: skip
+        im = ax.imshow(
+            h.numpy(), origin="lower", extent=extent, vmin=0, vmax=math.log(2), cmap="viridis", aspect="auto"
+        )
         x, y = data.x_train.numpy(), data.y_train.numpy()
         ax.scatter(x[:, 0], x[:, 1], c=y, cmap="coolwarm", s=3, edgecolors="none")
         ax.set_title(m, fontsize=9)
-    for ax in list(axes.flat)[len(methods):]:
+    for ax in list(axes.flat)[len(methods) :]:
         ax.axis("off")
     fig.colorbar(im, ax=axes, shrink=0.8, label="predictive entropy (nats)")
     fig.suptitle(f"two moons, seed {seed}: predictive entropy per method")
@@ -420,17 +519,26 @@ def plot_two_moons_entropy(sweep: pd.DataFrame, path: str | Path | None = None, 
 def digits_cnn(num_classes: int = 5) -> ModuleNet:
     """The small CNN of docs/guide.md: ``Conv2d(1, 16, 3)``, ReLU, ``Linear(576, 32)``, ReLU,
     ``Linear(32, K)`` on the 8 x 8 images (18,789 weights for ``K = 5``)."""
-    cnn = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Flatten(),
-                        nn.Linear(16 * 6 * 6, 32), nn.ReLU(), nn.Linear(32, num_classes))  # fmt: skip
+    cnn = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 16, 3),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 6 * 6, 32),
+        nn.ReLU(),
+        nn.Linear(32, num_classes),
+    )
     return ModuleNet(cnn, 64, num_classes)
 
 
-def _digits_row(method: str, y: Tensor, probs: Tensor, probs_ood: Tensor, samples: Tensor | None,
-                samples_ood: Tensor | None) -> dict[str, Any]:  # fmt: skip
+def _digits_row(
+    method: str, y: Tensor, probs: Tensor, probs_ood: Tensor, samples: Tensor | None, samples_ood: Tensor | None
+) -> dict[str, Any]:
     row = {f"{method}.{k}": v for k, v in _metrics(y, probs).items()}
     row[f"{method}.auroc_entropy"] = ood_auroc(predictive_entropy(probs), predictive_entropy(probs_ood))
-    row[f"{method}.auroc_mi"] = (None if samples is None else
-                                 ood_auroc(mutual_information(samples), mutual_information(samples_ood)))  # fmt: skip
+    row[f"{method}.auroc_mi"] = (
+        None if samples is None else ood_auroc(mutual_information(samples), mutual_information(samples_ood))
+    )
     return row
 
 
@@ -466,9 +574,14 @@ def digits_fit(task: Task, **size: Any) -> dict[str, Any]:
             S = int(opts["la_samples"])
             s, so = laplace_probs_samples(la, xt, S, seed), laplace_probs_samples(la, xo, S, seed)
             out.update(_digits_row("K-FAC", yt, s.mean(0), so.mean(0), s, so))
-            out.update({"K-FAC.seconds": map_seconds + la_seconds, "K-FAC.laplace_seconds": la_seconds,
-                        "K-FAC.memory_mb": posterior_bytes(la) / 2**20,
-                        "K-FAC.prior_factor": float(hyper["prior_factor"])})  # fmt: skip
+            out.update(
+                {
+                    "K-FAC.seconds": map_seconds + la_seconds,
+                    "K-FAC.laplace_seconds": la_seconds,
+                    "K-FAC.memory_mb": posterior_bytes(la) / 2**20,
+                    "K-FAC.prior_factor": float(hyper["prior_factor"]),
+                }
+            )
             out["test_probs.K-FAC"] = json.dumps([[round(float(v), 5) for v in r] for r in s.mean(0)])
         elif task.method == "MFVI":
             t = time.perf_counter()
@@ -506,18 +619,35 @@ def digits_rows(sweep: pd.DataFrame) -> pd.DataFrame:
 
 
 def digits_experiment(
-    seeds: Sequence[int] = (0, 1, 2), *, small: bool = False, out_dir: str | Path | None = None,
-    executor: str = "local", workers: int | None = None, address: str | None = None,
-    code_version: str | None = None, stop_after: float | None = None, progress: bool = True, **size: Any,
-) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    seeds: Sequence[int] = (0, 1, 2),
+    *,
+    small: bool = False,
+    out_dir: str | Path | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    code_version: str | None = None,
+    stop_after: float | None = None,
+    progress: bool = True,
+    **size: Any,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run part b (module docstring) as a sweep; return ``(rows, sweep)``: :func:`digits_rows`
     and the sweep's table (the test probabilities, for :func:`plot_digits_reliability`)."""
     opts = {**(DIGITS_SMALL if small else DIGITS_SIZE), **size}
     tasks = [Task("digits-ood", method=g, split=int(s), seed=int(s)) for s in seeds for g in DIGITS_TASKS]
     fn = functools.partial(digits_fit, **opts)
-    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="classification digits",
-                      stop_after=stop_after)  # fmt: skip
+    sweep = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        code_version=code_version,
+        progress=progress,
+        desc="classification digits",
+        stop_after=stop_after,
+    )
     rows = digits_rows(sweep)
     rows.attrs = dict(sweep.attrs)
     return rows, sweep
@@ -556,16 +686,25 @@ def _mean_se(v: pd.Series, decimals: int = 3) -> str:
     if v.empty:
         return ""
     se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
-    return f"{tables.num(float(v.mean()), decimals)} ± {tables.num(se, decimals)}" if math.isfinite(se) else \
-        tables.num(float(v.mean()), decimals)  # fmt: skip
+    return (
+        f"{tables.num(float(v.mean()), decimals)} ± {tables.num(se, decimals)}"
+        if math.isfinite(se)
+        else tables.num(float(v.mean()), decimals)
+    )
 
 
 def two_moons_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``docs/results/classification-two-moons.csv``: per method, mean ± SE over the seeds of the
     grid TV distance and KL(NUTS || method) and the test metrics and seconds."""
     t = pd.concat(frames, ignore_index=True)
-    cols = [("tv_to_nuts", "TV to NUTS", 3), ("kl_to_nuts", "KL(NUTS ‖ method)", 3), ("accuracy", "accuracy", 3),
-            ("nll", "test NLL", 3), ("ece", "ECE", 3), ("seconds", "seconds", 1)]  # fmt: skip
+    cols = [
+        ("tv_to_nuts", "TV to NUTS", 3),
+        ("kl_to_nuts", "KL(NUTS ‖ method)", 3),
+        ("accuracy", "accuracy", 3),
+        ("nll", "test NLL", 3),
+        ("ece", "ECE", 3),
+        ("seconds", "seconds", 1),
+    ]
     rows = []
     for m in [m for m in TWO_MOONS_METHODS if m in set(t["method"])]:
         g = t[t["method"] == m]
@@ -592,9 +731,16 @@ def two_moons_paired_table(frames: list[pd.DataFrame], paths: list[str], options
 def digits_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``docs/results/classification-digits.csv``: per method, mean ± SE over the seeds."""
     t = pd.concat(frames, ignore_index=True)
-    cols = [("accuracy", "accuracy", 3), ("nll", "test NLL", 3), ("brier", "Brier", 3), ("ece", "ECE", 3),
-            ("auroc_entropy", "OOD AUROC, entropy", 3), ("auroc_mi", "OOD AUROC, MI (BALD)", 3),
-            ("seconds", "fit seconds", 1), ("memory_mb", "posterior MB", 2)]  # fmt: skip
+    cols = [
+        ("accuracy", "accuracy", 3),
+        ("nll", "test NLL", 3),
+        ("brier", "Brier", 3),
+        ("ece", "ECE", 3),
+        ("auroc_entropy", "OOD AUROC, entropy", 3),
+        ("auroc_mi", "OOD AUROC, MI (BALD)", 3),
+        ("seconds", "fit seconds", 1),
+        ("memory_mb", "posterior MB", 2),
+    ]
     rows = []
     for m in [m for m in DIGITS_METHODS if m in set(t["method"])]:
         g = t[t["method"] == m]
@@ -624,8 +770,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--parts", nargs="*", default=["two-moons", "digits"], choices=["two-moons", "digits"])
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..k-1 of the data and the fits (default 3)")
     p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
-    p.add_argument("--results-dir", default=None, metavar="DIR",
-                   help="write classification-two-moons.csv, classification-digits.csv and the figures here")
+    p.add_argument(
+        "--results-dir",
+        default=None,
+        metavar="DIR",
+        help="write classification-two-moons.csv, classification-digits.csv and the figures here",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sweep_arguments(p)
     args = p.parse_args(argv)
@@ -643,12 +793,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = None if out is None else Path(out) / part
         if part == "two-moons":
             rows, sweep = two_moons_experiment(seeds, small=args.small, out_dir=sub, progress=not args.quiet, **opts)
-            name, builders, figure = "classification-two-moons", (two_moons_table, two_moons_paired_table), \
-                plot_two_moons_entropy  # fmt: skip
+            name, builders, figure = (
+                "classification-two-moons",
+                (two_moons_table, two_moons_paired_table),
+                plot_two_moons_entropy,
+            )
         else:
             rows, sweep = digits_experiment(seeds, small=args.small, out_dir=sub, progress=not args.quiet, **opts)
-            name, builders, figure = "classification-digits", (digits_table, digits_paired_table), \
-                plot_digits_reliability  # fmt: skip
+            name, builders, figure = (
+                "classification-digits",
+                (digits_table, digits_paired_table),
+                plot_digits_reliability,
+            )
         if not rows.empty:
             for build in builders:
                 print(build([rows], [], {}), end="\n\n")

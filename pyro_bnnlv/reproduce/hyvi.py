@@ -94,20 +94,52 @@ def _loss(method: str, input_dist, num_inputs: int, particles: int, kl_samples: 
         return TraceMeanField_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=1)
     if method == "NN-HyVI":
         return KNNElbo(num_particles=particles, num_kl_samples=kl_samples, num_prior_samples=kl_samples)
-    return FunctionalKNNElbo(num_particles=particles, num_kl_samples=kl_samples,
-                             num_prior_samples=kl_samples, input_dist=input_dist,
-                             num_inputs=num_inputs)  # fmt: skip
+    return FunctionalKNNElbo(
+        num_particles=particles,
+        num_kl_samples=kl_samples,
+        num_prior_samples=kl_samples,
+        input_dist=input_dist,
+        num_inputs=num_inputs,
+    )
 
 
-def _fit(method, model, x, y, *, steps, lr, batch_size, seed, input_dist, num_inputs, particles,
-         kl_samples, num_samples, progress, lr_schedule=None, callback=None):  # fmt: skip
+def _fit(
+    method,
+    model,
+    x,
+    y,
+    *,
+    steps,
+    lr,
+    batch_size,
+    seed,
+    input_dist,
+    num_inputs,
+    particles,
+    kl_samples,
+    num_samples,
+    progress,
+    lr_schedule=None,
+    callback=None,
+):
     """``(weight samples, seconds, steps taken)`` of one fit (``callback``: ``fit_svi``'s)."""
     with pyro.get_param_store().scope():
         guide = _guide(method, model, seed)
         t0 = time.perf_counter()
-        hist = fit_svi(model, guide, x, y, num_steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                       loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
-                       progress=progress, lr_schedule=lr_schedule, callback=callback)  # fmt: skip
+        hist = fit_svi(
+            model,
+            guide,
+            x,
+            y,
+            num_steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            loss=_loss(method, input_dist, num_inputs, particles, kl_samples),
+            progress=progress,
+            lr_schedule=lr_schedule,
+            callback=callback,
+        )
         seconds = time.perf_counter() - t0
         w = sample_posterior(model, guide, x, num_samples=num_samples, seed=seed)["w"]
     return w, seconds, len(hist)
@@ -145,23 +177,43 @@ def cosine_experiment(
     model = BNN(MLP(1, [hidden], 1, activation="tanh"), prior_scale=PRIOR_SCALE, noise_scale=0.1)
     nu = pyro.distributions.Uniform(torch.tensor([-4.0]), torch.tensor([2.0])).to_event(1)
     t0 = time.perf_counter()
-    mcmc = run_nuts(model, x, y, num_samples=nuts_samples, warmup_steps=nuts_warmup,
-                    num_chains=nuts_chains, seed=seed, progress=progress)  # fmt: skip
+    mcmc = run_nuts(
+        model,
+        x,
+        y,
+        num_samples=nuts_samples,
+        warmup_steps=nuts_warmup,
+        num_chains=nuts_chains,
+        seed=seed,
+        progress=progress,
+    )
     posteriors = {"NUTS": (mcmc.get_samples()["w"], time.perf_counter() - t0)}
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-        posteriors[method] = _fit(method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=seed,
-                                  input_dist=nu, num_inputs=50, particles=particles,
-                                  kl_samples=500, num_samples=kl_samples, progress=progress)[:2]  # fmt: skip
+        posteriors[method] = _fit(
+            method,
+            model,
+            x,
+            y,
+            steps=steps,
+            lr=lr,
+            batch_size=50,
+            seed=seed,
+            input_dist=nu,
+            num_inputs=50,
+            particles=particles,
+            kl_samples=500,
+            num_samples=kl_samples,
+            progress=progress,
+        )[:2]
     rows = []
     reference = posteriors["NUTS"][0]
     for name, (w, seconds) in posteriors.items():
         row = {"method": name, **_region_sd(model, w)}
         row["test_ll"] = float(evaluate(model, {"w": w}, data.x_test, data.y_test)["test_ll"])
         if name != "NUTS":
-            kl = compare_posteriors(w, reference, model, nu, num_samples=kl_samples,
-                                    num_draws=kl_draws, seed=seed)  # fmt: skip
+            kl = compare_posteriors(w, reference, model, nu, num_samples=kl_samples, num_draws=kl_draws, seed=seed)
             for space in ("parameter", "predictor"):
                 row[f"kl_{space}_q_nuts"] = float(kl.loc[space, "KL(approx||ref)"])
                 row[f"kl_{space}_nuts_q"] = float(kl.loc[space, "KL(ref||approx)"])
@@ -193,9 +245,19 @@ def _plot_cosine(model, data, posteriors, path) -> None:
 
 
 @task_function("hyvi/uci")
-def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, kl_samples: int,
-             num_inputs: int, num_samples: int, data_dir: str | None = None,
-             schedule: bool = False) -> dict[str, float]:  # fmt: skip
+def uci_task(
+    task: Task,
+    *,
+    steps: int,
+    lr: float,
+    hidden: int,
+    particles: int,
+    kl_samples: int,
+    num_inputs: int,
+    num_samples: int,
+    data_dir: str | None = None,
+    schedule: bool = False,
+) -> dict[str, float]:
     """One fit of :func:`uci_experiment`: ``task.method`` on split ``task.split`` of ``task.dataset``.
 
     Seeded by ``task.seed`` (the split index), so the 1,000 OOD inputs are the same for every
@@ -216,31 +278,61 @@ def uci_task(task: Task, *, steps: int, lr: float, hidden: int, particles: int, 
     x, y = data.x_train, data.y_train
     box = input_box(x)
     x_ood = box.sample((1000,))
-    model = BNN(MLP(data.input_dim, [hidden], 1, activation="relu"),
-                prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True)  # fmt: skip
+    model = BNN(
+        MLP(data.input_dim, [hidden], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True
+    )
     plateau = PlateauSchedule(patience=60 if task.method.endswith("MFVI") else 30) if schedule else None
     with WarningTally() as tally:
-        w, seconds, steps_run = _fit(task.method, model, x, y, steps=steps, lr=lr, batch_size=50, seed=task.seed,
-                                     input_dist=box, num_inputs=num_inputs, particles=particles,
-                                     kl_samples=kl_samples, num_samples=num_samples, progress=False,
-                                     lr_schedule=plateau)  # fmt: skip
+        w, seconds, steps_run = _fit(
+            task.method,
+            model,
+            x,
+            y,
+            steps=steps,
+            lr=lr,
+            batch_size=50,
+            seed=task.seed,
+            input_dist=box,
+            num_inputs=num_inputs,
+            particles=particles,
+            kl_samples=kl_samples,
+            num_samples=num_samples,
+            progress=False,
+            lr_schedule=plateau,
+        )
         metrics = evaluate(model, {"w": w}, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
         ood = ood_report(model, {"w": w}, x, data.x_test, x_ood)
-    return {"rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
-            "auroc_ood": float(ood.loc["ood", "auroc"]),
-            "noise_scale": float(torch.as_tensor(model.noise_scale).detach()), "seconds": seconds,
-            "steps_run": float(steps_run), "capped": bool(schedule and steps_run >= steps),
-            "warnings": tally.summary()}  # fmt: skip
+    return {
+        "rmse": float(metrics["rmse"]),
+        "test_ll": float(metrics["test_ll"]),
+        "auroc_ood": float(ood.loc["ood", "auroc"]),
+        "noise_scale": float(torch.as_tensor(model.noise_scale).detach()),
+        "seconds": seconds,
+        "steps_run": float(steps_run),
+        "capped": bool(schedule and steps_run >= steps),
+        "warnings": tally.summary(),
+    }
 
 
-UCI_COLUMNS = ["dataset", "split", "method", "rmse", "test_ll", "auroc_ood", "noise_scale", "seconds",
-               "steps_run", "capped", "status", "warnings"]
+UCI_COLUMNS = [
+    "dataset",
+    "split",
+    "method",
+    "rmse",
+    "test_ll",
+    "auroc_ood",
+    "noise_scale",
+    "seconds",
+    "steps_run",
+    "capped",
+    "status",
+    "warnings",
+]
 #: Experiment 2's budget (sec. 4.3, App. E): 10 splits, Adam from lr 0.005 decayed by 0.7 after 30
 #: epochs without progress (MFVI: 60) until below 1e-4, minibatches of 50, 100 particles, 500 KL
 #: samples, 1,000 predictions per input for the metrics. The paper has no step cap; ours (200,000
 #: steps, about 6,900 epochs of wine) only bounds a fit that never settles (``capped`` says so).
-PAPER_UCI = dict(splits=10, lr=0.005, schedule=True, particles=100, kl_samples=500, steps=200_000,
-                 num_samples=1000)
+PAPER_UCI = dict(splits=10, lr=0.005, schedule=True, particles=100, kl_samples=500, steps=200_000, num_samples=1000)
 
 
 def uci_experiment(
@@ -287,14 +379,36 @@ def uci_experiment(
     for method in methods:
         if method not in METHODS[:3]:
             raise ValueError(f"unknown method {method!r} for the UCI experiment; choose from {METHODS[:3]}")
-    fn = functools.partial(uci_task, steps=steps, lr=lr, hidden=hidden, particles=particles,
-                           kl_samples=kl_samples, num_inputs=num_inputs, num_samples=num_samples,
-                           data_dir=None if data_dir is None else str(data_dir), schedule=schedule)  # fmt: skip
-    tasks = [Task(name, method=method, split=split, seed=split)
-             for name in datasets for split in range(splits) for method in methods]  # fmt: skip
-    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="hyvi-uci",
-                      stop_after=stop_after)  # fmt: skip
+    fn = functools.partial(
+        uci_task,
+        steps=steps,
+        lr=lr,
+        hidden=hidden,
+        particles=particles,
+        kl_samples=kl_samples,
+        num_inputs=num_inputs,
+        num_samples=num_samples,
+        data_dir=None if data_dir is None else str(data_dir),
+        schedule=schedule,
+    )
+    tasks = [
+        Task(name, method=method, split=split, seed=split)
+        for name in datasets
+        for split in range(splits)
+        for method in methods
+    ]
+    sweep = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        code_version=code_version,
+        progress=progress,
+        desc="hyvi-uci",
+        stop_after=stop_after,
+    )
     table = sweep.reindex(columns=UCI_COLUMNS)
     table.attrs = dict(sweep.attrs)
     return table
@@ -309,13 +423,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", help="CSV path")
     p.add_argument("--figure", help="PNG path (cosine)")
     p.add_argument("--datasets", nargs="*", default=None, help="UCI data sets (uci)")
-    p.add_argument("--kl-samples", type=int, default=None,
-                   help="guide and prior samples of the k-NN KL (paper and default: 500)")
+    p.add_argument(
+        "--kl-samples", type=int, default=None, help="guide and prior samples of the k-NN KL (paper and default: 500)"
+    )
     p.add_argument("--small", action="store_true", help="a smoke-test size (seconds, meaningless numbers)")
-    p.add_argument("--paper", action="store_true",
-                   help="uci: the paper's budget (10 splits; lr 0.005 decayed x0.7 after 30 epochs without "
-                        "progress (MFVI 60) until below 1e-4, at most --steps (default 200,000); 100 particles, "
-                        "500 KL samples, 1,000 predictions per input)")
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="uci: the paper's budget (10 splits; lr 0.005 decayed x0.7 after 30 epochs without "
+        "progress (MFVI 60) until below 1e-4, at most --steps (default 200,000); 100 particles, "
+        "500 KL samples, 1,000 predictions per input)",
+    )
     p.add_argument("--quiet", action="store_true")
     add_sweep_arguments(p)
     args = p.parse_args(argv)
@@ -338,8 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kl_samples is not None and args.experiment == "uci":
         kw["kl_samples"] = args.kl_samples
     if args.experiment == "cosine":
-        table = cosine_experiment(seed=args.seed, figure=args.figure or "hyvi-cosine.png",
-                                  progress=not args.quiet, **kw)  # fmt: skip
+        table = cosine_experiment(
+            seed=args.seed, figure=args.figure or "hyvi-cosine.png", progress=not args.quiet, **kw
+        )
     else:
         if args.datasets:
             kw["datasets"] = args.datasets
@@ -376,8 +495,10 @@ def knn_bench(steps: int = 20, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
     g = torch.Generator().manual_seed(seed)
     guide = (0.05 * torch.randn(500, 751, generator=g) + 0.3).requires_grad_()
     prior = 0.7 * torch.randn(500, 751, generator=g)
-    contenders = {"two-pass search (knn_kl)": lambda: knn_kl(guide, prior),
-                  "all-pairs differences": lambda: _all_pairs_knn_kl(guide, prior)}  # fmt: skip
+    contenders = {
+        "two-pass search (knn_kl)": lambda: knn_kl(guide, prior),
+        "all-pairs differences": lambda: _all_pairs_knn_kl(guide, prior),
+    }
     times: dict[str, list[float]] = {k: [] for k in contenders}
     values = {}
     for _ in range(rounds):
@@ -404,8 +525,9 @@ def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None
     torch.set_num_threads(1)
     data = load_split("boston", 1, valid_fraction=0.0)
     x, y = data.x_train, data.y_train
-    model = BNN(MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5,
-                learn_noise=True)  # fmt: skip
+    model = BNN(
+        MLP(data.input_dim, [50], 1, activation="relu"), prior_scale=PRIOR_SCALE, noise_scale=0.5, learn_noise=True
+    )
     stamps: list[float] = []
     losses: list[float] = []
 
@@ -413,14 +535,30 @@ def _allocator_arm(method: str, steps: int, retain: bool, seed: int = 0) -> None
         stamps.append(time.perf_counter())
         losses.append(value)
 
-    _fit(method, model, x, y, steps=steps + 11, lr=0.005, batch_size=50, seed=seed, input_dist=input_box(x),
-         num_inputs=200, particles=100, kl_samples=500, num_samples=1, progress=False, callback=record)  # fmt: skip
+    _fit(
+        method,
+        model,
+        x,
+        y,
+        steps=steps + 11,
+        lr=0.005,
+        batch_size=50,
+        seed=seed,
+        input_dist=input_box(x),
+        num_inputs=200,
+        particles=100,
+        kl_samples=500,
+        num_samples=1,
+        progress=False,
+        callback=record,
+    )
     ms = 1e3 * statistics.median(b - a for a, b in zip(stamps[10:], stamps[11:]))
     print(json.dumps({"ms": ms, "loss": float(losses[-1]), "retained": took}))
 
 
-def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
-                    methods: tuple[str, ...] = ("NN-HyVI", "FuNN-HyVI")) -> pd.DataFrame:
+def allocator_bench(
+    steps: int = 60, rounds: int = 3, seed: int = 0, methods: tuple[str, ...] = ("NN-HyVI", "FuNN-HyVI")
+) -> pd.DataFrame:
     """``pyro-bnnlv bench allocator``: ms per hyvi-uci SVI step (boston, App. E's settings) with
     glibc's default allocator settings vs :func:`~pyro_bnnlv._platform.retain_freed_memory`
     (what the sweep's workers and ``pyro-bnnlv`` use). Each arm runs in a fresh interpreter
@@ -433,8 +571,10 @@ def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
         losses: dict[bool, set[float]] = {False: set(), True: set()}
         for _ in range(rounds):
             for retain in (False, True):
-                code = ("from pyro_bnnlv.reproduce.hyvi import _allocator_arm; "
-                        f"_allocator_arm({method!r}, {steps}, {retain}, {seed})")  # fmt: skip
+                code = (
+                    "from pyro_bnnlv.reproduce.hyvi import _allocator_arm; "
+                    f"_allocator_arm({method!r}, {steps}, {retain}, {seed})"
+                )
                 out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 if retain and not got["retained"]:
@@ -443,8 +583,10 @@ def allocator_bench(steps: int = 60, rounds: int = 3, seed: int = 0,
                 losses[retain].add(got["loss"])
         default, retained = statistics.median(times[False]), statistics.median(times[True])
         same = len(losses[False] | losses[True]) == 1
-        rows += [(method, "glibc default", default, 1.0, same),
-                 (method, "retain_freed_memory", retained, default / retained, same)]  # fmt: skip
+        rows += [
+            (method, "glibc default", default, 1.0, same),
+            (method, "retain_freed_memory", retained, default / retained, same),
+        ]
     table = pd.DataFrame(rows, columns=["method", "allocator", "ms_per_step", "speed_up", "same_loss"])
     table = table.set_index(["method", "allocator"])
     for method in methods:
@@ -470,7 +612,7 @@ HYVI_PAPER = {
         "NN-HyVI": {"boston": -4.342, "concrete": -3.165, "energy": -0.611, "wine": -1.342, "yacht": -0.976},
         "FuNN-HyVI": {"boston": -10.631, "concrete": -3.463, "energy": -0.811, "wine": -2.167, "yacht": -2.056},
     },
-}  # fmt: skip
+}
 
 
 def cosine_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
@@ -478,16 +620,33 @@ def cosine_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
     predictor-space KL (sum of both directions)."""
     (t,) = frames
     kl = lambda row, space: (  # noqa: E731
-        "" if math.isnan(row[f"kl_{space}_q_nuts"])
-        else f"{row[f'kl_{space}_q_nuts']:.0f} / {row[f'kl_{space}_nuts_q']:.0f}")  # fmt: skip
+        ""
+        if math.isnan(row[f"kl_{space}_q_nuts"])
+        else f"{row[f'kl_{space}_q_nuts']:.0f} / {row[f'kl_{space}_nuts_q']:.0f}"
+    )
     best = tables.best(list(t["kl_predictor_q_nuts"] + t["kl_predictor_nuts_q"]), largest=False)
     out = []
     for i, row in t.iterrows():
-        out.append([tables.bold(row["method"], i == best), tables.num(row["sd_data"], 3), tables.num(row["sd_gap"]),
-                    tables.num(row["sd_far"]), tables.num(row["test_ll"]), kl(row, "parameter"),
-                    tables.bold(kl(row, "predictor"), i == best)])  # fmt: skip
-    header = ["method", "sd data", "sd gap", "sd far", "test LL", "KL param (q‖NUTS / NUTS‖q)",
-              "KL pred (q‖NUTS / NUTS‖q)"]  # fmt: skip
+        out.append(
+            [
+                tables.bold(row["method"], i == best),
+                tables.num(row["sd_data"], 3),
+                tables.num(row["sd_gap"]),
+                tables.num(row["sd_far"]),
+                tables.num(row["test_ll"]),
+                kl(row, "parameter"),
+                tables.bold(kl(row, "predictor"), i == best),
+            ]
+        )
+    header = [
+        "method",
+        "sd data",
+        "sd gap",
+        "sd far",
+        "test LL",
+        "KL param (q‖NUTS / NUTS‖q)",
+        "KL pred (q‖NUTS / NUTS‖q)",
+    ]
     return tables.table(header, out)
 
 
@@ -525,8 +684,10 @@ def uci_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
             key = (dataset, m)
             rmse_p = HYVI_PAPER["rmse"].get(m, {}).get(dataset, float("nan"))
             ll_p = HYVI_PAPER["test_ll"].get(m, {}).get(dataset, float("nan"))
-            cells.append(f"{tables.with_paper(value(key, 'rmse'), rmse_p)} / {tables.with_paper(value(key, 'test_ll'), ll_p)}"
-                         f" / {value(key, 'auroc_ood')}")  # fmt: skip
+            cells.append(
+                f"{tables.with_paper(value(key, 'rmse'), rmse_p)} / {tables.with_paper(value(key, 'test_ll'), ll_p)}"
+                f" / {value(key, 'auroc_ood')}"
+            )
         out.append(cells)
     return tables.table(["data set", "splits"] + [f"{m} RMSE / LL / AUROC" for m in methods], out)
 
@@ -534,8 +695,18 @@ def uci_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
 def knn_presets_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """``python docs/bench/knn_elbo_presets.py``: cost per step and the cosine-toy fit."""
     (t,) = frames
-    out = [[row["setting"], tables.num(row["ms_per_step"], 1), tables.num(row["cost_vs_mfvi"], 1), tables.num(row["sd_data"], 3),
-            tables.num(row["sd_gap"]), tables.num(row["sd_far"]), tables.num(row["test_ll"])] for _, row in t.iterrows()]  # fmt: skip
+    out = [
+        [
+            row["setting"],
+            tables.num(row["ms_per_step"], 1),
+            tables.num(row["cost_vs_mfvi"], 1),
+            tables.num(row["sd_data"], 3),
+            tables.num(row["sd_gap"]),
+            tables.num(row["sd_far"]),
+            tables.num(row["test_ll"]),
+        ]
+        for _, row in t.iterrows()
+    ]
     return tables.table(["setting", "ms / step", "cost vs MFVI", "sd data", "sd gap", "sd far", "test LL"], out)
 
 
@@ -551,8 +722,10 @@ def _uci_ranked(t: pd.DataFrame) -> dict[str, tuple[list[str], dict[str, pd.Data
     out = {}
     for dataset, block in t.groupby("dataset", sort=False):
         order = list(block.groupby("method", sort=False)["test_ll"].mean().sort_values(ascending=False).index)
-        wide = {col: block.pivot_table(index="split", columns="method", values=col)
-                for col in ("test_ll", "rmse", "auroc_ood")}  # fmt: skip
+        wide = {
+            col: block.pivot_table(index="split", columns="method", values=col)
+            for col in ("test_ll", "rmse", "auroc_ood")
+        }
         out[dataset] = order, wide
     return out
 
@@ -572,13 +745,24 @@ def uci_paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict
         pairs = [(order[i], order[j]) for i in range(len(order)) for j in range(i + 1, len(order))]
         for k, (a, b) in enumerate(pairs):
             paper = _paper_ll(a, dataset) - _paper_ll(b, dataset)
-            out.append([f"**{dataset}**" if k == 0 else "", f"{a} minus {b}",
-                        tables.paired_cell(wide["test_ll"][a], wide["test_ll"][b], a, b),
-                        tables.num(paper),
-                        tables.paired_cell(wide["rmse"][a], wide["rmse"][b], b, a),
-                        tables.paired_cell(wide["auroc_ood"][a], wide["auroc_ood"][b], a, b, decimals=3)])  # fmt: skip
-    header = ["set", "pair (by mean test LL)", "test LL: mean (SE), verdict", "Table 5's test LL difference",
-              "RMSE", "OOD AUROC"]  # fmt: skip
+            out.append(
+                [
+                    f"**{dataset}**" if k == 0 else "",
+                    f"{a} minus {b}",
+                    tables.paired_cell(wide["test_ll"][a], wide["test_ll"][b], a, b),
+                    tables.num(paper),
+                    tables.paired_cell(wide["rmse"][a], wide["rmse"][b], b, a),
+                    tables.paired_cell(wide["auroc_ood"][a], wide["auroc_ood"][b], a, b, decimals=3),
+                ]
+            )
+    header = [
+        "set",
+        "pair (by mean test LL)",
+        "test LL: mean (SE), verdict",
+        "Table 5's test LL difference",
+        "RMSE",
+        "OOD AUROC",
+    ]
     return tables.table(header, out)
 
 
@@ -591,8 +775,10 @@ def uci_paired_summary(frames: list[pd.DataFrame], paths: list[str], options: di
     ranked = _uci_ranked(t)
     splits = sorted(set(t.groupby(["dataset", "method"])["split"].nunique()))
     if splits[0] < 2:
-        raise ValueError(f"{', '.join(paths)} has {splits[0]} finished split(s) for some method; a paired test "
-                         "needs at least 2 (use the paper run's CSV, e.g. docs/results/hyvi-uci-paper.csv)")
+        raise ValueError(
+            f"{', '.join(paths)} has {splits[0]} finished split(s) for some method; a paired test "
+            "needs at least 2 (use the paper run's CSV, e.g. docs/results/hyvi-uci-paper.csv)"
+        )
     paper_best = {d: max(HYVI_PAPER["test_ll"], key=lambda m: _paper_ll(m, d)) for d in ranked}
     same = [d for d, (order, _) in ranked.items() if order[0] == paper_best[d]]
     ahead, ties = [], []
@@ -604,15 +790,22 @@ def uci_paired_summary(frames: list[pd.DataFrame], paths: list[str], options: di
         elif verdicts[0] == "tie":
             mean, se, _ = tables.paired(ll[order[0]], ll[order[1]])
             ties.append(f"{dataset} ({order[0]} minus {order[1]} {tables.num(mean)}, SE {tables.num(se)})")
-    gaps = {d: max(abs(t[(t["dataset"] == d) & (t["method"] == m)]["test_ll"].mean() - _paper_ll(m, d))
-                   for m in order if not math.isnan(_paper_ll(m, d)))
-            for d, (order, _) in ranked.items()}  # fmt: skip
+    gaps = {
+        d: max(
+            abs(t[(t["dataset"] == d) & (t["method"] == m)]["test_ll"].mean() - _paper_ll(m, d))
+            for m in order
+            if not math.isnan(_paper_ll(m, d))
+        )
+        for d, (order, _) in ranked.items()
+    }
     gap_text = ", ".join(f"{d} {tables.num(g)}" for d, g in sorted(gaps.items(), key=lambda kv: kv[1]))
     n = " or ".join(str(s) for s in splits)
-    text = (f"The best mean test LL is Table 5's best method on {len(same)} of {len(ranked)} sets"
-            + (f" ({tables.listing(same)})" if 0 < len(same) < len(ranked) else "")
-            + f"; paired by split ({n} splits, t-test at 5%) it is ahead of both others on "
-            + (tables.listing(ahead) if ahead else "no set"))
+    text = (
+        f"The best mean test LL is Table 5's best method on {len(same)} of {len(ranked)} sets"
+        + (f" ({tables.listing(same)})" if 0 < len(same) < len(ranked) else "")
+        + f"; paired by split ({n} splits, t-test at 5%) it is ahead of both others on "
+        + (tables.listing(ahead) if ahead else "no set")
+    )
     if ties:
         text += f", and ties the runner-up on {tables.listing(ties)}"
     return text + (f". Largest gap between a method's mean test LL and Table 5's, in nats: {gap_text}.")

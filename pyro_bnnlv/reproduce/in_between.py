@@ -113,15 +113,21 @@ PAPER_LL = {
             "SL": _row(-3.01, -3.62, -17.17, 1.20, -51.99, -3.36, -3.11, -1.12, -3.61),
         },
     },
-}  # fmt: skip
+}
 
 _LOG2PI = math.log(2 * math.pi)
 
 
 def fit_map_learned_noise(
-    net: MLP, data: Dataset, *, num_steps: int = 2000, lr: float = 0.01, prior_scale: float = 1.0,
-    eval_every: int = 50, seed: int = 0,
-) -> tuple[torch.Tensor, float, int]:  # fmt: skip
+    net: MLP,
+    data: Dataset,
+    *,
+    num_steps: int = 2000,
+    lr: float = 0.01,
+    prior_scale: float = 1.0,
+    eval_every: int = 50,
+    seed: int = 0,
+) -> tuple[torch.Tensor, float, int]:
     """MAP weights and maximum-likelihood ``sigma`` (App. D), early-stopped on validation LL.
 
     Maximises ``(log p(y | w, sigma) + log p(w)) / N`` by full-batch Adam over ``w`` and
@@ -161,10 +167,19 @@ def _gaussian_metrics(mean: torch.Tensor, var: torch.Tensor, data: Dataset) -> f
 
 
 def run_split(
-    data: Dataset, *, map_steps: int = 2000, vi_steps: int = 4000, batch_size: int = 100,
-    num_samples: int = 100, seed: int = 0, methods: Sequence[str] = METHODS, hidden_layers: int = 1,
-    mfvi: str = "short", protocol: str = "default", laplace_prior: str = "as-stated",
-) -> dict[str, float]:  # fmt: skip
+    data: Dataset,
+    *,
+    map_steps: int = 2000,
+    vi_steps: int = 4000,
+    batch_size: int = 100,
+    num_samples: int = 100,
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    hidden_layers: int = 1,
+    mfvi: str = "short",
+    protocol: str = "default",
+    laplace_prior: str = "as-stated",
+) -> dict[str, float]:
     """Test log-likelihood (original scale) of each method on one split; also seconds per method.
 
     ``hidden_layers``: 1 or 2 hidden layers of 50 tanh units (the paper's 1HL / 2HL rows).
@@ -190,8 +205,16 @@ def run_split(
         if laplace:
             t = time.perf_counter()
             with WarningTally() as tally:
-                out.update(app_d_map_laplace(data, hidden_layers=hidden_layers, methods=laplace,
-                                             num_samples=num_samples, seed=seed, laplace_prior=laplace_prior))  # fmt: skip
+                out.update(
+                    app_d_map_laplace(
+                        data,
+                        hidden_layers=hidden_layers,
+                        methods=laplace,
+                        num_samples=num_samples,
+                        seed=seed,
+                        laplace_prior=laplace_prior,
+                    )
+                )
             out["sec_app_d"] = time.perf_counter() - t
             out["warnings"] = tally.summary()
         methods = [m for m in methods if m == "MFVI"]
@@ -221,19 +244,20 @@ def run_split(
             if "SL" in methods:
                 t = time.perf_counter()
                 sl_model = la.to_model()
-                samples = sample_posterior(sl_model, la.as_guide(), data.x_train,
-                                           num_samples=num_samples, seed=seed)  # fmt: skip
+                samples = sample_posterior(sl_model, la.as_guide(), data.x_train, num_samples=num_samples, seed=seed)
                 out["SL"] = float(evaluate(sl_model, samples, data.x_test, data.y_test, **kwargs)["test_ll"])
                 out["sec_SL"] = time.perf_counter() - t
         out["warnings"] = tally.summary()
     if "MFVI" in methods:
-        out.update(_mfvi(data, hidden, mfvi=mfvi, vi_steps=vi_steps, batch_size=batch_size, num_samples=num_samples,
-                         seed=seed))  # fmt: skip
+        out.update(
+            _mfvi(data, hidden, mfvi=mfvi, vi_steps=vi_steps, batch_size=batch_size, num_samples=num_samples, seed=seed)
+        )
     return out
 
 
-def _mfvi(data: Dataset, hidden: list[int], *, mfvi: str, vi_steps: int, batch_size: int, num_samples: int,
-          seed: int) -> dict[str, float]:  # fmt: skip
+def _mfvi(
+    data: Dataset, hidden: list[int], *, mfvi: str, vi_steps: int, batch_size: int, num_samples: int, seed: int
+) -> dict[str, float]:
     """:func:`run_split`'s MFVI (``mfvi``: ``"short"`` or App. D's ``"paper"``, as there): its test
     log-likelihood on the original scale (``"MFVI"``) and seconds (``"sec_MFVI"``)."""
     t = time.perf_counter()
@@ -242,16 +266,29 @@ def _mfvi(data: Dataset, hidden: list[int], *, mfvi: str, vi_steps: int, batch_s
     n_train = len(data.x_train)
     bs = None if n_train <= batch_size else batch_size
     paper = mfvi == "paper"
-    guide = own_param_names(AutoNormal(vmodel, init_scale=math.sqrt(1e-5) if paper else 1e-2,
-                                       init_loc_fn=init_to_network(vmodel, seed=seed)))  # fmt: skip
+    guide = own_param_names(
+        AutoNormal(
+            vmodel, init_scale=math.sqrt(1e-5) if paper else 1e-2, init_loc_fn=init_to_network(vmodel, seed=seed)
+        )
+    )
     if paper:
         epochs = 1000 if n_train < 2000 else 100
         steps = epochs * math.ceil(n_train / batch_size)
         loss = FusedTraceElbo(num_particles=32, vectorize_particles=True)  # Trace_ELBO's estimator, no JIT
     else:
         steps, loss = vi_steps, None
-    fit_svi(vmodel, guide, data.x_train, data.y_train, num_steps=steps, lr=0.01,
-            batch_size=bs, seed=seed, progress=False, loss=loss)  # fmt: skip
+    fit_svi(
+        vmodel,
+        guide,
+        data.x_train,
+        data.y_train,
+        num_steps=steps,
+        lr=0.01,
+        batch_size=bs,
+        seed=seed,
+        progress=False,
+        loss=loss,
+    )
     samples = sample_posterior(vmodel, guide, data.x_train, num_samples=num_samples, seed=seed)
     metrics = evaluate(vmodel, samples, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std)
     return {"MFVI": float(metrics["test_ll"]), "sec_MFVI": time.perf_counter() - t}
@@ -278,12 +315,23 @@ def split_task(task: Task, *, methods: Sequence[str] = METHODS, **options) -> di
 
 
 def uci_table(
-    datasets: Sequence[str] = DATASETS, *, standard_splits: Sequence[int] = (0, 1, 2),
-    gap: bool = True, max_gap_dims: int | None = None, progress: bool = True, seed: int = 0,
-    methods: Sequence[str] = METHODS, out_dir: str | Path | None = None, executor: str = "local",
-    workers: int | None = None, address: str | None = None, code_version: str | None = None,
-    threads: int = 1, stop_after: float | None = None, **options,
-) -> pd.DataFrame:  # fmt: skip
+    datasets: Sequence[str] = DATASETS,
+    *,
+    standard_splits: Sequence[int] = (0, 1, 2),
+    gap: bool = True,
+    max_gap_dims: int | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    out_dir: str | Path | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    code_version: str | None = None,
+    threads: int = 1,
+    stop_after: float | None = None,
+    **options,
+) -> pd.DataFrame:
     """Run :func:`run_split` on the standard splits and the gap splits; one row per split.
 
     Standard splits a data set does not have (protein has 5, the others 20) are skipped. Each
@@ -302,14 +350,27 @@ def uci_table(
             splits += [("gap", d) for d in range(dims if max_gap_dims is None else min(dims, max_gap_dims))]
         tasks += [Task(name, method=g, split=s, grid={"kind": kind}, seed=seed) for kind, s in splits for g in groups]
     fn = functools.partial(split_task, methods=tuple(methods), **options)
-    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, threads=threads, progress=progress, desc="in-between",
-                      stop_after=stop_after)  # fmt: skip
+    sweep = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        code_version=code_version,
+        threads=threads,
+        progress=progress,
+        desc="in-between",
+        stop_after=stop_after,
+    )
     key = ["dataset", "kind", "split"]
     results = sweep.drop(columns=["task_id", "method", "restart", "seed", "task_seconds", "attempts", "error"])
     table = results.groupby(key, sort=False).first().reset_index()  # the two tasks of a split -> one row
-    table["status"] = results.groupby(key, sort=False)["status"].agg(
-        lambda v: "done" if (v == "done").all() else "failed" if (v == "failed").any() else "pending").to_numpy()  # fmt: skip
+    table["status"] = (
+        results.groupby(key, sort=False)["status"]
+        .agg(lambda v: "done" if (v == "done").all() else "failed" if (v == "failed").any() else "pending")
+        .to_numpy()
+    )
     table = table[key + [c for c in table.columns if c not in key and c != "status"] + ["status"]]
     table.attrs = dict(sweep.attrs)
     return table
@@ -325,10 +386,10 @@ def summary(table: pd.DataFrame, hidden_layers: int = 1) -> pd.DataFrame:
             v = g[m].astype(float).dropna()  # a failed or pending split has no value
             se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
             paper = PAPER_LL[hidden_layers][kind].get("LL" if m == "LL-valid" else m, {}).get(name, float("nan"))
-            rows.append(dict(kind=kind, dataset=name, method=m, n_splits=len(v), mean=float(v.mean()),
-                             se=se, paper=paper))  # fmt: skip
+            rows.append(
+                dict(kind=kind, dataset=name, method=m, n_splits=len(v), mean=float(v.mean()), se=se, paper=paper)
+            )
     return pd.DataFrame(rows)
-
 
 
 def _laplace_prior_option(laplace_prior: str) -> dict[str, str]:
@@ -336,6 +397,7 @@ def _laplace_prior_option(laplace_prior: str) -> dict[str, str]:
     the first App. D stores, whose task functions were recorded without it, so leaving the default
     out keeps rerunning their commands a read of the committed stores."""
     return {} if laplace_prior == "as-stated" else {"laplace_prior": laplace_prior}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pyro-bnnlv reproduce in-between", description=__doc__.split("\n\n")[0])
@@ -345,18 +407,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-gap-dims", type=int, default=None, help="gap splits per data set (default all)")
     p.add_argument("--map-steps", type=int, default=2000)
     p.add_argument("--vi-steps", type=int, default=4000)
-    p.add_argument("--hidden-layers", type=int, default=1, choices=(1, 2),
-                   help="hidden layers of 50 tanh units (the paper's 1HL / 2HL rows)")
-    p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
-                   help="methods to run (default all)")
-    p.add_argument("--mfvi", default="short", choices=("short", "paper"),
-                   help="MFVI budget: short (default) or the paper's App. D settings (slower)")
-    p.add_argument("--protocol", default="default", choices=("default", "app-d"),
-                   help="MAP and Laplace: this module's defaults, or App. D's grid search on validation "
-                        "and refit on train + validation (pyro_bnnlv.reproduce.app_d)")
-    p.add_argument("--laplace-prior", default="as-stated", choices=("as-stated", "fan-in"),
-                   help="with --protocol app-d: the Laplace posterior's prior, N(0, omega^2) on every parameter "
-                        "(App. D's UCI text) or N(0, omega^2 / fan-in) on the weights (its toy experiments)")
+    p.add_argument(
+        "--hidden-layers",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="hidden layers of 50 tanh units (the paper's 1HL / 2HL rows)",
+    )
+    p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS, help="methods to run (default all)")
+    p.add_argument(
+        "--mfvi",
+        default="short",
+        choices=("short", "paper"),
+        help="MFVI budget: short (default) or the paper's App. D settings (slower)",
+    )
+    p.add_argument(
+        "--protocol",
+        default="default",
+        choices=("default", "app-d"),
+        help="MAP and Laplace: this module's defaults, or App. D's grid search on validation "
+        "and refit on train + validation (pyro_bnnlv.reproduce.app_d)",
+    )
+    p.add_argument(
+        "--laplace-prior",
+        default="as-stated",
+        choices=("as-stated", "fan-in"),
+        help="with --protocol app-d: the Laplace posterior's prior, N(0, omega^2) on every parameter "
+        "(App. D's UCI text) or N(0, omega^2 / fan-in) on the weights (its toy experiments)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per task (default 1)")
     p.add_argument("--output", default=None, help="CSV of the per-split results")
@@ -364,15 +442,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_sweep_arguments(p)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    table = uci_table(args.datasets, standard_splits=range(args.standard_splits), gap=not args.no_gap,
-                      max_gap_dims=args.max_gap_dims, map_steps=args.map_steps, vi_steps=args.vi_steps,
-                      seed=args.seed, hidden_layers=args.hidden_layers, methods=args.methods,
-                      mfvi=args.mfvi, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
-                      **_laplace_prior_option(args.laplace_prior), **sweep_options(args))  # fmt: skip
+    table = uci_table(
+        args.datasets,
+        standard_splits=range(args.standard_splits),
+        gap=not args.no_gap,
+        max_gap_dims=args.max_gap_dims,
+        map_steps=args.map_steps,
+        vi_steps=args.vi_steps,
+        seed=args.seed,
+        hidden_layers=args.hidden_layers,
+        methods=args.methods,
+        mfvi=args.mfvi,
+        protocol=args.protocol,
+        threads=args.threads,
+        progress=not args.quiet,
+        **_laplace_prior_option(args.laplace_prior),
+        **sweep_options(args),
+    )
     if args.output:
         table.to_csv(args.output, index=False)
     summ = summary(table, args.hidden_layers)
-    wide = summ.assign(cell=[f"{m:.2f} ± {s:.2f} ({p:.2f})" for m, s, p in zip(summ["mean"], summ["se"], summ["paper"])])
+    wide = summ.assign(
+        cell=[f"{m:.2f} ± {s:.2f} ({p:.2f})" for m, s, p in zip(summ["mean"], summ["se"], summ["paper"])]
+    )
     print(wide.pivot_table(index=["kind", "method"], columns="dataset", values="cell", aggfunc="first").to_string())
     print(f"total {time.perf_counter() - t0:.0f} s")
     return report(table)
@@ -385,8 +477,9 @@ if __name__ == "__main__":
 # ----------------------------------------------------------------------------------------------
 # laplace: GGN Laplace fit + linearised predictive
 # ----------------------------------------------------------------------------------------------
-def _func_reference_laplace(net: MLP, x: torch.Tensor, xs: torch.Tensor, w: torch.Tensor,
-                            sigma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _func_reference_laplace(
+    net: MLP, x: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sigma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain ``torch.func`` full-GGN Laplace, written out: Jacobians by ``vmap(jacrev)``,
     ``H = J^T J / sigma^2 + I``, Cholesky, predictive variance ``||C^{-1} J*^T||^2 + sigma^2``."""
     from torch.func import jacrev, vmap
@@ -428,8 +521,7 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
         cases.append((f"clusters toy, N={n}", data.x_train, data.y_train, data.x_test, 50))
     if (default_data_dir() / "uci" / "protein-tertiary-structure").exists():
         data = load_dataset("protein", split=0)
-        cases.append(("protein (largest UCI), N=%d" % len(data.x_train), data.x_train, data.y_train,
-                      data.x_test, 3))  # fmt: skip
+        cases.append(("protein (largest UCI), N=%d" % len(data.x_train), data.x_train, data.y_train, data.x_test, 3))
     rows, attrs = [], {}
     for label, x, y, xs, default_steps in cases:
         n_steps = default_steps if steps is None else int(steps)
@@ -443,13 +535,16 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
             "torch.func reference, full, float64": lambda: _func_reference_laplace(net, x64, xs64, w64, sigma),
             "torch.func reference, full, float32": lambda: _func_reference_laplace(net, x, xs, w, sigma),
             "LinearizedLaplace full (float64)": lambda: LinearizedLaplace(model, w).fit(x, y).predictive(xs),
-            "LinearizedLaplace full, float32": lambda: LinearizedLaplace(
-                model, w, dtype=torch.float32).fit(x, y).predictive(xs),
-            "LinearizedLaplace diag (float64)": lambda: LinearizedLaplace(
-                model, w, structure="diag").fit(x, y).predictive(xs),
-            "LinearizedLaplace last_layer (float64)": lambda: LinearizedLaplace(
-                model, w, structure="last_layer").fit(x, y).predictive(xs),
-        }  # fmt: skip
+            "LinearizedLaplace full, float32": lambda: (
+                LinearizedLaplace(model, w, dtype=torch.float32).fit(x, y).predictive(xs)
+            ),
+            "LinearizedLaplace diag (float64)": lambda: (
+                LinearizedLaplace(model, w, structure="diag").fit(x, y).predictive(xs)
+            ),
+            "LinearizedLaplace last_layer (float64)": lambda: (
+                LinearizedLaplace(model, w, structure="last_layer").fit(x, y).predictive(xs)
+            ),
+        }
         times: dict[str, list[float]] = {k: [] for k in contenders}
         for _ in range(rounds):
             for name, fn in contenders.items():
@@ -461,8 +556,11 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
         ref = statistics.median(times["torch.func reference, full, float64"])
         la = LinearizedLaplace(model, w)
         K = 51
-        chunk = {"full": min(len(x), la._chunk(1)) * P, "diag": min(len(x), la._chunk(1)) * P,
-                 "last_layer": min(len(x), 4_000_000 // K) * K}  # fmt: skip
+        chunk = {
+            "full": min(len(x), la._chunk(1)) * P,
+            "diag": min(len(x), la._chunk(1)) * P,
+            "last_layer": min(len(x), 4_000_000 // K) * K,
+        }
         for name in contenders:
             struct = "diag" if "diag" in name else "last_layer" if "last_layer" in name else "full"
             stored = {"full": P * P, "diag": P, "last_layer": K * K}[struct]
@@ -470,8 +568,9 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
             med = statistics.median(times[name])
             rows.append((label, name, med, med / ref, stored, work))
         attrs[f"max_rel_diff_var_vs_reference [{label}]"] = agree
-    table = pd.DataFrame(rows, columns=["case", "contender", "ms", "ratio_to_func_ref",
-                                        "curvature_floats", "jacobian_chunk_floats"])  # fmt: skip
+    table = pd.DataFrame(
+        rows, columns=["case", "contender", "ms", "ratio_to_func_ref", "curvature_floats", "jacobian_chunk_floats"]
+    )
     table = table.set_index(["case", "contender"])
     table.attrs.update(attrs)
     return table
@@ -480,8 +579,13 @@ def laplace_bench(steps: int | None = None, rounds: int = 3, seed: int = 0) -> p
 # --------------------------------------------------------------------------- results tables
 
 
-_IB_LABELS = {"MAP": "MAP", "MFVI": "MFVI", "LL": "linearised Laplace", "LL-valid": "LL, validation hyper-params",
-              "SL": "sampled Laplace"}  # fmt: skip
+_IB_LABELS = {
+    "MAP": "MAP",
+    "MFVI": "MFVI",
+    "LL": "linearised Laplace",
+    "LL-valid": "LL, validation hyper-params",
+    "SL": "sampled Laplace",
+}
 
 
 def in_between_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
@@ -514,7 +618,8 @@ def in_between_table(frames: list[pd.DataFrame], paths: list[str], options: dict
             label = f"{kind} ({ns.pop()} splits)" if len(ns) == 1 else kind
             rows.append([label] + [cell(kind, m, d) for d in datasets])
         return f"splits: {'; '.join(f'{k} ({counts(k)})' for k in kinds)}\n\n" + tables.table(
-            [f"{_IB_LABELS.get(m, m)}"] + datasets, rows)  # fmt: skip
+            [f"{_IB_LABELS.get(m, m)}"] + datasets, rows
+        )
     parts = []
     for kind in kinds:
         rows = [[_IB_LABELS.get(m, m)] + [cell(kind, m, d) for d in datasets] for m in methods]
@@ -530,7 +635,9 @@ def protocol_paired_table(frames: list[pd.DataFrame], paths: list[str], options:
     the paper's number (``hidden_layers=2``: its 2HL rows); ``label=NAME`` names the first run
     (default: its file name; "_" for a space, which marker options cannot hold)."""
     if len(frames) != 2:
-        raise ValueError(f"the in-between-paired table compares two CSVs (another protocol, then the default); got {paths}")
+        raise ValueError(
+            f"the in-between-paired table compares two CSVs (another protocol, then the default); got {paths}"
+        )
     hidden = int(options.get("hidden_layers", 1))
     label = options.get("label", Path(paths[0]).stem).replace("_", " ")
     both = frames[0].merge(frames[1], on=["dataset", "kind", "split"], suffixes=("_first", "_default"))
@@ -545,7 +652,17 @@ def protocol_paired_table(frames: list[pd.DataFrame], paths: list[str], options:
                 continue
             verdict = tables.paired_verdict(mean, se, n, f"{label} better", "default better")
             paper = PAPER_LL[hidden][kind].get(m, {}).get(name, math.nan)
-            rows.append([name, kind, m, str(n), tables.num(float(a[ok].mean())), tables.num(float(b[ok].mean())),
-                         f"{mean:+.2f} ({se:.2f}), {verdict}", tables.num(paper)])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    kind,
+                    m,
+                    str(n),
+                    tables.num(float(a[ok].mean())),
+                    tables.num(float(b[ok].mean())),
+                    f"{mean:+.2f} ({se:.2f}), {verdict}",
+                    tables.num(paper),
+                ]
+            )
     header = ["set", "splits", "method", "n", label, "default", f"{label} - default (SE), verdict", "paper"]
     return tables.table(header, rows)

@@ -145,9 +145,7 @@ def fit_mean_field_linear(
     if not (isinstance(init_scale, (int, float)) and init_scale > 0):
         raise ValueError(f"init_scale must be positive, got {init_scale!r}")
     guide = own_param_names(AutoNormal(model, init_loc_fn=init_to_mean, init_scale=float(init_scale)))
-    loss = TraceMeanField_ELBO(
-        num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1
-    )
+    loss = TraceMeanField_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
     sums: dict[str, Any] = {"loc": 0.0, "scale": 0.0, "scale2": 0.0, "n": 0}
     t0 = time.perf_counter()
     history: list[float] = []
@@ -163,9 +161,17 @@ def fit_mean_field_linear(
                 sums["n"] += 1
 
         history += fit_svi(
-            model, guide, x, y, num_steps=n, lr=lr, loss=loss,
-            seed=None if seed is None else int(seed) + i, progress=False, callback=record,
-        )  # fmt: skip
+            model,
+            guide,
+            x,
+            y,
+            num_steps=n,
+            lr=lr,
+            loss=loss,
+            seed=None if seed is None else int(seed) + i,
+            progress=False,
+            callback=record,
+        )
     n = sums["n"]
     loc, scale = sums["loc"] / n, sums["scale"] / n
     scale_sd = (sums["scale2"] / n - scale**2).clamp_min(0).sqrt()
@@ -231,9 +237,8 @@ def svi_invariance_experiment(
         model = OverparametrisedLinear(K, prior_loc, prior_scale, noise_scale)
         prior = model.prior()
         _, q_fit, info = fit_mean_field_linear(
-            model, x, y, stages=stages, num_particles=num_particles, init_scale=init_scale,
-            seed=seed,
-        )  # fmt: skip
+            model, x, y, stages=stages, num_particles=num_particles, init_scale=init_scale, seed=seed
+        )
         q_star = q0(prior, *theta_star_0(prior, y, noise_scale))
         post = exact_posterior(prior, y, noise_scale)
         loc, scale = q_fit.loc, q_fit.cov.diagonal().sqrt()
@@ -264,9 +269,7 @@ def svi_invariance_experiment(
             elbo_fit=e_fit,
             elbo_star=e_star,
             elbo_gap=e_star - e_fit,
-            log_evidence=float(
-                elbo_terms(post, prior, y, noise_scale).elbo
-            ),  # ELBO of the exact posterior = ln p(y)
+            log_evidence=float(elbo_terms(post, prior, y, noise_scale).elbo),  # ELBO of the exact posterior = ln p(y)
             gap_theta_0=float(invariance_gap(prior, *theta_star_0(prior, y, noise_scale))),
             gap_theta_mix=float(invariance_gap(prior, *theta_star_mix(y, K, noise_scale))),
             seconds=info["seconds"],
@@ -327,9 +330,18 @@ def nuts_invariance_check(
     x = torch.ones(N, dtype=DTYPE)
     y = torch.full((N,), float(y_value), dtype=DTYPE)
     mcmc = run_nuts(
-        model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, num_chains=num_chains,
-        full_mass=full_mass, map_steps=500, map_lr=0.05, seed=seed, progress=progress,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        num_samples=num_samples,
+        warmup_steps=warmup_steps,
+        num_chains=num_chains,
+        full_mass=full_mass,
+        map_steps=500,
+        map_lr=0.05,
+        seed=seed,
+        progress=progress,
+    )
     w = mcmc.get_samples(group_by_chain=True)["w"].to(DTYPE)  # (C, S, K)
     post = exact_posterior(model.prior(), y, noise_scale)
     X = torch.full((K,), 1.0 / K, dtype=DTYPE)
@@ -348,8 +360,7 @@ def nuts_invariance_check(
         a, b = coords[:2]
         prod = (w[..., a] - w[..., a].mean()) * (w[..., b] - w[..., b].mean())
         c, se_c, ess_c = _se_mean(prod)
-        rows.append(dict(quantity=f"cov w[{a}],w[{b}]", nuts=c, exact=float(post.cov[a, b]),
-                         se=se_c, ess=ess_c))  # fmt: skip
+        rows.append(dict(quantity=f"cov w[{a}],w[{b}]", nuts=c, exact=float(post.cov[a, b]), se=se_c, ess=ess_c))
     table = pd.DataFrame(rows).set_index("quantity")
     table["z"] = (table.nuts - table.exact) / table.se
     return table, mcmc
@@ -425,11 +436,20 @@ def invariance_gap_table(
                 pm = predictive_moments(q, noise_scale)
                 rows.append(
                     dict(
-                        K=K, theta=tname, approx=qname,
-                        ell=float(terms.ell), kl=float(terms.kl), elbo=float(terms.elbo),
-                        pred_mean=float(pm.mean), pred_var_f=float(pm.var_f),
-                        pred_var_y=float(pm.var_y), gap=gap, bound=bound, ell_max=ell_max,
-                        log_evidence=logz, prior_pred_var_y=prior_var_y,
+                        K=K,
+                        theta=tname,
+                        approx=qname,
+                        ell=float(terms.ell),
+                        kl=float(terms.kl),
+                        elbo=float(terms.elbo),
+                        pred_mean=float(pm.mean),
+                        pred_var_f=float(pm.var_f),
+                        pred_var_y=float(pm.var_y),
+                        gap=gap,
+                        bound=bound,
+                        ell_max=ell_max,
+                        log_evidence=logz,
+                        prior_pred_var_y=prior_var_y,
                         kl_q0_to_posterior=kl_post,
                     )
                 )
@@ -453,7 +473,9 @@ def plot_invariance_gap(df, path=None, svi=None, *, axes=None):
     else:
         axes = list(getattr(axes, "flat", axes))
         if len(axes) != 5:
-            raise ValueError(f"axes must hold 5 matplotlib axes (gap, KL, ELL, ELBO, predictive variance), got {len(axes)}")
+            raise ValueError(
+                f"axes must hold 5 matplotlib axes (gap, KL, ELL, ELBO, predictive variance), got {len(axes)}"
+            )
         fig = axes[0].figure
     g = df[df.approx == "q0"]
     for tname, sub in g.groupby("theta"):

@@ -116,16 +116,18 @@ def _their_module(net: ModuleNet, w: torch.Tensor, dtype: torch.dtype) -> nn.Mod
     return module
 
 
-def _contenders(laplace: Any, model: BNN, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                prior_precision: float) -> dict[str, dict[str, tuple[Callable[[], Any], Callable[..., Any]]]]:
+def _contenders(
+    laplace: Any, model: BNN, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, prior_precision: float
+) -> dict[str, dict[str, tuple[Callable[[], Any], Callable[..., Any]]]]:
     """Per structure, per contender: ``(fit, predict)``: ``fit()`` builds and fits a Laplace
     object; ``predict(la, xs, link, seed)`` its predictive probabilities on ``xs`` (float64)."""
     from laplace.curvature import AsdlGGN, BackPackGGN
 
     def ours(structure: str, dtype: torch.dtype):
         def fit() -> LinearizedLaplace:
-            return LinearizedLaplace(model, w, structure=structure, prior_precision=prior_precision,
-                                     dtype=dtype).fit(x, y)  # fmt: skip
+            return LinearizedLaplace(model, w, structure=structure, prior_precision=prior_precision, dtype=dtype).fit(
+                x, y
+            )
 
         def predict(la: LinearizedLaplace, xs: torch.Tensor, link: str, seed: int = 0) -> torch.Tensor:
             return la.predictive_probs(xs, link_approx=link, num_samples=_MC_SAMPLES, seed=seed).double()
@@ -137,16 +139,23 @@ def _contenders(laplace: Any, model: BNN, w: torch.Tensor, x: torch.Tensor, y: t
 
         def fit() -> Any:
             module = _their_module(model.net, w, dtype)  # not timed apart: a deepcopy of a small module
-            la = laplace.Laplace(module, "classification", subset_of_weights="all", hessian_structure=structure,
-                                 prior_precision=prior_precision, backend=backend)  # fmt: skip
+            la = laplace.Laplace(
+                module,
+                "classification",
+                subset_of_weights="all",
+                hessian_structure=structure,
+                prior_precision=prior_precision,
+                backend=backend,
+            )
             la.fit(loader, progress_bar=False)
             return la
 
         def predict(la: Any, xs: torch.Tensor, link: str, seed: int = 0) -> torch.Tensor:
             gen = torch.Generator().manual_seed(seed)
             with torch.no_grad():
-                return la(xs.to(dtype), pred_type="glm", link_approx=link, n_samples=_MC_SAMPLES,
-                          generator=gen).double()  # fmt: skip
+                return la(
+                    xs.to(dtype), pred_type="glm", link_approx=link, n_samples=_MC_SAMPLES, generator=gen
+                ).double()
 
         return fit, predict
 
@@ -169,14 +178,22 @@ def _optimised(la: Any, prior_precision: float) -> tuple[float, float]:
     if isinstance(la, LinearizedLaplace):
         la.optimize_hyperparameters()
         return float(la.prior_precision[0]), float(la.log_marginal_likelihood())
-    la.optimize_prior_precision(method="marglik", pred_type="glm", prior_structure="scalar",
-                                init_prior_prec=prior_precision)  # fmt: skip
+    la.optimize_prior_precision(
+        method="marglik", pred_type="glm", prior_structure="scalar", init_prior_prec=prior_precision
+    )
     return float(la.prior_precision.reshape(-1)[0]), float(la.log_marginal_likelihood())
 
 
-def laplace_torch_bench(steps: int | None = None, rounds: int = 3, seed: int = 0, *,
-                        data_sets: tuple[str, ...] = ("breast-cancer", "iris"), hidden: int = 50,
-                        prior_scale: float = 1.0, map_steps: int = 2000) -> pd.DataFrame:
+def laplace_torch_bench(
+    steps: int | None = None,
+    rounds: int = 3,
+    seed: int = 0,
+    *,
+    data_sets: tuple[str, ...] = ("breast-cancer", "iris"),
+    hidden: int = 50,
+    prior_scale: float = 1.0,
+    map_steps: int = 2000,
+) -> pd.DataFrame:
     """``pyro-bnnlv bench laplace-torch`` (module docstring): per data set, structure and
     contender, timings and agreement with ours (float64); ``steps`` timed repeats per contender
     and round (default 3) after one untimed one."""
@@ -225,13 +242,43 @@ def laplace_torch_bench(steps: int | None = None, rounds: int = 3, seed: int = 0
                     fit_ms = 1e3 * statistics.median(a for a, _ in times[key])
                     pred_ms = 1e3 * statistics.median(b for _, b in times[key])
                     total = 1e3 * statistics.median(a + b for a, b in times[key])
-                    rows.append((name, structure, key, fit_ms, pred_ms, total, total / (1e3 * ref_total), dp, dmc,
-                                 lml, lml - ref_lml, opt, lml_opt))  # fmt: skip
+                    rows.append(
+                        (
+                            name,
+                            structure,
+                            key,
+                            fit_ms,
+                            pred_ms,
+                            total,
+                            total / (1e3 * ref_total),
+                            dp,
+                            dmc,
+                            lml,
+                            lml - ref_lml,
+                            opt,
+                            lml_opt,
+                        )
+                    )
                     if key.startswith("laplace-torch default") and key.endswith("float64"):
-                        attrs[f"{label}, {structure}: max |p_ours - p_laplace-torch| probit (default backend, "
-                              f"float64), target <= 1e-3"] = f"{dp:.2e}"  # fmt: skip
-    columns = ["data", "structure", "contender", "fit_ms", "predict_ms", "total_ms", "ratio_to_ours",
-               "max_dp_probit", "max_dp_mc", "log_marglik", "d_log_marglik", "prior_prec_opt", "log_marglik_opt"]
+                        attrs[
+                            f"{label}, {structure}: max |p_ours - p_laplace-torch| probit (default backend, "
+                            f"float64), target <= 1e-3"
+                        ] = f"{dp:.2e}"
+    columns = [
+        "data",
+        "structure",
+        "contender",
+        "fit_ms",
+        "predict_ms",
+        "total_ms",
+        "ratio_to_ours",
+        "max_dp_probit",
+        "max_dp_mc",
+        "log_marglik",
+        "d_log_marglik",
+        "prior_prec_opt",
+        "log_marglik_opt",
+    ]
     table = pd.DataFrame(rows, columns=columns).set_index(["data", "structure", "contender"])
     table.attrs.update(attrs)
     return table

@@ -58,19 +58,27 @@ DATASETS = ("heavy-tail", "goldberg", "williams", "yuan", "depeweg")
 #: (BNN, BNN+LV MFVI, NCAI_0, NCAI_lambda); NaN where the paper has no entry.
 PAPER = {
     "test_ll": {
-        "heavy-tail": (-2.47, -1.867, -1.481, -1.426), "goldberg": (-1.055, -1.026, -0.962, -0.963),
-        "williams": (-1.591, -1.033, -0.414, -0.414), "yuan": (-2.846, -1.278, -1.211, -1.211),
+        "heavy-tail": (-2.47, -1.867, -1.481, -1.426),
+        "goldberg": (-1.055, -1.026, -0.962, -0.963),
+        "williams": (-1.591, -1.033, -0.414, -0.414),
+        "yuan": (-2.846, -1.278, -1.211, -1.211),
         "depeweg": (-2.306, -2.342, -1.973, -1.973),
     },
     "mi_x_z": {  # MFVI / NCAI_lambda
-        "heavy-tail": (0.243, 0.036), "goldberg": (0.229, 0.046), "williams": (0.982, 0.519),
-        "yuan": (0.24, 0.283), "depeweg": (0.428, 0.032),
+        "heavy-tail": (0.243, 0.036),
+        "goldberg": (0.229, 0.046),
+        "williams": (0.982, 0.519),
+        "yuan": (0.24, 0.283),
+        "depeweg": (0.428, 0.032),
     },
     "hz_z": {
-        "heavy-tail": (4.70, 0.027), "goldberg": (0.92, 0.026), "williams": (6.45, 7.25),
-        "yuan": (5.25, 8.09), "depeweg": (6.41, 0.79),
+        "heavy-tail": (4.70, 0.027),
+        "goldberg": (0.92, 0.026),
+        "williams": (6.45, 7.25),
+        "yuan": (5.25, 8.09),
+        "depeweg": (6.41, 0.79),
     },
-}  # fmt: skip
+}
 
 
 def select_settings(results: pd.DataFrame) -> dict[str, str]:
@@ -140,9 +148,16 @@ def run_protocol(
         conf = dataclasses.asdict(cfg)
         fn = functools.partial(fit_task, config=conf)
         meta = {"experiment": "ncai-protocol", "config": conf}
-        stage1 = run_sweep(compare_tasks(name, cfg, splits=[0]), fn, out_dir=Path(out) / name / "selection",
-                           sweep_meta=meta, progress=progress, desc=f"{name} selection", stop_after=remaining(),
-                           **sweep)  # fmt: skip
+        stage1 = run_sweep(
+            compare_tasks(name, cfg, splits=[0]),
+            fn,
+            out_dir=Path(out) / name / "selection",
+            sweep_meta=meta,
+            progress=progress,
+            desc=f"{name} selection",
+            stop_after=remaining(),
+            **sweep,
+        )
         failed += stage1.attrs["failed"]
         if stage1.attrs["pending"]:
             pending += stage1.attrs["pending"]
@@ -150,8 +165,16 @@ def run_protocol(
             continue
         chosen = select_settings(stage1)
         tasks = _evaluation_tasks(name, cfg, chosen, splits)
-        stage2 = run_sweep(tasks, fn, out_dir=Path(out) / name / "evaluation", sweep_meta=meta,
-                           progress=progress, desc=f"{name} evaluation", stop_after=remaining(), **sweep)  # fmt: skip
+        stage2 = run_sweep(
+            tasks,
+            fn,
+            out_dir=Path(out) / name / "evaluation",
+            sweep_meta=meta,
+            progress=progress,
+            desc=f"{name} evaluation",
+            stop_after=remaining(),
+            **sweep,
+        )
         failed += stage2.attrs["failed"]
         if stage2.attrs["pending"]:
             pending += stage2.attrs["pending"]
@@ -161,8 +184,9 @@ def run_protocol(
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["dataset", "method", "split"])
     summary = f"{len(table)} selected fits; {failed} failed tasks"
     if incomplete:
-        summary += (f"\nincomplete: {pending} tasks pending in {', '.join(incomplete)}; run the same command "
-                    "again to continue")  # fmt: skip
+        summary += (
+            f"\nincomplete: {pending} tasks pending in {', '.join(incomplete)}; run the same command again to continue"
+        )
     table.attrs.update(failed=failed, pending=pending, summary=summary)
     return table
 
@@ -212,16 +236,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None:
         p.error("--out DIR is required: the protocol is long and resumes from its stores")
     torch.set_num_threads(1)
-    overrides = {k: v for k, v in dict(steps=args.steps, restarts=args.restarts,
-                                        independence=args.independence).items() if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in dict(steps=args.steps, restarts=args.restarts, independence=args.independence).items()
+        if v is not None
+    }
     if args.full:
         cfg = functools.partial(_full_config, overrides=overrides)  # F.1's grids per data set
     else:
         cfg = CompareConfig.full(**{"steps": 3000, "restarts": 2, "empirical_bayes": False, **overrides})
     opts = sweep_options(args)
     out = opts.pop("out_dir")
-    table = run_protocol(args.datasets, cfg, splits=range(1, args.splits + 1), out=out,
-                         progress=not args.quiet, **opts)  # fmt: skip
+    table = run_protocol(args.datasets, cfg, splits=range(1, args.splits + 1), out=out, progress=not args.quiet, **opts)
     if len(table):
         print(summary(table).to_string(float_format="%.3f"))
     if args.output:
@@ -238,12 +264,16 @@ def _bench_pair(kind: str, data: Any, seed: int) -> tuple[BNNLV, AutoNormal, NCA
     (``"mfvi"``: ``AutoNormal`` and ``fit_svi``'s default loss, ``None``)."""
     model = BNNLV(MLP(2, [50], 1, activation="leaky_relu"), latent_scale=0.1, noise_scale=math.sqrt(0.1))
     if kind == "mfvi":
-        guide = AutoNormal(model, init_scale=0.01, create_plates=model.create_plates,
-                           init_loc_fn=init_to_network(model, seed=seed))  # fmt: skip
+        guide = AutoNormal(
+            model, init_scale=0.01, create_plates=model.create_plates, init_loc_fn=init_to_network(model, seed=seed)
+        )
         return model, own_param_names(guide), None
     guide = ncai_guide(model, data.x_train, data.y_train, num_steps=50, seed=seed)
-    loss = NCAIElbo(jit=kind == "ncai-jit", fused=kind in ("ncai-fused", "ncai-torch", "ncai-pc"),
-                    independence="pc" if kind == "ncai-pc" else "hsic")  # fmt: skip
+    loss = NCAIElbo(
+        jit=kind == "ncai-jit",
+        fused=kind in ("ncai-fused", "ncai-torch", "ncai-pc"),
+        independence="pc" if kind == "ncai-pc" else "hsic",
+    )
     return model, guide, loss
 
 
@@ -276,8 +306,9 @@ def _ncai_beside_mfvi_ms(data: Any, steps: int, seed: int) -> tuple[float, float
     """NCAIElbo's default ``fit_svi`` step and the MFVI step (:func:`_mfvi_step`) alternated step
     by step (:func:`~pyro_bnnlv.reproduce.timing.fit_step_ms_beside`): ``(ncai, mfvi)`` ms."""
     model, guide, loss = _bench_pair("ncai-fused", data, seed)
-    return fit_step_ms_beside(_mfvi_step(data, seed), model, guide, data.x_train, data.y_train, steps,
-                              loss=loss, seed=seed)  # fmt: skip
+    return fit_step_ms_beside(
+        _mfvi_step(data, seed), model, guide, data.x_train, data.y_train, steps, loss=loss, seed=seed
+    )
 
 
 def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame:
@@ -305,11 +336,14 @@ def ncai_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
             times[kind].append(_ncai_step_ms(kind, data, steps, seed + r))
         beside.append(_ncai_beside_mfvi_ms(data, steps, seed + r))
     med = {k: statistics.median(v) for k, v in times.items()}
-    labels = {"mfvi": "BNN+LV MFVI (fit_svi default: fused Trace_ELBO)",
-              "ncai-fused": "NCAIElbo default: fused, HSIC term",
-              "ncai-torch": "NCAIElbo fused, HSIC term, torch statistics (no C++)",
-              "ncai-pc": "NCAIElbo fused, printed PC term", "ncai-jit": "NCAIElbo jit=True (torch.jit), HSIC term",
-              "ncai-eager": "NCAIElbo traced eagerly (fused=False), HSIC term"}  # fmt: skip
+    labels = {
+        "mfvi": "BNN+LV MFVI (fit_svi default: fused Trace_ELBO)",
+        "ncai-fused": "NCAIElbo default: fused, HSIC term",
+        "ncai-torch": "NCAIElbo fused, HSIC term, torch statistics (no C++)",
+        "ncai-pc": "NCAIElbo fused, printed PC term",
+        "ncai-jit": "NCAIElbo jit=True (torch.jit), HSIC term",
+        "ncai-eager": "NCAIElbo traced eagerly (fused=False), HSIC term",
+    }
     rows = [(labels[k], med[k], med[k] / med["mfvi"]) for k in kinds]
     ours, theirs = (statistics.median(v) for v in zip(*beside))
     ratio = statistics.median(a / b for a, b in beside)
@@ -371,14 +405,20 @@ def compare_table(frames: list[pd.DataFrame], paths: list[str], options: dict[st
     out = []
     for k, (label, method, row, paper) in enumerate(rows):
         ll_p, mi_p, hz_p = _ncai_paper(dataset, method) if paper else (float("nan"),) * 3
-        out.append([
-            label,
-            tables.with_paper(tables.bold(tables.num(row["test_ll"]), k == best_ll), ll_p),
-            tables.with_paper(tables.bold(tables.num(row["mi_x_z"]), k == lowest["mi_x_z"]), mi_p, printed=True),
-            tables.with_paper(tables.bold(tables.num(row["hz_z"]), k == lowest["hz_z"]), hz_p, printed=True),
-        ])  # fmt: skip
-    header = [f"{dataset}, split 0", "test LL (paper Table 4)", "`I(x; mu_z)` (paper Table 2)",
-              "`HZ(mu_z)` (paper Table 3)"]  # fmt: skip
+        out.append(
+            [
+                label,
+                tables.with_paper(tables.bold(tables.num(row["test_ll"]), k == best_ll), ll_p),
+                tables.with_paper(tables.bold(tables.num(row["mi_x_z"]), k == lowest["mi_x_z"]), mi_p, printed=True),
+                tables.with_paper(tables.bold(tables.num(row["hz_z"]), k == lowest["hz_z"]), hz_p, printed=True),
+            ]
+        )
+    header = [
+        f"{dataset}, split 0",
+        "test LL (paper Table 4)",
+        "`I(x; mu_z)` (paper Table 2)",
+        "`HZ(mu_z)` (paper Table 3)",
+    ]
     return tables.table(header, out)
 
 
@@ -426,12 +466,14 @@ def protocol_table(frames: list[pd.DataFrame], paths: list[str], options: dict[s
                 text = tables.bold(mean, bold) + (f" ({tables.num(r[f'{col}_std'])})" if sd else "")
                 return tables.with_paper(text, paper, printed)
 
-            out.append([
-                label,
-                cell("test_ll", ll_p, i == best_ll, False, sd=True),
-                cell("mi_x_z", mi_p, i == lowest["mi_x_z"], True),
-                cell("hz_z", hz_p, i == lowest["hz_z"], True),
-            ])  # fmt: skip
+            out.append(
+                [
+                    label,
+                    cell("test_ll", ll_p, i == best_ll, False, sd=True),
+                    cell("mi_x_z", mi_p, i == lowest["mi_x_z"], True),
+                    cell("hz_z", hz_p, i == lowest["hz_z"], True),
+                ]
+            )
         ceiling = tables.num(block["true_test_ll"].iloc[0])  # "" for a set without a known density
         if ceiling:
             out.append(["*ceiling: the true density*", f"*{ceiling}*", "", ""])
@@ -450,7 +492,9 @@ def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
     lam = "BNN+LV (NCAI_lambda)"
     rows = []
     for dataset, block in table.groupby("dataset", sort=False):
-        wide = {col: block.pivot_table(index="split", columns="method", values=col) for col in ("test_ll", "mi_x_z", "hz_z")}
+        wide = {
+            col: block.pivot_table(index="split", columns="method", values=col) for col in ("test_ll", "mi_x_z", "hz_z")
+        }
         for k, other in enumerate(m for m in METHODS if m != lam and m in wide["test_ll"].columns):
             cells = []
             for col in ("test_ll", "mi_x_z", "hz_z"):
@@ -485,8 +529,10 @@ def paired_summary(frames: list[pd.DataFrame], paths: list[str], options: dict[s
         if len(items) > 2 and not each:
             means, ses = [m for _, m, _ in items], [s for _, _, s in items]
             names = f"all {len(sets)}" if len(items) == len(sets) else tables.listing([d for d, _, _ in items])
-            return (f"{names} (differences {tables.num(min(means))} to {tables.num(max(means))} nats, SE at most "
-                    f"{tables.num(max(ses))})")  # fmt: skip
+            return (
+                f"{names} (differences {tables.num(min(means))} to {tables.num(max(means))} nats, SE at most "
+                f"{tables.num(max(ses))})"
+            )
         return tables.listing([f"{d} ({tables.num(m)}, SE {tables.num(s)})" for d, m, s in items])
 
     parts = []
@@ -501,7 +547,14 @@ def paired_summary(frames: list[pd.DataFrame], paths: list[str], options: dict[s
     for col, stat in (("mi_x_z", "`I(x; mu_z)`"), ("hz_z", "`HZ(mu_z)`")):
         v = verdicts(mfvi, col)
         lower = [d for d, _, _ in v.get("lower", [])]
-        rest = [f"{'a tie' if k == 'tie' else 'higher'} on {tables.listing([d for d, _, _ in v[k]])}"
-                for k in ("tie", "higher") if v.get(k)]  # fmt: skip
-        text += f" Its {stat} is below MFVI's on {len(lower)} of {len(sets)}" + (f" ({'; '.join(rest)})" if rest else "") + "."
+        rest = [
+            f"{'a tie' if k == 'tie' else 'higher'} on {tables.listing([d for d, _, _ in v[k]])}"
+            for k in ("tie", "higher")
+            if v.get(k)
+        ]
+        text += (
+            f" Its {stat} is below MFVI's on {len(lower)} of {len(sets)}"
+            + (f" ({'; '.join(rest)})" if rest else "")
+            + "."
+        )
     return text

@@ -89,7 +89,7 @@ __all__ = [
     "run_compare",
     "select_fits",
     "task_setting",
-]  # fmt: skip
+]
 
 METHODS = ("BNN (MFVI)", "BNN+LV (MFVI)", "BNN+LV (NCAI_0)", "BNN+LV (NCAI_lambda)")
 COLUMNS = ["method", "test_ll", "rmse", "picp", "mpiw", "mi_x_z", "hz_z", "seconds", "selected"]
@@ -116,7 +116,7 @@ DATASET_SETTINGS: dict[str, dict[str, Any]] = {
 #: BNN+LV: sigma_eps^2 = {0.1}". Heavy-tail's own F.1 grid (the same) is not applied: its paper-budget
 #: run used the generic grids, whose BNN+LV grid contains F.1's {0.1} (the BNN grid has 0.01 for 0.5).
 PAPER_NOISE_GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
-    "depeweg": {"bnn_noise_vars": (1.0, 0.1, 0.5), "lv_noise_vars": (0.1,)},
+    "depeweg": {"bnn_noise_vars": (1.0, 0.1, 0.5), "lv_noise_vars": (0.1,)}
 }
 
 
@@ -156,8 +156,9 @@ class CompareConfig:
                 raise ValueError(f"{name} must list at least one noise variance")
             setattr(self, name, tuple(check_real(v, name, positive=True) for v in values))
         if self.independence not in INDEPENDENCE_TERMS:
-            raise ValueError(f"independence must be one of {', '.join(map(repr, INDEPENDENCE_TERMS))}, "
-                             f"got {self.independence!r}")
+            raise ValueError(
+                f"independence must be one of {', '.join(map(repr, INDEPENDENCE_TERMS))}, got {self.independence!r}"
+            )
 
     @classmethod
     def full(cls, dataset: str | None = None, **overrides: Any) -> "CompareConfig":
@@ -172,13 +173,18 @@ class CompareConfig:
         """
         independence = overrides.get("independence", "hsic")
         if independence == "pc":
-            grid = [_ncai_point(t, ex, ey) for t, ex, ey in
-                    itertools.product((0.01, 0.0003), (0.5, 1.0), (0.1, 0.5))]  # fmt: skip
+            grid = [_ncai_point(t, ex, ey) for t, ex, ey in itertools.product((0.01, 0.0003), (0.5, 1.0), (0.1, 0.5))]
             grid += [_ncai_point(t, 0.1, 1.0) for t in (0.01, 0.0003)]
         else:
             grid = [_ncai_point(t, ex) for t, ex in itertools.product((0.01, 0.0003), (0.1, 0.5, 1.0))]
-        settings = dict(steps=30000, restarts=10, lv_noise_vars=(0.1, 0.01),
-                        bnn_noise_vars=(1.0, 0.1, 0.01), ncai_grid=grid, empirical_bayes=True)  # fmt: skip
+        settings = dict(
+            steps=30000,
+            restarts=10,
+            lv_noise_vars=(0.1, 0.01),
+            bnn_noise_vars=(1.0, 0.1, 0.01),
+            ncai_grid=grid,
+            empirical_bayes=True,
+        )
         settings.update(PAPER_NOISE_GRIDS.get(dataset or "", {}))
         settings.update(overrides)
         return cls(**settings)
@@ -227,21 +233,33 @@ def _setting(noise_var: float, ncai: dict[str, float] | None, independence: str)
     return text
 
 
-def _fit(method: str, data: Dataset, cfg: CompareConfig, hidden: list[int], z_var: float,
-         z_fixed: bool, noise_var: float, ncai: dict[str, float] | None, seed: int) -> _Fit:  # fmt: skip
+def _fit(
+    method: str,
+    data: Dataset,
+    cfg: CompareConfig,
+    hidden: list[int],
+    z_var: float,
+    z_fixed: bool,
+    noise_var: float,
+    ncai: dict[str, float] | None,
+    seed: int,
+) -> _Fit:
     D = data.input_dim
     noise = math.sqrt(noise_var)
     if method == "BNN (MFVI)":
         model = BNN(MLP(D, hidden, 1, activation="leaky_relu"), noise_scale=noise)
         guide = MeanField(model, seed=seed)
     else:
-        model = BNNLV(MLP(D + 1, hidden, 1, activation="leaky_relu"), latent_dim=1,
-                      latent_scale=math.sqrt(z_var), noise_scale=noise)  # fmt: skip
+        model = BNNLV(
+            MLP(D + 1, hidden, 1, activation="leaky_relu"),
+            latent_dim=1,
+            latent_scale=math.sqrt(z_var),
+            noise_scale=noise,
+        )
         if method == "BNN+LV (MFVI)":
             guide = MeanField(model, seed=seed)  # create_plates from the model
         else:
-            guide = ncai_guide(model, data.x_train, data.y_train, num_steps=cfg.map_steps,
-                               lr=cfg.lr, seed=seed)  # fmt: skip
+            guide = ncai_guide(model, data.x_train, data.y_train, num_steps=cfg.map_steps, lr=cfg.lr, seed=seed)
     eb = EmpiricalBayes(model, guide, update_latent=not z_fixed) if cfg.empirical_bayes else None
     log = None
     if method.startswith("BNN+LV (NCAI"):
@@ -253,18 +271,36 @@ def _fit(method: str, data: Dataset, cfg: CompareConfig, hidden: list[int], z_va
         loss = NCAIElbo(**ncai, independence=cfg.independence)
     else:
         loss = None  # fit_svi's default: the fused Trace_ELBO
-    hist = fit_svi(model, guide, data.x_train, data.y_train, num_steps=cfg.steps, lr=cfg.lr,
-                   loss=loss, batch_size=cfg.batch_size, seed=seed, progress=False,
-                   callback=callback)  # fmt: skip
+    hist = fit_svi(
+        model,
+        guide,
+        data.x_train,
+        data.y_train,
+        num_steps=cfg.steps,
+        lr=cfg.lr,
+        loss=loss,
+        batch_size=cfg.batch_size,
+        seed=seed,
+        progress=False,
+        callback=callback,
+    )
     history = None
     if log is not None:
         terms = pd.DataFrame(loss.history) if isinstance(loss, NCAIElbo) else pd.DataFrame({"elbo_loss": hist})
         history = terms.join(pd.Series(log.mi, name="mi_x_mu_z"))
-    samples = sample_posterior(model, guide, data.x_train, data.y_train,
-                               num_samples=cfg.num_samples, seed=seed)  # fmt: skip
+    samples = sample_posterior(model, guide, data.x_train, data.y_train, num_samples=cfg.num_samples, seed=seed)
     # selection compares validation LL on the scale the model is fit on (standardised for real sets)
-    valid = evaluate(model, samples, data.x_valid, data.y_valid, y_mean=0.0, y_std=1.0, seed=seed,
-                     intervals=False, **_latent_draws(model, cfg))  # fmt: skip
+    valid = evaluate(
+        model,
+        samples,
+        data.x_valid,
+        data.y_valid,
+        y_mean=0.0,
+        y_std=1.0,
+        seed=seed,
+        intervals=False,
+        **_latent_draws(model, cfg),
+    )
     return _Fit(model, guide, float(valid["test_ll"]), _setting(noise_var, ncai, cfg.independence), history)
 
 
@@ -288,8 +324,16 @@ def compare_tasks(dataset: str, cfg: CompareConfig, splits: list[int] | None = N
             grid = cfg.ncai_grid if method == "BNN+LV (NCAI_lambda)" else [{}]
             for noise_var, point, restart in itertools.product(noise_vars, grid, range(cfg.restarts)):
                 params = {"noise_var": float(noise_var), **{k: float(point[k]) for k in NCAI_KEYS if k in point}}
-                tasks.append(Task(dataset, method, split=int(split), grid=params, restart=restart,
-                                  seed=int(split) * 1000 + restart))  # fmt: skip
+                tasks.append(
+                    Task(
+                        dataset,
+                        method,
+                        split=int(split),
+                        grid=params,
+                        restart=restart,
+                        seed=int(split) * 1000 + restart,
+                    )
+                )
     return tasks
 
 
@@ -299,10 +343,19 @@ def _latent_draws(model: Any, cfg: CompareConfig) -> dict[str, int]:
 
 
 def _test_row(fit: _Fit, data: Dataset, cfg: CompareConfig) -> dict[str, Any]:
-    samples = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train,
-                               num_samples=cfg.num_samples, seed=cfg.seed)  # fmt: skip
-    test = evaluate(fit.model, samples, data.x_test, data.y_test, y_mean=data.y_mean, y_std=data.y_std,
-                    seed=cfg.seed, **_latent_draws(fit.model, cfg))  # fmt: skip
+    samples = sample_posterior(
+        fit.model, fit.guide, data.x_train, data.y_train, num_samples=cfg.num_samples, seed=cfg.seed
+    )
+    test = evaluate(
+        fit.model,
+        samples,
+        data.x_test,
+        data.y_test,
+        y_mean=data.y_mean,
+        y_std=data.y_std,
+        seed=cfg.seed,
+        **_latent_draws(fit.model, cfg),
+    )
     row = {**{k: float(v) for k, v in test.to_dict().items()}, "mi_x_z": math.nan, "hz_z": math.nan}
     if isinstance(fit.model, BNNLV):
         diag = latent_diagnostics(fit.model, fit.guide, data.x_train, data.y_train)
@@ -335,7 +388,9 @@ def _fit_task(task: Task, cfg: CompareConfig, data: Dataset) -> _Fit:
 
 
 @task_function("ncai-compare/fit")
-def fit_task(task: Task, *, config: dict[str, Any], data: Dataset | None = None, figure: bool = False) -> dict[str, Any]:
+def fit_task(
+    task: Task, *, config: dict[str, Any], data: Dataset | None = None, figure: bool = False
+) -> dict[str, Any]:
     """One fit of the comparison (a sweep task): validation LL (for selection), the test metrics,
     ``I(x; mu_z)``, ``HZ(mu_z)``, the final value of every logged training term, and seconds;
     with ``figure`` (1-D inputs) also its panel of :func:`plot_compare` (``figure_data``)."""
@@ -371,9 +426,14 @@ def figure_data(fit: _Fit, data: Dataset, cfg: CompareConfig) -> str:
     loc = loc[..., 0]
     lower, upper = mixture_interval(loc, scale, 0.95)
     panel: dict[str, Any] = {
-        "setting": fit.setting, "x": _rounded(grid[:, 0] * sx + mx), "mean": _rounded(loc.mean(0) * sy + my),
-        "lower": _rounded(lower * sy + my), "upper": _rounded(upper * sy + my), "mu_z": None, "history": None,
-    }  # fmt: skip
+        "setting": fit.setting,
+        "x": _rounded(grid[:, 0] * sx + mx),
+        "mean": _rounded(loc.mean(0) * sy + my),
+        "lower": _rounded(lower * sy + my),
+        "upper": _rounded(upper * sy + my),
+        "mu_z": None,
+        "history": None,
+    }
     if isinstance(fit.model, BNNLV):
         panel["mu_z"] = _rounded(latent_means(fit.guide, data.x_train, data.y_train)[:, 0])
     if fit.history is not None:
@@ -445,10 +505,20 @@ def run_compare(
     fn = functools.partial(fit_task, config=config, **options, **({} if named else {"data": data}))
     # fits of BNN+LVs need the pairwise kernels (NCAI's statistics, the HZ diagnostic): built by
     # the driver beside the first tasks (run_sweep's prepare)
-    results = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                        sweep_meta={"experiment": "compare", "config": config}, code_version=code_version,
-                        progress=progress, desc=f"compare {data.name}", stop_after=stop_after,
-                        prepare=pairwise_extension)  # fmt: skip
+    results = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        sweep_meta={"experiment": "compare", "config": config},
+        code_version=code_version,
+        progress=progress,
+        desc=f"compare {data.name}",
+        stop_after=stop_after,
+        prepare=pairwise_extension,
+    )
     if results.attrs["pending"]:  # stopped by stop_after: the table so far, no refits
         done = results[results["status"] == "done"]
         table = pd.DataFrame(columns=COLUMNS)

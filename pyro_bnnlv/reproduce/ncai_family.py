@@ -35,15 +35,26 @@ from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
 from . import tables
 
-__all__ = ["TERMS", "family_lambda_table", "family_table", "family_tasks", "family_wins_table", "main", "run_family", "select", "win_rates"]
+__all__ = [
+    "TERMS",
+    "family_lambda_table",
+    "family_table",
+    "family_tasks",
+    "family_wins_table",
+    "main",
+    "run_family",
+    "select",
+    "win_rates",
+]
 
 #: the independence terms compared by default: today's and issue 37's
 TERMS = ("hsic", "knn-mi")
 _LAMBDA = "BNN+LV (NCAI_lambda)"
 
 
-def family_tasks(problems: Sequence[str], cfg: CompareConfig, terms: Sequence[str] = TERMS, *,
-                 lambda_only: bool = False) -> list[Task]:  # fmt: skip
+def family_tasks(
+    problems: Sequence[str], cfg: CompareConfig, terms: Sequence[str] = TERMS, *, lambda_only: bool = False
+) -> list[Task]:
     """``compare``'s tasks on each problem (data seed ``cfg.seed``), NCAI_lambda once per term;
     with ``lambda_only`` the NCAI_lambda tasks alone (a term added to a family whose other fits
     are in another store: the task ids are the same in both)."""
@@ -94,8 +105,19 @@ def select(results: pd.DataFrame) -> pd.DataFrame:
 
 
 _OWN = ("valid_ll", "test_ll", "mi_x_z", "final_statistic")
-_SELECTED = ["dataset", "arm", "test_ll", "rmse", "mi_x_z", "hz_z", "valid_ll", "lambda0", "setting", "ceiling",
-             *(f"lambda_{c}" for c in _OWN)]  # fmt: skip
+_SELECTED = [
+    "dataset",
+    "arm",
+    "test_ll",
+    "rmse",
+    "mi_x_z",
+    "hz_z",
+    "valid_ll",
+    "lambda0",
+    "setting",
+    "ceiling",
+    *(f"lambda_{c}" for c in _OWN),
+]
 
 
 @functools.cache
@@ -124,16 +146,26 @@ def win_rates(selected: pd.DataFrame, baseline: str = "BNN+LV (MFVI)") -> pd.Dat
         if not len(both):
             continue
         ll, mi = wide["test_ll"].loc[both], wide["mi_x_z"].loc[both]
-        (ll_mean, ll_se, n), (mi_mean, mi_se, _) = tables.paired(ll[arm], ll[baseline]), tables.paired(mi[arm], mi[baseline])
+        (ll_mean, ll_se, n), (mi_mean, mi_se, _) = (
+            tables.paired(ll[arm], ll[baseline]),
+            tables.paired(mi[arm], mi[baseline]),
+        )
         ll_wins, mi_wins = int((ll[arm] > ll[baseline]).sum()), int((mi[arm] < mi[baseline]).sum())
-        rows.append({
-            "arm": arm, "problems": n,
-            "ll_win_rate": ll_wins / n, "ll_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(ll_wins, n)),
-            "ll_diff_mean": ll_mean, "ll_diff_se": ll_se,
-            "mi_win_rate": mi_wins / n, "mi_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(mi_wins, n)),
-            "mi_diff_mean": mi_mean, "mi_diff_se": mi_se,
-            "lambda0_kept": int(wide["lambda0"].loc[both, arm].astype(bool).sum()) if "lambda0" in wide else 0,
-        })  # fmt: skip
+        rows.append(
+            {
+                "arm": arm,
+                "problems": n,
+                "ll_win_rate": ll_wins / n,
+                "ll_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(ll_wins, n)),
+                "ll_diff_mean": ll_mean,
+                "ll_diff_se": ll_se,
+                "mi_win_rate": mi_wins / n,
+                "mi_win_ci": "[{:.2f}, {:.2f}]".format(*_wilson(mi_wins, n)),
+                "mi_diff_mean": mi_mean,
+                "mi_diff_se": mi_se,
+                "lambda0_kept": int(wide["lambda0"].loc[both, arm].astype(bool).sum()) if "lambda0" in wide else 0,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -155,15 +187,22 @@ def family_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
         g = block.set_index("arm")
         ll = [float(g.loc[a, "test_ll"]) if a in g.index else math.nan for a in arms]
         top = tables.best(ll, largest=True)
-        cells = [tables.bold(tables.num(v) + (" (0)" if a in lambda_arms and bool(g.loc[a, "lambda0"]) else ""), k == top)
-                 for k, (a, v) in enumerate(zip(arms, ll))]  # fmt: skip
+        cells = [
+            tables.bold(tables.num(v) + (" (0)" if a in lambda_arms and bool(g.loc[a, "lambda0"]) else ""), k == top)
+            for k, (a, v) in enumerate(zip(arms, ll))
+        ]
         mi = [tables.num(float(g.loc[a, "mi_x_z"])) if a in g.index else "" for a in ["BNN+LV (MFVI)", *lambda_arms]]
         p = problems.get(name)
         what = f"{p.effect}, D = {p.input_dim}, N = {p.n_train:,}" if p is not None else ""
         rows.append([name.removeprefix("ncai-family-"), what, tables.num(float(g["ceiling"].iloc[0])), *cells, *mi])
     labels = [_LABELS.get(a, a.replace("NCAI_lambda (", "NCAI ").rstrip(")")) for a in arms]
-    header = ["problem", "latent effect, x dim, N", "ceiling", *(f"test LL: {a}" for a in labels),
-              *(f"`I(x; mu_z)`: {a}" for a in ["MFVI", *labels[len(arms) - len(lambda_arms):]])]  # fmt: skip
+    header = [
+        "problem",
+        "latent effect, x dim, N",
+        "ceiling",
+        *(f"test LL: {a}" for a in labels),
+        *(f"`I(x; mu_z)`: {a}" for a in ["MFVI", *labels[len(arms) - len(lambda_arms) :]]),
+    ]
     return tables.table(header, rows)
 
 
@@ -178,11 +217,26 @@ def family_wins_table(frames: list[pd.DataFrame], paths: list[str], options: dic
         n = int(r.problems)
         ll = f"{tables.num(r.ll_diff_mean)} ({tables.num(r.ll_diff_se)}), {tables.paired_verdict(r.ll_diff_mean, r.ll_diff_se, n)}"
         mi = f"{tables.num(r.mi_diff_mean)} ({tables.num(r.mi_diff_se)}), {tables.paired_verdict(r.mi_diff_mean, r.mi_diff_se, n)}"
-        rows.append([r.arm.replace("NCAI_lambda", "selected NCAI"), str(n),
-                     f"{round(r.ll_win_rate * n)} of {n}, {r.ll_win_ci}", ll,
-                     f"{round(r.mi_win_rate * n)} of {n}, {r.mi_win_ci}", mi, f"{int(r.lambda0_kept)} of {n}"])  # fmt: skip
-    header = ["against BNN+LV (MFVI)", "problems", "test LL higher (95% CI)", "test LL difference: mean (SE), verdict",
-              "`I(x; mu_z)` lower (95% CI)", "`I(x; mu_z)` difference: mean (SE), verdict", "`lambda = 0` kept"]  # fmt: skip
+        rows.append(
+            [
+                r.arm.replace("NCAI_lambda", "selected NCAI"),
+                str(n),
+                f"{round(r.ll_win_rate * n)} of {n}, {r.ll_win_ci}",
+                ll,
+                f"{round(r.mi_win_rate * n)} of {n}, {r.mi_win_ci}",
+                mi,
+                f"{int(r.lambda0_kept)} of {n}",
+            ]
+        )
+    header = [
+        "against BNN+LV (MFVI)",
+        "problems",
+        "test LL higher (95% CI)",
+        "test LL difference: mean (SE), verdict",
+        "`I(x; mu_z)` lower (95% CI)",
+        "`I(x; mu_z)` difference: mean (SE), verdict",
+        "`lambda = 0` kept",
+    ]
     return tables.table(header, rows)
 
 
@@ -199,24 +253,41 @@ def family_lambda_table(frames: list[pd.DataFrame], paths: list[str], options: d
         lam = chosen[chosen["arm"] == arm].set_index("dataset")
         cells = [tables.paired_cell(lam[f"lambda_{c}"], zero[c]) for c in ("valid_ll", "test_ll", "mi_x_z")]
         spent = (lam["lambda_final_statistic"] <= 0.02) & (lam["lambda_mi_x_z"] > 0.1)
-        rows.append([arm.replace("NCAI_lambda", "NCAI_lambda fit"), str(len(lam)), *cells, f"{int(spent.sum())} of {len(lam)}"])
-    header = ["term", "problems", "validation LL minus NCAI_0's: mean (SE), verdict", "test LL", "`I(x; mu_z)`",
-              "statistic <= 0.02 and `I(x; mu_z)` > 0.1"]  # fmt: skip
+        rows.append(
+            [arm.replace("NCAI_lambda", "NCAI_lambda fit"), str(len(lam)), *cells, f"{int(spent.sum())} of {len(lam)}"]
+        )
+    header = [
+        "term",
+        "problems",
+        "validation LL minus NCAI_0's: mean (SE), verdict",
+        "test LL",
+        "`I(x; mu_z)`",
+        "statistic <= 0.02 and `I(x; mu_z)` > 0.1",
+    ]
     return tables.table(header, rows)
 
 
-def run_family(problems: Sequence[str] | None = None, config: CompareConfig | None = None,
-               terms: Sequence[str] = TERMS, *, lambda_only: bool = False, progress: bool = True,
-               **sweep: object) -> pd.DataFrame:  # fmt: skip
+def run_family(
+    problems: Sequence[str] | None = None,
+    config: CompareConfig | None = None,
+    terms: Sequence[str] = TERMS,
+    *,
+    lambda_only: bool = False,
+    progress: bool = True,
+    **sweep: object,
+) -> pd.DataFrame:
     """Run the family's sweep (``sweep``: :func:`~pyro_bnnlv.sweep.run_sweep`'s options) and
     return its results table (one row per fit); ``lambda_only``: :func:`family_tasks`'."""
     cfg = config or CompareConfig()
     names = list(problems) if problems is not None else [p.name for p in FAMILY]
     tasks = family_tasks(names, cfg, terms, lambda_only=lambda_only)
     conf = dataclasses.asdict(cfg)
-    meta = {"experiment": "ncai-family", "config": conf, "terms": list(terms)} | ({"lambda_only": True} if lambda_only else {})
-    return run_sweep(tasks, functools.partial(fit_task, config=conf), sweep_meta=meta, progress=progress,
-                     desc="ncai-family", **sweep)  # fmt: skip
+    meta = {"experiment": "ncai-family", "config": conf, "terms": list(terms)} | (
+        {"lambda_only": True} if lambda_only else {}
+    )
+    return run_sweep(
+        tasks, functools.partial(fit_task, config=conf), sweep_meta=meta, progress=progress, desc="ncai-family", **sweep
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -225,12 +296,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--independence", nargs="+", default=list(TERMS), help="NCAI's independence terms to compare")
     p.add_argument("--steps", type=int, default=None, help="SVI steps per fit (default: compare's 3,000)")
     p.add_argument("--restarts", type=int, default=None, help="restarts per setting (default: compare's 2)")
-    p.add_argument("--lambda-only", action="store_true",
-                   help="only the NCAI_lambda fits of --independence (a term added to the family; "
-                        "its other fits come from --with-store)")
-    p.add_argument("--with-store", action="append", default=[], metavar="DIR",
-                   help="another store of this family (e.g. the one with the other methods' fits) whose "
-                        "results join this run's before selection; repeatable")
+    p.add_argument(
+        "--lambda-only",
+        action="store_true",
+        help="only the NCAI_lambda fits of --independence (a term added to the family; "
+        "its other fits come from --with-store)",
+    )
+    p.add_argument(
+        "--with-store",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another store of this family (e.g. the one with the other methods' fits) whose "
+        "results join this run's before selection; repeatable",
+    )
     p.add_argument("--output", help="CSV of the selected fits (one row per problem and method)")
     p.add_argument("--quiet", action="store_true")
     add_sweep_arguments(p)
@@ -247,8 +326,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for folder in args.with_store:
         if not (Path(folder) / STORE_NAME).is_file():
             p.error(f"--with-store: {folder} holds no sweep store ({STORE_NAME})")
-    results = run_family([q.name for q in FAMILY[: args.problems]], cfg, args.independence,
-                         lambda_only=args.lambda_only, progress=not args.quiet, **sweep_options(args))  # fmt: skip
+    results = run_family(
+        [q.name for q in FAMILY[: args.problems]],
+        cfg,
+        args.independence,
+        lambda_only=args.lambda_only,
+        progress=not args.quiet,
+        **sweep_options(args),
+    )
     own = results
     if args.with_store:
         results = pd.concat([results, *(load_results(folder) for folder in args.with_store)], ignore_index=True)

@@ -105,8 +105,15 @@ def nuts_benchmark(
     mcmc, ess_min = _nuts_run(model, x, y, x_eval, 1, num_samples, warmup_steps, seed)
     pot = flat_potential(model, x, y)
     assert pot is not None
-    pot_py = mlp_regression_potential(model.net, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
-                                      noise_scale=model.noise_scale, compiled=False)  # fmt: skip
+    pot_py = mlp_regression_potential(
+        model.net,
+        x,
+        y,
+        prior_loc=model.prior_loc,
+        prior_scale=model.prior_scale,
+        noise_scale=model.noise_scale,
+        compiled=False,
+    )
     start_w = mcmc.get_samples(group_by_chain=True)["w"][0, -1].clone()
     timed = _timing_rounds(model, x, y, mcmc.kernel, start_w, (pot, pot_py), iters, rounds, seed)
     table = _step_table(*timed, mcmc, ess_min, iters, pot.compiled is not None, num_samples, warmup_steps)
@@ -121,8 +128,17 @@ def nuts_benchmark(
 _CONTENDERS = ("traced", "stock", "python", "flat")
 
 
-def _timing_rounds(model: BNN, x: Tensor, y: Tensor, tuned: Any, start_w: Tensor, potentials: tuple[Any, Any],
-                   iters: int, rounds: int, seed: int) -> tuple[dict[str, list], dict[str, list]]:  # fmt: skip
+def _timing_rounds(
+    model: BNN,
+    x: Tensor,
+    y: Tensor,
+    tuned: Any,
+    start_w: Tensor,
+    potentials: tuple[Any, Any],
+    iters: int,
+    rounds: int,
+    seed: int,
+) -> tuple[dict[str, list], dict[str, list]]:
     """Parts 1 and 3 of :func:`nuts_benchmark` from the ``tuned`` kernel's settings: per contender and
     round the seconds and leapfrog steps of ``iters`` draws; per round ms per potential call."""
     pot, pot_py = potentials
@@ -157,8 +173,16 @@ def _timing_rounds(model: BNN, x: Tensor, y: Tensor, tuned: Any, start_w: Tensor
     return runs, pot_ms
 
 
-def _step_table(runs: dict[str, list], pot_ms: dict[str, list], mcmc: Any, ess_min: float, iters: int, compiled: bool,
-                num_samples: int, warmup_steps: int) -> pd.DataFrame:  # fmt: skip
+def _step_table(
+    runs: dict[str, list],
+    pot_ms: dict[str, list],
+    mcmc: Any,
+    ess_min: float,
+    iters: int,
+    compiled: bool,
+    num_samples: int,
+    warmup_steps: int,
+) -> pd.DataFrame:
     """Parts 1 to 3 of :func:`nuts_benchmark` as its table: the medians over rounds per contender,
     the full run ``mcmc`` (chain 0's steps and seconds, ``ess_min``) and the breakdown in ``attrs``."""
     info, rec = mcmc.run_info, chain_records(mcmc)[0]
@@ -178,24 +202,28 @@ def _step_table(runs: dict[str, list], pot_ms: dict[str, list], mcmc: Any, ess_m
     }
     rows = []
     for name in _CONTENDERS:
-        rows.append({
-            "contender": labels[name],
-            "ms_per_leapfrog": med[name],
-            "speedup_vs_traced": med["traced"] / med[name],
-            "leapfrog_per_draw": statistics.median(n for _, n in runs[name]) / iters,
-            "seconds": statistics.median(sec for sec, _ in runs[name]),
-            "bulk_ess_f_per_s": ess_per_leapfrog * 1e3 / med[name],
-            "ess_per_s_measured": False,
-        })  # fmt: skip
-    rows.append({
-        "contender": f"run_nuts default, full run ({warmup_steps} warm-up + {num_samples} draws)",
-        "ms_per_leapfrog": 1e3 * kernel_seconds / total_leapfrog,
-        "speedup_vs_traced": med["traced"] / (1e3 * kernel_seconds / total_leapfrog),
-        "leapfrog_per_draw": sum(steps_run) / len(steps_run),
-        "seconds": info.total_seconds,
-        "bulk_ess_f_per_s": ess_min / info.total_seconds,
-        "ess_per_s_measured": True,
-    })  # fmt: skip
+        rows.append(
+            {
+                "contender": labels[name],
+                "ms_per_leapfrog": med[name],
+                "speedup_vs_traced": med["traced"] / med[name],
+                "leapfrog_per_draw": statistics.median(n for _, n in runs[name]) / iters,
+                "seconds": statistics.median(sec for sec, _ in runs[name]),
+                "bulk_ess_f_per_s": ess_per_leapfrog * 1e3 / med[name],
+                "ess_per_s_measured": False,
+            }
+        )
+    rows.append(
+        {
+            "contender": f"run_nuts default, full run ({warmup_steps} warm-up + {num_samples} draws)",
+            "ms_per_leapfrog": 1e3 * kernel_seconds / total_leapfrog,
+            "speedup_vs_traced": med["traced"] / (1e3 * kernel_seconds / total_leapfrog),
+            "leapfrog_per_draw": sum(steps_run) / len(steps_run),
+            "seconds": info.total_seconds,
+            "bulk_ess_f_per_s": ess_min / info.total_seconds,
+            "ess_per_s_measured": True,
+        }
+    )
     table = pd.DataFrame(rows).set_index("contender")
     table.attrs["potential_value_and_grad_us"] = 1e3 * pot_med
     table.attrs["python_potential_value_and_grad_us"] = 1e3 * pot_py_med
@@ -238,32 +266,48 @@ def _bench_problem(data: str, hidden: int) -> tuple[Tensor, Tensor, Tensor, BNN]
     return x, y, x_eval, BNN(MLP(x.shape[1], [hidden], 1, activation="tanh"), prior_scale=1.0, noise_scale=0.1)
 
 
-def _nuts_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
-              warmup_steps: int, seed: int) -> tuple[MCMC, float]:  # fmt: skip
+def _nuts_run(
+    model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int, warmup_steps: int, seed: int
+) -> tuple[MCMC, float]:
     """``run_nuts`` with ``num_chains`` chains and the minimum over ``x_eval`` of the bulk ESS of ``f``."""
-    mcmc = run_nuts(model, x, y, num_samples=num_samples, warmup_steps=warmup_steps, seed=seed,
-                    num_chains=num_chains, progress=False)  # fmt: skip
+    mcmc = run_nuts(
+        model,
+        x,
+        y,
+        num_samples=num_samples,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        num_chains=num_chains,
+        progress=False,
+    )
     w = mcmc.get_samples(group_by_chain=True)["w"]
     with torch.no_grad():
         f = model.f(x_eval, w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], -1)
     return mcmc, _bulk_ess_min(f.numpy())
 
 
-def _ours_chains_run(model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int,
-                     warmup_steps: int, seed: int) -> dict[str, float]:  # fmt: skip
+def _ours_chains_run(
+    model: BNN, x: Tensor, y: Tensor, x_eval: Tensor, num_chains: int, num_samples: int, warmup_steps: int, seed: int
+) -> dict[str, float]:
     """``run_nuts`` with ``num_chains`` chains: wall time (MAP init included), leapfrog steps,
     kernel seconds and the minimum bulk ESS of ``f(x_eval)``."""
     mcmc, ess = _nuts_run(model, x, y, x_eval, num_chains, num_samples, warmup_steps, seed)
     recs = chain_records(mcmc)
     steps = sum(sum(r["num_steps"]) + sum(r["warmup_num_steps"]) for r in recs)
     info = mcmc.run_info
-    return {"seconds": info.total_seconds, "sampling_seconds": info.sampling_seconds,
-            "leapfrog": steps, "ess": ess, "method": info.chain_method,
-            "saturated": info.max_tree_depth_share}  # fmt: skip
+    return {
+        "seconds": info.total_seconds,
+        "sampling_seconds": info.sampling_seconds,
+        "leapfrog": steps,
+        "ess": ess,
+        "method": info.chain_method,
+        "saturated": info.max_tree_depth_share,
+    }
 
 
-def _numpyro_runs(x: Tensor, y: Tensor, x_eval: Tensor, hidden: int, num_samples: int, warmup_steps: int,
-                  seed: int, num_chains: int) -> dict[str, dict[str, float]] | None:  # fmt: skip
+def _numpyro_runs(
+    x: Tensor, y: Tensor, x_eval: Tensor, hidden: int, num_samples: int, warmup_steps: int, seed: int, num_chains: int
+) -> dict[str, dict[str, float]] | None:
     """NumPyro's NUTS on the same BNN (N(0, 1) on every weight and bias, tanh, sigma 0.1), the same
     data and settings (diagonal mass matrix, target 0.8, max tree depth 10, its default
     initialisation): one chain twice in a row (the first run compiles, the second reuses the
@@ -315,8 +359,7 @@ def _numpyro_runs(x: Tensor, y: Tensor, x_eval: Tensor, hidden: int, num_samples
         # num_steps of the kept draws; the warm-up's are not returned, so the per-step time
         # counts them at the sampling phase's mean
         steps = float(mcmc.get_extra_fields()["num_steps"].sum())
-        return {"seconds": sec, "leapfrog": steps * (warmup_steps + num_samples) / num_samples,
-                "ess": _bulk_ess_min(f)}  # fmt: skip
+        return {"seconds": sec, "leapfrog": steps * (warmup_steps + num_samples) / num_samples, "ess": _bulk_ess_min(f)}
 
     def kernel() -> Any:
         return NNUTS(model, target_accept_prob=0.8, max_tree_depth=10, dense_mass=False)
@@ -375,45 +418,59 @@ def nuts_chains_benchmark(
     extension()
     # one chain per seed of the K chains: the one-chain figure is their median ESS/s (a single
     # chain's ESS of 200 draws varies by 2x between seeds, measured on boston: 66 to 121)
-    singles = [_ours_chains_run(model, x, y, x_eval, 1, num_samples, warmup_steps, seed + c)
-               for c in range(num_chains)]  # fmt: skip
+    singles = [_ours_chains_run(model, x, y, x_eval, 1, num_samples, warmup_steps, seed + c) for c in range(num_chains)]
     singles.sort(key=lambda r: r["ess"] / r["seconds"])
     ours1 = singles[(len(singles) - 1) // 2]  # the median run (the lower middle one for even K)
     oursk = _ours_chains_run(model, x, y, x_eval, num_chains, num_samples, warmup_steps, seed)
-    rows = [(f"run_nuts, 1 chain ({data})", ours1, ours1["sampling_seconds"]),
-            (f"run_nuts, {num_chains} chains, {oursk['method']} ({data})", oursk, oursk["sampling_seconds"])]  # fmt: skip
+    rows = [
+        (f"run_nuts, 1 chain ({data})", ours1, ours1["sampling_seconds"]),
+        (f"run_nuts, {num_chains} chains, {oursk['method']} ({data})", oursk, oursk["sampling_seconds"]),
+    ]
     npy = _numpyro_runs(x, y, x_eval, hidden, num_samples, warmup_steps, seed, num_chains) if numpyro else None
     if npy is not None:
-        labels = {"first": "1 chain, first run with compile", "compiled": "1 chain, compiled",
-                  "vectorized first": f"{num_chains} chains, vectorized, first run with compile",
-                  "vectorized": f"{num_chains} chains, vectorized, compiled",
-                  "parallel first": f"{num_chains} chains, parallel, first run with compile",
-                  "parallel": f"{num_chains} chains, parallel, compiled"}  # fmt: skip
+        labels = {
+            "first": "1 chain, first run with compile",
+            "compiled": "1 chain, compiled",
+            "vectorized first": f"{num_chains} chains, vectorized, first run with compile",
+            "vectorized": f"{num_chains} chains, vectorized, compiled",
+            "parallel first": f"{num_chains} chains, parallel, first run with compile",
+            "parallel": f"{num_chains} chains, parallel, compiled",
+        }
         rows += [(f"NumPyro, {label} ({data})", npy[k], npy[k]["seconds"]) for k, label in labels.items()]
     loads.append(os.getloadavg())
-    table = pd.DataFrame([
-        {"contender": name, "seconds": r["seconds"], "ms_per_leapfrog": 1e3 * run_s / r["leapfrog"],
-         "leapfrog": r["leapfrog"], "bulk_ess_f": r["ess"], "bulk_ess_f_per_s": r["ess"] / r["seconds"]}
-        for name, r, run_s in rows
-    ]).set_index("contender")  # fmt: skip
+    table = pd.DataFrame(
+        [
+            {
+                "contender": name,
+                "seconds": r["seconds"],
+                "ms_per_leapfrog": 1e3 * run_s / r["leapfrog"],
+                "leapfrog": r["leapfrog"],
+                "bulk_ess_f": r["ess"],
+                "bulk_ess_f_per_s": r["ess"] / r["seconds"],
+            }
+            for name, r, run_s in rows
+        ]
+    ).set_index("contender")
     e1, ek = ours1["ess"] / ours1["seconds"], oursk["ess"] / oursk["seconds"]
     table.attrs[f"ours {num_chains} chains / ours 1 chain, ESS/s (target >= 1.8)"] = ek / e1
     table.attrs["ours share of saturated draws, 1 chain"] = ours1["saturated"]
-    table.attrs["ours 1 chain, ESS/s of each seed"] = " ".join(
-        f"{r['ess'] / r['seconds']:.2f}" for r in singles)
+    table.attrs["ours 1 chain, ESS/s of each seed"] = " ".join(f"{r['ess'] / r['seconds']:.2f}" for r in singles)
     if npy is not None:
-        best = max(npy["vectorized"]["ess"] / npy["vectorized"]["seconds"],
-                   npy["parallel"]["ess"] / npy["parallel"]["seconds"])  # fmt: skip
+        best = max(
+            npy["vectorized"]["ess"] / npy["vectorized"]["seconds"], npy["parallel"]["ess"] / npy["parallel"]["seconds"]
+        )
         table.attrs[f"ours {num_chains} chains / NumPyro's best {num_chains}-chain, ESS/s (target >= 1)"] = ek / best
         ms_npy = 1e3 * npy["compiled"]["seconds"] / npy["compiled"]["leapfrog"]
         ms_ours = 1e3 * ours1["sampling_seconds"] / ours1["leapfrog"]
         table.attrs["NumPyro compiled / ours ms per leapfrog, 1 chain (target >= 1)"] = ms_npy / ms_ours
-        table.attrs["ours 1 chain / NumPyro compiled, ESS/s"] = e1 / (npy["compiled"]["ess"] / npy["compiled"]["seconds"])
-        table.attrs["ours 1 chain / NumPyro first run with compile, ESS/s"] = e1 / (npy["first"]["ess"] / npy["first"]["seconds"])
+        table.attrs["ours 1 chain / NumPyro compiled, ESS/s"] = e1 / (
+            npy["compiled"]["ess"] / npy["compiled"]["seconds"]
+        )
+        table.attrs["ours 1 chain / NumPyro first run with compile, ESS/s"] = e1 / (
+            npy["first"]["ess"] / npy["first"]["seconds"]
+        )
         table.attrs["XLA host devices"] = npy["devices"]["seconds"]
     table.attrs["load average before (1, 5, 15 min)"] = " ".join(f"{v:.2f}" for v in loads[0])
     table.attrs["load average after (1, 5, 15 min)"] = " ".join(f"{v:.2f}" for v in loads[1])
     table.attrs["cores"] = float(os.cpu_count() or 1)
     return table
-
-

@@ -103,11 +103,21 @@ METHODS = ("BbB", "Proj-BNN", "Proj-BNN (MMD)")
 _OBJECTIVE = {"Proj-BNN": "autoencoder", "Proj-BNN (MMD)": "mmd"}
 #: App. A's budget (``--paper``)
 PAPER_BUDGET = dict(
-    num_candidates=500, keep=150, cycle_epochs=10, map_steps=3000, map_lr=0.001, ae_steps=3000, ae_batch=128,
-    vi_steps=50_000, eval_every=100, patience=30, num_samples=500,
-    lrs=(0.1, 0.01, 0.001, 0.0005, 0.0001), bbb_lrs=(0.1, 0.01, 0.005, 0.001, 0.0001),
+    num_candidates=500,
+    keep=150,
+    cycle_epochs=10,
+    map_steps=3000,
+    map_lr=0.001,
+    ae_steps=3000,
+    ae_batch=128,
+    vi_steps=50_000,
+    eval_every=100,
+    patience=30,
+    num_samples=500,
+    lrs=(0.1, 0.01, 0.001, 0.0005, 0.0001),
+    bbb_lrs=(0.1, 0.01, 0.005, 0.001, 0.0001),
     latent_dims=(2, 10, 50, 100),
-)  # fmt: skip
+)
 
 
 def _split(name: str, scheme: str, seed: int):
@@ -164,8 +174,15 @@ class _EarlyStopping:
     check, whose guide parameters :meth:`restore` puts back (early stopping returns the best
     state, not the last); ``guide`` is the guide of the last call (for a fit that diverged)."""
 
-    def __init__(self, draw: Callable[[AutoNormal], Tensor], bnn: BNN, x_valid: Tensor, y_valid: Tensor,
-                 every: int, patience: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        draw: Callable[[AutoNormal], Tensor],
+        bnn: BNN,
+        x_valid: Tensor,
+        y_valid: Tensor,
+        every: int,
+        patience: int | None,
+    ) -> None:
         self.draw, self.bnn, self.x_valid, self.y_valid = draw, bnn, x_valid, y_valid
         self.every, self.patience = every, patience
         self.best, self.bad, self.steps, self.best_step = -math.inf, 0, 0, 0
@@ -183,8 +200,11 @@ class _EarlyStopping:
             return
         with torch.no_grad():
             w = self.draw(guide)
-            ll = float(evaluate(self.bnn, {"w": w}, self.x_valid, self.y_valid, y_mean=0.0, y_std=1.0,
-                                intervals=False)["test_ll"])  # fmt: skip
+            ll = float(
+                evaluate(self.bnn, {"w": w}, self.x_valid, self.y_valid, y_mean=0.0, y_std=1.0, intervals=False)[
+                    "test_ll"
+                ]
+            )
         if ll > self.best:  # a NaN never improves
             self.best, self.bad, self.best_step = ll, 0, step + 1
             self._snapshot = {k: v.detach().clone() for k, v in guide.named_parameters()}
@@ -203,11 +223,27 @@ class _EarlyStopping:
 
 
 @task_function("projected/uci")
-def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, keep: int,
-             cycle_epochs: float, map_steps: int, ae_steps: int, vi_steps: int, lr: float,
-             num_samples: int, map_lr: float = 0.001, ae_batch: int | None = 256, lrs: Sequence[float] = (),
-             bbb_lrs: Sequence[float] = (), eval_every: int = 100, check_draws: int = CHECK_DRAWS,
-             patience: int | None = None) -> dict[str, float]:  # fmt: skip
+def uci_task(
+    task: Task,
+    *,
+    hidden: int,
+    latent_dim: int,
+    num_candidates: int,
+    keep: int,
+    cycle_epochs: float,
+    map_steps: int,
+    ae_steps: int,
+    vi_steps: int,
+    lr: float,
+    num_samples: int,
+    map_lr: float = 0.001,
+    ae_batch: int | None = 256,
+    lrs: Sequence[float] = (),
+    bbb_lrs: Sequence[float] = (),
+    eval_every: int = 100,
+    check_draws: int = CHECK_DRAWS,
+    patience: int | None = None,
+) -> dict[str, float]:
     """One task of :func:`uci_experiment`: ``task.method`` (one of :data:`METHODS`) on
     ``task.dataset`` with split scheme ``task.split``, seeded by ``task.seed``; ``task.grid`` may
     set ``latent_dim`` (else the keyword default).
@@ -246,48 +282,132 @@ def uci_task(task: Task, *, hidden: int, latent_dim: int, num_candidates: int, k
     model = projection = None
     if task.method != "BbB":
         model = ProjectedBNN(net, latent_dim=latent_dim, decoder_hidden=[20])
-        projection = _fge_and_decoder(model, bnn, data, out, objective=_OBJECTIVE[task.method],
-                                      num_candidates=num_candidates, keep=keep, map_steps=map_steps,
-                                      map_lr=map_lr, cycle_epochs=cycle_epochs, ae_steps=ae_steps,
-                                      ae_batch=ae_batch, seed=seed)  # fmt: skip
-    fit_at = functools.partial(_fit_at_step_size, task.method, bnn, model, projection, data, out, seed=seed,
-                               vi_steps=vi_steps, batch=batch, check_draws=check_draws, eval_every=eval_every,
-                               patience=patience, num_samples=num_samples)  # fmt: skip
+        projection = _fge_and_decoder(
+            model,
+            bnn,
+            data,
+            out,
+            objective=_OBJECTIVE[task.method],
+            num_candidates=num_candidates,
+            keep=keep,
+            map_steps=map_steps,
+            map_lr=map_lr,
+            cycle_epochs=cycle_epochs,
+            ae_steps=ae_steps,
+            ae_batch=ae_batch,
+            seed=seed,
+        )
+    fit_at = functools.partial(
+        _fit_at_step_size,
+        task.method,
+        bnn,
+        model,
+        projection,
+        data,
+        out,
+        seed=seed,
+        vi_steps=vi_steps,
+        batch=batch,
+        check_draws=check_draws,
+        eval_every=eval_every,
+        patience=patience,
+        num_samples=num_samples,
+    )
     best = _best_step_size(step_sizes, fit_at, out)  # writes each step size's outcome into out
     return {**out, **best, "seconds": time.perf_counter() - t0}
 
 
-def _fge_and_decoder(model: ProjectedBNN, bnn: BNN, data: Dataset, out: dict[str, float], *, objective: str,
-                     num_candidates: int, keep: int, map_steps: int, map_lr: float, cycle_epochs: float,
-                     ae_steps: int, ae_batch: int | None, seed: int) -> ProjectionFit:  # fmt: skip
+def _fge_and_decoder(
+    model: ProjectedBNN,
+    bnn: BNN,
+    data: Dataset,
+    out: dict[str, float],
+    *,
+    objective: str,
+    num_candidates: int,
+    keep: int,
+    map_steps: int,
+    map_lr: float,
+    cycle_epochs: float,
+    ae_steps: int,
+    ae_batch: int | None,
+    seed: int,
+) -> ProjectionFit:
     """The Proj-BNN tasks' stages 1 and 2 (shared by every step size): FGE candidates, whose
     ensemble metrics go into ``out`` (``fge_*``), and the decoder fitted to them."""
     x, y = data.x_train, data.y_train
     t1 = time.perf_counter()
-    res = fge(bnn, x, y, x_valid=data.x_valid, y_valid=data.y_valid, num_candidates=num_candidates, keep=keep,
-              map_steps=map_steps, map_lr=map_lr, cycle_epochs=cycle_epochs, seed=seed, progress=False)  # fmt: skip
+    res = fge(
+        bnn,
+        x,
+        y,
+        x_valid=data.x_valid,
+        y_valid=data.y_valid,
+        num_candidates=num_candidates,
+        keep=keep,
+        map_steps=map_steps,
+        map_lr=map_lr,
+        cycle_epochs=cycle_epochs,
+        seed=seed,
+        progress=False,
+    )
     out.update(_metrics(bnn, res.kept, data, prefix="fge_"), fge_seconds=time.perf_counter() - t1)
-    return fit_projection(model, res.kept, x, y, objective=objective, num_steps=ae_steps, lr=0.005,
-                          batch_size=ae_batch, seed=seed, progress=False)  # fmt: skip
+    return fit_projection(
+        model,
+        res.kept,
+        x,
+        y,
+        objective=objective,
+        num_steps=ae_steps,
+        lr=0.005,
+        batch_size=ae_batch,
+        seed=seed,
+        progress=False,
+    )
 
 
-def _fit_bbb(bnn: BNN, x: Tensor, y: Tensor, stop: _EarlyStopping, *, step_size: float, vi_steps: int, batch: int,
-             seed: int) -> tuple[BNN, AutoNormal]:  # fmt: skip
+def _fit_bbb(
+    bnn: BNN, x: Tensor, y: Tensor, stop: _EarlyStopping, *, step_size: float, vi_steps: int, batch: int, seed: int
+) -> tuple[BNN, AutoNormal]:
     """BbB: mean-field VI on the weights from the network's initial weights, with early stopping."""
     with pyro.get_param_store().scope():
         guide = AutoNormal(bnn, init_scale=0.01, init_loc_fn=init_to_network(bnn, seed=seed))
         # BbB is Proj-BNN with the identity projection (App. A): the same 20 particles
         # and closed-form KL as stage 3
         loss = ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1)
-        fit_svi(bnn, guide, x, y, num_steps=vi_steps, lr=step_size, batch_size=batch, seed=seed,
-                progress=False, loss=loss, callback=lambda step, value: stop(step, value, guide))  # fmt: skip
+        fit_svi(
+            bnn,
+            guide,
+            x,
+            y,
+            num_steps=vi_steps,
+            lr=step_size,
+            batch_size=batch,
+            seed=seed,
+            progress=False,
+            loss=loss,
+            callback=lambda step, value: stop(step, value, guide),
+        )
     return bnn, guide
 
 
-def _fit_at_step_size(method: str, bnn: BNN, model: ProjectedBNN | None, projection: ProjectionFit | None,
-                      data: Dataset, out: dict[str, float], step_size: float, *, seed: int, vi_steps: int,
-                      batch: int, check_draws: int, eval_every: int, patience: int | None,
-                      num_samples: int) -> dict[str, float]:  # fmt: skip
+def _fit_at_step_size(
+    method: str,
+    bnn: BNN,
+    model: ProjectedBNN | None,
+    projection: ProjectionFit | None,
+    data: Dataset,
+    out: dict[str, float],
+    step_size: float,
+    *,
+    seed: int,
+    vi_steps: int,
+    batch: int,
+    check_draws: int,
+    eval_every: int,
+    patience: int | None,
+    num_samples: int,
+) -> dict[str, float]:
     """:func:`uci_task`'s fit at one step size (BbB, or stage 3 on the task's decoder) with early
     stopping, evaluated at its best check; a fit that diverges after a check is evaluated at the
     checked state and ``out`` records the step (``diverged_at@lr=<v>``)."""
@@ -299,8 +419,18 @@ def _fit_at_step_size(method: str, bnn: BNN, model: ProjectedBNN | None, project
         if method == "BbB":
             fitted, guide = _fit_bbb(bnn, x, y, stop, step_size=step_size, vi_steps=vi_steps, batch=batch, seed=seed)
         else:
-            fit = fit_projected_bnn(model, x, y, projection=projection, num_steps=vi_steps, lr=step_size,
-                                    batch_size=batch, callback=stop, seed=seed, progress=False)  # fmt: skip
+            fit = fit_projected_bnn(
+                model,
+                x,
+                y,
+                projection=projection,
+                num_steps=vi_steps,
+                lr=step_size,
+                batch_size=batch,
+                callback=stop,
+                seed=seed,
+                progress=False,
+            )
             fitted, guide = fit.model, fit.guide
     except (FloatingPointError, ValueError) as err:
         if not (_diverged(err) and stop.has_checkpoint):
@@ -317,8 +447,11 @@ def _metrics(bnn: BNN, w: Tensor, data: Dataset, prefix: str = "") -> dict[str, 
     """Validation and test log-likelihood and test RMSE of the draws ``w`` (standardised scale)."""
     m = evaluate(bnn, {"w": w}, data.x_test, data.y_test, y_mean=0.0, y_std=1.0)
     v = evaluate(bnn, {"w": w}, data.x_valid, data.y_valid, y_mean=0.0, y_std=1.0)
-    return {f"{prefix}valid_ll": float(v["test_ll"]), f"{prefix}test_ll": float(m["test_ll"]),
-            f"{prefix}rmse": float(m["rmse"])}  # fmt: skip
+    return {
+        f"{prefix}valid_ll": float(v["test_ll"]),
+        f"{prefix}test_ll": float(m["test_ll"]),
+        f"{prefix}rmse": float(m["rmse"]),
+    }
 
 
 def _best_step_size(step_sizes: list[float], fit_at: Callable[[float], dict], out: dict) -> dict[str, float]:
@@ -345,8 +478,14 @@ def _best_step_size(step_sizes: list[float], fit_at: Callable[[float], dict], ou
     return best
 
 
-def uci_tasks(datasets: Sequence[str] = DATASETS, schemes: Sequence[str] = SCHEMES, *,
-              methods: Sequence[str] = METHODS, latent_dims: Sequence[int] = (), seed: int = 0) -> list[Task]:  # fmt: skip
+def uci_tasks(
+    datasets: Sequence[str] = DATASETS,
+    schemes: Sequence[str] = SCHEMES,
+    *,
+    methods: Sequence[str] = METHODS,
+    latent_dims: Sequence[int] = (),
+    seed: int = 0,
+) -> list[Task]:
     """The tasks: per data set, scheme and method one task, and for the Proj-BNN methods one per
     ``D_z`` in ``latent_dims`` (grid ``{"latent_dim": D_z}``; empty: the default ``D_z``)."""
     for scheme in schemes:
@@ -356,9 +495,13 @@ def uci_tasks(datasets: Sequence[str] = DATASETS, schemes: Sequence[str] = SCHEM
         if m not in METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {METHODS}")
     proj_grid = [{"latent_dim": int(k)} for k in latent_dims] or [{}]
-    return [Task(name, method=m, split=scheme, grid=g, seed=seed)
-            for name in datasets for scheme in schemes for m in methods
-            for g in ([{}] if m == "BbB" else proj_grid)]  # fmt: skip
+    return [
+        Task(name, method=m, split=scheme, grid=g, seed=seed)
+        for name in datasets
+        for scheme in schemes
+        for m in methods
+        for g in ([{}] if m == "BbB" else proj_grid)
+    ]
 
 
 def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -380,8 +523,17 @@ def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
             with_fge = cell[cell["fge_valid_ll"].notna()]
             if not with_fge.empty:
                 f = with_fge.iloc[0]
-                rows.append({**key, "method": "FGE", "valid_ll": f["fge_valid_ll"], "test_ll": f["fge_test_ll"],
-                             "rmse": f["fge_rmse"], "seconds": f["fge_seconds"], "status": "done"})  # fmt: skip
+                rows.append(
+                    {
+                        **key,
+                        "method": "FGE",
+                        "valid_ll": f["fge_valid_ll"],
+                        "test_ll": f["fge_test_ll"],
+                        "rmse": f["fge_rmse"],
+                        "seconds": f["fge_seconds"],
+                        "status": "done",
+                    }
+                )
                 fge_done.add((dataset, scheme))
         if done.empty:
             rows.append({**key, "method": method, "status": g["status"].iloc[0]})
@@ -392,11 +544,35 @@ def select_best(sweep: pd.DataFrame) -> pd.DataFrame:
             continue
         r = finite.loc[finite["valid_ll"].idxmax()]
         status = "done" if len(done) == len(g) or (g["status"] != "pending").all() else "partial"
-        rows.append({**key, "method": method, "lr": r["lr"], **{c: r[c] for c in grid_cols}, "valid_ll": r["valid_ll"],
-                     "test_ll": r["test_ll"], "rmse": r["rmse"], "seconds": r["seconds"], "steps": r["steps"],
-                     "grid_points": len(done), "status": status})  # fmt: skip
-    cols = ["dataset", "scheme", "method", "lr", "latent_dim", "valid_ll", "test_ll", "rmse", "seconds", "steps",
-            "grid_points", "status"]  # fmt: skip
+        rows.append(
+            {
+                **key,
+                "method": method,
+                "lr": r["lr"],
+                **{c: r[c] for c in grid_cols},
+                "valid_ll": r["valid_ll"],
+                "test_ll": r["test_ll"],
+                "rmse": r["rmse"],
+                "seconds": r["seconds"],
+                "steps": r["steps"],
+                "grid_points": len(done),
+                "status": status,
+            }
+        )
+    cols = [
+        "dataset",
+        "scheme",
+        "method",
+        "lr",
+        "latent_dim",
+        "valid_ll",
+        "test_ll",
+        "rmse",
+        "seconds",
+        "steps",
+        "grid_points",
+        "status",
+    ]
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
@@ -445,10 +621,22 @@ def uci_experiment(
     it); the table of
     every task is ``table.attrs["sweep"]``.
     """
-    settings = dict(num_candidates=num_candidates, keep=keep, cycle_epochs=cycle_epochs, map_steps=map_steps,
-                    map_lr=map_lr, ae_steps=ae_steps, ae_batch=ae_batch, vi_steps=vi_steps, eval_every=eval_every,
-                    patience=patience, lrs=lrs, bbb_lrs=bbb_lrs, latent_dims=latent_dims,
-                    num_samples=num_samples)  # fmt: skip
+    settings = dict(
+        num_candidates=num_candidates,
+        keep=keep,
+        cycle_epochs=cycle_epochs,
+        map_steps=map_steps,
+        map_lr=map_lr,
+        ae_steps=ae_steps,
+        ae_batch=ae_batch,
+        vi_steps=vi_steps,
+        eval_every=eval_every,
+        patience=patience,
+        lrs=lrs,
+        bbb_lrs=bbb_lrs,
+        latent_dims=latent_dims,
+        num_samples=num_samples,
+    )
     if paper:
         settings.update(PAPER_BUDGET)
     unknown = set(overrides or {}) - set(settings)
@@ -456,12 +644,20 @@ def uci_experiment(
         raise ValueError(f"overrides {sorted(unknown)} are not settings; choose from {sorted(settings)}")
     settings.update(overrides or {})
     lrs, bbb_lrs, latent_dims = (tuple(settings.pop(k)) for k in ("lrs", "bbb_lrs", "latent_dims"))
-    fn = functools.partial(uci_task, hidden=hidden, latent_dim=latent_dim, lr=lr, lrs=lrs, bbb_lrs=bbb_lrs,
-                           **settings)  # fmt: skip
+    fn = functools.partial(uci_task, hidden=hidden, latent_dim=latent_dim, lr=lr, lrs=lrs, bbb_lrs=bbb_lrs, **settings)
     tasks = uci_tasks(datasets, schemes, methods=methods, latent_dims=latent_dims, seed=seed)
-    sweep = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, address=address,
-                      code_version=code_version, progress=progress, desc="proj-uci",
-                      stop_after=stop_after)  # fmt: skip
+    sweep = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        address=address,
+        code_version=code_version,
+        progress=progress,
+        desc="proj-uci",
+        stop_after=stop_after,
+    )
     table = select_best(sweep)
     table.attrs = dict(sweep.attrs)
     table.attrs["sweep"] = sweep
@@ -474,10 +670,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--schemes", nargs="*", default=list(SCHEMES))
     p.add_argument("--methods", nargs="*", default=list(METHODS), help=f"of {METHODS}")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--paper", action="store_true",
-                   help="App. A's budget: R = 500 keeping 150, up to 50,000 steps with early stopping, step "
-                        "sizes (5 fits inside each task) and D_z cross-validated: per data set and scheme one "
-                        "BbB task and 4 tasks (one per D_z) per Proj-BNN method; about 3 hours on 2 cores")
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="App. A's budget: R = 500 keeping 150, up to 50,000 steps with early stopping, step "
+        "sizes (5 fits inside each task) and D_z cross-validated: per data set and scheme one "
+        "BbB task and 4 tasks (one per D_z) per Proj-BNN method; about 3 hours on 2 cores",
+    )
     p.add_argument("--small", action="store_true", help="a smoke-test size (meaningless numbers)")
     p.add_argument("--steps", type=int, help="override the (maximum) SVI steps, e.g. a smoke run of --paper's grid")
     p.add_argument("--decoder-steps", type=int, help="override the decoder stage's steps")
@@ -491,8 +690,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     kw = {}
     if args.small:
-        kw = dict(hidden=10, latent_dim=2, num_candidates=6, keep=4, cycle_epochs=1, map_steps=50,
-                  ae_steps=30, vi_steps=30, num_samples=20)  # fmt: skip
+        kw = dict(
+            hidden=10,
+            latent_dim=2,
+            num_candidates=6,
+            keep=4,
+            cycle_epochs=1,
+            map_steps=50,
+            ae_steps=30,
+            vi_steps=30,
+            num_samples=20,
+        )
     overrides = {}
     if args.steps is not None:
         overrides["vi_steps"] = args.steps
@@ -500,10 +708,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["ae_steps"] = args.decoder_steps
     if args.candidates is not None:
         overrides.update(num_candidates=args.candidates[0], keep=args.candidates[1])
-    table = uci_experiment(args.datasets, args.schemes, methods=args.methods, seed=args.seed, paper=args.paper,
-                           overrides=overrides, progress=not args.quiet, **kw, **sweep_options(args))  # fmt: skip
-    print(table.pivot_table(index=["dataset", "scheme"], columns="method", values="test_ll").to_string(
-        float_format="%.3f"))  # fmt: skip
+    table = uci_experiment(
+        args.datasets,
+        args.schemes,
+        methods=args.methods,
+        seed=args.seed,
+        paper=args.paper,
+        overrides=overrides,
+        progress=not args.quiet,
+        **kw,
+        **sweep_options(args),
+    )
+    print(
+        table.pivot_table(index=["dataset", "scheme"], columns="method", values="test_ll").to_string(
+            float_format="%.3f"
+        )
+    )
     if args.output:
         table.to_csv(args.output, index=False)
     return report(table)
@@ -529,22 +749,44 @@ def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     projection = fit_projection(model, cands.kept, x, y, num_steps=200, seed=seed, progress=False)
 
     def stage3(kl: str, fused: bool, r: int, stamp) -> None:
-        fit_projected_bnn(model, x, y, projection=projection, num_steps=steps + 21, batch_size=128, kl=kl,
-                          fused=fused, seed=seed + r, progress=False,
-                          callback=lambda step, value, guide: stamp())  # fmt: skip
+        fit_projected_bnn(
+            model,
+            x,
+            y,
+            projection=projection,
+            num_steps=steps + 21,
+            batch_size=128,
+            kl=kl,
+            fused=fused,
+            seed=seed + r,
+            progress=False,
+            callback=lambda step, value, guide: stamp(),
+        )
 
     def bbb(fused: bool, r: int, stamp) -> None:
         with pyro.get_param_store().scope():
             guide = AutoNormal(bnn, init_scale=0.01)
-            fit_svi(bnn, guide, x, y, num_steps=steps + 21, lr=0.001, batch_size=128, seed=seed + r, progress=False,
-                    loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1, fused=fused),
-                    callback=lambda step, value: stamp())  # fmt: skip
+            fit_svi(
+                bnn,
+                guide,
+                x,
+                y,
+                num_steps=steps + 21,
+                lr=0.001,
+                batch_size=128,
+                seed=seed + r,
+                progress=False,
+                loss=ClosedFormKLElbo(("w",), num_particles=20, max_plate_nesting=1, fused=fused),
+                callback=lambda step, value: stamp(),
+            )
 
-    arms = {("Proj-BNN stage 3", "closed-form, fused"): lambda r, st: stage3("closed-form", True, r, st),
-            ("Proj-BNN stage 3", "closed-form, traced"): lambda r, st: stage3("closed-form", False, r, st),
-            ("Proj-BNN stage 3", "monte-carlo"): lambda r, st: stage3("monte-carlo", True, r, st),
-            ("BbB", "closed-form, fused"): lambda r, st: bbb(True, r, st),
-            ("BbB", "closed-form, traced"): lambda r, st: bbb(False, r, st)}  # fmt: skip
+    arms = {
+        ("Proj-BNN stage 3", "closed-form, fused"): lambda r, st: stage3("closed-form", True, r, st),
+        ("Proj-BNN stage 3", "closed-form, traced"): lambda r, st: stage3("closed-form", False, r, st),
+        ("Proj-BNN stage 3", "monte-carlo"): lambda r, st: stage3("monte-carlo", True, r, st),
+        ("BbB", "closed-form, fused"): lambda r, st: bbb(True, r, st),
+        ("BbB", "closed-form, traced"): lambda r, st: bbb(False, r, st),
+    }
     times: dict[tuple[str, str], list[float]] = {k: [] for k in arms}
     for r in range(rounds):
         for key, run in arms.items():
@@ -554,10 +796,12 @@ def proj_bench(steps: int = 300, rounds: int = 3, seed: int = 0) -> pd.DataFrame
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = [(fit, kl, v, v / med[fit, "closed-form, fused"]) for (fit, kl), v in med.items()]
     table = pd.DataFrame(rows, columns=["fit", "kl", "ms_per_step", "ratio"]).set_index(["fit", "kl"])
-    table.attrs["stage 3: traced / fused step"] = med["Proj-BNN stage 3", "closed-form, traced"] / med[
-        "Proj-BNN stage 3", "closed-form, fused"]
-    table.attrs["stage 3: Monte-Carlo / closed-form (traced) step"] = med["Proj-BNN stage 3", "monte-carlo"] / med[
-        "Proj-BNN stage 3", "closed-form, traced"]
+    table.attrs["stage 3: traced / fused step"] = (
+        med["Proj-BNN stage 3", "closed-form, traced"] / med["Proj-BNN stage 3", "closed-form, fused"]
+    )
+    table.attrs["stage 3: Monte-Carlo / closed-form (traced) step"] = (
+        med["Proj-BNN stage 3", "monte-carlo"] / med["Proj-BNN stage 3", "closed-form, traced"]
+    )
     table.attrs["BbB: traced / fused step"] = med["BbB", "closed-form, traced"] / med["BbB", "closed-form, fused"]
     return table
 
@@ -586,17 +830,21 @@ def uci_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, s
         for column in ("lr", "latent_dim"):
             if column not in t:
                 raise KeyError(f"values=selected needs column {column!r}, which {', '.join(paths)} lacks")
-        t = t.assign(selected=[" / ".join(f"{v:g}" for v in pair if not pd.isna(v))
-                               for pair in zip(t["lr"], t["latent_dim"])])  # fmt: skip
-    wide = t.pivot_table(index=["dataset", "scheme"], columns="method", values=values_of,
-                         aggfunc="first" if selected else "mean")  # fmt: skip
+        t = t.assign(
+            selected=[" / ".join(f"{v:g}" for v in pair if not pd.isna(v)) for pair in zip(t["lr"], t["latent_dim"])]
+        )
+    wide = t.pivot_table(
+        index=["dataset", "scheme"], columns="method", values=values_of, aggfunc="first" if selected else "mean"
+    )
     out = []
     for (dataset, scheme), row in wide.sort_index().iterrows():
         values = [row.get(m, float("nan")) for m in methods]
         texts = [v if isinstance(v, str) else "" for v in values] if selected else [tables.num(v) for v in values]
         best = None if selected else tables.best(values, largest=values_of == "test_ll")
-        cells = [tables.bold(text, i == best) + ("*" if (dataset, scheme, m) in partial else "")
-                 for i, (m, text) in enumerate(zip(methods, texts))]  # fmt: skip
+        cells = [
+            tables.bold(text, i == best) + ("*" if (dataset, scheme, m) in partial else "")
+            for i, (m, text) in enumerate(zip(methods, texts))
+        ]
         out.append([dataset, scheme] + cells)
     return tables.table(["data set", "split"] + methods, out)
 
@@ -612,7 +860,9 @@ def uci_wins_summary(frames: list[pd.DataFrame], paths: list[str], options: dict
         t = t[t["status"] == "done"]
     missing = [c for c in ("dataset", "scheme", "method", "valid_ll", "test_ll") if c not in t]
     if missing:
-        raise KeyError(f"{', '.join(paths)} lacks column(s) {missing}; write it with `pyro-bnnlv reproduce proj-uci --output`")
+        raise KeyError(
+            f"{', '.join(paths)} lacks column(s) {missing}; write it with `pyro-bnnlv reproduce proj-uci --output`"
+        )
     eq6, mmd, baselines = "Proj-BNN", "Proj-BNN (MMD)", ["BbB", "FGE"]
     wins: dict[str, list[str]] = {"chosen": [], eq6: [], mmd: []}
     cells, chose_mmd = [], 0
@@ -636,6 +886,8 @@ def uci_wins_summary(frames: list[pd.DataFrame], paths: list[str], options: dict
         lost = [c for c in cells if c not in wins[key]]
         return f"{len(wins[key])} of {n}" + (f" (not on {tables.listing(lost)})" if lost else "")
 
-    return (f"Against BbB and FGE in test LL, the Proj-BNN variant chosen per cell by validation LL (the MMD "
-            f"decoder in {chose_mmd} of {n} cells, eq. 6 in {n - chose_mmd}) is best in {count('chosen')}; eq. 6's "
-            f"decoder alone in {count(eq6)}; the MMD decoder alone in {count(mmd)}.")
+    return (
+        f"Against BbB and FGE in test LL, the Proj-BNN variant chosen per cell by validation LL (the MMD "
+        f"decoder in {chose_mmd} of {n} cells, eq. 6 in {n - chose_mmd}) is best in {count('chosen')}; eq. 6's "
+        f"decoder alone in {count(eq6)}; the MMD decoder alone in {count(mmd)}."
+    )

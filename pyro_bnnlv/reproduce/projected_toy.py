@@ -68,8 +68,16 @@ __all__ = [
 ]
 
 
-def four_modes_candidates(data: Dataset, *, num_restarts: int = 200, num_steps: int = 1500, lr: float = 0.05,
-                          prior_scale: float = 1.0, noise_scale: float = 0.1, seed: int = 0) -> Tensor:  # fmt: skip
+def four_modes_candidates(
+    data: Dataset,
+    *,
+    num_restarts: int = 200,
+    num_steps: int = 1500,
+    lr: float = 0.05,
+    prior_scale: float = 1.0,
+    noise_scale: float = 0.1,
+    seed: int = 0,
+) -> Tensor:
     """MAP fits of the 3-unit RBF network from ``num_restarts`` random starts (run as one batch),
     keeping those that fit three bumps, with their units in canonical order: ``(R, 10)``.
 
@@ -111,8 +119,9 @@ class FourModesResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def four_modes_census(samples: dict[str, Tensor], data: Dataset,
-                      prior_draws: dict[str, Tensor] | None = None) -> pd.DataFrame:  # fmt: skip
+def four_modes_census(
+    samples: dict[str, Tensor], data: Dataset, prior_draws: dict[str, Tensor] | None = None
+) -> pd.DataFrame:
     """One row per weight sample (name -> ``(S, 10)``): ``fits_three`` (share fitting three
     bumps), ``modes`` (missed bumps holding >= 10% of those), ``miss <c>`` (the share of those
     missing bump ``c``), ``test_ll`` (eq. 7, noise 0.1); with ``prior_draws`` (name -> decoded
@@ -174,8 +183,19 @@ def four_modes_experiment(
     for objective in objectives:
         t0 = time.perf_counter()
         model = ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-        projection = fit_projection(model, candidates, x, y, objective=objective, beta=betas[objective],
-                                    num_steps=decoder_steps, lr=0.01, input_noise=0.1, seed=seed, progress=progress)
+        projection = fit_projection(
+            model,
+            candidates,
+            x,
+            y,
+            objective=objective,
+            beta=betas[objective],
+            num_steps=decoder_steps,
+            lr=0.01,
+            input_noise=0.1,
+            seed=seed,
+            progress=progress,
+        )
         with torch.no_grad():
             decoded = model.project(z_prior * model.latent_scale, projection.phi)
         decoder_seconds = time.perf_counter() - t0
@@ -183,8 +203,18 @@ def four_modes_experiment(
             name = f"Proj-BNN {objective}, {'q(z)' if variant == 'qz-only' else 'q(z) q(phi)'}"
             t0 = time.perf_counter()
             model = ProjectedBNN(net, latent_dim=2, decoder_hidden=[20], latent_scale=1.0, noise_scale=0.1)
-            fit = fit_projected_bnn(model, x, y, variant=variant, projection=projection, num_steps=vi_steps, lr=0.01,
-                                    num_particles=num_particles, seed=seed, progress=progress)  # fmt: skip
+            fit = fit_projected_bnn(
+                model,
+                x,
+                y,
+                variant=variant,
+                projection=projection,
+                num_steps=vi_steps,
+                lr=0.01,
+                num_particles=num_particles,
+                seed=seed,
+                progress=progress,
+            )
             samples[name] = sample_posterior(fit.model, fit.guide, x, num_samples=num_samples, seed=seed)["w"]
             prior_draws[name] = decoded
             seconds[name] = decoder_seconds + time.perf_counter() - t0
@@ -193,8 +223,13 @@ def four_modes_experiment(
 
 
 #: the fits :func:`plot_four_modes` shows by default
-FIGURE_FITS = ("candidates", "MFVI on w", "Proj-BNN autoencoder, q(z) q(phi)", "Proj-BNN mmd, q(z)",
-               "Proj-BNN mmd, q(z) q(phi)")
+FIGURE_FITS = (
+    "candidates",
+    "MFVI on w",
+    "Proj-BNN autoencoder, q(z) q(phi)",
+    "Proj-BNN mmd, q(z)",
+    "Proj-BNN mmd, q(z) q(phi)",
+)
 
 
 def _mode_colours(net, w: Tensor) -> list:
@@ -203,8 +238,9 @@ def _mode_colours(net, w: Tensor) -> list:
     return [palette[int((~r).nonzero()[0])] if int(r.sum()) == 3 else "0.7" for r in ok]
 
 
-def plot_four_modes(result: FourModesResult, path: str | Path | None = None, fits: Sequence[str] | None = None,
-                    *, axes: Any = None) -> Any:
+def plot_four_modes(
+    result: FourModesResult, path: str | Path | None = None, fits: Sequence[str] | None = None, *, axes: Any = None
+) -> Any:
     """Fig. 2 of the paper: per fit (default :data:`FIGURE_FITS`, those present), the weight samples
     (units in canonical order) on the candidates' first two principal components, coloured by the
     bump they miss (grey: fit fewer than three), and the posterior predictive with the data.
@@ -245,8 +281,10 @@ def plot_four_modes(result: FourModesResult, path: str | Path | None = None, fit
         ax.plot(grid[:, 0], f.mean(0))
         ax.set_title(f"predictive, test LL {row['test_ll']:.2f}", fontsize=8)
         ax.set_ylim(-0.6, 1.6)
-    handles = [plt.Line2D([], [], ls="", marker="o", c=c, label=f"misses x = {m:+.0f}")
-               for c, m in zip(["tab:blue", "tab:orange", "tab:green", "tab:red"], FOUR_MODE_CENTRES)]
+    handles = [
+        plt.Line2D([], [], ls="", marker="o", c=c, label=f"misses x = {m:+.0f}")
+        for c, m in zip(["tab:blue", "tab:orange", "tab:green", "tab:red"], FOUR_MODE_CENTRES)
+    ]
     handles.append(plt.Line2D([], [], ls="", marker="o", c="0.7", label="fits < 3 bumps"))
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8)
     if owned:
@@ -259,8 +297,9 @@ def plot_four_modes(result: FourModesResult, path: str | Path | None = None, fit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pyro_bnnlv.reproduce.projected_toy",
-                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m pyro_bnnlv.reproduce.projected_toy", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--objectives", nargs="*", default=["autoencoder", "vae", "mmd"])
     p.add_argument("--variants", nargs="*", default=["qz-only", "full"])
     p.add_argument("--seed", type=int, default=0)
@@ -307,9 +346,24 @@ def four_modes_table(frames: list[pd.DataFrame], paths: list[str], options: dict
     for fit in censuses[0].index:
         covers = all(fit in t.index and t.loc[fit, "modes"] >= 2 for t in censuses)
         share = "/".join(tables.share(censuses[0].loc[fit, c]) for c in shares)
-        rows.append([tables.bold(str(fit), covers and fit != "candidates"), cell(fit, "prior_fits_three", 2),
-                     cell(fit, "prior_modes", 0), cell(fit, "fits_three", 2), cell(fit, "modes", 0), share,
-                     cell(fit, "test_ll", 2)])  # fmt: skip
-    header = ["fit", "prior draws fitting 3", "prior modes", "samples fitting 3", "modes",
-              "missed-bump shares (" + " / ".join(s.removeprefix("miss ") for s in shares) + "; first seed)", "test LL"]
+        rows.append(
+            [
+                tables.bold(str(fit), covers and fit != "candidates"),
+                cell(fit, "prior_fits_three", 2),
+                cell(fit, "prior_modes", 0),
+                cell(fit, "fits_three", 2),
+                cell(fit, "modes", 0),
+                share,
+                cell(fit, "test_ll", 2),
+            ]
+        )
+    header = [
+        "fit",
+        "prior draws fitting 3",
+        "prior modes",
+        "samples fitting 3",
+        "modes",
+        "missed-bump shares (" + " / ".join(s.removeprefix("miss ") for s in shares) + "; first seed)",
+        "test LL",
+    ]
     return tables.table(header, rows)

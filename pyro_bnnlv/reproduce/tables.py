@@ -15,8 +15,22 @@ from decimal import ROUND_HALF_UP, Decimal
 import pandas as pd
 from scipy import special
 
-__all__ = ["as_printed", "auto", "best", "bold", "listing", "mean_se", "num", "paired", "paired_cell", "paired_verdict",
-           "paper_value", "share", "table", "with_paper"]
+__all__ = [
+    "as_printed",
+    "auto",
+    "best",
+    "bold",
+    "listing",
+    "mean_se",
+    "num",
+    "paired",
+    "paired_cell",
+    "paired_verdict",
+    "paper_value",
+    "share",
+    "table",
+    "with_paper",
+]
 
 
 def num(value: float, decimals: int = 2) -> str:

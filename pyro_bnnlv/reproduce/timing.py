@@ -37,13 +37,28 @@ def fit_step_ms(model: Callable[..., Any], guide: Any, x: Tensor, y: Tensor, ste
     """Median ms per ``fit_svi`` step over ``steps`` steps, stamped by its callback; the first 20
     steps (compilation, warm-up, the JIT guard's checks at steps 1 and 10) are not timed."""
     stamps: list[float] = []
-    fit_svi(model, guide, x, y, num_steps=steps + 21, progress=False,
-            callback=lambda step, value: stamps.append(time.perf_counter()), **fit_kwargs)  # fmt: skip
+    fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=steps + 21,
+        progress=False,
+        callback=lambda step, value: stamps.append(time.perf_counter()),
+        **fit_kwargs,
+    )
     return 1e3 * statistics.median(b - a for a, b in zip(stamps[20:], stamps[21:]))
 
 
-def fit_step_ms_beside(other: Callable[[], None], model: Callable[..., Any], guide: Any, x: Tensor, y: Tensor,
-                       steps: int, **fit_kwargs: Any) -> tuple[float, float]:  # fmt: skip
+def fit_step_ms_beside(
+    other: Callable[[], None],
+    model: Callable[..., Any],
+    guide: Any,
+    x: Tensor,
+    y: Tensor,
+    steps: int,
+    **fit_kwargs: Any,
+) -> tuple[float, float]:
     """Median ms per ``fit_svi`` step and per call of ``other``, alternated step by step: ``fit_svi``'s
     callback runs ``other`` once after every step and times it, and a ``fit_svi`` step is the time
     between the end of one callback and the start of the next. Both see the same moments of the

@@ -15,13 +15,8 @@
 * ``invariance``: invariance gap of a mean-field BNN, per unit of every layer (invariances paper,
   sec. 5, eq. 23 and 25).
 """
-from .classification import (
-    classification_metrics,
-    mutual_information,
-    ood_auroc,
-    predictive_entropy,
-    reliability_curve,
-)
+
+from .classification import classification_metrics, mutual_information, ood_auroc, predictive_entropy, reliability_curve
 from .dependence import (
     correlation_penalty,
     henze_zirkler,
@@ -32,14 +27,7 @@ from .dependence import (
     pearson_correlation,
 )
 from .independence import independence_statistic
-from .knn import (
-    functional_knn_entropy,
-    functional_knn_kl,
-    input_sampler,
-    knn_entropy,
-    knn_kl,
-    predictor_space_samples,
-)
+from .knn import functional_knn_entropy, functional_knn_kl, input_sampler, knn_entropy, knn_kl, predictor_space_samples
 from .latent import (
     knn_entropy_1d,
     latent_diagnostics,

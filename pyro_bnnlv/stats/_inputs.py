@@ -40,10 +40,7 @@ def _as_tensor_2d(name: str, value: Any) -> Tensor:
     if x.dim() == 1:
         x = x.unsqueeze(-1)
     elif x.dim() != 2:
-        raise ValueError(
-            f"`{name}` must have shape (n,) or (n, d) (one row per datapoint), "
-            f"got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"`{name}` must have shape (n,) or (n, d) (one row per datapoint), got shape {tuple(x.shape)}")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"`{name}` must be non-empty, got shape {tuple(x.shape)}")
     if not bool(torch.isfinite(x.detach()).all()):

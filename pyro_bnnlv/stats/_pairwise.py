@@ -79,8 +79,12 @@ _SOURCE = Path(__file__).with_name("_pairwise.cpp")
 def pairwise_extension() -> ModuleType | None:
     """The compiled kernels of ``_pairwise.cpp`` (built on the first call, a few seconds), or
     ``None`` when disabled (``PYRO_BNNLV_COMPILED=0``) or unbuildable (warns once, not retried)."""
-    return build_extension("pyro_bnnlv_pairwise", _SOURCE, "compiled pairwise kernels",
-                           "the NCAI statistics use the pure-torch path (slower)")  # fmt: skip
+    return build_extension(
+        "pyro_bnnlv_pairwise",
+        _SOURCE,
+        "compiled pairwise kernels",
+        "the NCAI statistics use the pure-torch path (slower)",
+    )
 
 
 def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
@@ -91,8 +95,11 @@ def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
         on_cpu = on_cpu and (not isinstance(t, Tensor) or t.device.type == "cpu")
     module = None if compiled is False or not on_cpu else pairwise_extension()
     if compiled and module is None:
-        why = "the tensors are not on the CPU" if not on_cpu else (
-            "see the warning above, or PYRO_BNNLV_COMPILED=0 is set")
+        why = (
+            "the tensors are not on the CPU"
+            if not on_cpu
+            else ("see the warning above, or PYRO_BNNLV_COMPILED=0 is set")
+        )
         raise RuntimeError(f"compiled=True but the compiled pairwise kernels are unavailable ({why})")
     return module
 
@@ -198,7 +205,9 @@ class _HenzeZirkler(torch.autograd.Function):
         return grad_out * grad, None, None
 
 
-def compiled_henze_zirkler(x: Tensor, beta2: Tensor | float, ridge: float, compiled: bool | None = None) -> Tensor | None:
+def compiled_henze_zirkler(
+    x: Tensor, beta2: Tensor | float, ridge: float, compiled: bool | None = None
+) -> Tensor | None:
     r"""The whole Henze-Zirkler statistic of ``x`` ``(n, k)`` in one C++ call, or ``None`` when
     the kernels are unavailable or ``compiled=False`` (the caller then runs its torch
     expression; ``compiled=True`` raises when they are unavailable).
@@ -263,8 +272,9 @@ def offdiag_cov_norm_unchecked(z: Tensor, correction: int = 0) -> Tensor:
     return torch.linalg.vector_norm(off)
 
 
-def compiled_weighted_penalty(coeffs: tuple[float, ...], scales: tuple[float, ...],
-                              terms: tuple[Tensor, ...]) -> Tensor | None:  # fmt: skip
+def compiled_weighted_penalty(
+    coeffs: tuple[float, ...], scales: tuple[float, ...], terms: tuple[Tensor, ...]
+) -> Tensor | None:
     """NCAI's weighting ``sum_k c_k g_k(t_k)`` of 0-dim statistics (``g_k(t) = safe_exp(t / e_k)``
     for ``e_k > 0``, else ``t``) as one C++ autograd node of the compiled kernels
     (``torch.ops.pyro_bnnlv_pairwise.weighted_penalty``: the arithmetic of
@@ -286,8 +296,9 @@ def _bandwidth_gamma(a: Tensor, eps: float) -> Tensor:
     return 0.5 / (a.detach().var(0, unbiased=False).sum() + eps)
 
 
-def _centred_alignment_torch(a: Tensor, b: Tensor, eps: float,
-                             want: tuple[bool, bool]) -> tuple[Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+def _centred_alignment_torch(
+    a: Tensor, b: Tensor, eps: float, want: tuple[bool, bool]
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     gamma_a, gamma_b = _bandwidth_gamma(a, eps), _bandwidth_gamma(b, eps)
     k, l_ = gauss_gram(a, gamma_a), gauss_gram(b, gamma_b)
     kc, lc = _centre(k), _centre(l_)
@@ -345,8 +356,9 @@ def centred_alignment(a: Tensor, b: Tensor, eps: float, *, compiled: bool | None
     return _CentredAlignment.apply(a, b, eps, compiled)
 
 
-def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
-                    compiled: bool | None = None) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
+def ncai_statistics(
+    x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12, compiled: bool | None = None
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """``(henze_zirkler(mu_z), offdiag_cov_norm(mu_z), normalized_hsic(x, mu_z))`` in one call of
     the compiled kernel, or ``None`` when it is unavailable or ``compiled=False``.
 
@@ -372,8 +384,9 @@ def ncai_statistics(x: Tensor, mu_z: Tensor, *, ridge: float = 1e-12, eps: float
     return _kernel_statistics(x, mu, ridge, eps)
 
 
-def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12,
-                              hz_per_point: bool = False) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def ncai_statistics_unchecked(
+    x: Tensor, mu: Tensor, *, ridge: float = 1e-12, eps: float = 1e-12, hz_per_point: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """The three statistics of :func:`ncai_statistics` without its input checks, for a caller that
     has made them (a training step's rows of data checked once and of the guide's means; a
     non-finite mean then shows as a non-finite statistic, hence loss): ``mu`` a real ``(n, k)``
@@ -387,12 +400,16 @@ def ncai_statistics_unchecked(x: Tensor, mu: Tensor, *, ridge: float = 1e-12, ep
         return _kernel_statistics(x, mu, ridge, eps, n if hz_per_point else 1)
     x2 = x.reshape(n, -1).to(mu.dtype)
     hz = henze_zirkler_unchecked(mu, ridge, compiled=False)
-    return (hz / n if hz_per_point else hz, offdiag_cov_norm_unchecked(mu),
-            centred_alignment(x2, mu, eps, compiled=False))  # fmt: skip
+    return (
+        hz / n if hz_per_point else hz,
+        offdiag_cov_norm_unchecked(mu),
+        centred_alignment(x2, mu, eps, compiled=False),
+    )
 
 
-def _kernel_statistics(x: Tensor, mu: Tensor, ridge: float, eps: float,
-                       hz_divisor: int = 1) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def _kernel_statistics(
+    x: Tensor, mu: Tensor, ridge: float, eps: float, hz_divisor: int = 1
+) -> tuple[Tensor, Tensor, Tensor]:
     """The compiled operator's call on checked inputs (``mu`` ``(n, k)``): HZ divided by
     ``hz_divisor``, the off-diagonal norm and nHSIC."""
     n, k = mu.shape

@@ -59,12 +59,17 @@ def _labels(y: Any) -> Tensor:
     t = torch.as_tensor(np.asarray(y) if not isinstance(y, Tensor) else y).detach().cpu()
     if t.is_floating_point() or t.is_complex():
         whole = bool(torch.isfinite(t).all() and (t == t.round()).all()) if not t.is_complex() else False
-        fix = ("they are whole numbers: pass y.long()" if whole else
-               "they are not whole numbers: y must be class labels, not probabilities or regression targets")
+        fix = (
+            "they are whole numbers: pass y.long()"
+            if whole
+            else "they are not whole numbers: y must be class labels, not probabilities or regression targets"
+        )
         raise ValueError(f"y must hold integer class labels 0..K-1 (torch.long), got dtype {t.dtype}; {fix}")
     if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"y must have shape (N,) with N >= 1 (one label per point), got {tuple(t.shape)}"
-                         + ("; pass y.reshape(-1)" if t.dim() == 2 and t.shape[-1] == 1 else ""))  # fmt: skip
+        raise ValueError(
+            f"y must have shape (N,) with N >= 1 (one label per point), got {tuple(t.shape)}"
+            + ("; pass y.reshape(-1)" if t.dim() == 2 and t.shape[-1] == 1 else "")
+        )
     return t.long()
 
 
@@ -75,24 +80,31 @@ def _float64(value: Any, name: str) -> Tensor:
     try:
         return torch.as_tensor(np.asarray(value, dtype=np.float64))
     except (TypeError, ValueError):
-        raise ArgumentTypeError(f"{name} must be a tensor or array of numbers, got {value!r:.60} of type "
-                                f"{type(value).__name__}") from None  # fmt: skip
+        raise ArgumentTypeError(
+            f"{name} must be a tensor or array of numbers, got {value!r:.60} of type {type(value).__name__}"
+        ) from None
 
 
 def _check_rows(p: Tensor, name: str) -> None:
     """Every row of ``p (..., K)`` a probability vector (entries in [0, 1], sum 1 within the tolerance)."""
     if torch.isnan(p).any():
-        raise ValueError(f"{name} contains NaN (first at index {tuple(torch.nonzero(torch.isnan(p))[0].tolist())}); "
-                         f"check the model's outputs for NaN before computing metrics")  # fmt: skip
+        raise ValueError(
+            f"{name} contains NaN (first at index {tuple(torch.nonzero(torch.isnan(p))[0].tolist())}); "
+            f"check the model's outputs for NaN before computing metrics"
+        )
     if (p < -ROW_SUM_TOLERANCE).any() or (p > 1 + ROW_SUM_TOLERANCE).any():
-        raise ValueError(f"{name} must hold probabilities in [0, 1], got values in [{float(p.min()):.4g}, "
-                         f"{float(p.max()):.4g}]; for logits pass logits.softmax(-1)")  # fmt: skip
+        raise ValueError(
+            f"{name} must hold probabilities in [0, 1], got values in [{float(p.min()):.4g}, "
+            f"{float(p.max()):.4g}]; for logits pass logits.softmax(-1)"
+        )
     err = (p.sum(-1) - 1).abs()
     if (err > ROW_SUM_TOLERANCE).any():
         at = tuple(torch.nonzero(err > ROW_SUM_TOLERANCE)[0].tolist())
-        raise ValueError(f"the rows of {name} must sum to 1 (tolerance {ROW_SUM_TOLERANCE:g}): row {at} sums to "
-                         f"{float(p.sum(-1)[at]):.6g}; pass logits.softmax(-1), or normalise with "
-                         f"p / p.sum(-1, keepdim=True)")  # fmt: skip
+        raise ValueError(
+            f"the rows of {name} must sum to 1 (tolerance {ROW_SUM_TOLERANCE:g}): row {at} sums to "
+            f"{float(p.sum(-1)[at]):.6g}; pass logits.softmax(-1), or normalise with "
+            f"p / p.sum(-1, keepdim=True)"
+        )
 
 
 def _probs(probs: Any, name: str, dims: tuple[int, ...] = (2,)) -> Tensor:
@@ -105,8 +117,10 @@ def _probs(probs: Any, name: str, dims: tuple[int, ...] = (2,)) -> Tensor:
         shapes = " or ".join({2: "(N, K)", 3: "(S, N, K)"}[d] for d in dims)
         raise ValueError(f"{name} must have shape {shapes}, got {tuple(p.shape)}")
     if p.shape[-1] < 2 or p.numel() == 0:
-        raise ValueError(f"{name} needs at least two classes (columns) and one point, got shape {tuple(p.shape)}; "
-                         f"for a binary problem give (N, 2) probabilities or a (N,) vector of P(y = 1)")  # fmt: skip
+        raise ValueError(
+            f"{name} needs at least two classes (columns) and one point, got shape {tuple(p.shape)}; "
+            f"for a binary problem give (N, 2) probabilities or a (N,) vector of P(y = 1)"
+        )
     _check_rows(p, name)
     return p
 
@@ -118,8 +132,9 @@ def _checked(y: Any, probs: Any, log_probs: Any) -> tuple[Tensor, Tensor, Tensor
     if log_probs is not None:
         lp = _float64(log_probs, "log_probs")
         if torch.isnan(lp).any() or (lp > ROW_SUM_TOLERANCE).any():
-            raise ValueError("log_probs must be log-probabilities (<= 0, no NaN); for logits pass "
-                             "logits.log_softmax(-1)")  # fmt: skip
+            raise ValueError(
+                "log_probs must be log-probabilities (<= 0, no NaN); for logits pass logits.log_softmax(-1)"
+            )
         p = _probs(lp.exp(), "exp(log_probs)")
         lp = lp.clamp_max(0.0)
         lp = torch.stack([torch.log1p(-lp.exp()), lp], -1) if lp.dim() == 1 else lp  # (N,): log P(y = 1)
@@ -133,8 +148,10 @@ def _checked(y: Any, probs: Any, log_probs: Any) -> tuple[Tensor, Tensor, Tensor
         raise ValueError(f"y has {len(labels)} labels but {name} has {N} rows; give one row per point")
     if labels.min() < 0 or labels.max() >= K:
         bad = int(labels.min()) if labels.min() < 0 else int(labels.max())
-        raise ValueError(f"y has the label {bad}, outside [0, {K}) of the K = {K} classes (columns) of {name}: "
-                         f"labels must be 0..K-1 and {name} needs one column per class (a K mismatch?)")  # fmt: skip
+        raise ValueError(
+            f"y has the label {bad}, outside [0, {K}) of the K = {K} classes (columns) of {name}: "
+            f"labels must be 0..K-1 and {name} needs one column per class (a K mismatch?)"
+        )
     return labels, p, lp
 
 
@@ -147,8 +164,15 @@ def _bin_stats(y: Tensor, p: Tensor, bins: int) -> pd.DataFrame:
         conf = (torch.bincount(index, weights=confidence, minlength=bins) / count).numpy()
         acc = (torch.bincount(index, weights=correct, minlength=bins) / count).numpy()
     edges = np.linspace(0.0, 1.0, bins + 1)
-    frame = pd.DataFrame({"lower": edges[:-1], "upper": edges[1:], "confidence": conf, "accuracy": acc,
-                          "count": count.numpy().astype(np.int64)})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "lower": edges[:-1],
+            "upper": edges[1:],
+            "confidence": conf,
+            "accuracy": acc,
+            "count": count.numpy().astype(np.int64),
+        }
+    )
     frame.index.name = "bin"
     return frame
 
@@ -217,12 +241,14 @@ def classification_metrics(
     bins = check_int(bins, "bins")
     labels, p, lp = _checked(y, probs, log_probs)
     onehot = torch.nn.functional.one_hot(labels, p.shape[1]).double()
-    return pd.Series({
-        "test_ll": float(lp.gather(1, labels[:, None]).mean()),
-        "accuracy": float((p.argmax(-1) == labels).double().mean()),
-        "brier": float(((p - onehot) ** 2).sum(-1).mean()),
-        "ece": _ece(_bin_stats(labels, p, bins)),
-    })  # fmt: skip
+    return pd.Series(
+        {
+            "test_ll": float(lp.gather(1, labels[:, None]).mean()),
+            "accuracy": float((p.argmax(-1) == labels).double().mean()),
+            "brier": float(((p - onehot) ** 2).sum(-1).mean()),
+            "ece": _ece(_bin_stats(labels, p, bins)),
+        }
+    )
 
 
 def _entropy(p: Tensor) -> Tensor:
@@ -262,9 +288,11 @@ def mutual_information(probs_samples: Tensor | np.ndarray) -> Tensor:
             within 1e-4.
     """
     if not isinstance(probs_samples, (Tensor, np.ndarray)) or np.ndim(probs_samples) != 3:
-        raise ValueError(f"probs_samples must have shape (S, N, K) (class probabilities per posterior sample), got "
-                         f"{tuple(np.shape(probs_samples))}; averaged (N, K) probabilities carry no disagreement "
-                         f"between samples to measure")  # fmt: skip
+        raise ValueError(
+            f"probs_samples must have shape (S, N, K) (class probabilities per posterior sample), got "
+            f"{tuple(np.shape(probs_samples))}; averaged (N, K) probabilities carry no disagreement "
+            f"between samples to measure"
+        )
     p = _probs(probs_samples, "probs_samples", dims=(3,))
     return (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0.0)
 
@@ -274,8 +302,10 @@ def _scores(value: Any, name: str) -> Tensor:
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or infinite scores; check the model's outputs")
     if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty (N,) vector of scores, one per point, got shape "
-                         f"{tuple(t.shape)}" + ("; pass .reshape(-1)" if t.numel() else ""))  # fmt: skip
+        raise ValueError(
+            f"{name} must be a non-empty (N,) vector of scores, one per point, got shape "
+            f"{tuple(t.shape)}" + ("; pass .reshape(-1)" if t.numel() else "")
+        )
     return t
 
 

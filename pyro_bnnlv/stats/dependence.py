@@ -226,12 +226,7 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
     return cov / (sd_a[:, None] * sd_b[None, :])
 
 
-def correlation_penalty(
-    a: Tensor,
-    b: Tensor,
-    reduction: Literal["mean", "max"] = "mean",
-    eps: float = 1e-12,
-) -> Tensor:
+def correlation_penalty(a: Tensor, b: Tensor, reduction: Literal["mean", "max"] = "mean", eps: float = 1e-12) -> Tensor:
     r"""The ``PC`` proxy of Yacoby, Pan & Doshi-Velez 2022 (arXiv:1911.00569) eq. 23-24, as a
     magnitude.
 

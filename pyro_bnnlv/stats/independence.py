@@ -69,7 +69,7 @@ __all__ = [
     "knn_mutual_information",
     "multiscale_hsic",
     "multiscale_knn_mi",
-]  # fmt: skip
+]
 
 Kind = Literal["hsic-multiscale", "knn-mi", "knn-mi-multiscale", "dcor", "hsic", "pc"]
 #: The statistics :func:`independence_statistic` computes.
@@ -123,8 +123,11 @@ def multiscale_hsic(x: Tensor, mu_z: Tensor, scales: Sequence[float] = DEFAULT_S
         grams.append([torch.exp(-d2 / (2.0 * c * c * m2)) * off for c in scales])
     self_x = [_unbiased_hsic(k, k) for k in grams[0]]
     self_z = [_unbiased_hsic(l_, l_) for l_ in grams[1]]
-    terms = [_unbiased_hsic(k, l_) / (sx * sz).clamp(min=1e-24).sqrt()
-             for k, sx in zip(grams[0], self_x) for l_, sz in zip(grams[1], self_z)]  # fmt: skip
+    terms = [
+        _unbiased_hsic(k, l_) / (sx * sz).clamp(min=1e-24).sqrt()
+        for k, sx in zip(grams[0], self_x)
+        for l_, sz in zip(grams[1], self_z)
+    ]
     return torch.stack(terms).mean()
 
 
@@ -186,8 +189,9 @@ def _fresh_reference_sets(n: int, m: int, subsets: int, device: torch.device) ->
     return order.gather(1, after.reshape(subsets, n * m)).reshape(subsets, n, m)
 
 
-def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4,
-                           seed: int | None = 0) -> Tensor:  # fmt: skip
+def knn_mutual_information(
+    x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4, seed: int | None = 0
+) -> Tensor:
     r"""Differentiable k-NN estimate of ``I(x; mu_z)`` in nats, from ``x``-neighbourhoods.
 
     ``I(x; z) = H(z) - E_x H(z | x)``. With the Kozachenko-Leonenko estimate of each entropy
@@ -219,8 +223,10 @@ def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, sub
     k, m, subsets = check_int(k, "k"), check_int(m, "m"), check_int(subsets, "subsets")
     n = a.shape[0]
     if not k <= m <= n - 1:
-        raise ValueError(f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
-                         f"larger batch, or a smaller m (neighbourhood size) or k")  # fmt: skip
+        raise ValueError(
+            f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
+            f"larger batch, or a smaller m (neighbourhood size) or k"
+        )
     xs = _standardise(a.detach().to(torch.float64)).cpu().contiguous()
     neighbours = _x_neighbours(xs.numpy().tobytes(), n, xs.shape[1], m).to(a.device)
     if seed is None:
@@ -236,8 +242,9 @@ def knn_mutual_information(x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, sub
     return b.shape[1] * (log_kth_distance(randoms).mean(0) - log_kth_distance(neighbours)).mean()
 
 
-def multiscale_knn_mi(x: Tensor, mu_z: Tensor, sizes: Sequence[int] = DEFAULT_SIZES, k: int = 3,
-                      subsets: int = 2, seed: int | None = None) -> Tensor:  # fmt: skip
+def multiscale_knn_mi(
+    x: Tensor, mu_z: Tensor, sizes: Sequence[int] = DEFAULT_SIZES, k: int = 3, subsets: int = 2, seed: int | None = None
+) -> Tensor:
     r"""``(1/|M|) sum_{m in M} max(I_m, 0)``: :func:`knn_mutual_information` ``I_m`` at each
     neighbourhood size ``m`` of ``sizes`` below ``n`` (``M``), each floored at 0, in nats.
 
@@ -256,10 +263,14 @@ def multiscale_knn_mi(x: Tensor, mu_z: Tensor, sizes: Sequence[int] = DEFAULT_SI
     sizes = tuple(check_int(v, "sizes") for v in sizes)
     used = [m for m in sizes if k <= m <= n - 1]
     if not used:
-        raise ValueError(f"knn-mi-multiscale needs a neighbourhood size m with k <= m <= n - 1; got sizes "
-                         f"{sizes}, k = {k}, n = {n}: use a larger batch, or smaller sizes or k")  # fmt: skip
-    estimates = [knn_mutual_information(a, b, k, m, subsets, None if seed is None else seed + j).clamp_min(0)
-                 for j, m in enumerate(used)]  # fmt: skip
+        raise ValueError(
+            f"knn-mi-multiscale needs a neighbourhood size m with k <= m <= n - 1; got sizes "
+            f"{sizes}, k = {k}, n = {n}: use a larger batch, or smaller sizes or k"
+        )
+    estimates = [
+        knn_mutual_information(a, b, k, m, subsets, None if seed is None else seed + j).clamp_min(0)
+        for j, m in enumerate(used)
+    ]
     return torch.stack(estimates).mean()
 
 

@@ -171,8 +171,14 @@ def likelihood_factor_from_posterior(
     ``lambda = inf`` (flat ``g_0``) and ``m = m_q`` where ``v >= sigma^2``. All arguments
     broadcast; float64 results. Round trip with :func:`pyro_bnnlv.models.linear.q0` is tested.
     """
-    q_loc, prior_loc = as_float64(q_loc, "q_loc", allow_infinite=True), as_float64(prior_loc, "prior_loc", allow_infinite=True)
-    q_var, prior_var = as_positive_float64(q_var, "q_var", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    q_loc, prior_loc = (
+        as_float64(q_loc, "q_loc", allow_infinite=True),
+        as_float64(prior_loc, "prior_loc", allow_infinite=True),
+    )
+    q_var, prior_var = (
+        as_positive_float64(q_var, "q_var", allow_infinite=True),
+        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
+    )
     informative = q_var < prior_var
     gap = torch.where(informative, prior_var - q_var, torch.ones_like(prior_var - q_var))
     lam = torch.where(informative, prior_var * q_var / gap, torch.full_like(gap, math.inf))
@@ -198,7 +204,10 @@ def invariance_abiding_posterior(
     it). ``x^T V x = inf`` (a flat ``g_0`` coordinate seen by ``x``) gives the prior.
     """
     x = as_float64(x, "x", allow_infinite=True)
-    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    mu, s2 = (
+        as_float64(prior_loc, "prior_loc", allow_infinite=True),
+        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
+    )
     m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
     a, s = _quadratic_terms(x, s2, lam)
     c = 1.0 / (a + s)  # 0 when a = inf
@@ -211,9 +220,14 @@ def invariance_abiding_posterior(
 
 
 def invariance_gap_at_inputs(
-    x: Tensor, q_loc: Tensor, q_var: Tensor, prior_loc: Tensor, prior_var: Tensor,
-    m: Tensor | None = None, lam: Tensor | None = None,
-) -> Tensor:  # fmt: skip
+    x: Tensor,
+    q_loc: Tensor,
+    q_var: Tensor,
+    prior_loc: Tensor,
+    prior_var: Tensor,
+    m: Tensor | None = None,
+    lam: Tensor | None = None,
+) -> Tensor:
     r"""``KL[q_0 || q_mix(. | x)]`` (eq. 10 with eq. 23's ``q_mix``) in closed form, O(d).
 
     ``q_0 = N(q_loc, Diag(q_var))``; ``g_0 = N(m, Diag(lam))`` defaults to
@@ -222,7 +236,10 @@ def invariance_gap_at_inputs(
     """
     x = as_float64(x, "x", allow_infinite=True)
     mq, v = as_float64(q_loc, "q_loc", allow_infinite=True), as_positive_float64(q_var, "q_var", allow_infinite=True)
-    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    mu, s2 = (
+        as_float64(prior_loc, "prior_loc", allow_infinite=True),
+        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
+    )
     if (m is None) != (lam is None):
         raise ValueError("pass both m and lam, or neither (then they are derived from q)")
     if m is None:
@@ -252,9 +269,16 @@ def _log_qmix(w: Tensor, x: Tensor, mu: Tensor, s2: Tensor, m: Tensor, lam: Tens
 
 
 def _mixture_gap(
-    q_loc: Tensor, q_var: Tensor, x: Tensor, mu: Tensor, s2: Tensor, m: Tensor, lam: Tensor,
-    num_samples: int, generator: torch.Generator,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    q_loc: Tensor,
+    q_var: Tensor,
+    x: Tensor,
+    mu: Tensor,
+    s2: Tensor,
+    m: Tensor,
+    lam: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
     """Monte-Carlo ``KL[q_0 || (1/N) sum_n q_mix(. | x_n)]`` per unit and its standard error."""
     H, d = q_loc.shape
     N = x.shape[0]
@@ -280,23 +304,18 @@ def _guide_loc_scale(model: Any, guide: Any) -> tuple[Tensor, Tensor]:
         getter = getattr(guide, "_get_loc_and_scale", None)
         if getter is None:
             raise ValueError(
-                f"guide must be a fitted AutoNormal (mean-field) or a (loc, scale) pair, got "
-                f"{type(guide).__name__}"
+                f"guide must be a fitted AutoNormal (mean-field) or a (loc, scale) pair, got {type(guide).__name__}"
             )
         try:
             with isolated_param_store(model, guide), torch.no_grad():
                 loc, scale = getter("w")
         except AttributeError as err:
-            raise ValueError(
-                "the guide has no parameters for site 'w': fit it (or call it once) first"
-            ) from err
+            raise ValueError("the guide has no parameters for site 'w': fit it (or call it once) first") from err
     loc, scale = torch.as_tensor(loc).detach(), torch.as_tensor(scale).detach()
     P = model.net.num_weights
     for name, t in (("loc", loc), ("scale", scale)):
         if t.shape != (P,):
-            raise ValueError(
-                f"guide {name} of site 'w' must have shape ({P},), got {tuple(t.shape)}"
-            )
+            raise ValueError(f"guide {name} of site 'w' must have shape ({P},), got {tuple(t.shape)}")
         if not torch.isfinite(t).all():
             raise ValueError(f"guide {name} of site 'w' contains NaN or infinite values")
     if not (scale > 0).all():
@@ -318,8 +337,7 @@ def _check_model(model: Any) -> Any:
 def _check_layer(net: Any, layer: Any) -> int:
     if not isinstance(layer, numbers.Integral) or isinstance(layer, bool):
         raise ValueError(
-            f"layer must be an int (0-based index into model.net.layers), got {layer!r} "
-            f"of type {type(layer).__name__}"
+            f"layer must be an int (0-based index into model.net.layers), got {layer!r} of type {type(layer).__name__}"
         )
     layer, num = int(layer), len(net.layers)
     if not 0 <= layer < num:
@@ -365,9 +383,13 @@ def _check_activations(activations: Any) -> str:
 
 
 def sample_qmix(
-    z_mix: Tensor, prior_loc: Tensor, prior_var: Tensor, m: Tensor, lam: Tensor,
+    z_mix: Tensor,
+    prior_loc: Tensor,
+    prior_var: Tensor,
+    m: Tensor,
+    lam: Tensor,
     generator: torch.Generator | None = None,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     r"""One draw of ``w ~ q_mix(w | z')`` (eq. 23 / 25's Gaussian at ``z'``) per row of ``z_mix``.
 
     ``q_mix(w | z')`` is the prior ``N(mu, Sigma)`` conditioned on the Gaussian likelihood
@@ -389,7 +411,10 @@ def sample_qmix(
     coordinate seen by ``z'``) gives a prior draw. Returns ``(..., d)`` float64.
     """
     z = as_float64(z_mix, "z_mix", allow_infinite=True)
-    mu, s2 = as_float64(prior_loc, "prior_loc", allow_infinite=True), as_positive_float64(prior_var, "prior_var", allow_infinite=True)
+    mu, s2 = (
+        as_float64(prior_loc, "prior_loc", allow_infinite=True),
+        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
+    )
     m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
     shape = torch.broadcast_shapes(z.shape, mu.shape, s2.shape, m.shape, lam.shape)
     eps = torch.randn(shape, generator=generator, dtype=_DTYPE)
@@ -403,8 +428,9 @@ def sample_qmix(
     return w_p + coef.unsqueeze(-1) * (s2 * z)
 
 
-def _unit_params(net: Any, layer: int, loc: Tensor, scale: Tensor, prior_loc: Tensor,
-                       prior_scale: Tensor) -> tuple[Tensor, ...]:  # fmt: skip
+def _unit_params(
+    net: Any, layer: int, loc: Tensor, scale: Tensor, prior_loc: Tensor, prior_scale: Tensor
+) -> tuple[Tensor, ...]:
     """Per-unit ``(mq, v, mu, s2, m, lam)`` of ``layer``, each ``(H, d)`` (assumptions 5 and 8)."""
     idx = layer_indices(net, layer)
     mq, v = loc[idx], scale[idx] ** 2
@@ -414,9 +440,15 @@ def _unit_params(net: Any, layer: int, loc: Tensor, scale: Tensor, prior_loc: Te
 
 
 def _layer_inputs(
-    model: Any, x: Tensor, loc: Tensor, scale: Tensor, layer: int, num_activation_samples: int,
-    generator: torch.Generator, activations: str = "qmix",
-) -> Tensor:  # fmt: skip
+    model: Any,
+    x: Tensor,
+    loc: Tensor,
+    scale: Tensor,
+    layer: int,
+    num_activation_samples: int,
+    generator: torch.Generator,
+    activations: str = "qmix",
+) -> Tensor:
     """Augmented inputs ``[z_{l-1}, 1]`` of ``layer``: ``(1, N, d)`` for layer 0 (the data, no
     draw), else ``(S, N, d)``: ``activations="q0"``: from ``S`` draws ``w = loc + scale * eps``,
     ``eps (S, P)``; ``"qmix"``: from ``P(z_{l-1})`` of eq. 24 / 26 (:func:`layer_inputs`)."""
@@ -499,10 +531,9 @@ def _gaps_chunked(z: Tensor, mq, v, mu, s2, m, lam) -> Tensor:
     in chunks of rows so that the ``(rows, H, d)`` temporaries stay small."""
     H, d = mq.shape
     rows = max(1, int(4e6 // max(1, H * d)))
-    return torch.cat([
-        invariance_gap_at_inputs(z[i : i + rows, None, :], mq, v, mu, s2, m, lam)
-        for i in range(0, z.shape[0], rows)
-    ])  # fmt: skip
+    return torch.cat(
+        [invariance_gap_at_inputs(z[i : i + rows, None, :], mq, v, mu, s2, m, lam) for i in range(0, z.shape[0], rows)]
+    )
 
 
 def layer_invariance_gap(
@@ -655,9 +686,16 @@ def invariance_gap_by_layer(
     frames, totals, kls = [], {}, {}
     for lay in layers:
         df = layer_invariance_gap(
-            model, guide, x, lay, num_activation_samples=num_activation_samples,
-            per_input=per_input, num_samples=num_samples, seed=seed, activations=activations,
-        )  # fmt: skip
+            model,
+            guide,
+            x,
+            lay,
+            num_activation_samples=num_activation_samples,
+            per_input=per_input,
+            num_samples=num_samples,
+            seed=seed,
+            activations=activations,
+        )
         if per_input:
             if "draw" not in df.columns:
                 df.insert(0, "draw", 0)
@@ -674,13 +712,7 @@ def invariance_gap_by_layer(
 
 
 def first_layer_invariance_gap(
-    model: NetworkModel,
-    guide: Any,
-    x: Tensor,
-    *,
-    per_input: bool = False,
-    num_samples: int = 0,
-    seed: int | None = 0,
+    model: NetworkModel, guide: Any, x: Tensor, *, per_input: bool = False, num_samples: int = 0, seed: int | None = 0
 ):
     r"""First-layer invariance gap of a mean-field BNN, per hidden unit (sec. 5, eq. 22-23).
 
@@ -719,9 +751,7 @@ def first_layer_invariance_gap(
     net = _check_model(model)
     if not net.hidden_sizes:
         raise ValueError("model.net has no hidden layer: the first layer is the output layer")
-    return layer_invariance_gap(
-        model, guide, x, 0, per_input=per_input, num_samples=num_samples, seed=seed
-    )
+    return layer_invariance_gap(model, guide, x, 0, per_input=per_input, num_samples=num_samples, seed=seed)
 
 
 def plot_first_layer_invariance_gap(df, path: str | Path | None = None, sort: bool = True, *, ax: Any = None) -> Any:

@@ -159,8 +159,7 @@ def _check_tensor(x: Tensor, name: str, ndims: tuple[int, ...]) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in ndims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got shape {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"{name} must be float32 or float64, got {x.dtype}")
     if x.numel() == 0 or any(s == 0 for s in x.shape):
@@ -232,8 +231,10 @@ def _log_kth_distance(x: Tensor, y: Tensor, admissible: Tensor, k: int) -> Tenso
     x3, y3, ok = x.reshape(-1, n, d), y.reshape(-1, m, d), admissible.reshape(-1, n, m)
     c = min(k + _EXTRA_CANDIDATES, m)
     with torch.no_grad():  # which rows are the nearest: matrix products in float64, centred
-        found = [_candidates(x3[b : b + _chunk(n, m)], y3[b : b + _chunk(n, m)], ok[b : b + _chunk(n, m)], c)
-                 for b in range(0, x3.shape[0], _chunk(n, m))]  # fmt: skip
+        found = [
+            _candidates(x3[b : b + _chunk(n, m)], y3[b : b + _chunk(n, m)], ok[b : b + _chunk(n, m)], c)
+            for b in range(0, x3.shape[0], _chunk(n, m))
+        ]
         index = torch.cat([f[0] for f in found])  # (B, n, c)
         valid = torch.cat([f[1] for f in found])
     # how far they are: explicit coordinate differences, in the inputs' dtype, with gradients
@@ -356,12 +357,17 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     keep_y = _first_occurrences(ids_y, ids.numel()).unsqueeze(-2)  # (..., 1, m)
     admissible = keep_y & (ids_x.unsqueeze(-1) != ids_y.unsqueeze(-2))  # (..., n, m)
     m_i = admissible.sum(-1)  # (..., n): y's distinct rows, x_i itself excluded
-    _check_distinct(torch.where(keep, m_i, m), m, names[1], k, k,
-                    "k neighbours of each p-sample are needed")  # fmt: skip
+    _check_distinct(torch.where(keep, m_i, m), m, names[1], k, k, "k neighbours of each p-sample are needed")
     # counted as p's rows are: a q with k or fewer distinct rows (a point mass, KL = +inf) has no
     # k-NN density estimate, however many copies it holds
-    _check_distinct(keep_y.sum(-1), m, names[1], k + 1, k,
-                    "q's k-NN density needs k + 1 distinct rows; KL(p || a point mass) is +inf")  # fmt: skip
+    _check_distinct(
+        keep_y.sum(-1),
+        m,
+        names[1],
+        k + 1,
+        k,
+        "q's k-NN density needs k + 1 distinct rows; KL(p || a point mass) is +inf",
+    )
     _warn_if_high_dimensional(low, d, names[0])
     _warn_if_outside_support(x, y, names)
     log_nu = _log_kth_distance(x, y, admissible, k)
@@ -447,8 +453,9 @@ def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
     _check_tensor(p_samples, "p_samples", (2,))
     _check_tensor(q_samples, "q_samples", (2,))
     if p_samples.shape[1] != q_samples.shape[1]:
-        raise ValueError(f"p_samples and q_samples must have the same dimension d, got "
-                         f"{p_samples.shape[1]} and {q_samples.shape[1]}")
+        raise ValueError(
+            f"p_samples and q_samples must have the same dimension d, got {p_samples.shape[1]} and {q_samples.shape[1]}"
+        )
     _check_rows(p_samples.shape[0], "p_samples", k + 1, k, "each point needs k other points")
     _check_rows(q_samples.shape[0], "q_samples", k + 1, k, "q's k-NN density needs k + 1 distinct rows")
     dtype = torch.promote_types(p_samples.dtype, q_samples.dtype)
@@ -464,9 +471,7 @@ def _flatten_function_values(f: Tensor, name: str) -> tuple[Tensor, int]:
     return f.reshape(f.shape[0], f.shape[1], -1), f.shape[2]
 
 
-def functional_knn_entropy(
-    f_samples: Tensor, k: int = 1, correction: EntropyCorrection = "paper"
-) -> Tensor:
+def functional_knn_entropy(f_samples: Tensor, k: int = 1, correction: EntropyCorrection = "paper") -> Tensor:
     r"""Predictor-space entropy estimate, the paper's eq. (7).
 
     ``f_samples[r, i]`` is the vector ``f_i^{X_r} = (f_i(X_{r,0}), ..., f_i(X_{r,T-1}))`` of the
@@ -548,9 +553,11 @@ def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
     x, _ = _flatten_function_values(f_p, "f_p")
     y, _ = _flatten_function_values(f_q, "f_q")
     if f_p.dim() != f_q.dim() or f_p.shape[0] != f_q.shape[0] or f_p.shape[2:] != f_q.shape[2:]:
-        raise ValueError(f"f_p and f_q must agree in the number of draws R (dim 0) and in the "
-                         f"inputs/outputs (dims 2:), got shapes {tuple(f_p.shape)} and "
-                         f"{tuple(f_q.shape)}")
+        raise ValueError(
+            f"f_p and f_q must agree in the number of draws R (dim 0) and in the "
+            f"inputs/outputs (dims 2:), got shapes {tuple(f_p.shape)} and "
+            f"{tuple(f_q.shape)}"
+        )
     _check_rows(x.shape[1], "f_p (dim 1)", k + 1, k, "each point needs k other points")
     _check_rows(y.shape[1], "f_q (dim 1)", k + 1, k, "q's k-NN density needs k + 1 distinct rows")
     dtype = torch.promote_types(x.dtype, y.dtype)
@@ -566,18 +573,23 @@ def input_sampler(input_dist: Any, generator: torch.Generator | None = None) -> 
     ELBO and :func:`~pyro_bnnlv.stats.posterior_kl.compare_posteriors`.
     """
     if isinstance(input_dist, torch.distributions.Distribution):
+
         def sample(T: int) -> Tensor:
             return input_dist.sample((T,)).reshape(T, -1)
+
         return sample
     if isinstance(input_dist, Tensor):
         pool = input_dist.reshape(input_dist.shape[0], -1)
 
         def sample(T: int) -> Tensor:
             return pool[torch.randint(pool.shape[0], (T,), generator=generator)]
+
         return sample
     if callable(input_dist):
+
         def sample(T: int) -> Tensor:
             return torch.as_tensor(input_dist(T)).reshape(T, -1)
+
         return sample
     raise TypeError(
         "input_dist must be a callable T -> (T, D) inputs, a torch Distribution or a tensor of "
@@ -621,13 +633,17 @@ def predictor_space_samples(
     for _ in range(num_draws):
         x = input_sampler(num_inputs)
         if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != num_inputs:
-            raise ValueError(f"input_sampler({num_inputs}) must return a tensor with "
-                             f"{num_inputs} rows, got {getattr(x, 'shape', type(x))}")
+            raise ValueError(
+                f"input_sampler({num_inputs}) must return a tensor with "
+                f"{num_inputs} rows, got {getattr(x, 'shape', type(x))}"
+            )
         for out, w in zip(values, weights):
             f = fn(x, w)
             if f.dim() not in (2, 3) or tuple(f.shape[:2]) != (w.shape[0], num_inputs):
-                raise ValueError(f"fn(x, w) must return shape (S, T) or (S, T, O) = "
-                                 f"({w.shape[0]}, {num_inputs}[, O]), got {tuple(f.shape)}")
+                raise ValueError(
+                    f"fn(x, w) must return shape (S, T) or (S, T, O) = "
+                    f"({w.shape[0]}, {num_inputs}[, O]), got {tuple(f.shape)}"
+                )
             out.append(f)
     stacked = tuple(torch.stack(out) for out in values)
     return stacked[0] if single else stacked

@@ -116,7 +116,7 @@ def knn_entropy_1d(samples: Tensor, k: int = 5) -> Tensor:
     pad = s.new_full((B, k), math.inf)
     windows = torch.cat([pad, s, pad], -1).unfold(-1, 2 * k + 1, 1)  # (B, n, 2k+1), centre k
     d = (windows - s.unsqueeze(-1)).abs()
-    d[..., k] = math.inf                                              # not its own neighbour
+    d[..., k] = math.inf  # not its own neighbour
     rho = d.topk(k, dim=-1, largest=False).values[..., -1]
     tiny = torch.finfo(s.dtype).tiny
     return rho.clamp_min(tiny).log().mean(-1) + float(digamma(n) - digamma(k)) + math.log(2.0)
@@ -124,13 +124,7 @@ def knn_entropy_1d(samples: Tensor, k: int = 5) -> Tensor:
 
 @torch.no_grad()
 def uncertainty_decomposition(
-    model: RegressionModel,
-    samples: Any,
-    x: Tensor,
-    *,
-    num_inner: int = 200,
-    k: int = 5,
-    seed: int = 0,
+    model: RegressionModel, samples: Any, x: Tensor, *, num_inner: int = 200, k: int = 5, seed: int = 0
 ) -> pd.DataFrame:
     """Total, aleatoric and epistemic predictive entropy per input (eq. 6-7, App. E).
 
@@ -159,11 +153,7 @@ def uncertainty_decomposition(
 
 
 def plot_uncertainty_decomposition(
-    frames: dict[str, pd.DataFrame],
-    path: str | Path | None = None,
-    *,
-    data: Any = None,
-    axes: Any = None,
+    frames: dict[str, pd.DataFrame], path: str | Path | None = None, *, data: Any = None, axes: Any = None
 ) -> Any:
     """Fig. 6: total / aleatoric / epistemic entropy against ``x``, one panel per method
     (shared axes), from :func:`uncertainty_decomposition` frames of 1-D inputs.
@@ -189,8 +179,9 @@ def plot_uncertainty_decomposition(
     if owned:
         import matplotlib.pyplot as plt
 
-        fig, grid = plt.subplots(1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False,
-                                 sharex=True, sharey=True)  # fmt: skip
+        fig, grid = plt.subplots(
+            1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False, sharex=True, sharey=True
+        )
         axes = list(grid[0])
     else:
         axes = list(axes) if isinstance(axes, (list, tuple)) or hasattr(axes, "__len__") else [axes]

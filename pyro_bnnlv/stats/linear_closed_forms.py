@@ -320,9 +320,7 @@ def theta_star_mix(y: Any, K: int, noise_scale: Any) -> tuple[Tensor, Tensor]:
     return y.mean() * torch.ones(K, dtype=DTYPE), (K * s2 / N) * torch.ones(K, dtype=DTYPE)
 
 
-def theta_star_0(
-    prior: Gaussian, y: Any, noise_scale: Any, as_printed: bool = False
-) -> tuple[Tensor, Tensor]:
+def theta_star_0(prior: Gaussian, y: Any, noise_scale: Any, as_printed: bool = False) -> tuple[Tensor, Tensor]:
     r"""Eq. 19 (corrected mean): parameters of ``g_0`` that maximise ``ELBO(q_0)``.
 
     The best mean-field Gaussian for a Gaussian posterior ``N(m_p, V_p)`` has the posterior mean

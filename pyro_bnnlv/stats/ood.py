@@ -39,8 +39,10 @@ def epistemic_entropy(model: RegressionModel, samples: Any, x: Tensor, k: int = 
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a (N, D) tensor, got {getattr(x, 'shape', type(x))}")
     if isinstance(model, LatentModel):
-        raise ValueError("epistemic_entropy is for models without latent inputs; for BNN+LV use "
-                         "pyro_bnnlv.stats.uncertainty_decomposition (eq. 6-7 of the NCAI paper)")
+        raise ValueError(
+            "epistemic_entropy is for models without latent inputs; for BNN+LV use "
+            "pyro_bnnlv.stats.uncertainty_decomposition (eq. 6-7 of the NCAI paper)"
+        )
     f = model.f(x, w)
     if f.shape[-1] != 1:
         raise ValueError("epistemic_entropy needs a single-output network")
@@ -115,14 +117,21 @@ def ood_report(
     }
     rows = []
     for name, h in entropies.items():
-        rows.append({"split": name, "n": h.numel(), "mean": float(h.mean()), "median": float(h.median()),
-                     "q10": float(h.quantile(0.1)), "q90": float(h.quantile(0.9)),
-                     "auroc": auroc(entropies["test"], h) if name == "ood" else float("nan")})  # fmt: skip
+        rows.append(
+            {
+                "split": name,
+                "n": h.numel(),
+                "mean": float(h.mean()),
+                "median": float(h.median()),
+                "q10": float(h.quantile(0.1)),
+                "q90": float(h.quantile(0.9)),
+                "auroc": auroc(entropies["test"], h) if name == "ood" else float("nan"),
+            }
+        )
     frame = pd.DataFrame(rows).set_index("split")
     frame.attrs["entropy"] = {k_: v.numpy() for k_, v in entropies.items()}
     if figure is not None:
-        plot_epistemic_histograms(entropies, figure, title=title,
-                                  auroc_value=float(frame.loc["ood", "auroc"]))  # fmt: skip
+        plot_epistemic_histograms(entropies, figure, title=title, auroc_value=float(frame.loc["ood", "auroc"]))
     return frame
 
 
@@ -165,11 +174,7 @@ def plot_epistemic_histograms(
 
 
 def plot_ood_comparison(
-    reports: Mapping[str, pd.DataFrame],
-    path: str | Path | None = None,
-    *,
-    title: str = "",
-    axes: Any = None,
+    reports: Mapping[str, pd.DataFrame], path: str | Path | None = None, *, title: str = "", axes: Any = None
 ) -> Any:
     """One panel per method, shared x and y axes and the same bins: the epistemic-entropy
     histograms of :func:`ood_report` frames ``{method name: frame}``, each titled with its AUROC.
@@ -191,8 +196,9 @@ def plot_ood_comparison(
         fig = axes[0].figure
     bins = _bins([r.attrs["entropy"] for r in reports.values()])
     for ax, (name, frame) in zip(axes, reports.items()):
-        plot_epistemic_histograms(frame.attrs["entropy"], title=name, ax=ax, bins=bins,
-                                  auroc_value=float(frame.loc["ood", "auroc"]))  # fmt: skip
+        plot_epistemic_histograms(
+            frame.attrs["entropy"], title=name, ax=ax, bins=bins, auroc_value=float(frame.loc["ood", "auroc"])
+        )
     for ax in axes[1:]:
         ax.set_ylabel("")
     if title:

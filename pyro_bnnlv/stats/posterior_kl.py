@@ -104,9 +104,11 @@ def compare_posteriors(
         fa, fr = predictor_space_samples(predictor, (wa, wr), sampler, num_draws, num_inputs)
         pred = (float(functional_knn_kl(fa, fr, k=k)), float(functional_knn_kl(fr, fa, k=k)))
     table = pd.DataFrame(
-        [param, pred], index=pd.Index(["parameter", "predictor"], name="space"),
+        [param, pred],
+        index=pd.Index(["parameter", "predictor"], name="space"),
         columns=["KL(approx||ref)", "KL(ref||approx)"],
-    )  # fmt: skip
-    table.attrs.update(num_samples_approx=wa.shape[0], num_samples_ref=wr.shape[0],
-                       num_draws=num_draws, num_inputs=num_inputs, k=k)  # fmt: skip
+    )
+    table.attrs.update(
+        num_samples_approx=wa.shape[0], num_samples_ref=wr.shape[0], num_draws=num_draws, num_inputs=num_inputs, k=k
+    )
     return table

@@ -105,7 +105,7 @@ def _mixture_quantiles(loc: Tensor, scale: Tensor | float, qs: tuple[float, ...]
     out = []
     for q in qs:
         lo, hi = lower, upper
-        m = (mean + sd * math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64)))
+        m = mean + sd * math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64))
         m = m.clamp(lo, hi)
         for _ in range(iters):
             t = (m - loc).mul_(c)
@@ -129,8 +129,11 @@ def check_level(level: float) -> None:
     """``ValueError`` unless ``level`` is a probability in (0, 1) (a percentage gets a hint)."""
     real = isinstance(level, numbers.Real) and not isinstance(level, bool)
     if not real or not 0.0 < level < 1.0:
-        hint = f" (a probability: level={level / 100:g} for a {level:g}% interval)" if (
-            real and 1.0 < level < 100.0) else ""
+        hint = (
+            f" (a probability: level={level / 100:g} for a {level:g}% interval)"
+            if (real and 1.0 < level < 100.0)
+            else ""
+        )
         raise ValueError(f"level must lie in (0, 1), got {level!r}{hint}")
 
 
@@ -141,15 +144,17 @@ def _target_statistic(value: Any, name: str, num_outputs: int, dtype: torch.dtyp
     inputs' ``x_std`` passed by mistake, which would broadcast ``y`` to ``(N, D)``) is refused.
     """
     is_bool = isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_))
+        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_)
+    )
     if is_bool or isinstance(value, (str, bytes)):
-        raise ArgumentTypeError(f"{name} must be a number or one number per output (a tensor or array), "
-                                f"got {value!r}")  # fmt: skip
+        raise ArgumentTypeError(f"{name} must be a number or one number per output (a tensor or array), got {value!r}")
     try:
         t = torch.as_tensor(value, dtype=dtype)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(f"{name} must be a number or one number per output (a tensor or array), "
-                                f"got {value!r} of type {type(value).__name__} ({err})") from None  # fmt: skip
+        raise ArgumentTypeError(
+            f"{name} must be a number or one number per output (a tensor or array), "
+            f"got {value!r} of type {type(value).__name__} ({err})"
+        ) from None
     if t.numel() not in (1, num_outputs) or t.dim() > 2 or (t.dim() == 2 and t.shape[0] != 1):
         raise ValueError(
             f"{name} must be a scalar or have one value per output (shape ({num_outputs},)); "
@@ -246,7 +251,9 @@ def _check_sample_dtype(w: Tensor, x: Any) -> None:
     if not isinstance(x, Tensor) or w.dtype == x.dtype:
         return
     method = {torch.float32: "float()", torch.float64: "double()"}
-    to_samples = f"the model and data to {w.dtype} (model.{method[w.dtype]}, x.{method[w.dtype]})" if w.dtype in method else ""
+    to_samples = (
+        f"the model and data to {w.dtype} (model.{method[w.dtype]}, x.{method[w.dtype]})" if w.dtype in method else ""
+    )
     raise ValueError(
         f"posterior_samples['w'] has dtype {w.dtype} but the model and x are {x.dtype}: convert the "
         f"samples (w.to({x.dtype}))" + (f" or {to_samples}" if to_samples else "")
@@ -263,9 +270,11 @@ def _dataset_split(data: Any, y: Any, split: str, y_mean: Any, y_std: Any, train
         raise ValueError(f"split must be 'test' or 'valid', got {split!r}")
     x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
     if x.shape[0] == 0:
-        raise ValueError(f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
-                         f"{data.sizes}); evaluate another split, or make the data set with more rows or "
-                         f"a larger {split}_fraction")  # fmt: skip
+        raise ValueError(
+            f"split={split!r}: the data set {data.name!r} has no {split} points (sizes "
+            f"{data.sizes}); evaluate another split, or make the data set with more rows or "
+            f"a larger {split}_fraction"
+        )
     if data.standardized and y_mean is None and y_std is None and data.num_classes is None:
         y_mean, y_std = data.y_mean, data.y_std
     return x, y, y_mean, y_std, (data.x_train, data.y_train) if train_data is None else train_data
@@ -281,7 +290,10 @@ def _warn_if_standardized(y: Tensor, y_mean: Tensor | float | None, y_std: Tenso
                 f"evaluate: y is the {source} but y_mean/y_std were not given, so the metrics are "
                 "on the standardised scale; pass y_mean=data.y_mean, y_std=data.y_std (or call "
                 "evaluate(model, posterior, data)); y_mean=0, y_std=1 keeps the standardised scale "
-                "without this warning", UserWarning, stacklevel=3)  # fmt: skip
+                "without this warning",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def evaluate(
@@ -342,40 +354,66 @@ def evaluate(
     if _is_dataset(x):
         x, y, y_mean, y_std, train_data = _dataset_split(x, y, split, y_mean, y_std, train_data)
     elif y is None:
-        raise ValueError("evaluate needs targets: evaluate(model, posterior, x, y) or "
-                         "evaluate(model, posterior, data) with a pyro_bnnlv Dataset")  # fmt: skip
+        raise ValueError(
+            "evaluate needs targets: evaluate(model, posterior, x, y) or "
+            "evaluate(model, posterior, data) with a pyro_bnnlv Dataset"
+        )
     _warn_if_standardized(y, y_mean, y_std)
     classifier = _classification_likelihood(model)
     if classifier is not None and (y_mean is not None or y_std is not None):
-        raise ValueError(f"y_mean/y_std standardise regression targets; a {classifier.name} model's targets are "
-                         "class labels: leave them out")  # fmt: skip
+        raise ValueError(
+            f"y_mean/y_std standardise regression targets; a {classifier.name} model's targets are "
+            "class labels: leave them out"
+        )
     if isinstance(posterior, SelfEvaluatingPosterior):  # LinearizedLaplace: its exact predictive
         if classifier is not None:
             return posterior.evaluate(x, y)
         return posterior.evaluate(x, y, level=level, y_mean=y_mean, y_std=y_std)
     if not isinstance(model, RegressionModel):
-        raise TypeError(f"evaluate needs a pyro_bnnlv model (with check_data, f and predictive_components), "
-                        f"got {type(model).__name__}")  # fmt: skip
+        raise TypeError(
+            f"evaluate needs a pyro_bnnlv model (with check_data, f and predictive_components), "
+            f"got {type(model).__name__}"
+        )
     model.check_data(x, y)
     if callable(getattr(model, "_check_dtype", None)):
         model._check_dtype(x)  # x against the model's buffers before the samples against both
-    samples = posterior_sample_dict(model, posterior, x, train_data=train_data,
-                                    num_samples=num_samples, seed=seed)  # fmt: skip
+    samples = posterior_sample_dict(model, posterior, x, train_data=train_data, num_samples=num_samples, seed=seed)
     if classifier is not None:
         return _classification_evaluate(model, classifier, samples, x, y, seed=seed)
-    return _regression_evaluate(model, samples, x, y, level=level, y_mean=y_mean, y_std=y_std, seed=seed,
-                                latent_draws=latent_draws, intervals=intervals)  # fmt: skip
+    return _regression_evaluate(
+        model,
+        samples,
+        x,
+        y,
+        level=level,
+        y_mean=y_mean,
+        y_std=y_std,
+        seed=seed,
+        latent_draws=latent_draws,
+        intervals=intervals,
+    )
 
 
-def _regression_evaluate(model: RegressionModel, samples: dict[str, Tensor], x: Tensor, y: Tensor, *,
-                         level: float, y_mean: Any, y_std: Any, seed: int | None, latent_draws: int | None,
-                         intervals: bool) -> pd.Series:  # fmt: skip
+def _regression_evaluate(
+    model: RegressionModel,
+    samples: dict[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    *,
+    level: float,
+    y_mean: Any,
+    y_std: Any,
+    seed: int | None,
+    latent_draws: int | None,
+    intervals: bool,
+) -> pd.Series:
     """:func:`evaluate`'s regression metrics: :func:`predictive_metrics` per chunk of test points
     (:func:`predictive_chunks`), averaged over the points (RMSE: its square)."""
     N = x.shape[0]  # N >= 1: model.check_data rejects an empty x
     totals = {"test_ll": 0.0, "rmse": 0.0, "picp": 0.0, "mpiw": 0.0}
-    for rows, loc, scale in predictive_chunks(model, samples, x, latent_draws=latent_draws, seed=seed,
-                                              outputs=y.reshape(N, -1).shape[1]):  # fmt: skip
+    for rows, loc, scale in predictive_chunks(
+        model, samples, x, latent_draws=latent_draws, seed=seed, outputs=y.reshape(N, -1).shape[1]
+    ):
         part = predictive_metrics(y[rows], loc, scale, level=level, y_mean=y_mean, y_std=y_std, intervals=intervals)
         n = rows.stop - rows.start
         for key in ("test_ll", "picp", "mpiw"):
@@ -392,8 +430,9 @@ def _classification_likelihood(model: Any) -> Any:
     return likelihood if getattr(likelihood, "classification", False) else None
 
 
-def _classification_evaluate(model: Any, likelihood: Any, samples: dict[str, Tensor], x: Tensor, y: Tensor,
-                             *, seed: int | None) -> pd.Series:  # fmt: skip
+def _classification_evaluate(
+    model: Any, likelihood: Any, samples: dict[str, Tensor], x: Tensor, y: Tensor, *, seed: int | None
+) -> pd.Series:
     """Test LL (the log of the Bayesian model average ``(1/S) sum_s p(y_n | x_n, w_s)``, by ``logsumexp``),
     accuracy, Brier score and ECE (:func:`~pyro_bnnlv.stats.classification.classification_metrics`)."""
     N, K = x.shape[0], max(2, model.net.out_features)
@@ -412,9 +451,14 @@ _CHUNK_ELEMENTS = 2**20
 
 
 def predictive_chunks(
-    model: RegressionModel, samples: dict[str, Tensor], x: Tensor, *, latent_draws: int | None = None,
-    seed: int | None = None, outputs: int = 1,
-) -> Iterator[tuple[slice, Tensor, Tensor]]:  # fmt: skip
+    model: RegressionModel,
+    samples: dict[str, Tensor],
+    x: Tensor,
+    *,
+    latent_draws: int | None = None,
+    seed: int | None = None,
+    outputs: int = 1,
+) -> Iterator[tuple[slice, Tensor, Tensor]]:
     """The predictive mixture at ``x`` in row chunks, as :func:`evaluate` computes it: yields
     ``(rows, loc, scale)`` with ``loc`` and ``scale`` of ``model.predictive_components`` for
     ``x[rows]`` (``(S', n, L)``: a component per weight sample, times ``latent_draws`` latent draws
@@ -450,6 +494,8 @@ def _latent_draws_option(model: Any, latent_draws: int | None) -> dict[str, int]
         M = DEFAULT_LATENT_DRAWS if latent_draws is None else check_int(latent_draws, "latent_draws", minimum=1)
         return {"latent_draws": M}
     if latent_draws is not None and latent_draws != 1:
-        raise ValueError(f"latent_draws={latent_draws!r}: {type(model).__name__}'s predictive has no latent "
-                         "inputs to integrate over their prior (only BNN+LV's has); leave latent_draws out")
+        raise ValueError(
+            f"latent_draws={latent_draws!r}: {type(model).__name__}'s predictive has no latent "
+            "inputs to integrate over their prior (only BNN+LV's has); leave latent_draws out"
+        )
     return {}

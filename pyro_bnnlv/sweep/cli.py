@@ -41,23 +41,47 @@ def _hours(text: str) -> float:
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the sweep options (an argument group) to ``parser``."""
     g = parser.add_argument_group("sweep: parallel and resumable runs (pyro_bnnlv.sweep)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="tasks run in parallel (default: all cores, or the Ray cluster's CPUs)")
-    g.add_argument("--executor", default="local", choices=EXECUTORS,
-                   help="local worker processes (default), a Ray cluster, or inline in this process")
-    g.add_argument("--address", default=None,
-                   help="Ray cluster address host:port (with --executor ray; default: a local Ray instance)")
-    g.add_argument("--out", default=None, metavar="DIR",
-                   help="directory of the results store (sweep.sqlite): rerunning the same command "
-                        "resumes; default: a temporary directory (nothing kept)")
-    g.add_argument("--code-version", default=None, metavar="LABEL",
-                   help="pin the code version the store must agree on (default: a hash of the "
-                        "package's source); for resuming after edits that cannot change the results")
-    g.add_argument("--stop-after", type=_hours, default=None, metavar="HOURS",
-                   help="start no task after HOURS hours (running ones finish; the rest stay pending: "
-                        "run the same command again to continue; exit status 3 while incomplete); "
-                        "0 runs nothing and prints the table so far, also while another process runs "
-                        "the sweep")  # fmt: skip
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="tasks run in parallel (default: all cores, or the Ray cluster's CPUs)",
+    )
+    g.add_argument(
+        "--executor",
+        default="local",
+        choices=EXECUTORS,
+        help="local worker processes (default), a Ray cluster, or inline in this process",
+    )
+    g.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address host:port (with --executor ray; default: a local Ray instance)",
+    )
+    g.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="directory of the results store (sweep.sqlite): rerunning the same command "
+        "resumes; default: a temporary directory (nothing kept)",
+    )
+    g.add_argument(
+        "--code-version",
+        default=None,
+        metavar="LABEL",
+        help="pin the code version the store must agree on (default: a hash of the "
+        "package's source); for resuming after edits that cannot change the results",
+    )
+    g.add_argument(
+        "--stop-after",
+        type=_hours,
+        default=None,
+        metavar="HOURS",
+        help="start no task after HOURS hours (running ones finish; the rest stay pending: "
+        "run the same command again to continue; exit status 3 while incomplete); "
+        "0 runs nothing and prints the table so far, also while another process runs "
+        "the sweep",
+    )
 
 
 def check_output_file(path: str | Path, option: str = "--output") -> None:
@@ -69,8 +93,10 @@ def check_output_file(path: str | Path, option: str = "--output") -> None:
     if target.is_dir():
         raise ValueError(f"{option} {str(path)!r} is a directory; give a file path")
     if not target.parent.is_dir():
-        raise ValueError(f"{option} {str(path)!r}: the directory {str(target.parent)!r} does not exist; "
-                         "create it first or give another path")  # fmt: skip
+        raise ValueError(
+            f"{option} {str(path)!r}: the directory {str(target.parent)!r} does not exist; "
+            "create it first or give another path"
+        )
     try:
         with tempfile.TemporaryFile(dir=target.parent):
             pass
@@ -89,12 +115,20 @@ def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
     (:func:`check_output_file`), so a run that could not write its table fails before it starts."""
     stop = args.stop_after
     if stop is not None and args.out is None:
-        raise SystemExit("error: --stop-after leaves tasks to run later, but without --out DIR nothing is kept to "
-                         "resume from; add --out DIR (and run the same command again to continue)")
+        raise SystemExit(
+            "error: --stop-after leaves tasks to run later, but without --out DIR nothing is kept to "
+            "resume from; add --out DIR (and run the same command again to continue)"
+        )
     if getattr(args, "output", None):
         check_output_file(args.output)
-    return dict(executor=args.executor, workers=args.workers, address=args.address, out_dir=args.out,
-                code_version=args.code_version, stop_after=None if stop is None else stop * 3600.0)  # fmt: skip
+    return dict(
+        executor=args.executor,
+        workers=args.workers,
+        address=args.address,
+        out_dir=args.out,
+        code_version=args.code_version,
+        stop_after=None if stop is None else stop * 3600.0,
+    )
 
 
 def report(table: pd.DataFrame, file: TextIO | None = None) -> int:

@@ -50,7 +50,7 @@ __all__ = [
     "cores_note",
     "execute",
     "make_executor",
-]  # fmt: skip
+]
 
 EXECUTORS = ("local", "ray", "inline")
 _RESERVED = {"task_id", "status", *KEY_FIELDS, *TABLE_FIELDS}
@@ -222,8 +222,9 @@ class LocalExecutor:
         context = multiprocessing.get_context("spawn")
         while queue or suspects:
             started = context.Value("i", 0)
-            pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=context, initializer=_init_worker,
-                                       initargs=(os.getpid(), started))  # fmt: skip
+            pool = ProcessPoolExecutor(
+                max_workers=self.slots, mp_context=context, initializer=_init_worker, initargs=(os.getpid(), started)
+            )
             inflight: dict[Any, Task] = {}
             try:
                 while True:
@@ -343,8 +344,12 @@ class RayExecutor:
                 ray.init(address=address, log_to_driver=False)
             else:
                 path = os.pathsep.join(p for p in sys.path if p)
-                ray.init(num_cpus=workers or available_cores(), include_dashboard=False, log_to_driver=False,
-                         runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+                ray.init(
+                    num_cpus=workers or available_cores(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": path}},
+                )
             self._owns = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = workers or max(1, cpus // threads)

@@ -45,15 +45,16 @@ def grid_search_task(task: Task, *, fit: Callable[..., Any], data: Dataset, num_
     """One grid point: ``model, posterior = fit(data, seed, **point)``, then the validation metrics
     of :func:`pyro_bnnlv.evaluate` (``valid_test_ll`` is the validation log-likelihood)."""
     model, posterior = fit(data, task.seed, **task.params)
-    metrics = evaluate(model, posterior, data, split="valid", seed=task.seed, num_samples=num_samples,
-                       intervals=False)  # fmt: skip
+    metrics = evaluate(model, posterior, data, split="valid", seed=task.seed, num_samples=num_samples, intervals=False)
     return {f"valid_{k}": float(v) for k, v in metrics.items() if math.isfinite(float(v))}
 
 
 def _check_grid(grid: Any) -> dict[str, list[Any]]:
     if not isinstance(grid, Mapping) or not grid:
-        raise TypeError(f"grid must be a non-empty dict of name -> list of values, e.g. {{'noise_scale': [0.05, 0.1, "
-                        f"0.2]}}; got {grid!r}")  # fmt: skip
+        raise TypeError(
+            f"grid must be a non-empty dict of name -> list of values, e.g. {{'noise_scale': [0.05, 0.1, "
+            f"0.2]}}; got {grid!r}"
+        )
     out = {}
     for name, values in grid.items():
         if not isinstance(name, str) or not name.isidentifier():
@@ -96,23 +97,39 @@ def grid_search(
     validation log-likelihood and ``attrs["ranking"]`` the points' means over seeds, best first.
     """
     if not isinstance(data, Dataset):
-        raise TypeError(f"data must be a pyro_bnnlv Dataset (pb.load_dataset, pb.datasets.from_arrays), got "
-                        f"{type(data).__name__}")  # fmt: skip
+        raise TypeError(
+            f"data must be a pyro_bnnlv Dataset (pb.load_dataset, pb.datasets.from_arrays), got {type(data).__name__}"
+        )
     if data.x_valid.shape[0] == 0:
         raise ValueError(f"data set {data.name!r} has no validation points: make it with a valid_fraction > 0")
     if not callable(fit):
-        raise TypeError(f"fit must be a function fit(data, seed, **point) -> (model, posterior), got {type(fit).__name__}")
+        raise TypeError(
+            f"fit must be a function fit(data, seed, **point) -> (model, posterior), got {type(fit).__name__}"
+        )
     points = _check_grid(grid)
     names = list(points)
-    tasks = [Task(data.name, "grid-search", grid=dict(zip(names, combo)), seed=int(seed))
-             for combo in itertools.product(*points.values()) for seed in seeds]  # fmt: skip
+    tasks = [
+        Task(data.name, "grid-search", grid=dict(zip(names, combo)), seed=int(seed))
+        for combo in itertools.product(*points.values())
+        for seed in seeds
+    ]
     fn = functools.partial(grid_search_task, fit=fit, data=data, num_samples=int(num_samples))
-    table = run_sweep(tasks, fn, out_dir=out_dir, executor=executor, workers=workers, code_version=code_version,
-                      progress=progress, desc="grid search")  # fmt: skip
+    table = run_sweep(
+        tasks,
+        fn,
+        out_dir=out_dir,
+        executor=executor,
+        workers=workers,
+        code_version=code_version,
+        progress=progress,
+        desc="grid search",
+    )
     done = table[table["status"] == "done"]
     if done.empty or "valid_test_ll" not in done:
         raise RuntimeError(f"every fit of the grid search failed:\n{table.attrs.get('summary', '')}")
-    ranking = done.groupby(names, sort=False)["valid_test_ll"].agg(["mean", "count"]).sort_values("mean", ascending=False)
+    ranking = (
+        done.groupby(names, sort=False)["valid_test_ll"].agg(["mean", "count"]).sort_values("mean", ascending=False)
+    )
     best = ranking.index[0]
     table.attrs["best"] = dict(zip(names, best if isinstance(best, tuple) else (best,)))
     table.attrs["ranking"] = ranking

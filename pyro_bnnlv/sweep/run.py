@@ -56,15 +56,25 @@ def _check_tasks(tasks: Sequence[Task]) -> list[Task]:
     return tasks
 
 
-def _check_run_arguments(fn: Callable, executor: str, workers: int | None, threads: int, address: str | None,
-                         stop_after: float | None, out_dir: str | Path | None) -> None:  # fmt: skip
+def _check_run_arguments(
+    fn: Callable,
+    executor: str,
+    workers: int | None,
+    threads: int,
+    address: str | None,
+    stop_after: float | None,
+    out_dir: str | Path | None,
+) -> None:
     """:func:`run_sweep`'s checks of its execution arguments (the task function picklable for
     worker processes), before its store is touched."""
     if out_dir is None and stop_after is not None:
-        raise ValueError("stop_after leaves tasks pending to run later, but without out_dir the store is a temporary "
-                         "directory, deleted on return: give out_dir (the command's --out DIR) to resume from")
-    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, (int, float))
-                                   or not stop_after >= 0):
+        raise ValueError(
+            "stop_after leaves tasks pending to run later, but without out_dir the store is a temporary "
+            "directory, deleted on return: give out_dir (the command's --out DIR) to resume from"
+        )
+    if stop_after is not None and (
+        isinstance(stop_after, bool) or not isinstance(stop_after, (int, float)) or not stop_after >= 0
+    ):
         raise ValueError(f"stop_after must be a number of seconds >= 0 (or None), got {stop_after!r}")
     check_executor_args(executor, workers, threads, address)
     if executor != "inline":
@@ -169,8 +179,9 @@ def run_sweep(
         todo = _tasks_to_run(store, tasks, identity, version, looking, retry_failed)
         if todo and stop_after != 0:
             deadline = None if stop_after is None else t0 + stop_after
-            ran, note = _run_pending(store, fn, todo, version, executor, workers, threads, address, prepare, deadline,
-                                     progress, desc)  # fmt: skip
+            ran, note = _run_pending(
+                store, fn, todo, version, executor, workers, threads, address, prepare, deadline, progress, desc
+            )
         elif todo:
             note = "nothing run (stop_after=0)" if note == "nothing to run" else note
         table = store.table()
@@ -185,8 +196,14 @@ def _with_run_attrs(table: pd.DataFrame, *, seconds: float, note: str, ran: int)
     return table
 
 
-def _tasks_to_run(store: SweepStore, tasks: Sequence[Task], identity: Mapping[str, Any], version: str,
-                  looking: bool, retry_failed: bool) -> list[Task]:  # fmt: skip
+def _tasks_to_run(
+    store: SweepStore,
+    tasks: Sequence[Task],
+    identity: Mapping[str, Any],
+    version: str,
+    looking: bool,
+    retry_failed: bool,
+) -> list[Task]:
     """The tasks without a result in ``store``, after claiming it for this sweep; none while
     another process runs the sweep and has not planned its tasks yet (``looking`` and no
     metadata: nothing to read, nothing to write)."""
@@ -197,9 +214,20 @@ def _tasks_to_run(store: SweepStore, tasks: Sequence[Task], identity: Mapping[st
     return [by_id[i] for i in store.pending(retry_failed=retry_failed)]
 
 
-def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version: str, executor: str,
-                 workers: int | None, threads: int, address: str | None, prepare: Callable[[], object] | None,
-                 deadline: float | None, progress: bool, desc: str) -> tuple[int, str]:  # fmt: skip
+def _run_pending(
+    store: SweepStore,
+    fn: Callable,
+    todo: Sequence[Task],
+    version: str,
+    executor: str,
+    workers: int | None,
+    threads: int,
+    address: str | None,
+    prepare: Callable[[], object] | None,
+    deadline: float | None,
+    progress: bool,
+    desc: str,
+) -> tuple[int, str]:
     """Run ``todo`` on a new executor, with ``prepare`` in a thread of this process beside the
     tasks (waited for before returning), starting no task after ``deadline``
     (``time.perf_counter()`` seconds; ``None``: none); returns ``(tasks run, the executor's note)``."""
@@ -220,14 +248,22 @@ def _run_pending(store: SweepStore, fn: Callable, todo: Sequence[Task], version:
             preparing.join()
 
 
-def _drive(store: SweepStore, runner, fn, todo: Sequence[Task], version: str, accept: Callable[[], bool], *,
-           progress: bool, desc: str) -> int:
+def _drive(
+    store: SweepStore,
+    runner,
+    fn,
+    todo: Sequence[Task],
+    version: str,
+    accept: Callable[[], bool],
+    *,
+    progress: bool,
+    desc: str,
+) -> int:
     """Run ``todo`` on ``runner``, committing each outcome; returns the number of tasks run."""
     counts = store.counts()
     total = sum(counts.values())
     failed = ran = 0
-    bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="task", disable=not progress,
-               dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="task", disable=not progress, dynamic_ncols=True)
     remaining = len(todo)
     stopping = False
 
@@ -276,14 +312,18 @@ def failures(table: pd.DataFrame) -> pd.DataFrame:
 def summarize(table: pd.DataFrame) -> str:
     """``"12 tasks: 11 done, 1 failed, 0 pending"`` and one line per failed task (its last error line)."""
     counts = table["status"].value_counts()
-    lines = [f"{len(table)} tasks: {counts.get('done', 0)} done, {counts.get('failed', 0)} failed, "
-             f"{counts.get('pending', 0)} pending"]  # fmt: skip
+    lines = [
+        f"{len(table)} tasks: {counts.get('done', 0)} done, {counts.get('failed', 0)} failed, "
+        f"{counts.get('pending', 0)} pending"
+    ]
     for _, row in failures(table).iterrows():
         last = [ln for ln in str(row["error"]).strip().splitlines() if ln.strip()][-1:] or ["?"]
         key = ", ".join(f"{k}={row[k]}" for k in ("dataset", "split", "method", "restart", "seed"))
         lines.append(f"  FAILED {row['task_id']} ({key}): {last[0]}")
     if "wall_seconds" in table.attrs:
-        lines.append(f"ran {table.attrs['ran']} tasks in {table.attrs['wall_seconds']:.1f} s ({table.attrs['executor']})")
+        lines.append(
+            f"ran {table.attrs['ran']} tasks in {table.attrs['wall_seconds']:.1f} s ({table.attrs['executor']})"
+        )
     if counts.get("pending", 0):
         lines.append(f"incomplete: {counts['pending']} tasks pending; run the same command again to continue")
     return "\n".join(lines)

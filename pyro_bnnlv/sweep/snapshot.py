@@ -73,29 +73,38 @@ def _copy_to_temporary(source: Path, destination: Path) -> tuple[Path, dict[str,
     return tmp, {k: int(v) for k, v in counts.items()}
 
 
-def _check_destinations(stores: list[Path], targets: list[Path], source: Path, destination: Path,
-                        overwrite: bool) -> None:  # fmt: skip
+def _check_destinations(
+    stores: list[Path], targets: list[Path], source: Path, destination: Path, overwrite: bool
+) -> None:
     src_root, dst_root = source.resolve(), destination.resolve()
     if dst_root == src_root or src_root in dst_root.parents or dst_root in src_root.parents:
-        raise ValueError(f"destination {str(destination)!r} is {str(source)!r}, inside it or above it; "
-                         "give a directory beside the sweep's output directory")  # fmt: skip
+        raise ValueError(
+            f"destination {str(destination)!r} is {str(source)!r}, inside it or above it; "
+            "give a directory beside the sweep's output directory"
+        )
     for target in targets:
         where = target.parent.resolve()  # through any symbolic link on the way
         if where == src_root or src_root in where.parents:
-            raise ValueError(f"{str(target)!r} leads into {str(source)!r} (a symbolic link?): a live "
-                             "store would be replaced; give another destination")  # fmt: skip
+            raise ValueError(
+                f"{str(target)!r} leads into {str(source)!r} (a symbolic link?): a live "
+                "store would be replaced; give another destination"
+            )
         if not target.exists():
             continue
         if not overwrite:
-            raise ValueError(f"{str(target)!r} already exists; give an empty destination, or "
-                             "overwrite=True (--overwrite) to replace it")  # fmt: skip
+            raise ValueError(
+                f"{str(target)!r} already exists; give an empty destination, or "
+                "overwrite=True (--overwrite) to replace it"
+            )
         if _is_running(target.parent):
             raise ValueError(f"a driver is running the store {str(target)!r}: it cannot be replaced")
         journal = target.with_name(target.name + "-journal")
         if journal.exists():
-            raise ValueError(f"{str(journal)!r} is the journal of an interrupted commit of the store "
-                             "being replaced; it would be rolled into the copy: remove the old store "
-                             "and its journal first")  # fmt: skip
+            raise ValueError(
+                f"{str(journal)!r} is the journal of an interrupted commit of the store "
+                "being replaced; it would be rolled into the copy: remove the old store "
+                "and its journal first"
+            )
 
 
 def snapshot_stores(source: str | Path, destination: str | Path, *, overwrite: bool = False) -> list[Snapshot]:

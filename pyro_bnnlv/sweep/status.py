@@ -160,18 +160,23 @@ def format_status(statuses: list[StoreStatus], workers: int = 1) -> str:
                 mean, sources = pooled[method]
                 hours = float(pm.loc[method, "pending"]) * mean / 3600.0
                 borrowed_total += hours
-                borrowed.append(f"  {method}: none finished here; {hours:.2f} core-hours at {mean:.1f} s a task, as in "
-                                f"{', '.join(_store_label(o) for o in sources)} (borrowed: may differ here)")  # fmt: skip
+                borrowed.append(
+                    f"  {method}: none finished here; {hours:.2f} core-hours at {mean:.1f} s a task, as in "
+                    f"{', '.join(_store_label(o) for o in sources)} (borrowed: may differ here)"
+                )
             else:
                 unknown = True
         if n["pending"] or n["failed"]:
-            shown = pm.assign(mean_task_seconds=pm["mean_task_seconds"].round(1),
-                              remaining_hours=pm["remaining_hours"].round(2))  # fmt: skip
+            shown = pm.assign(
+                mean_task_seconds=pm["mean_task_seconds"].round(1), remaining_hours=pm["remaining_hours"].round(2)
+            )
             lines += ["  " + ln for ln in shown.to_string().splitlines()]
             for method, (timed, untimed) in s.basis.items():
                 if timed and untimed:
-                    lines.append(f"  {method}: timed on {', '.join(timed)} only; not yet on {', '.join(untimed)} "
-                                 "(tasks there may take longer)")  # fmt: skip
+                    lines.append(
+                        f"  {method}: timed on {', '.join(timed)} only; not yet on {', '.join(untimed)} "
+                        "(tasks there may take longer)"
+                    )
             lines += borrowed
         total += float(pm["remaining_hours"].sum())  # NaN (no estimate) skipped, said below
     total += borrowed_total

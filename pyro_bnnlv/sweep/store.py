@@ -155,14 +155,18 @@ class SweepStore:
             meta = dict(self.conn.execute("SELECT key, value FROM meta"))
             tasks = self.conn.execute("SELECT id, key, status, result FROM tasks").fetchall()
         except sqlite3.DatabaseError as err:
-            raise SweepStoreError(f"{str(self.path)!r} is not a sweep store SQLite can read ({err}): it is damaged "
-                                  f"or another kind of file; {_DAMAGED_FIX}") from None  # fmt: skip
+            raise SweepStoreError(
+                f"{str(self.path)!r} is not a sweep store SQLite can read ({err}): it is damaged "
+                f"or another kind of file; {_DAMAGED_FIX}"
+            ) from None
         if not meta and not tasks:
             return  # created, not yet claimed (a run stopped in between)
         missing = [k for k in _META_KEYS if k not in meta]
         if missing:
-            raise SweepStoreError(f"{str(self.path)!r} is damaged: its meta table lacks {missing} (the sweep's "
-                                  f"identity), so it cannot be resumed safely; {_DAMAGED_FIX}")  # fmt: skip
+            raise SweepStoreError(
+                f"{str(self.path)!r} is damaged: its meta table lacks {missing} (the sweep's "
+                f"identity), so it cannot be resumed safely; {_DAMAGED_FIX}"
+            )
         for k in _META_KEYS:
             _loads(meta[k], f"{str(self.path)!r} is damaged: meta {k!r}", _DAMAGED_FIX)
         for tid, key, status, result in tasks:
@@ -206,13 +210,20 @@ class SweepStore:
         stored = self.meta()
         if not stored:
             with self._transaction() as c:
-                rows = {"fingerprint": fingerprint, "code_version": code_version, "fn": identity["fn"],
-                        "sweep_meta": identity["meta"], "n_tasks": len(tasks)}  # fmt: skip
+                rows = {
+                    "fingerprint": fingerprint,
+                    "code_version": code_version,
+                    "fn": identity["fn"],
+                    "sweep_meta": identity["meta"],
+                    "n_tasks": len(tasks),
+                }
                 c.executemany("INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in rows.items()])
-                c.executemany("INSERT INTO tasks (id, position, key) VALUES (?, ?, ?)",
-                              [(t.id, i, canonical_json(t.key())) for i, t in enumerate(tasks)])  # fmt: skip
+                c.executemany(
+                    "INSERT INTO tasks (id, position, key) VALUES (?, ?, ?)",
+                    [(t.id, i, canonical_json(t.key())) for i, t in enumerate(tasks)],
+                )
             return
-        fix = (f"use another output directory, or delete {str(self.path)!r} to discard its results")
+        fix = f"use another output directory, or delete {str(self.path)!r} to discard its results"
         if stored.get("fingerprint") != fingerprint:
             raise SweepMismatchError(
                 f"{str(self.out_dir)!r} holds the results of a different sweep "
@@ -250,10 +261,18 @@ class SweepStore:
             cur = c.execute(
                 "UPDATE tasks SET status=?, result=?, traceback=?, seconds=?, worker=?, threads=?, "
                 "code_version=?, finished=?, attempts=attempts+1 WHERE id=?",
-                (outcome["status"], outcome.get("result"), outcome.get("traceback"), outcome.get("seconds"),
-                 outcome.get("worker"), outcome.get("threads"), code_version, outcome.get("finished"),
-                 outcome["id"]),
-            )  # fmt: skip
+                (
+                    outcome["status"],
+                    outcome.get("result"),
+                    outcome.get("traceback"),
+                    outcome.get("seconds"),
+                    outcome.get("worker"),
+                    outcome.get("threads"),
+                    code_version,
+                    outcome.get("finished"),
+                    outcome["id"],
+                ),
+            )
             if cur.rowcount != 1:
                 raise RuntimeError(f"task {outcome['id']} is not in the store {str(self.path)!r}")
 
@@ -280,8 +299,18 @@ class SweepStore:
             res = json.loads(result) if result else {}
             grid_names += [k for k in grid if k not in grid_names]
             result_names += [k for k in res if k not in result_names]
-            rows.append({"task_id": tid, **key, **grid, "status": status, **res, "task_seconds": seconds,
-                         "attempts": attempts, "error": tb})  # fmt: skip
+            rows.append(
+                {
+                    "task_id": tid,
+                    **key,
+                    **grid,
+                    "status": status,
+                    **res,
+                    "task_seconds": seconds,
+                    "attempts": attempts,
+                    "error": tb,
+                }
+            )
         first = ["task_id", *KEY_FIELDS[:3], *grid_names, *KEY_FIELDS[3:], "status"]
         columns = first + [c for c in result_names if c not in first] + list(TABLE_FIELDS)
         return pd.DataFrame(rows, columns=columns)
@@ -290,11 +319,15 @@ class SweepStore:
         return _Transaction(self.conn)
 
 
-_DAMAGED_FIX = ("restore it from a copy (git checkout, or one made by `pyro-bnnlv snapshot`), or move it away "
-                "to start the sweep over")  # fmt: skip
-_WRITABLE_FIX = ("the sweep would run its tasks and then fail to store their results: make the store and its "
-                 "directory writable, or copy the store elsewhere (`pyro-bnnlv snapshot SRC DEST`) and give "
-                 "that directory as out_dir (--out)")  # fmt: skip
+_DAMAGED_FIX = (
+    "restore it from a copy (git checkout, or one made by `pyro-bnnlv snapshot`), or move it away "
+    "to start the sweep over"
+)
+_WRITABLE_FIX = (
+    "the sweep would run its tasks and then fail to store their results: make the store and its "
+    "directory writable, or copy the store elsewhere (`pyro-bnnlv snapshot SRC DEST`) and give "
+    "that directory as out_dir (--out)"
+)
 
 
 def _rerun_fix(path: Path, task_id: str) -> str:

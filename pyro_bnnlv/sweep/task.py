@@ -40,7 +40,7 @@ __all__ = [
     "digest",
     "sweep_identity",
     "task_function",
-]  # fmt: skip
+]
 
 Scalar = Union[str, int, float, bool, None]
 #: the columns a task contributes to a results table, in order (grid items follow ``method``)
@@ -99,7 +99,9 @@ class Task:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"Task.{name} must be a non-empty str, got {value!r}")
         split = self.split
-        if not (isinstance(split, str) and split) and (not isinstance(split, int) or isinstance(split, bool) or split < 0):
+        if not (isinstance(split, str) and split) and (
+            not isinstance(split, int) or isinstance(split, bool) or split < 0
+        ):
             raise ValueError(f"Task.split must be a non-negative int or a non-empty str label, got {split!r}")
         _check_int(self.restart, "restart")
         _check_int(self.seed, "seed")
@@ -123,8 +125,14 @@ class Task:
 
     def key(self) -> dict[str, Any]:
         """The task as a JSON-able dict (what its id hashes)."""
-        return {"dataset": self.dataset, "split": self.split, "method": self.method,
-                "grid": self.params, "restart": self.restart, "seed": self.seed}  # fmt: skip
+        return {
+            "dataset": self.dataset,
+            "split": self.split,
+            "method": self.method,
+            "grid": self.params,
+            "restart": self.restart,
+            "seed": self.seed,
+        }
 
     @property
     def id(self) -> str:
@@ -134,8 +142,14 @@ class Task:
     @classmethod
     def from_key(cls, key: Mapping[str, Any]) -> Task:
         """The inverse of :meth:`key`."""
-        return cls(dataset=key["dataset"], method=key["method"], split=key["split"],
-                   grid=key.get("grid", {}), restart=key.get("restart", 0), seed=key.get("seed", 0))  # fmt: skip
+        return cls(
+            dataset=key["dataset"],
+            method=key["method"],
+            split=key["split"],
+            grid=key.get("grid", {}),
+            restart=key.get("restart", 0),
+            seed=key.get("seed", 0),
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -168,14 +182,17 @@ def task_function(name: str) -> Callable[[F], F]:
     second function under a taken name raises ``ValueError``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"task_function name must be lower-case words of letters, digits, '.', '_' or '-' "
-                         f"separated by '/' (like 'ncai-compare/fit'), got {name!r}")  # fmt: skip
+        raise ValueError(
+            f"task_function name must be lower-case words of letters, digits, '.', '_' or '-' "
+            f"separated by '/' (like 'ncai-compare/fit'), got {name!r}"
+        )
 
     def register(fn: F) -> F:
         where = _where(fn)
         if _REGISTERED.get(name, where) != where:
-            raise ValueError(f"the task-function name {name!r} is taken by {_REGISTERED[name]}; "
-                             f"give {where} another name")  # fmt: skip
+            raise ValueError(
+                f"the task-function name {name!r} is taken by {_REGISTERED[name]}; give {where} another name"
+            )
         _REGISTERED[name] = where
         fn.__sweep_name__ = name  # type: ignore[attr-defined]
         return fn
@@ -204,9 +221,11 @@ def _describe_value(value: Any) -> Any:
         try:
             return {"object": _where(type(value)), "pickle": hashlib.sha256(pickle.dumps(value)).hexdigest()[:16]}
         except Exception:
-            raise TypeError(f"the task function binds {described}, which has no stable description (its repr "
-                            "holds a memory address and it cannot be pickled), so its store could never be "
-                            "resumed: bind JSON-able settings (or a module-level function) instead") from None
+            raise TypeError(
+                f"the task function binds {described}, which has no stable description (its repr "
+                "holds a memory address and it cannot be pickled), so its store could never be "
+                "resumed: bind JSON-able settings (or a module-level function) instead"
+            ) from None
     return described
 
 

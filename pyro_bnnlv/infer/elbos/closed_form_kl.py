@@ -150,15 +150,15 @@ class ClosedFormKLElbo(Trace_ELBO):
         pb.fit_svi(model, guide, x, y, loss=loss)
     """
 
-    def __init__(self, sites: Sequence[str], num_particles: int = 1, max_plate_nesting: float = float("inf"),
-                 fused: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, sites: Sequence[str], num_particles: int = 1, max_plate_nesting: float = float("inf"), fused: bool = True
+    ) -> None:
         if isinstance(sites, str) or not sites or not all(isinstance(s, str) for s in sites):
             raise ValueError(f"sites must be a non-empty sequence of site names, e.g. ('z', 'phi'); got {sites!r}")
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be True or False, got {fused!r}")
         check_int(num_particles, "num_particles")
-        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
-                         vectorize_particles=True)  # fmt: skip
+        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting, vectorize_particles=True)
         self.sites = frozenset(sites)
         self.fused = fused
         # the (model, guide) pairs a traced step has set up, as weak references; a dict named
@@ -169,8 +169,12 @@ class ClosedFormKLElbo(Trace_ELBO):
     def eager_twin(self) -> "ClosedFormKLElbo":
         """The same estimator with the same settings, always computed from Pyro's traces (what
         fused steps are checked against)."""
-        twin = ClosedFormKLElbo(tuple(sorted(self.sites)), num_particles=self.num_particles,
-                                max_plate_nesting=self.max_plate_nesting, fused=False)  # fmt: skip
+        twin = ClosedFormKLElbo(
+            tuple(sorted(self.sites)),
+            num_particles=self.num_particles,
+            max_plate_nesting=self.max_plate_nesting,
+            fused=False,
+        )
         twin.__dict__.update({k: v for k, v in vars(self).items() if k not in ("fused", "_compiled")})
         return twin
 
@@ -225,8 +229,16 @@ class ClosedFormKLElbo(Trace_ELBO):
             names.append(name)
         return (names, priors) if set(names) == self.sites else None
 
-    def _fused_loss_and_grads(self, model, guide: AutoNormal, sites: list[str], priors: dict[str, Normal],
-                              x: Tensor, y: Tensor, batch_size: int | None = None) -> float:  # fmt: skip
+    def _fused_loss_and_grads(
+        self,
+        model,
+        guide: AutoNormal,
+        sites: list[str],
+        priors: dict[str, Normal],
+        x: Tensor,
+        y: Tensor,
+        batch_size: int | None = None,
+    ) -> float:
         model.check_data(x, y)  # what forward checks first (clear errors on bad data)
         if callable(getattr(model, "_check_dtype", None)):
             model._check_dtype(x)
@@ -253,7 +265,9 @@ class ClosedFormKLElbo(Trace_ELBO):
 
     def _get_trace(self, model, guide, args, kwargs):
         guide_sites = self.sites | {name + _AUX for name in self.sites}
-        return super()._get_trace(_MaskLogDensities(self.sites)(model), _MaskLogDensities(guide_sites)(guide), args, kwargs)
+        return super()._get_trace(
+            _MaskLogDensities(self.sites)(model), _MaskLogDensities(guide_sites)(guide), args, kwargs
+        )
 
     def _guide_site(self, guide_trace, name: str) -> dict:
         """The guide's density of ``name``: the site itself, or for Pyro's ``AutoNormal`` (a Delta
@@ -281,12 +295,16 @@ class ClosedFormKLElbo(Trace_ELBO):
             if model_trace.nodes.get(name, {}).get("is_observed"):
                 raise ValueError(f"ClosedFormKLElbo: site {name!r} is observed in the model; name latent sites only")
             if name not in guide_trace.nodes or name not in model_trace.nodes:
-                raise ValueError(f"ClosedFormKLElbo: the model or guide has no sample site {name!r} (sites={sorted(self.sites)})")
+                raise ValueError(
+                    f"ClosedFormKLElbo: the model or guide has no sample site {name!r} (sites={sorted(self.sites)})"
+                )
             g, m = self._guide_site(guide_trace, name), model_trace.nodes[name]
             for site, role in ((g, "guide"), (m, "model")):
                 if site["scale"] is not None and not (isinstance(site["scale"], (int, float)) and site["scale"] == 1.0):
-                    raise ValueError(f"ClosedFormKLElbo: site {name!r} is scaled or subsampled in the {role}; "
-                                     "its closed-form KL would need the same scale")  # fmt: skip
+                    raise ValueError(
+                        f"ClosedFormKLElbo: site {name!r} is scaled or subsampled in the {role}; "
+                        "its closed-form KL would need the same scale"
+                    )
             q, p = _one_particle(g, "guide"), _one_particle(m, "model")
             if not q.has_rsample:
                 raise ValueError(f"ClosedFormKLElbo: the guide's site {name!r} is not reparameterised")

@@ -66,8 +66,7 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 # the methods of BNN / BNNLV a fused step stands for: a subclass overriding any of them runs traced
 _MODEL_METHODS = {
     BNN: ("forward", "_plate_f", "_likelihood", "_observed", "noise_scale_param"),
-    BNNLV: ("forward", "_plate_f", "_likelihood", "_observed", "noise_scale_param", "network_input",
-            "create_plates"),
+    BNNLV: ("forward", "_plate_f", "_likelihood", "_observed", "noise_scale_param", "network_input", "create_plates"),
 }
 _GUIDE_METHODS = ("forward", "_get_loc_and_scale", "_create_plates")
 
@@ -82,8 +81,12 @@ def only_param_capture_active() -> bool:
 def forward_replaced(module: torch.nn.Module) -> bool:
     """Whether calling ``module`` would run more than its class's ``forward``: forward hooks
     (the module's or global ones) or a ``forward`` assigned on the instance."""
-    hooks = (module._forward_hooks, module._forward_pre_hooks, torch.nn.modules.module._global_forward_hooks,
-             torch.nn.modules.module._global_forward_pre_hooks)  # fmt: skip
+    hooks = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        torch.nn.modules.module._global_forward_hooks,
+        torch.nn.modules.module._global_forward_pre_hooks,
+    )
     return "forward" in vars(module) or any(len(h) for h in hooks)
 
 
@@ -155,9 +158,14 @@ class _Pair:
     def still(self, model: BNN, guide: AutoNormal) -> bool:
         """Whether the pair is still the one recognised (cheap per-step re-check: the classes,
         the network module, no hook or instance ``forward`` since)."""
-        return (self.model() is model and self.guide() is guide and (type(model), type(guide)) == self.classes
-                and model._modules.get("net") is self.net and not forward_replaced(model)
-                and not forward_replaced(guide))  # fmt: skip
+        return (
+            self.model() is model
+            and self.guide() is guide
+            and (type(model), type(guide)) == self.classes
+            and model._modules.get("net") is self.net
+            and not forward_replaced(model)
+            and not forward_replaced(guide)
+        )
 
 
 def _slot(constrained: Tensor) -> _Slot | None:
@@ -168,8 +176,9 @@ def _slot(constrained: Tensor) -> _Slot | None:
     name = store._param_to_name.get(unconstrained) if unconstrained is not None else None
     if name is None:
         return None
-    transform = transforms.identity_transform if unconstrained is constrained else \
-        transform_to(store._constraints[name])  # fmt: skip
+    transform = (
+        transforms.identity_transform if unconstrained is constrained else transform_to(store._constraints[name])
+    )
     return _Slot(name, unconstrained, transform)
 
 
@@ -186,13 +195,24 @@ class FusedTraceElbo(Trace_ELBO):
     particles pass ``loss=pb.FusedTraceElbo(num_particles=32, vectorize_particles=True)``.
     """
 
-    def __init__(self, num_particles: int = 1, max_plate_nesting: float = float("inf"),
-                 vectorize_particles: bool = False, *, fused: bool = True, **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_particles: int = 1,
+        max_plate_nesting: float = float("inf"),
+        vectorize_particles: bool = False,
+        *,
+        fused: bool = True,
+        **kwargs,
+    ) -> None:
         check_int(num_particles, "num_particles")
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be True or False, got {fused!r}")
-        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
-                         vectorize_particles=vectorize_particles, **kwargs)  # fmt: skip
+        super().__init__(
+            num_particles=num_particles,
+            max_plate_nesting=max_plate_nesting,
+            vectorize_particles=vectorize_particles,
+            **kwargs,
+        )
         self.fused = fused
         # the pairs a traced step has set up; named _compiled so that jit_guard.forget_compiled
         # (called by fit_svi) clears it: every fit starts with a traced step
@@ -252,14 +272,16 @@ class FusedTraceElbo(Trace_ELBO):
             return
         for name, site in sites:
             if site["fn"].support is not constraints.real and not (
-                    isinstance(site["fn"].support, constraints.independent)
-                    and site["fn"].support.base_constraint is constraints.real):  # fmt: skip
+                isinstance(site["fn"].support, constraints.independent)
+                and site["fn"].support.base_constraint is constraints.real
+            ):
                 return
             plates = [f.name for f in site["cond_indep_stack"] if f.vectorized]
             if plates != ([] if name == "w" else ["data"]) or guide._event_dims[name] != 1:
                 return
-        self._compiled[id(model), id(guide)] = _Pair(weakref.ref(model), weakref.ref(guide), latent,
-                                                     (type(model), type(guide)), model.net)  # fmt: skip
+        self._compiled[id(model), id(guide)] = _Pair(
+            weakref.ref(model), weakref.ref(guide), latent, (type(model), type(guide)), model.net
+        )
 
     def _pair(self, model, guide, args, kwargs) -> _Pair | None:
         """The registered pair if this call can be fused, else ``None`` (then it runs traced,
@@ -286,8 +308,7 @@ class FusedTraceElbo(Trace_ELBO):
         holds the remembered tensors), else from the remembered unconstrained tensors."""
         store = pyro.get_param_store()._params
         slots = pair.slots
-        if not _PYRO_STACK and slots is not None and all(store.get(s.name) is s.unconstrained
-                                                         for s in slots.values()):  # fmt: skip
+        if not _PYRO_STACK and slots is not None and all(store.get(s.name) is s.unconstrained for s in slots.values()):
             # scale_z: only the minibatch's rows are transformed (_fused_loss)
             values = {role: s.value() for role, s in slots.items() if role != "scale_z"}
         else:
@@ -299,8 +320,11 @@ class FusedTraceElbo(Trace_ELBO):
                 values["sigma"] = _model_noise(model)
             for role, value in values.items():
                 slot = _slot(value)
-                if slot is None or (role.startswith("scale") and slot.transform is not
-                                    transforms.identity_transform and not isinstance(slot.transform, _ELEMENTWISE)):  # fmt: skip
+                if slot is None or (
+                    role.startswith("scale")
+                    and slot.transform is not transforms.identity_transform
+                    and not isinstance(slot.transform, _ELEMENTWISE)
+                ):
                     slots = None  # read through Pyro every step
                     break
                 slots[role] = slot
@@ -318,8 +342,9 @@ class FusedTraceElbo(Trace_ELBO):
             model._check_dtype(x)
             pair.checked = key
 
-    def _fused_loss(self, pair: _Pair, model: BNN, guide: AutoNormal, x: Tensor, y: Tensor,
-                    batch_size: int | None = None) -> Tensor:  # fmt: skip
+    def _fused_loss(
+        self, pair: _Pair, model: BNN, guide: AutoNormal, x: Tensor, y: Tensor, batch_size: int | None = None
+    ) -> Tensor:
         """The negative ELBO estimate of the module docstring, in Pyro's order of random draws.
 
         Written as few autograd nodes: with ``r = y - f``, ``u = (w - m) / s_p`` and ``c`` the

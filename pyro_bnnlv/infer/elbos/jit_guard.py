@@ -46,10 +46,15 @@ def plate_shape_tracer_warnings_ignored() -> Iterator[None]:
     ``pyro.poutine.subsample_messenger``, and ``broadcast_shape``'s size comparisons in
     ``pyro.distributions.util``."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
-                                module=r"pyro\.poutine\.subsample_messenger")  # fmt: skip
-        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean",
-                                category=torch.jit.TracerWarning, module=r"pyro\.distributions\.util")  # fmt: skip
+        warnings.filterwarnings(
+            "ignore", category=torch.jit.TracerWarning, module=r"pyro\.poutine\.subsample_messenger"
+        )
+        warnings.filterwarnings(
+            "ignore",
+            message="Converting a tensor to a Python boolean",
+            category=torch.jit.TracerWarning,
+            module=r"pyro\.distributions\.util",
+        )
         yield
 
 

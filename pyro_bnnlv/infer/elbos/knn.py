@@ -150,8 +150,7 @@ class KNNElbo(ELBO):
         check_int(num_prior_samples, "num_prior_samples", minimum=k + 1)
         if prior_sampler is not None and not callable(prior_sampler):
             raise ValueError("prior_sampler must be a callable n -> (n, ...) samples")
-        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
-                         vectorize_particles=False)  # fmt: skip
+        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting, vectorize_particles=False)
         self.num_kl_samples = num_kl_samples
         self.num_prior_samples = num_prior_samples
         self.k = k
@@ -176,9 +175,7 @@ class KNNElbo(ELBO):
         if self._nesting is None:
             with poutine.block():
                 guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-                model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-                    *args, **kwargs
-                )
+                model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
             dims = [
                 frame.dim
                 for trace in (model_trace, guide_trace)
@@ -196,9 +193,7 @@ class KNNElbo(ELBO):
             guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
             if not with_model:
                 return guide_trace, None
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-                *args, **kwargs
-            )
+            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         return guide_trace, model_trace
 
     def _site_samples(self, trace, num: int) -> Tensor:
@@ -250,8 +245,10 @@ class KNNElbo(ELBO):
             if kind in self._warned:
                 continue
             self._warned.add(kind)
-            message = f"{w.message}{_IN_AN_ELBO if 'lie outside the region' in str(w.message) else ''} " \
-                      f"[{type(self).__name__} shows each kind of warning once per instance]"  # fmt: skip
+            message = (
+                f"{w.message}{_IN_AN_ELBO if 'lie outside the region' in str(w.message) else ''} "
+                f"[{type(self).__name__} shows each kind of warning once per instance]"
+            )
             warnings.warn_explicit(message, w.category, w.filename, w.lineno)
         return value
 
@@ -274,10 +271,13 @@ class KNNElbo(ELBO):
             return name != self.site
 
         if self.site not in model_trace.nodes or self.site not in guide_trace.nodes:
-            raise ValueError(f"the model or guide has no site {self.site!r}; KNNElbo(site=...) "
-                             "names the latent whose KL is estimated by nearest neighbours")
-        latents = [name for name, site in model_trace.nodes.items()
-                   if site["type"] == "sample" and not site["is_observed"]]  # fmt: skip
+            raise ValueError(
+                f"the model or guide has no site {self.site!r}; KNNElbo(site=...) "
+                "names the latent whose KL is estimated by nearest neighbours"
+            )
+        latents = [
+            name for name, site in model_trace.nodes.items() if site["type"] == "sample" and not site["is_observed"]
+        ]
         only_knn_site = latents == [self.site]
 
         def keep_guide(name, site):
@@ -289,8 +289,7 @@ class KNNElbo(ELBO):
 
         for name, site in guide_trace.nodes.items():
             if site["type"] == "sample" and keep_guide(name, site) and not site["fn"].has_rsample:
-                raise NotImplementedError(f"KNNElbo needs reparameterised guide sites; {name!r} "
-                                          "is not")  # fmt: skip
+                raise NotImplementedError(f"KNNElbo needs reparameterised guide sites; {name!r} is not")
         model_trace.compute_log_prob(site_filter=keep_model)
         guide_trace.compute_log_prob(site_filter=keep_guide)
         ell = 0.0
@@ -305,13 +304,11 @@ class KNNElbo(ELBO):
         if self.num_kl_samples == n:
             q_samples = self._site_samples(guide_trace, n)
         else:
-            kl_trace, _ = self._particle_traces(model, guide, self.num_kl_samples, args, kwargs,
-                                                with_model=False)  # fmt: skip
+            kl_trace, _ = self._particle_traces(model, guide, self.num_kl_samples, args, kwargs, with_model=False)
             q_samples = self._site_samples(kl_trace, self.num_kl_samples)
         prior = self._prior_samples(model, args, kwargs)
         if prior.shape[1] != q_samples.shape[1]:
-            raise ValueError(f"prior samples have {prior.shape[1]} coordinates, guide samples "
-                             f"{q_samples.shape[1]}")  # fmt: skip
+            raise ValueError(f"prior samples have {prior.shape[1]} coordinates, guide samples {q_samples.shape[1]}")
         kl = self.kl_estimate(q_samples, prior, model, args, kwargs)
         return {"ell": ell, "kl": kl, "loss": kl - ell}
 
@@ -369,9 +366,15 @@ class FunctionalKNNElbo(KNNElbo):
         prior_sampler: Callable[[int], Tensor] | None = None,
         max_plate_nesting: float = float("inf"),
     ) -> None:
-        super().__init__(num_particles=num_particles, num_kl_samples=num_kl_samples,
-                         num_prior_samples=num_prior_samples, k=k, site=site,
-                         prior_sampler=prior_sampler, max_plate_nesting=max_plate_nesting)  # fmt: skip
+        super().__init__(
+            num_particles=num_particles,
+            num_kl_samples=num_kl_samples,
+            num_prior_samples=num_prior_samples,
+            k=k,
+            site=site,
+            prior_sampler=prior_sampler,
+            max_plate_nesting=max_plate_nesting,
+        )
         check_int(num_inputs, "num_inputs")
         check_int(num_input_draws, "num_input_draws")
         self.num_inputs = num_inputs
@@ -399,8 +402,10 @@ class FunctionalKNNElbo(KNNElbo):
             nu = self.input_dist
             if nu is None:
                 if x_train is None:
-                    raise ValueError("the default input distribution needs the training inputs "
-                                     "as the model's first argument; or pass input_dist=")  # fmt: skip
+                    raise ValueError(
+                        "the default input distribution needs the training inputs "
+                        "as the model's first argument; or pass input_dist="
+                    )
                 nu = input_box(x_train)
             drawn = input_sampler(nu)(n_nu)
             if x_train is not None and x_train.dim() >= 1:

@@ -93,8 +93,15 @@ class LocalReparamELBO(ELBO):
     ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all evaluate :meth:`elbo_estimate`.
     """
 
-    def __init__(self, num_particles: int = 1, analytic_kl: bool = True, site: str = "w", obs_site: str = "obs",
-                 *, fused: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_particles: int = 1,
+        analytic_kl: bool = True,
+        site: str = "w",
+        obs_site: str = "obs",
+        *,
+        fused: bool = True,
+    ) -> None:
         if not isinstance(num_particles, int) or num_particles < 1:
             raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
         if not isinstance(fused, bool):
@@ -129,8 +136,9 @@ class LocalReparamELBO(ELBO):
             self._fuser._register(model, guide)  # fused from the next step on, if it is a known pair
         return value
 
-    def _fused_estimate(self, pair: Any, model: Any, guide: Any, x: Tensor, y: Tensor,
-                        batch_size: int | None = None) -> Tensor:  # fmt: skip
+    def _fused_estimate(
+        self, pair: Any, model: Any, guide: Any, x: Tensor, y: Tensor, batch_size: int | None = None
+    ) -> Tensor:
         """:meth:`_traced_estimate` for a recognised BNN / mean-field pair, without traces."""
         fuser = self._fuser
         fuser._check_data(pair, model, x, y)
@@ -161,8 +169,11 @@ class LocalReparamELBO(ELBO):
         net = getattr(model, "net", None)
         if not isinstance(net, MLP):
             raise ValueError("LocalReparamELBO needs a model with an MLP network at model.net (a pyro_bnnlv BNN)")
-        latent = [n for n, s in model_tr.nodes.items() if s["type"] == "sample" and not s["is_observed"]
-                  and not site_is_subsample(s)]  # fmt: skip
+        latent = [
+            n
+            for n, s in model_tr.nodes.items()
+            if s["type"] == "sample" and not s["is_observed"] and not site_is_subsample(s)
+        ]
         if latent != [self.site]:
             raise ValueError(f"LocalReparamELBO handles models whose only latent site is {self.site!r}; got {latent}")
         if self.obs_site not in model_tr.nodes:
@@ -175,7 +186,9 @@ class LocalReparamELBO(ELBO):
         if not isinstance(base, dist.Normal):
             raise ValueError(f"the observation site must be Normal, got {type(base).__name__}")
         x = args[0] if args else kwargs["x"]
-        idx = next((s["value"] for s in model_tr.nodes.values() if s["type"] == "sample" and site_is_subsample(s)), None)
+        idx = next(
+            (s["value"] for s in model_tr.nodes.values() if s["type"] == "sample" and site_is_subsample(s)), None
+        )
         x_b = x if idx is None else x[idx]
         log_lik = self._batch_log_lik(net, x_b, obs["value"], loc, scale, base.scale) * obs["scale"]
         prior = model_tr.nodes[self.site]["fn"]

@@ -84,8 +84,13 @@ from torch import Tensor
 
 from ..._checks import ArgumentTypeError, check_int, check_real
 from ...stats.dependence import correlation_penalty, henze_zirkler, offdiag_cov_norm
-from ...stats._pairwise import (compiled_weighted_penalty, henze_zirkler_unchecked, ncai_statistics,
-                                ncai_statistics_unchecked, offdiag_cov_norm_unchecked)
+from ...stats._pairwise import (
+    compiled_weighted_penalty,
+    henze_zirkler_unchecked,
+    ncai_statistics,
+    ncai_statistics_unchecked,
+    offdiag_cov_norm_unchecked,
+)
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
 from .penalized import PenalizedElbo
@@ -156,7 +161,9 @@ def _check_options(hz_normalization: str, independence: str) -> None:
     if hz_normalization not in ("per_point", "none"):
         raise ValueError(f"hz_normalization must be 'per_point' or 'none', got {hz_normalization!r}")
     if independence not in INDEPENDENCE_TERMS:
-        raise ValueError(f"independence must be one of {', '.join(map(repr, INDEPENDENCE_TERMS))}, got {independence!r}")
+        raise ValueError(
+            f"independence must be one of {', '.join(map(repr, INDEPENDENCE_TERMS))}, got {independence!r}"
+        )
 
 
 def _min_batch(independence: str) -> int:
@@ -166,8 +173,7 @@ def _min_batch(independence: str) -> int:
 
 
 def ncai_penalties(
-    x: Tensor, y: Tensor, mu_z: Tensor, *, hz_normalization: str = "per_point",
-    independence: str = "hsic",
+    x: Tensor, y: Tensor, mu_z: Tensor, *, hz_normalization: str = "per_point", independence: str = "hsic"
 ) -> dict[str, Tensor]:
     """The raw constraint proxies on a batch: ``hz`` (eq. 25), ``offdiag`` (eq. 26) and, for
     ``independence="pc"``, ``pc_x``, ``pc_y`` (eq. 24), for ``"hsic"``, ``hsic_x``
@@ -180,8 +186,9 @@ def ncai_penalties(
     return _penalties(x, y, mu_z, hz_normalization, independence, checked=True)
 
 
-def _penalties(x: Tensor, y: Tensor, mu_z: Tensor, hz_normalization: str, independence: str,
-               checked: bool) -> dict[str, Tensor]:  # fmt: skip
+def _penalties(
+    x: Tensor, y: Tensor, mu_z: Tensor, hz_normalization: str, independence: str, checked: bool
+) -> dict[str, Tensor]:
     """:func:`ncai_penalties`, and the one place that decides which statistics check their inputs.
 
     ``checked=True``: each statistic checks its inputs (HZ, the off-diagonal norm and nHSIC in one
@@ -295,10 +302,12 @@ class NCAIElbo(PenalizedElbo):
         kwargs.setdefault("max_plate_nesting", 1)
         if fused is None:
             fused = not kwargs.get("jit", False)
-        lambdas = tuple(_check_weight(v, f"lambda{i}", positive=False)
-                        for i, v in enumerate((lambda1, lambda2, lambda3), start=1))  # fmt: skip
-        eps = tuple(_check_weight(v, name, positive=True)
-                    for name, v in (("eps_T", eps_T), ("eps_x", eps_x), ("eps_y", eps_y)))  # fmt: skip
+        lambdas = tuple(
+            _check_weight(v, f"lambda{i}", positive=False) for i, v in enumerate((lambda1, lambda2, lambda3), start=1)
+        )
+        eps = tuple(
+            _check_weight(v, name, positive=True) for name, v in (("eps_T", eps_T), ("eps_x", eps_x), ("eps_y", eps_y))
+        )
         _check_options(hz_normalization, independence)
         warmup_steps = check_int(warmup_steps, "warmup_steps", minimum=0)
         if fused is True and (latent_site, plate_name) != ("z", "data"):
@@ -340,8 +349,9 @@ class NCAIElbo(PenalizedElbo):
         x_b, y_b, _ = self.batch_data(model_trace)
         return self._statistics(x_b, y_b, self.latent_means(guide_trace))
 
-    def fused_penalty_terms(self, model, args: tuple, params: dict[str, Tensor],
-                            batches: list[Tensor | None]) -> dict[str, Tensor]:  # fmt: skip
+    def fused_penalty_terms(
+        self, model, args: tuple, params: dict[str, Tensor], batches: list[Tensor | None]
+    ) -> dict[str, Tensor]:
         """The statistics of a fused step: :meth:`penalty_terms` on each particle round's
         minibatch rows of ``x``, the observed ``y`` and the guide's means ``loc_z``, averaged.
 
@@ -365,9 +375,11 @@ class NCAIElbo(PenalizedElbo):
         and :func:`_penalties`)."""
         need = _min_batch(self.independence)
         if not torch.jit.is_tracing() and mu.shape[0] < need:
-            raise ValueError(f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
-                             f"points per step, got a batch of {mu.shape[0]}: use batch_size >= {need} "
-                             "(or None for the full data)")
+            raise ValueError(
+                f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
+                f"points per step, got a batch of {mu.shape[0]}: use batch_size >= {need} "
+                "(or None for the full data)"
+            )
         return _penalties(x_b, y_b, mu, self.hz_normalization, self.independence, checked=checked)
 
     def ramp(self) -> float:

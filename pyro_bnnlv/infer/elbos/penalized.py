@@ -70,15 +70,24 @@ class PenalizedElbo(Trace_ELBO):
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be True or False, got {fused!r}")
         if fused and type(self).fused_penalty_terms is PenalizedElbo.fused_penalty_terms:
-            raise TypeError(f"{type(self).__name__} defines its penalty on traces only; fused=True needs a "
-                            "fused_penalty_terms method (see PenalizedElbo), or pass fused=False")
+            raise TypeError(
+                f"{type(self).__name__} defines its penalty on traces only; fused=True needs a "
+                "fused_penalty_terms method (see PenalizedElbo), or pass fused=False"
+            )
         self.jit = bool(jit)
         self.fused = fused
         # the ELBO part of fused steps; a separate FusedTraceElbo with this loss's particle settings
         # (Pyro's ELBO counts the particle plate in max_plate_nesting: the fuser adds it again)
         particle_plate = self.vectorize_particles and self.num_particles > 1
-        self._fuser = FusedTraceElbo(num_particles=self.num_particles, vectorize_particles=self.vectorize_particles,
-                                     max_plate_nesting=self.max_plate_nesting - particle_plate) if fused else None  # fmt: skip
+        self._fuser = (
+            FusedTraceElbo(
+                num_particles=self.num_particles,
+                vectorize_particles=self.vectorize_particles,
+                max_plate_nesting=self.max_plate_nesting - particle_plate,
+            )
+            if fused
+            else None
+        )
         self._compiled: dict[tuple[int, int], object] = {}
         self._term_names: tuple[str, ...] = ()
         self.history: list[dict[str, float]] = []
@@ -93,8 +102,9 @@ class PenalizedElbo(Trace_ELBO):
         ``{"penalty": penalty(...)}``. Only tensor values count: a Python number is a constant."""
         return {"penalty": self.penalty(model_trace, guide_trace)}
 
-    def fused_penalty_terms(self, model, args: tuple, params: dict[str, Tensor],
-                            batches: list[Tensor | None]) -> dict[str, Tensor]:  # fmt: skip
+    def fused_penalty_terms(
+        self, model, args: tuple, params: dict[str, Tensor], batches: list[Tensor | None]
+    ) -> dict[str, Tensor]:
         """The particle-averaged terms of a fused step: ``params`` the guide's constrained
         parameters by role (``loc_w``, ``scale_w``, ``loc_z``, ``scale_z``, ``sigma``: the
         ``scale_z`` rows may be absent), ``batches`` each particle round's minibatch rows
@@ -177,8 +187,12 @@ class PenalizedElbo(Trace_ELBO):
             # one compiled objective per (model, guide, argument shapes and dtypes): the trace may
             # branch on shapes (Pyro's plates do), never on values; a graph records its dtypes
             shape = lambda v: (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else repr(v)  # noqa: E731
-            key = (id(model), id(guide), tuple(map(shape, args)),
-                   tuple((k, shape(v)) for k, v in sorted(kwargs.items())))  # fmt: skip
+            key = (
+                id(model),
+                id(guide),
+                tuple(map(shape, args)),
+                tuple((k, shape(v)) for k, v in sorted(kwargs.items())),
+            )
             # the tensor state of the model and guide modules (e.g. prior scales that empirical
             # Bayes rewrites between steps) enters the trace as inputs, not as constants
             state = module_buffers(model) + module_buffers(guide)
@@ -251,8 +265,7 @@ def module_buffers(obj: object) -> list[tuple[torch.nn.Module, str, Tensor]]:
     """``(owner module, name, tensor)`` of every buffer of ``obj`` if it is a ``torch.nn.Module``."""
     if not isinstance(obj, torch.nn.Module):
         return []
-    return [(module, name, buf) for module in obj.modules()
-            for name, buf in module._buffers.items() if buf is not None]  # fmt: skip
+    return [(module, name, buf) for module in obj.modules() for name, buf in module._buffers.items() if buf is not None]
 
 
 @contextlib.contextmanager

@@ -100,8 +100,9 @@ class KroneckerNormal(TorchDistribution):
     support = constraints.real_vector
     has_rsample = True
 
-    def __init__(self, loc: Tensor, blocks: list[tuple[Tensor, Tensor, Tensor, Tensor]],
-                 validate_args: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, loc: Tensor, blocks: list[tuple[Tensor, Tensor, Tensor, Tensor]], validate_args: Any = None
+    ) -> None:
         if loc.dim() != 1:
             raise ValueError(f"loc must have shape (P,); got {tuple(loc.shape)}")
         covered = torch.cat([b[0].reshape(-1) for b in blocks]).sort().values
@@ -126,8 +127,8 @@ class KroneckerNormal(TorchDistribution):
     def log_prob(self, value: Tensor) -> Tensor:
         quad = torch.zeros(value.shape[:-1], dtype=value.dtype, device=value.device)
         for index, U_out, U_in, scale in self.blocks:
-            d = value[..., index] - self.loc[index]                         # (..., out, in)
-            z = torch.linalg.solve(U_out, d)                                # U_out^{-1} d
+            d = value[..., index] - self.loc[index]  # (..., out, in)
+            z = torch.linalg.solve(U_out, d)  # U_out^{-1} d
             z = torch.linalg.solve(U_in, z.transpose(-1, -2)).transpose(-1, -2)  # ... U_in^{-T}
             quad = quad + (z / scale).square().sum((-2, -1))
         P = self.loc.shape[-1]
@@ -234,8 +235,10 @@ class LaplaceGuide(PyroModule):
         dtype of the stored ``loc``)."""
         loc = self.loc if dtype is None else self.loc.to(dtype)
         if self.num_blocks:
-            blocks = [tuple(getattr(self, f"kron{k}_{n}") for n in ("index", "U_out", "U_in", "scale"))
-                      for k in range(self.num_blocks)]  # fmt: skip
+            blocks = [
+                tuple(getattr(self, f"kron{k}_{n}") for n in ("index", "U_out", "U_in", "scale"))
+                for k in range(self.num_blocks)
+            ]
             return KroneckerNormal(loc, blocks)
         if self.scale is not None:
             return dist.Normal(loc, self.scale.to(loc.dtype)).to_event(1)
@@ -267,4 +270,3 @@ class LaplaceGuide(PyroModule):
         if self.num_blocks:
             return f"structure=kron, num_weights={P}, blocks={self.num_blocks}"
         return f"structure={self.structure}, num_weights={P}, gaussian_dims={K}"
-

@@ -83,8 +83,16 @@ from torch import Tensor, nn
 
 from ...nets import MLP, FlatNet, ModuleNet
 
-__all__ = ["KronEigen", "KronLayer", "kfac_factors", "kfac_layers", "kron_eigen", "layer_quantities",
-           "prior_factors", "projected_jacobian"]  # fmt: skip
+__all__ = [
+    "KronEigen",
+    "KronLayer",
+    "kfac_factors",
+    "kfac_layers",
+    "kron_eigen",
+    "layer_quantities",
+    "prior_factors",
+    "projected_jacobian",
+]
 
 
 @dataclass
@@ -128,8 +136,10 @@ def kfac_layers(net: FlatNet) -> list[KronLayer]:
     / ``nn.Conv2d`` layers (naming them), grouped or non-zero-padded convolutions, or another
     kind of network."""
     if isinstance(net, MLP):
-        return [KronLayer(f"layers[{i}]", "linear", _block_index(w_sl.start, b_sl.start, fan_out, fan_in), True)
-                for i, (fan_in, fan_out, w_sl, b_sl) in enumerate(net.layers)]  # fmt: skip
+        return [
+            KronLayer(f"layers[{i}]", "linear", _block_index(w_sl.start, b_sl.start, fan_out, fan_in), True)
+            for i, (fan_in, fan_out, w_sl, b_sl) in enumerate(net.layers)
+        ]
     if not isinstance(net, ModuleNet):
         raise ValueError(f"structure='kfac' needs a pyro_bnnlv MLP or ModuleNet, got {type(net).__name__}")
     slices = net.param_slices()
@@ -139,10 +149,17 @@ def kfac_layers(net: FlatNet) -> list[KronLayer]:
             continue
         dot = f"{prefix}." if prefix else ""
         if isinstance(sub, nn.Conv2d):
-            if sub.groups != 1 or sub.padding_mode != "zeros" or isinstance(sub.padding, str) and sub.padding != "valid":
-                raise ValueError(f"structure='kfac' supports nn.Conv2d with groups=1, padding_mode='zeros' and "
-                                 f"numeric padding; {prefix!r} has groups={sub.groups}, padding={sub.padding!r}, "
-                                 f"padding_mode={sub.padding_mode!r}")  # fmt: skip
+            if (
+                sub.groups != 1
+                or sub.padding_mode != "zeros"
+                or isinstance(sub.padding, str)
+                and sub.padding != "valid"
+            ):
+                raise ValueError(
+                    f"structure='kfac' supports nn.Conv2d with groups=1, padding_mode='zeros' and "
+                    f"numeric padding; {prefix!r} has groups={sub.groups}, padding={sub.padding!r}, "
+                    f"padding_mode={sub.padding_mode!r}"
+                )
         names = [dot + "weight"] + ([dot + "bias"] if sub.bias is not None else [])
         if any(n not in slices for n in names):  # a weight shared with an earlier module
             raise ValueError(f"structure='kfac': the parameters of {prefix!r} are shared with another layer")
@@ -221,8 +238,9 @@ def layer_quantities(
             def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
                 k = position[id(module)]
                 if k in seen:
-                    raise ValueError(f"structure='kfac': layer {layers[k].name!r} is called more than once "
-                                     "in the forward pass")  # fmt: skip
+                    raise ValueError(
+                        f"structure='kfac': layer {layers[k].name!r} is called more than once in the forward pass"
+                    )
                 seen[k] = _layer_input(layers[k], args[0].detach())
                 e = torch.zeros_like(out, requires_grad=True)
                 perturb_map[k] = e

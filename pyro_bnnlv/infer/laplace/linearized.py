@@ -112,13 +112,7 @@ from ...stats.classification import classification_metrics
 from ...stats.predictive import predictive_metrics
 from ...protocols import LatentModel, NetworkModel
 
-__all__ = [
-    "STRUCTURES",
-    "LaplacePredictive",
-    "LinearizedLaplace",
-    "last_layer_indices",
-    "network_jacobian",
-]
+__all__ = ["STRUCTURES", "LaplacePredictive", "LinearizedLaplace", "last_layer_indices", "network_jacobian"]
 
 Structure = Literal["full", "diag", "last_layer", "kfac"]
 STRUCTURES = ("full", "diag", "last_layer", "kfac")
@@ -147,9 +141,7 @@ def last_layer_indices(net: FlatNet) -> Tensor:
                 idx.append(torch.arange(offset, offset + size))
             offset += size
         return torch.cat(idx)
-    raise ValueError(
-        f"cannot tell the last layer of a {type(net).__name__}; pass subset_indices= explicitly"
-    )
+    raise ValueError(f"cannot tell the last layer of a {type(net).__name__}; pass subset_indices= explicitly")
 
 
 def _mlp_first_layer(net: MLP, indices: Tensor | None) -> int | None:
@@ -176,6 +168,7 @@ def _func_jacobian(net: FlatNet, x: Tensor, w: Tensor, indices: Tensor | None) -
     from torch.func import jacrev, vmap
 
     if indices is None:
+
         def f1(xi: Tensor, ww: Tensor) -> tuple[Tensor, Tensor]:
             out = net(xi.unsqueeze(0), ww).squeeze(0)
             return out, out
@@ -275,8 +268,10 @@ def _as_tensor(value: Any, name: str, dtype: torch.dtype) -> Tensor:
     try:
         return torch.as_tensor(value, dtype=dtype).detach().clone()
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r} "
-                                f"of type {type(value).__name__} ({err})") from None  # fmt: skip
+        raise ArgumentTypeError(
+            f"{name} must be a positive number (or a tensor of them), got {value!r} "
+            f"of type {type(value).__name__} ({err})"
+        ) from None
 
 
 def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:
@@ -459,8 +454,9 @@ class LinearizedLaplace:
                 J, f = self.jacobian(x[start : start + step])  # (n, L, K), (n, L)
                 LJ = self.likelihood.hessian(f) @ J  # Lambda_n J_n
                 gram += J.reshape(-1, K).T @ LJ.reshape(-1, K) if full else (J * LJ).sum((0, 1))
-                loglik += self.likelihood.log_prob(f, labels[start : start + step].to(
-                    self.dtype if labels.is_floating_point() else labels.dtype)).sum()  # fmt: skip
+                loglik += self.likelihood.log_prob(
+                    f, labels[start : start + step].to(self.dtype if labels.is_floating_point() else labels.dtype)
+                ).sum()
         if not torch.isfinite(gram).all() or not torch.isfinite(loglik):
             raise ValueError("the Jacobian or the log-likelihood at w_map is not finite")
         self.gram, self.map_loglik, self.num_data, self.num_outputs = gram, loglik, N, L
@@ -612,8 +608,10 @@ class LinearizedLaplace:
 
     def _check_dense(self) -> None:
         if self.net.num_weights > _DENSE_LIMIT:
-            raise ValueError(f"structure='kfac' with P={self.net.num_weights} weights: a P x P matrix is not built "
-                             f"beyond P={_DENSE_LIMIT}; use kfac_factors() and kfac_layers")  # fmt: skip
+            raise ValueError(
+                f"structure='kfac' with P={self.net.num_weights} weights: a P x P matrix is not built "
+                f"beyond P={_DENSE_LIMIT}; use kfac_factors() and kfac_layers"
+            )
 
     # -- predictive ------------------------------------------------------------------------------
     def predictive(self, x: Tensor) -> LaplacePredictive:
@@ -666,8 +664,10 @@ class LinearizedLaplace:
           (``tests/test_classification.py``, two moons: probit test LL -0.23 against MC -0.10).
         """
         if not self.classification:
-            raise ValueError("predictive_probs is for a classifier (likelihood='categorical' or 'bernoulli'); "
-                             "a regression model's predictive is predictive(x)")  # fmt: skip
+            raise ValueError(
+                "predictive_probs is for a classifier (likelihood='categorical' or 'bernoulli'); "
+                "a regression model's predictive is predictive(x)"
+            )
         if link_approx not in ("probit", "mc"):
             raise ValueError(f"link_approx must be 'probit' or 'mc', got {link_approx!r}")
         pred = self.predictive(x)
@@ -707,9 +707,7 @@ class LinearizedLaplace:
             labels = self.likelihood.observed(y, self.net.out_features).long()
             return classification_metrics(labels, self.predictive_probs(x, link_approx=link_approx)).rename("metrics")
         pred = self.predictive(x)
-        out = predictive_metrics(
-            y, pred.mean.unsqueeze(0), pred.var.sqrt(), level=level, y_mean=y_mean, y_std=y_std
-        )
+        out = predictive_metrics(y, pred.mean.unsqueeze(0), pred.var.sqrt(), level=level, y_mean=y_mean, y_std=y_std)
         if self.num_outputs > 1:
             ll = pred.log_prob(y)
             if y_std is not None:
@@ -797,8 +795,9 @@ class LinearizedLaplace:
             B, f, mu = self._projected(x)  # J D^{-1/2} U (full, last_layer), J (U_o (x) U_i) (kfac)
             scale = None
         if self.classification:
-            return self._valid_class_ll_fn(B, f, self.likelihood.observed(y, self.net.out_features).long(),
-                                           None if scale is not None else mu)  # fmt: skip
+            return self._valid_class_ll_fn(
+                B, f, self.likelihood.observed(y, self.net.out_features).long(), None if scale is not None else mu
+            )
         y = y.to(self.dtype).reshape(f.shape)
         r = y - f
 
@@ -838,8 +837,9 @@ class LinearizedLaplace:
         mask = torch.tensor([float(prior), float(noise)], dtype=self.dtype)
         start = theta.clone()
         theta = theta.clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=200, line_search_fn="strong_wolfe",
-                                tolerance_grad=1e-9, tolerance_change=1e-12)  # fmt: skip
+        opt = torch.optim.LBFGS(
+            [theta], lr=1.0, max_iter=200, line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12
+        )
 
         def closure() -> Tensor:
             opt.zero_grad()
@@ -902,11 +902,16 @@ class LinearizedLaplace:
             rms = 1.0 if self.classification else math.sqrt(float(self.sse) / (self.num_data * self.num_outputs))
             deltas = [1.0]
             if prior:
-                deltas = (10.0 ** torch.linspace(-3, 3, 25) if prior_grid is None else torch.as_tensor(prior_grid)).tolist()
+                deltas = (
+                    10.0 ** torch.linspace(-3, 3, 25) if prior_grid is None else torch.as_tensor(prior_grid)
+                ).tolist()
             sigmas = [float(self.noise_scale)]
             if noise:
-                sigmas = ((max(rms, 1e-8) * 2.0 ** torch.linspace(-2, 3, 21)) if noise_grid is None
-                          else torch.as_tensor(noise_grid)).tolist()  # fmt: skip
+                sigmas = (
+                    (max(rms, 1e-8) * 2.0 ** torch.linspace(-2, 3, 21))
+                    if noise_grid is None
+                    else torch.as_tensor(noise_grid)
+                ).tolist()
             if min(deltas) <= 0 or min(sigmas) <= 0:
                 raise ValueError("prior_grid and noise_grid must be positive")
             with torch.no_grad():
@@ -915,8 +920,11 @@ class LinearizedLaplace:
             objective, delta, sigma = max(scores, key=lambda t: t[0] if math.isfinite(t[0]) else -math.inf)
             for name, value, grid in (("prior_grid", delta, deltas), ("noise_grid", sigma, sigmas)):
                 if len(grid) > 2 and value in (min(grid), max(grid)):
-                    warnings.warn(f"the validation optimum lies on the edge of {name} ({value:.3g}); "
-                                  "consider widening it", RuntimeWarning, stacklevel=2)  # fmt: skip
+                    warnings.warn(
+                        f"the validation optimum lies on the edge of {name} ({value:.3g}); consider widening it",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
         if self.classification:
             self.set_hyperparameters(prior_precision=delta * self.prior_precision)
             return {"prior_factor": delta, "objective": objective}
@@ -939,16 +947,20 @@ class LinearizedLaplace:
         model's, so the guide's draws fit a ``model.double()``)."""
         self._check_fitted()
         if dtype is not None and dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64 (the guide's Gaussian needs a "
-                             f"floating dtype), got {dtype!r}")  # fmt: skip
+            raise ValueError(
+                f"dtype must be torch.float32 or torch.float64 (the guide's Gaussian needs a "
+                f"floating dtype), got {dtype!r}"
+            )
         dtype = _model_dtype(self.model) if dtype is None else dtype
         loc = self.w_map.to(dtype)
         if self.structure == "diag":
             return LaplaceGuide(loc, scale=self.posterior_precision.rsqrt().to(dtype))
         if self.structure == "kfac":  # per layer w = w* + U_o (E / sqrt(lam / sigma^2 + 1)) U_i^T
             s2 = self.noise_scale.square()
-            blocks = [(layer.index, e.U_out.to(dtype), e.U_in.to(dtype), (e.lam / s2 + 1.0).rsqrt().to(dtype))
-                      for layer, e in zip(self._layers, self._kfac_eigen())]  # fmt: skip
+            blocks = [
+                (layer.index, e.U_out.to(dtype), e.U_in.to(dtype), (e.lam / s2 + 1.0).rsqrt().to(dtype))
+                for layer, e in zip(self._layers, self._kfac_eigen())
+            ]
             return LaplaceGuide(loc, kron=blocks)
         # Cholesky factor of Sigma = H^{-1}: with H = C C^T, Sigma = C^{-T} C^{-1}; the lower factor
         # of Sigma is flip(chol(flip(Sigma))) computed stably from flip(C^{-1}).
@@ -967,15 +979,20 @@ class LinearizedLaplace:
 
         dtype = _model_dtype(self.model)
         if self.classification:
-            return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), likelihood=self.likelihood).to(dtype)
-        return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype),
-                   noise_scale=self.noise_scale.to(dtype)).to(dtype)  # fmt: skip
+            return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), likelihood=self.likelihood).to(
+                dtype
+            )
+        return BNN(
+            self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), noise_scale=self.noise_scale.to(dtype)
+        ).to(dtype)
 
     def __repr__(self) -> str:
         state = "fitted" if self._fitted else "not fitted"
         if self.classification:
-            return (f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
-                    f"likelihood={self.likelihood.name!r}, dtype={self.dtype}, {state})")  # fmt: skip
+            return (
+                f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
+                f"likelihood={self.likelihood.name!r}, dtype={self.dtype}, {state})"
+            )
         return (
             f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
             f"noise_scale={float(self.noise_scale):.4g}, dtype={self.dtype}, {state})"

@@ -38,8 +38,14 @@ from ..._platform import usable_cores
 from ...models.potential import FlatPotential
 from .kernel import FlatNUTS
 
-__all__ = ["_ChainRunner", "_InProcessMCMC", "_chain_potentials", "_format_seconds", "_sampling_seed",
-           "warmup_reestimate"]
+__all__ = [
+    "_ChainRunner",
+    "_InProcessMCMC",
+    "_chain_potentials",
+    "_format_seconds",
+    "_sampling_seed",
+    "warmup_reestimate",
+]
 
 _log = logging.getLogger("pyro_bnnlv")
 
@@ -82,8 +88,7 @@ def _format_seconds(sec: float) -> str:
 WARMUP_TAIL = 0.25
 
 
-def warmup_reestimate(warmup_ends: Sequence[float], num_samples: int, tail: float = WARMUP_TAIL
-                      ) -> tuple[float, float]:  # fmt: skip
+def warmup_reestimate(warmup_ends: Sequence[float], num_samples: int, tail: float = WARMUP_TAIL) -> tuple[float, float]:
     r"""``(r, T)``: one chain's projected seconds per kept draw ``r`` and seconds from its start to
     its end ``T``, from the times ``t_1 <= ... <= t_W`` (seconds since the chain started) at which its
     ``W`` warm-up iterations ended.
@@ -135,9 +140,17 @@ class _ChainRunner:
     (``None``: :func:`~pyro_bnnlv._platform.usable_cores`).
     """
 
-    def __init__(self, kernels: Sequence[FlatNUTS], initial_params: Sequence[dict], warmup_steps: int,
-                 num_samples: int, parallel: bool, progress: bool, estimate_after: int = 10,
-                 cores: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kernels: Sequence[FlatNUTS],
+        initial_params: Sequence[dict],
+        warmup_steps: int,
+        num_samples: int,
+        parallel: bool,
+        progress: bool,
+        estimate_after: int = 10,
+        cores: int | None = None,
+    ) -> None:
         self.kernels = list(kernels)
         self.initial_params = list(initial_params)
         self.warmup_steps, self.num_samples = warmup_steps, num_samples
@@ -192,8 +205,9 @@ class _ChainRunner:
                 events.put((c, "error", err))
 
         self._stop.clear()
-        self._threads = [threading.Thread(target=work, args=(c,), name=f"nuts-chain-{c}", daemon=True)
-                         for c in range(K)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=work, args=(c,), name=f"nuts-chain-{c}", daemon=True) for c in range(K)
+        ]
         for t in self._threads:
             t.start()
         running = K
@@ -222,10 +236,10 @@ class _ChainRunner:
         t0 = time.perf_counter()
         last_postfix = t0
         running = K if self.parallel else 1
-        starts = [t0] * K                           # when each chain began (its "structure" event)
+        starts = [t0] * K  # when each chain began (its "structure" event)
         warmup_ends: list[list[float]] = [[] for _ in range(K)]  # its warm-up iterations' end times
-        history: list[float] = []                   # the end time of every iteration, in order
-        mark = (t0, 0)                              # (time, iterations) the postfix's rate counts from
+        history: list[float] = []  # the end time of every iteration, in order
+        mark = (t0, 0)  # (time, iterations) the postfix's rate counts from
         try:
             for c, kind, payload in self._events():
                 now = time.perf_counter()
@@ -242,10 +256,13 @@ class _ChainRunner:
                         warmup_ends[c].append(now - starts[c])
                     if self.estimate is None and n >= min(self.estimate_after * running, total):
                         self._say_estimate(bar, n, now - t0, total)
-                    if (self.reestimate is None and W > 0 and done[c] == W
-                            and all(len(warmup_ends[k]) == W for k in range(running))):
-                        self._say_reestimate(bar, warmup_ends[:running], [s - t0 for s in starts[:running]],
-                                             now - t0)  # fmt: skip
+                    if (
+                        self.reestimate is None
+                        and W > 0
+                        and done[c] == W
+                        and all(len(warmup_ends[k]) == W for k in range(running))
+                    ):
+                        self._say_reestimate(bar, warmup_ends[:running], [s - t0 for s in starts[:running]], now - t0)
                         tail = max(1, math.ceil(WARMUP_TAIL * n))  # the rate counts from the window's start
                         mark = (history[-tail - 1], n - tail) if n > tail else (t0, 0)
                     if self.progress and now - last_postfix > 0.5:
@@ -264,19 +281,26 @@ class _ChainRunner:
         est = elapsed * total / n
         K = len(self.kernels)
         cores = self._cores()
-        how = (f"{K} chains in parallel threads" + (f" on {cores} cores" if K > cores else "")
-               if self.parallel and K > 1 else f"{K} chains one after another" if K > 1 else "1 chain")  # fmt: skip
-        msg = (f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
-               f"{self.warmup_steps + self.num_samples} iterations, from the first {n} iterations "
-               f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)")  # fmt: skip
+        how = (
+            f"{K} chains in parallel threads" + (f" on {cores} cores" if K > cores else "")
+            if self.parallel and K > 1
+            else f"{K} chains one after another"
+            if K > 1
+            else "1 chain"
+        )
+        msg = (
+            f"NUTS: estimated {_format_seconds(est)} in total for {how} x "
+            f"{self.warmup_steps + self.num_samples} iterations, from the first {n} iterations "
+            f"({1e3 * elapsed / n:.1f} ms per iteration; warm-up trees often grow later)"
+        )
         self.estimate = {"seconds": est, "from_iterations": n}
         _log.info(msg)
         if self.progress and not bar.disable and est >= 10:  # worth a line above the bars
             tqdm.write(msg, file=sys.stderr)
 
-
-    def _say_reestimate(self, bar: Any, warmup_ends: Sequence[Sequence[float]], offsets: Sequence[float],
-                        elapsed: float) -> None:  # fmt: skip
+    def _say_reestimate(
+        self, bar: Any, warmup_ends: Sequence[Sequence[float]], offsets: Sequence[float], elapsed: float
+    ) -> None:
         """The run time re-estimated at the end of the warm-up of the running chains (all of them
         in parallel, else the first), by :func:`warmup_reestimate` per chain: in parallel the run
         ends with its slowest chain, one after another it takes ``K`` times the first chain."""
@@ -289,10 +313,12 @@ class _ChainRunner:
         W = len(warmup_ends[0])
         r_ms = 1e3 * sum(r for r, _ in per_chain) / len(per_chain)
         first = self.estimate["seconds"] if self.estimate is not None else None
-        msg = (f"NUTS: warm-up done in {_format_seconds(elapsed)}; re-estimated {_format_seconds(est)} in total "
-               f"({_format_seconds(max(est - elapsed, 0.0))} left) from the last {max(1, math.ceil(WARMUP_TAIL * W))} "
-               f"warm-up iterations ({r_ms:.1f} ms per iteration and chain)"
-               + (f", {est / first:.1f}x the first estimate" if first else ""))  # fmt: skip
+        msg = (
+            f"NUTS: warm-up done in {_format_seconds(elapsed)}; re-estimated {_format_seconds(est)} in total "
+            f"({_format_seconds(max(est - elapsed, 0.0))} left) from the last {max(1, math.ceil(WARMUP_TAIL * W))} "
+            f"warm-up iterations ({r_ms:.1f} ms per iteration and chain)"
+            + (f", {est / first:.1f}x the first estimate" if first else "")
+        )
         self.reestimate = {"seconds": est, "ms_per_draw": r_ms}
         _log.info(msg)
         if self.progress and not bar.disable and est >= 10:
@@ -305,9 +331,16 @@ class _InProcessMCMC(MCMC):
     instead of Pyro's one-after-another or multiprocessing samplers. ``kernel`` is chain 0's
     kernel, ``kernels`` all of them."""
 
-    def __init__(self, kernels: Sequence[FlatNUTS], num_samples: int, warmup_steps: int,
-                 initial_params: Sequence[dict], parallel: bool, progress: bool,
-                 cores: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kernels: Sequence[FlatNUTS],
+        num_samples: int,
+        warmup_steps: int,
+        initial_params: Sequence[dict],
+        parallel: bool,
+        progress: bool,
+        cores: int | None = None,
+    ) -> None:
         AbstractMCMC.__init__(self, kernels[0], len(kernels), None)
         self.kernels = list(kernels)
         self.warmup_steps, self.num_samples = warmup_steps, num_samples
@@ -315,6 +348,4 @@ class _InProcessMCMC(MCMC):
         self._samples = None
         self._args, self._kwargs = None, None
         self._diagnostics = [None] * len(kernels)
-        self.sampler = _ChainRunner(kernels, initial_params, warmup_steps, num_samples, parallel,
-                                    progress, cores=cores)  # fmt: skip
-
+        self.sampler = _ChainRunner(kernels, initial_params, warmup_steps, num_samples, parallel, progress, cores=cores)

@@ -76,8 +76,7 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
         pot = custom(x, y)
         if not isinstance(pot, FlatPotential):
             raise TypeError(
-                f"{type(model).__name__}.nuts_potential must return a FlatPotential, "
-                f"got {type(pot).__name__}"
+                f"{type(model).__name__}.nuts_potential must return a FlatPotential, got {type(pot).__name__}"
             )
         return pot
     if not _is_plain_bnn(model):
@@ -85,15 +84,15 @@ def flat_potential(model: Callable[..., Any], x: Tensor, y: Tensor) -> FlatPoten
     mlp = mlp_of(model.net)
     if model.likelihood.classification:
         if mlp is not None:
-            return mlp_classification_potential(mlp, x, y, prior_loc=model.prior_loc,
-                                                prior_scale=model.prior_scale, likelihood=model.likelihood)  # fmt: skip
+            return mlp_classification_potential(
+                mlp, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale, likelihood=model.likelihood
+            )
         return _classifier_potential(model, x, y)
     sigma = torch.as_tensor(model.noise_scale).detach()
     if mlp is not None:
         return mlp_regression_potential(
-            mlp, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale,
-            noise_scale=sigma,
-        )  # fmt: skip
+            mlp, x, y, prior_loc=model.prior_loc, prior_scale=model.prior_scale, noise_scale=sigma
+        )
     loc, scale = model.prior_loc.detach(), model.prior_scale.detach()
     N = x.shape[0]
 
@@ -144,8 +143,9 @@ def _map_on_potential(pot: FlatPotential, q0: Tensor, steps: int, lr: float, n_o
     return q.detach()
 
 
-def _map_traced(model: Any, x: Tensor, y: Tensor, names: Sequence[str], steps: int, lr: float,
-                seed: int) -> dict[str, Tensor]:  # fmt: skip
+def _map_traced(
+    model: Any, x: Tensor, y: Tensor, names: Sequence[str], steps: int, lr: float, seed: int
+) -> dict[str, Tensor]:
     guide = AutoDelta(model, init_loc_fn=init_to_sample)
     fit_svi(model, guide, x, y, num_steps=steps, lr=lr, seed=seed, progress=False)
     with torch.no_grad():
@@ -154,9 +154,18 @@ def _map_traced(model: Any, x: Tensor, y: Tensor, names: Sequence[str], steps: i
 
 
 def _initial_values(
-    model: Any, x: Tensor, y: Tensor, init: Any, names: Sequence[str], shapes: Mapping[str, Any],
-    pot: FlatPotential | None, num_chains: int, base: int, map_steps: int, map_lr: float,
-) -> dict[str, Tensor]:  # fmt: skip
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    init: Any,
+    names: Sequence[str],
+    shapes: Mapping[str, Any],
+    pot: FlatPotential | None,
+    num_chains: int,
+    base: int,
+    map_steps: int,
+    map_lr: float,
+) -> dict[str, Tensor]:
     """``{site: (num_chains, *shape)}`` initial values in the constrained space; chain ``c``'s
     depend only on its chain seed ``base + c``."""
     if isinstance(init, Mapping):
@@ -169,9 +178,7 @@ def _initial_values(
             if tuple(v.shape) == shape:
                 v = v.expand(num_chains, *shape)
             elif tuple(v.shape) != (num_chains, *shape):
-                raise ValueError(
-                    f"init[{k!r}] must have shape {shape} or {(num_chains, *shape)}; got {tuple(v.shape)}"
-                )
+                raise ValueError(f"init[{k!r}] must have shape {shape} or {(num_chains, *shape)}; got {tuple(v.shape)}")
             out[k] = v.clone()
         return out
     if init not in ("map", "prior"):
@@ -197,8 +204,9 @@ def _initial_values(
     return {k: torch.stack([d[k] for d in draws]) for k in names}
 
 
-def _check_flat_potential(pot: FlatPotential, traced_potential: Callable, params: dict[str, Tensor],
-                          model_name: str) -> None:  # fmt: skip
+def _check_flat_potential(
+    pot: FlatPotential, traced_potential: Callable, params: dict[str, Tensor], model_name: str
+) -> None:
     """Compare the fast potential with Pyro's traced one at ``params`` and a perturbed point."""
     gen = torch.Generator().manual_seed(12345)
     q0 = pot.pack(params).detach()
@@ -234,33 +242,31 @@ def _resolve_potential(model: Any, x: Tensor, y: Tensor, potential: Any) -> Flat
     elif potential == "traced":
         pot = None
     else:
-        raise ValueError(
-            f"potential must be 'auto', 'fast', 'traced' or a FlatPotential, got {potential!r}"
-        )
+        raise ValueError(f"potential must be 'auto', 'fast', 'traced' or a FlatPotential, got {potential!r}")
     return pot
 
 
-def _model_sites(model: Any, x: Tensor, y: Tensor, pot: FlatPotential | None
-                 ) -> tuple[Callable, dict, list[str], dict[str, Any]]:  # fmt: skip
+def _model_sites(
+    model: Any, x: Tensor, y: Tensor, pot: FlatPotential | None
+) -> tuple[Callable, dict, list[str], dict[str, Any]]:
     """Pyro's view of the model: its traced potential and transforms (for the initialisation and
     the potential check), its latent sites and their shapes, checked against the fast potential's."""
     model_name = type(model).__name__
     _, traced_pot, transforms, proto = initialize_model(model, model_args=(x, y))
     latent = [
-        name for name, site in proto.nodes.items()
+        name
+        for name, site in proto.nodes.items()
         if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
-    ]  # fmt: skip
+    ]
     shapes = {k: proto.nodes[k]["value"].shape for k in latent}
     if pot is not None and sorted(latent) != list(pot.names):
         raise ValueError(
-            f"the fast potential's sites {list(pot.names)} differ from {model_name}'s latent "
-            f"sites {sorted(latent)}"
+            f"the fast potential's sites {list(pot.names)} differ from {model_name}'s latent sites {sorted(latent)}"
         )
     if pot is not None:
         for k in pot.names:
             if tuple(pot.sites[k]) != tuple(shapes[k]):
                 raise ValueError(
-                    f"fast potential site {k!r} has shape {tuple(pot.sites[k])}, the model's has "
-                    f"{tuple(shapes[k])}"
+                    f"fast potential site {k!r} has shape {tuple(pot.sites[k])}, the model's has {tuple(shapes[k])}"
                 )
     return traced_pot, transforms, latent, shapes

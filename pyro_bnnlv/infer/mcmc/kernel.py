@@ -57,12 +57,17 @@ class _RecordingMixin:
     _records: dict[str, list]
 
     def _reset_records(self) -> None:
-        self._records = {"num_steps": [], "potential_energy": [], "accept_prob": [],
-                         "tree_depth": [], "seconds": [], "warmup_num_steps": [],
-                         "warmup_seconds": []}  # fmt: skip
+        self._records = {
+            "num_steps": [],
+            "potential_energy": [],
+            "accept_prob": [],
+            "tree_depth": [],
+            "seconds": [],
+            "warmup_num_steps": [],
+            "warmup_seconds": [],
+        }
 
-    def _record(self, num_steps: int, potential_energy: float, accept_prob: float, depth: int,
-                seconds: float) -> None:  # fmt: skip
+    def _record(self, num_steps: int, potential_energy: float, accept_prob: float, depth: int, seconds: float) -> None:
         rec = self._records
         if self._t > self._warmup_steps:  # type: ignore[attr-defined]
             rec["num_steps"].append(int(num_steps))
@@ -193,8 +198,13 @@ class FlatNUTS(_RecordingMixin, NUTS):
             ``full_mass``, ``target_accept_prob``, ``max_tree_depth``.
     """
 
-    def __init__(self, potential: FlatPotential, compiled: bool | None = None,
-                 generator: torch.Generator | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        potential: FlatPotential,
+        compiled: bool | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not kwargs.pop("use_multinomial_sampling", True):
             raise ValueError("FlatNUTS implements multinomial sampling only; use pyro's NUTS")
         for bad in ("model", "potential_fn", "jit_compile", "transforms"):
@@ -219,8 +229,9 @@ class FlatNUTS(_RecordingMixin, NUTS):
             return super()._sample_r(name)
         pe = self._potential_energy_last
         r_unscaled = {
-            sites: torch.normal(torch.zeros(size, dtype=pe.dtype), torch.ones(size, dtype=pe.dtype),
-                                generator=self._generator)  # fmt: skip
+            sites: torch.normal(
+                torch.zeros(size, dtype=pe.dtype), torch.ones(size, dtype=pe.dtype), generator=self._generator
+            )
             for sites, size in self.mass_matrix_adapter.mass_matrix_size.items()
         }
         return self.mass_matrix_adapter.scale(r_unscaled, r_prototype=self.initial_params), r_unscaled
@@ -262,8 +273,8 @@ class FlatNUTS(_RecordingMixin, NUTS):
                 mats = [torch.diag(b) if b.dim() == 1 else b for b in blocks]
                 minv = torch.block_diag(*mats)
                 sqrt_inv = torch.block_diag(
-                    *[torch.diag(b.sqrt()) if b.dim() == 1 else torch.linalg.cholesky(b).t()
-                      for b in blocks])  # fmt: skip
+                    *[torch.diag(b.sqrt()) if b.dim() == 1 else torch.linalg.cholesky(b).t() for b in blocks]
+                )
                 self._mass = (minv, sqrt_inv, False)
             self._mass_key = key
         return self._mass
@@ -300,8 +311,9 @@ class FlatNUTS(_RecordingMixin, NUTS):
             energy_new = math.inf
         delta = energy_new - energy_current  # = sliced energy: log_slice = -energy_current
         accept_prob = 1.0 if delta <= 0 else math.exp(-delta)
-        return TreeState(q, r, u, g, q, r, u, g, q, pe, g, u, -delta, False,
-                         delta > self._max_sliced_energy, accept_prob, 1)  # fmt: skip
+        return TreeState(
+            q, r, u, g, q, r, u, g, q, pe, g, u, -delta, False, delta > self._max_sliced_energy, accept_prob, 1
+        )
 
     def _build_tree_flat(self, q, r, g, direction, depth, energy_current) -> TreeState:
         if depth == 0:
@@ -310,12 +322,12 @@ class FlatNUTS(_RecordingMixin, NUTS):
         if half.turning or half.diverging:
             return half
         if direction == 1:
-            other = self._build_tree_flat(half.q_right, half.r_right, half.g_right, direction, depth - 1,
-                                          energy_current)  # fmt: skip
+            other = self._build_tree_flat(
+                half.q_right, half.r_right, half.g_right, direction, depth - 1, energy_current
+            )
             left, right = half, other
         else:
-            other = self._build_tree_flat(half.q_left, half.r_left, half.g_left, direction, depth - 1,
-                                          energy_current)  # fmt: skip
+            other = self._build_tree_flat(half.q_left, half.r_left, half.g_left, direction, depth - 1, energy_current)
             left, right = other, half
         weight = _logaddexp(half.weight, other.weight)
         r_sum = half.r_sum + other.r_sum
@@ -323,11 +335,25 @@ class FlatNUTS(_RecordingMixin, NUTS):
         p_other = math.exp(other.weight - weight)
         prop = other if torch.bernoulli(self._p.fill_(p_other), generator=self._generator).item() == 1 else half
         turning = other.turning or self._flat_is_turning(left.u_left, right.u_right, r_sum)
-        return TreeState(left.q_left, left.r_left, left.u_left, left.g_left,
-                         right.q_right, right.r_right, right.u_right, right.g_right,
-                         prop.q_proposal, prop.pe_proposal, prop.g_proposal, r_sum, weight, turning,
-                         other.diverging, half.sum_accept_probs + other.sum_accept_probs,
-                         half.num_proposals + other.num_proposals)  # fmt: skip
+        return TreeState(
+            left.q_left,
+            left.r_left,
+            left.u_left,
+            left.g_left,
+            right.q_right,
+            right.r_right,
+            right.u_right,
+            right.g_right,
+            prop.q_proposal,
+            prop.pe_proposal,
+            prop.g_proposal,
+            r_sum,
+            weight,
+            turning,
+            other.diverging,
+            half.sum_accept_probs + other.sum_accept_probs,
+            half.num_proposals + other.num_proposals,
+        )
 
     def _flat_sample(self, params: dict) -> dict:
         pot = self.flat_potential
@@ -349,9 +375,23 @@ class FlatNUTS(_RecordingMixin, NUTS):
             eps, max_sliced = float(self.step_size), float(self._max_sliced_energy)
 
             def build_tree(q, r, g, direction, depth):
-                return TreeState._make(self._ext.build_tree(
-                    self._tree_potential, q, r, g, direction, depth, energy_current, eps, max_sliced,
-                    minv, sqrt_inv, diag, self._generator))  # fmt: skip
+                return TreeState._make(
+                    self._ext.build_tree(
+                        self._tree_potential,
+                        q,
+                        r,
+                        g,
+                        direction,
+                        depth,
+                        energy_current,
+                        eps,
+                        max_sliced,
+                        minv,
+                        sqrt_inv,
+                        diag,
+                        self._generator,
+                    )
+                )
         else:
 
             def build_tree(q, r, g, direction, depth):
@@ -412,4 +452,3 @@ class FlatNUTS(_RecordingMixin, NUTS):
         self._mean_accept_prob += (accept_prob - self._mean_accept_prob) / n
         # depth: completed doublings, Pyro's tree_depth (max_tree_depth when the tree saturated)
         return z.copy(), (num_proposals, new_pe if accepted else pe, accept_prob, depth)
-

@@ -88,8 +88,7 @@ def _stuck_chains(mcmc: MCMC) -> list[int]:
     if not samples:
         return []
     num_chains = next(iter(samples.values())).shape[0]
-    return [c for c in range(num_chains)
-            if all(bool((v[c] == v[c, :1]).all()) for v in samples.values())]  # fmt: skip
+    return [c for c in range(num_chains) if all(bool((v[c] == v[c, :1]).all()) for v in samples.values())]
 
 
 def chain_records(mcmc: MCMC) -> list[dict]:
@@ -163,9 +162,19 @@ class _Sampled(NamedTuple):
     reestimate: dict | None = None
 
 
-def _plan(model: Any, x: Tensor, y: Tensor, init: Any, potential: Any, num_chains: int,
-          seed: int | None, map_steps: int, map_lr: float, check_potential: bool,
-          options: dict[str, Any]) -> _Plan:  # fmt: skip
+def _plan(
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    init: Any,
+    potential: Any,
+    num_chains: int,
+    seed: int | None,
+    map_steps: int,
+    map_lr: float,
+    check_potential: bool,
+    options: dict[str, Any],
+) -> _Plan:
     """Pick the potential, draw or fit the chains' starting points and check the fast potential
     against the traced one at the first start."""
     set_seed(seed)
@@ -173,8 +182,7 @@ def _plan(model: Any, x: Tensor, y: Tensor, init: Any, potential: Any, num_chain
     traced_pot, transforms, latent, shapes = _model_sites(model, x, y, pot)
     t_init = time.perf_counter()
     base = int(torch.randint(0, 2**30, ()).item()) if seed is None else seed
-    values = _initial_values(model, x, y, init, latent, shapes, pot, num_chains, base, map_steps,
-                             map_lr)  # fmt: skip
+    values = _initial_values(model, x, y, init, latent, shapes, pot, num_chains, base, map_steps, map_lr)
     init_seconds = time.perf_counter() - t_init
     starts = {k: (transforms[k](v) if k in transforms else v).detach() for k, v in values.items()}
     if not all(torch.isfinite(v).all() for v in starts.values()):
@@ -184,8 +192,9 @@ def _plan(model: Any, x: Tensor, y: Tensor, init: Any, potential: Any, num_chain
     return _Plan(pot, starts, base, init_seconds, options)
 
 
-def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: int,
-                 chain_method: str, progress: bool) -> _Sampled:  # fmt: skip
+def _sample_flat(
+    plan: _Plan, num_samples: int, warmup_steps: int, num_chains: int, chain_method: str, progress: bool
+) -> _Sampled:
     """Every chain in this process, each with its own :class:`FlatNUTS`, potential and generator:
     parallel threads when the potential and the tree are compiled, one after another otherwise."""
     pots = _chain_potentials(plan.potential, num_chains)
@@ -199,22 +208,27 @@ def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: i
         )
     parallel = threaded and num_chains > 1 and chain_method != "sequential"
     if num_chains > 1 and not parallel and chain_method == "auto":
-        reason = ("the compiled NUTS core is unavailable" if ext is None else
-                  "the potential is Python code (not an MLP potential), which holds the GIL")  # fmt: skip
+        reason = (
+            "the compiled NUTS core is unavailable"
+            if ext is None
+            else "the potential is Python code (not an MLP potential), which holds the GIL"
+        )
         warnings.warn(
             f"run_nuts: the {num_chains} chains run one after another in this process (about "
             f"{num_chains}x the time of one chain): {reason}. Chains run in parallel threads for "
             "MLP potentials with the compiled core",
-            UserWarning, stacklevel=3,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=3,
+        )
     cores = usable_cores()
     if parallel and num_chains > cores:
         warnings.warn(
             f"run_nuts: {num_chains} chains share {cores} core(s): they run in parallel threads, "
             f"but take about {num_chains / cores:.1f}x the wall time of one chain (the draws are "
             f"the same as with {cores} chains at a time)",
-            UserWarning, stacklevel=3,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=3,
+        )
     kernels = [
         FlatNUTS(p, generator=torch.Generator().manual_seed(_sampling_seed(plan.base_seed + c)), **plan.options)
         for c, p in enumerate(pots)
@@ -226,14 +240,26 @@ def _sample_flat(plan: _Plan, num_samples: int, warmup_steps: int, num_chains: i
     return _Sampled(mcmc, kernels[0], "fast/flat", method, None, mcmc.sampler.estimate, mcmc.sampler.reestimate)
 
 
-def _sample_pyro(plan: _Plan, model: Any, x: Tensor, y: Tensor, num_samples: int, warmup_steps: int,
-                 num_chains: int, jit_compile: bool, progress: bool, mp_context: str | None,
-                 chain_method: str) -> _Sampled:  # fmt: skip
+def _sample_pyro(
+    plan: _Plan,
+    model: Any,
+    x: Tensor,
+    y: Tensor,
+    num_samples: int,
+    warmup_steps: int,
+    num_chains: int,
+    jit_compile: bool,
+    progress: bool,
+    mp_context: str | None,
+    chain_method: str,
+) -> _Sampled:
     """Pyro's ``MCMC`` with ``NUTS(model)`` (traced) or ``NUTS(potential_fn=...)``: chain
     processes when there are more cores than chains (Pyro's rule), one after another otherwise."""
     if chain_method != "auto":
-        raise ValueError(f"chain_method={chain_method!r} applies to the fast path's flat kernel only; "
-                         "this run uses Pyro's MCMC (leave chain_method='auto')")  # fmt: skip
+        raise ValueError(
+            f"chain_method={chain_method!r} applies to the fast path's flat kernel only; "
+            "this run uses Pyro's MCMC (leave chain_method='auto')"
+        )
     pot = plan.potential
     if pot is None:
         kernel, path = CountingNUTS(model, jit_compile=jit_compile, **plan.options), "traced"
@@ -247,16 +273,24 @@ def _sample_pyro(plan: _Plan, model: Any, x: Tensor, y: Tensor, num_samples: int
             f"another (it uses processes only for num_chains <= {available}, the number of cores "
             f"minus one): about {num_chains}x the time of one chain. The fast path (kernel='flat', "
             "an MLP potential) runs chains in parallel threads",
-            UserWarning, stacklevel=3,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=3,
+        )
     if method == "processes":  # fork can hang (processes.py)
         mp_context = chain_start_method(mp_context, kernel, model, pot is not None and pot.compiled is not None)
     initial = plan.starts if num_chains > 1 else {k: v[0] for k, v in plan.starts.items()}
     set_seed(plan.base_seed + _PYRO_SAMPLING_SEED_OFFSET)
     with warnings.catch_warnings():  # said above, with the reason and the alternative
         warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
-        mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, initial_params=initial,
-                    num_chains=num_chains, disable_progbar=not progress, mp_context=mp_context)  # fmt: skip
+        mcmc = MCMC(
+            kernel,
+            num_samples=num_samples,
+            warmup_steps=warmup_steps,
+            initial_params=initial,
+            num_chains=num_chains,
+            disable_progbar=not progress,
+            mp_context=mp_context,
+        )
     if pot is None:
         # Pyro traces the model's potential (jit_compile): hide only the plate messenger's shape
         # checks, as the compiled ELBOs do (jit_guard); every other tracer warning shows
@@ -267,8 +301,17 @@ def _sample_pyro(plan: _Plan, model: Any, x: Tensor, y: Tensor, num_samples: int
     return _Sampled(mcmc, kernel, path, method, mp_context if method == "processes" else None, None)
 
 
-def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: int, warmup_steps: int,
-            max_tree_depth: int, run_seconds: float, t_start: float) -> RunInfo:  # fmt: skip
+def _review(
+    plan: _Plan,
+    sampled: _Sampled,
+    model: Any,
+    init: Any,
+    num_samples: int,
+    warmup_steps: int,
+    max_tree_depth: int,
+    run_seconds: float,
+    t_start: float,
+) -> RunInfo:
     """Warn about draws that exhausted ``max_tree_depth`` and chains that never moved; the run's
     :class:`RunInfo`."""
     steps = [n for rec in chain_records(sampled.mcmc) for n in rec.get("num_steps", [])]
@@ -281,8 +324,9 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
             "so each draw costs the maximum and explores less than NUTS would. Raise "
             "max_tree_depth (each +1 doubles the cost of a saturated draw), try full_mass=True, "
             "or reparameterise the model (narrower priors, standardised data)",
-            UserWarning, stacklevel=3,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=3,
+        )
     stuck = _stuck_chains(sampled.mcmc) if num_samples > 1 else []
     if stuck:
         warnings.warn(
@@ -290,8 +334,9 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
             f"(every proposal was rejected), so they are not posterior samples. The warm-up "
             f"(warmup_steps={warmup_steps}) was too short to adapt the step size: raise "
             "warmup_steps (a few hundred is usual) or pass a smaller step_size",
-            UserWarning, stacklevel=3,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=3,
+        )
     num_chains = len(plan.starts[next(iter(plan.starts))])
     return RunInfo(
         path=sampled.path,
@@ -313,8 +358,9 @@ def _review(plan: _Plan, sampled: _Sampled, model: Any, init: Any, num_samples: 
     )
 
 
-def _check_counts(num_samples: int, warmup_steps: int, num_chains: int, max_tree_depth: int, map_steps: int,
-                  seed: Any) -> int | None:  # fmt: skip
+def _check_counts(
+    num_samples: int, warmup_steps: int, num_chains: int, max_tree_depth: int, map_steps: int, seed: Any
+) -> int | None:
     """:func:`run_nuts`'s checks of the counts and the seed (the first of its argument checks);
     returns the checked seed."""
     check_int(num_samples, "num_samples")
@@ -323,14 +369,19 @@ def _check_counts(num_samples: int, warmup_steps: int, num_chains: int, max_tree
     check_int(max_tree_depth, "max_tree_depth")
     check_int(map_steps, "map_steps")
     seed = check_seed(seed)
-    if seed is not None and seed + num_chains + _PYRO_SAMPLING_SEED_OFFSET >= 2**32:  # chain c is seeded seed + c (+ 1, + 7)
-        raise ValueError(f"seed must be below 2**32 - {num_chains + 7} with num_chains={num_chains} "
-                         f"(chain c uses seeds from seed + c), got {seed}")  # fmt: skip
+    if (
+        seed is not None and seed + num_chains + _PYRO_SAMPLING_SEED_OFFSET >= 2**32
+    ):  # chain c is seeded seed + c (+ 1, + 7)
+        raise ValueError(
+            f"seed must be below 2**32 - {num_chains + 7} with num_chains={num_chains} "
+            f"(chain c uses seeds from seed + c), got {seed}"
+        )
     return seed
 
 
-def _check_kernel_options(kernel: str, target_accept_prob: float, full_mass: bool, step_size: float,
-                          map_lr: float) -> None:  # fmt: skip
+def _check_kernel_options(
+    kernel: str, target_accept_prob: float, full_mass: bool, step_size: float, map_lr: float
+) -> None:
     """:func:`run_nuts`'s checks of the kernel's and the MAP initialisation's options."""
     if kernel not in ("flat", "pyro"):
         raise ValueError(f"kernel must be 'flat' or 'pyro', got {kernel!r}")
@@ -356,8 +407,9 @@ def _check_data_and_execution(model: Any, x: Any, y: Any, mp_context: str | None
     """:func:`run_nuts`'s checks of the data (the model's own ``check_data`` where it has one) and
     of how the chains run (the last of its argument checks)."""
     if not isinstance(y, Tensor):
-        raise TypeError(f"y must be a tensor of targets (NUTS samples the posterior given data), "
-                        f"got {type(y).__name__}")  # fmt: skip
+        raise TypeError(
+            f"y must be a tensor of targets (NUTS samples the posterior given data), got {type(y).__name__}"
+        )
     if isinstance(model, ChecksData):
         model.check_data(x, y)
     elif not isinstance(x, Tensor):
@@ -367,8 +419,10 @@ def _check_data_and_execution(model: Any, x: Any, y: Any, mp_context: str | None
             if value.is_floating_point() and not torch.isfinite(value).all():
                 raise ValueError(f"{name} contains NaN or infinite values; drop or impute those rows before NUTS")
     if mp_context is not None and mp_context not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"mp_context={mp_context!r} is not a start method of this platform; use one of "
-                         f"{multiprocessing.get_all_start_methods()} or None (spawn)")
+        raise ValueError(
+            f"mp_context={mp_context!r} is not a start method of this platform; use one of "
+            f"{multiprocessing.get_all_start_methods()} or None (spawn)"
+        )
     if chain_method not in ("auto", "threads", "sequential"):
         raise ValueError(f"chain_method must be 'auto', 'threads' or 'sequential', got {chain_method!r}")
 
@@ -449,15 +503,17 @@ def run_nuts(
     _check_kernel_options(kernel, target_accept_prob, full_mass, step_size, map_lr)
     _check_data_and_execution(model, x, y, mp_context, chain_method)
     t_start = time.perf_counter()
-    options = dict(target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
-                   full_mass=full_mass, step_size=step_size)  # fmt: skip
+    options = dict(
+        target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth, full_mass=full_mass, step_size=step_size
+    )
     plan = _plan(model, x, y, init, potential, num_chains, seed, map_steps, map_lr, check_potential, options)
     t_run = time.perf_counter()
     if plan.potential is not None and kernel == "flat":
         sampled = _sample_flat(plan, num_samples, warmup_steps, num_chains, chain_method, progress)
     else:
-        sampled = _sample_pyro(plan, model, x, y, num_samples, warmup_steps, num_chains, jit_compile, progress,
-                               mp_context, chain_method)  # fmt: skip
+        sampled = _sample_pyro(
+            plan, model, x, y, num_samples, warmup_steps, num_chains, jit_compile, progress, mp_context, chain_method
+        )
     run_seconds = time.perf_counter() - t_run
     run_info = _review(plan, sampled, model, init, num_samples, warmup_steps, max_tree_depth, run_seconds, t_start)
     sampled.mcmc.run_info = run_info  # type: ignore[attr-defined]

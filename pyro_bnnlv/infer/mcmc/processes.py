@@ -47,27 +47,34 @@ def chain_start_method(mp_context: str | None, kernel: Any, model: Callable[...,
     """
     methods = multiprocessing.get_all_start_methods()
     if mp_context is not None and mp_context not in methods:
-        raise ValueError(f"mp_context={mp_context!r} is not a start method of this platform; use one "
-                         f"of {methods} (default: 'spawn' where the model allows)")  # fmt: skip
+        raise ValueError(
+            f"mp_context={mp_context!r} is not a start method of this platform; use one "
+            f"of {methods} (default: 'spawn' where the model allows)"
+        )
     if mp_context == "fork":
         return mp_context
     method = mp_context or "spawn"
-    fix = ("run the chains in this process instead (num_chains=1 per call; or the fast path's "
-           "default kernel='flat', whose chains run in threads), define the model in a module or "
-           "script file, or pass mp_context='fork' (it can hang: pyro_bnnlv.infer.mcmc.processes "
-           "says why)")  # fmt: skip
+    fix = (
+        "run the chains in this process instead (num_chains=1 per call; or the fast path's "
+        "default kernel='flat', whose chains run in threads), define the model in a module or "
+        "script file, or pass mp_context='fork' (it can hang: pyro_bnnlv.infer.mcmc.processes "
+        "says why)"
+    )
     main = sys.modules.get("__main__")
     defined_in = getattr(model, "__module__", None) or type(model).__module__
     if defined_in == "__main__" and not getattr(main, "__file__", None):
-        raise ValueError(f"run_nuts: the {method!r} chain processes cannot import a model defined in "
-                         f"an interactive session: {fix}")  # fmt: skip
+        raise ValueError(
+            f"run_nuts: the {method!r} chain processes cannot import a model defined in an interactive session: {fix}"
+        )
     try:
         pickle.dumps(kernel)
     except Exception as err:  # noqa: BLE001 -- any pickling failure means the same thing here
         if mp_context is None and compiled:
             return "fork"
-        raise ValueError(f"run_nuts: the NUTS kernel cannot be pickled to reach {method!r} chain "
-                         f"processes ({type(err).__name__}: {err}): {fix}") from err  # fmt: skip
+        raise ValueError(
+            f"run_nuts: the NUTS kernel cannot be pickled to reach {method!r} chain "
+            f"processes ({type(err).__name__}: {err}): {fix}"
+        ) from err
     return method
 
 
@@ -77,10 +84,12 @@ class ChainProcessError(RuntimeError):
 
 def _advice(start_method: str | None) -> str:
     if start_method in ("spawn", "forkserver"):
-        return ("With the 'spawn' start method (the default) the usual causes are a script without "
-                "`if __name__ == \"__main__\":` around the sampling (the child imports the script "
-                "again; its stderr says 'bootstrapping phase'), a model the child cannot import, or "
-                "an error the child could not send; otherwise the process was killed (out of memory?).")  # fmt: skip
+        return (
+            "With the 'spawn' start method (the default) the usual causes are a script without "
+            '`if __name__ == "__main__":` around the sampling (the child imports the script '
+            "again; its stderr says 'bootstrapping phase'), a model the child cannot import, or "
+            "an error the child could not send; otherwise the process was killed (out of memory?)."
+        )
     return "The process was killed (out of memory?) or exited on its own; its stderr may say why."
 
 
@@ -115,8 +124,10 @@ def run_watched(mcmc: MCMC, *args: Any, start_method: str | None = None, every: 
                 if lost:
                     chain = min(lost)
                     code = sampler.workers[chain].exitcode
-                    raise ChainProcessError(f"run_nuts: chain {chain}'s process ended with exit code {code} "
-                                            f"before it delivered all its draws. {_advice(start_method)}") from None  # fmt: skip
+                    raise ChainProcessError(
+                        f"run_nuts: chain {chain}'s process ended with exit code {code} "
+                        f"before it delivered all its draws. {_advice(start_method)}"
+                    ) from None
                 suspects.clear()
                 suspects.update(dead)
                 if not block or (timeout is not None and waited >= timeout):

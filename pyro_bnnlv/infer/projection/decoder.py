@@ -63,7 +63,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_BETA", "DEFAULT_LR", "DEFAULT_NUM_STEPS", "GENERATIVE_OBJECTIVES", "gaussian_kl", "median_distance", "mmd2", "vae_terms"]
+__all__ = [
+    "DEFAULT_BETA",
+    "DEFAULT_LR",
+    "DEFAULT_NUM_STEPS",
+    "GENERATIVE_OBJECTIVES",
+    "gaussian_kl",
+    "median_distance",
+    "mmd2",
+    "vae_terms",
+]
 
 #: the generative decoder objectives of :func:`~pyro_bnnlv.infer.projection.fit.fit_projection`
 GENERATIVE_OBJECTIVES = ("vae", "mmd")
@@ -124,8 +133,9 @@ def gaussian_kl(mu: Tensor, log_sd: Tensor, prior_scale: float) -> Tensor:
     return 0.5 * (var_ratio + mu.square() / prior_scale**2 - 1 - var_ratio.log()).sum(-1)
 
 
-def vae_terms(u: Tensor, u_hat: Tensor, mu: Tensor, log_sd: Tensor, log_tau: Tensor,
-              prior_scale: float) -> tuple[Tensor, Tensor]:  # fmt: skip
+def vae_terms(
+    u: Tensor, u_hat: Tensor, mu: Tensor, log_sd: Tensor, log_tau: Tensor, prior_scale: float
+) -> tuple[Tensor, Tensor]:
     """The VAE's reconstruction (Gaussian, scale ``tau``) and KL terms, each per candidate and
     per weight (the module docstring's first sum, split in two)."""
     P = u.shape[-1]

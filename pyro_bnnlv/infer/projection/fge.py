@@ -95,8 +95,12 @@ def fge(
         batch_size: minibatch size (paper: 128; capped at ``N``).
         seed: seeds the initialisation and the minibatches.
     """
-    for name, v in (("num_candidates", num_candidates), ("keep", keep), ("map_steps", map_steps),
-                    ("batch_size", batch_size)):  # fmt: skip
+    for name, v in (
+        ("num_candidates", num_candidates),
+        ("keep", keep),
+        ("map_steps", map_steps),
+        ("batch_size", batch_size),
+    ):
         check_int(v, name)
     if keep > num_candidates:
         raise ValueError(f"keep={keep} exceeds num_candidates={num_candidates}")
@@ -113,8 +117,7 @@ def fge(
         model.check_data(x_valid, y_valid)
     N = x.shape[0]
     batch_size = min(batch_size, N)
-    w_map = train_map(model, x, y, num_steps=map_steps, lr=map_lr, batch_size=batch_size, seed=seed,
-                      progress=progress)  # fmt: skip
+    w_map = train_map(model, x, y, num_steps=map_steps, lr=map_lr, batch_size=batch_size, seed=seed, progress=progress)
     set_seed(None if seed is None else int(seed) + 1)
     y2 = y.reshape(N, -1).to(x.dtype)
     w = torch.nn.Parameter(w_map.clone())

@@ -122,9 +122,19 @@ class _DecoderFit:
     inputs drawn from that generator, or the standardised weights), the candidates' features and
     the kernel's bandwidths in units of the candidates' median pairwise distance."""
 
-    def __init__(self, model: ProjectedBNN, objective: str, candidates: Tensor, x: Tensor, y: Tensor,
-                 batch_size: int | None, encoder_hidden: tuple[int, ...] | None, mmd_space: str,
-                 mmd_bandwidths: tuple[float, ...], seed: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: ProjectedBNN,
+        objective: str,
+        candidates: Tensor,
+        x: Tensor,
+        y: Tensor,
+        batch_size: int | None,
+        encoder_hidden: tuple[int, ...] | None,
+        mmd_space: str,
+        mmd_bandwidths: tuple[float, ...],
+        seed: int | None,
+    ) -> None:
         gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
         self.model, self.objective, self.x, self.batch_size = model, objective, x, batch_size
         self.y2 = y.reshape(x.shape[0], -1).to(x.dtype)
@@ -140,8 +150,11 @@ class _DecoderFit:
         self.mmd: tuple[Callable[[Tensor], Tensor], Tensor, Tensor] | None = None
         if objective == "mmd":
             x_feat = x[torch.randperm(x.shape[0], generator=gen)[:64]]
-            features = (lambda w: model.net(x_feat, w).flatten(-2)) if mmd_space == "function" else \
-                (lambda w: (w - self.loc) / self.scale)  # fmt: skip
+            features = (
+                (lambda w: model.net(x_feat, w).flatten(-2))
+                if mmd_space == "function"
+                else (lambda w: (w - self.loc) / self.scale)
+            )
             with torch.no_grad():
                 target = features(candidates)
             self.mmd = features, target, median_distance(target) * torch.as_tensor(mmd_bandwidths, dtype=target.dtype)
@@ -285,8 +298,14 @@ def fit_projection(
     return out
 
 
-def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed: int | None = None,
-                         z_scale: float | None = None, z_init: str = "random") -> AutoNormal:  # fmt: skip
+def init_projected_guide(
+    model: ProjectedBNN,
+    phi: Tensor | None = None,
+    *,
+    seed: int | None = None,
+    z_scale: float | None = None,
+    z_init: str = "random",
+) -> AutoNormal:
     """Stage 3's mean-field guide: ``AutoNormal`` over ``z`` (and ``phi``).
 
     ``phi``'s mean starts at ``phi`` (a random decoder initialisation if ``None``: the one-stage
@@ -310,8 +329,9 @@ def init_projected_guide(model: ProjectedBNN, phi: Tensor | None = None, *, seed
     return own_param_names(AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=scale))
 
 
-def _stage3_guide(model: ProjectedBNN, projection: ProjectionFit | None, z_init: str | None, x: Tensor, y: Tensor,
-                  seed: int | None) -> AutoNormal:  # fmt: skip
+def _stage3_guide(
+    model: ProjectedBNN, projection: ProjectionFit | None, z_init: str | None, x: Tensor, y: Tensor, seed: int | None
+) -> AutoNormal:
     """Stage 3's guide (:func:`init_projected_guide` from ``projection.phi``), ``phi``'s scales at ``exp(N(-9, 0.1))``
     (footnote 4); ``z_init=None``: ``"prior"`` after a generative decoder objective, else ``"random"``."""
     if z_init is None:
@@ -350,17 +370,37 @@ class ProjectedFit:
     seconds: dict[str, float]
 
 
-def _fit_stage3(model: ProjectedBNN, projection: ProjectionFit | None, loss: Trace_ELBO, x: Tensor, y: Tensor,
-                z_init: str | None, num_steps: int, lr: float, batch_size: int | None,
-                callback: Callable[[int, float, AutoNormal], None] | None, seed: int | None,
-                progress: bool) -> tuple[AutoNormal, list[float]]:  # fmt: skip
+def _fit_stage3(
+    model: ProjectedBNN,
+    projection: ProjectionFit | None,
+    loss: Trace_ELBO,
+    x: Tensor,
+    y: Tensor,
+    z_init: str | None,
+    num_steps: int,
+    lr: float,
+    batch_size: int | None,
+    callback: Callable[[int, float, AutoNormal], None] | None,
+    seed: int | None,
+    progress: bool,
+) -> tuple[AutoNormal, list[float]]:
     """Stage 3 of :func:`fit_projected_bnn`: mean-field VI over ``z`` and ``phi`` from
     :func:`_stage3_guide`'s start, in a parameter-store scope of its own; the guide and the losses."""
     with pyro.get_param_store().scope():
         guide = _stage3_guide(model, projection, z_init, x, y, seed)
-        losses = fit_svi(model, guide, x, y, num_steps=num_steps, lr=lr, loss=loss, batch_size=batch_size,
-                         seed=seed, progress=progress,
-                         callback=None if callback is None else lambda step, value: callback(step, value, guide))
+        losses = fit_svi(
+            model,
+            guide,
+            x,
+            y,
+            num_steps=num_steps,
+            lr=lr,
+            loss=loss,
+            batch_size=batch_size,
+            seed=seed,
+            progress=progress,
+            callback=None if callback is None else lambda step, value: callback(step, value, guide),
+        )
     return guide, losses
 
 
@@ -430,8 +470,10 @@ def fit_projected_bnn(
         raise ValueError(f"variant must be 'full', 'one-stage' or 'qz-only', got {variant!r}")
     loss = _stage3_elbo(model, variant, kl, num_particles, fused)
     if model.num_tasks is not None:
-        raise ValueError("fit_projected_bnn is for single-task models (FGE trains one network); for num_tasks=M "
-                         "use init_projected_guide(model) and fit_svi(..., model_kwargs={'task': task})")
+        raise ValueError(
+            "fit_projected_bnn is for single-task models (FGE trains one network); for num_tasks=M "
+            "use init_projected_guide(model) and fit_svi(..., model_kwargs={'task': task})"
+        )
     seconds: dict[str, float] = {}
     fge_result = None
     if projection is not None:
@@ -443,18 +485,19 @@ def fit_projected_bnn(
             t0 = time.perf_counter()
             sigma = torch.as_tensor(model.noise_scale).detach()
             bnn = BNN(model.net, prior_scale=weight_prior_scale, noise_scale=sigma)
-            fge_result = fge(bnn, x, y, x_valid=x_valid, y_valid=y_valid, seed=seed, progress=progress,
-                             **(fge_kwargs or {}))  # fmt: skip
+            fge_result = fge(
+                bnn, x, y, x_valid=x_valid, y_valid=y_valid, seed=seed, progress=progress, **(fge_kwargs or {})
+            )
             seconds["fge"] = time.perf_counter() - t0
             candidates = fge_result.kept
         t0 = time.perf_counter()
-        projection = fit_projection(model, candidates, x, y, seed=seed, progress=progress,
-                                    **(projection_kwargs or {}))  # fmt: skip
+        projection = fit_projection(model, candidates, x, y, seed=seed, progress=progress, **(projection_kwargs or {}))
         seconds["autoencoder"] = time.perf_counter() - t0
     if variant == "qz-only":
         model.fixed_phi = projection.phi.clone()
     t0 = time.perf_counter()
-    guide, losses = _fit_stage3(model, projection, loss, x, y, z_init, num_steps, lr, batch_size, callback, seed,
-                                progress)  # fmt: skip
+    guide, losses = _fit_stage3(
+        model, projection, loss, x, y, z_init, num_steps, lr, batch_size, callback, seed, progress
+    )
     seconds["vi"] = time.perf_counter() - t0
     return ProjectedFit(model, guide, losses, fge_result, projection, seconds)

@@ -188,7 +188,10 @@ def family_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
         ll = [float(g.loc[a, "test_ll"]) if a in g.index else math.nan for a in arms]
         top = tables.best(ll, largest=True)
         cells = [
-            tables.bold(tables.num(v) + (" (0)" if a in lambda_arms and bool(g.loc[a, "lambda0"]) else ""), k == top)
+            tables.bold(
+                tables.num(v) + (" (0)" if a in lambda_arms and a in g.index and bool(g.loc[a, "lambda0"]) else ""),
+                k == top,
+            )
             for k, (a, v) in enumerate(zip(arms, ll))
         ]
         mi = [tables.num(float(g.loc[a, "mi_x_z"])) if a in g.index else "" for a in ["BNN+LV (MFVI)", *lambda_arms]]

@@ -230,3 +230,12 @@ def test_a_term_added_later_runs_alone_and_is_selected_with_the_other_store(tmp_
     with pytest.raises(SystemExit):
         ncai_family.main([*common, "--lambda-only", "--out", str(added), "--with-store", str(tmp_path / "none")])
     assert "holds no sweep store" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a store run with other settings cannot be selected beside this one
+        ncai_family.main(
+            [*common, "--steps", "10", "--lambda-only", "--out", str(tmp_path / "x"), "--with-store", str(base)]
+        )
+    assert "other settings (steps)" in capsys.readouterr().err
+    # a term's fits alone (no --with-store): stored and reported, no comparison to make
+    alone = tmp_path / "alone"
+    assert ncai_family.main([*common, "--independence", "knn-mi", "--lambda-only", "--out", str(alone)]) == 0
+    assert len(pb.sweep.load_results(alone)) == 4

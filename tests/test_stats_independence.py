@@ -157,3 +157,46 @@ def test_multiscale_knn_mi_floors_each_size_and_draws_fresh_sets():
     assert torch.isfinite(multiscale_knn_mi(x[:20], fine[:20]))
     with pytest.raises(ValueError, match="larger batch"):
         multiscale_knn_mi(x[:6], fine[:6])
+
+
+def test_multiscale_knn_mi_floors_each_size_before_the_average(monkeypatch):
+    """A negative estimate at one size must not cancel dependence seen at another."""
+    from pyro_bnnlv.stats import independence
+
+    per_size = {8: 0.3, 16: -0.5, 32: 0.1, 64: -0.2}
+    monkeypatch.setattr(
+        independence, "knn_mutual_information", lambda x, mu, k, m, subsets, seed: torch.tensor(per_size[m])
+    )
+    x, mu = torch.randn(100, 1), torch.randn(100, 1)
+    assert independence.multiscale_knn_mi(x, mu).item() == pytest.approx((0.3 + 0.1) / 4)
+
+
+def test_fresh_reference_sets_are_uniform_subsets_of_the_other_points():
+    from pyro_bnnlv.stats.independence import _fresh_reference_sets
+
+    torch.manual_seed(0)
+    n, m = 40, 12
+    counts = torch.zeros(n, n)
+    for _ in range(200):
+        sets = _fresh_reference_sets(n, m, 3, torch.device("cpu"))
+        assert sets.shape == (3, n, m)
+        assert not (sets == torch.arange(n).view(1, n, 1)).any()  # never the point itself
+        assert (sets.sort(-1).values.diff(dim=-1) > 0).all()  # no repeats within a set
+        counts += torch.zeros(3 * n, n).scatter_(1, sets.reshape(3 * n, m), 1.0).view(3, n, n).sum(0)
+    off = counts[~torch.eye(n, dtype=torch.bool)]
+    expected = 200 * 3 * m / (n - 1)  # each other point equally likely to be in i's set
+    assert (off - expected).abs().max() < 0.35 * expected
+
+
+def test_knn_terms_refuse_to_be_traced_rather_than_freeze_their_neighbourhoods():
+    """torch.jit.trace would record the first batch's neighbourhoods (data-dependent indices, and
+    the cache keyed on the data's bytes) as constants: tracing is refused with the fix, and so is
+    NCAIElbo(jit=True) with a k-NN term."""
+    from pyro_bnnlv import NCAIElbo
+
+    x, mu = torch.rand(60, 1), torch.randn(60, 1)
+    for kind in ("knn-mi", "knn-mi-multiscale"):
+        with pytest.raises(RuntimeError, match="cannot be traced.*call them eagerly"):
+            torch.jit.trace(lambda a, b: independence_statistic(a, b, kind), (x, mu), check_trace=False)
+        with pytest.raises(ValueError, match=f"independence='{kind}' cannot be compiled with jit=True"):
+            NCAIElbo(independence=kind, jit=True)

@@ -375,15 +375,27 @@ def test_mixture_quantile_solves_the_mixture_cdf():
 
 
 def test_mixture_interval_is_the_pair_of_quantiles_found_together():
-    """Both ends in one pass equal the two quantiles found one at a time (to the solver's
-    tolerance), with a scalar and a per-component scale; a percentage for ``level`` is refused."""
+    """Both ends solve SciPy's CDF of the same mixture (an independent reference), for a scalar,
+    a per-component, a per-point and a one-element scale of loc's rank; the ends have the shape
+    of ``loc[0]``; a percentage for ``level`` is refused."""
     g = torch.Generator().manual_seed(1)
-    loc = torch.randn(300, 7, 1, generator=g) * 3
-    for scale in (torch.tensor(0.4), torch.rand(300, 7, 1, generator=g) + 0.05):
+    S, n = 300, 7
+    loc = torch.randn(S, n, 1, generator=g, dtype=torch.float64) * 3
+    scales = (
+        torch.tensor(0.4, dtype=torch.float64),
+        torch.rand(S, n, 1, generator=g, dtype=torch.float64) + 0.05,
+        torch.rand(S, 1, 1, generator=g, dtype=torch.float64) + 0.05,
+        torch.rand(n, 1, generator=g, dtype=torch.float64) + 0.05,
+        torch.full((1, 1, 1), 0.4, dtype=torch.float64),
+    )
+    for scale in scales:
         lower, upper = mixture_interval(loc, scale, 0.9)
-        assert lower.shape == upper.shape == (7, 1)
+        assert lower.shape == upper.shape == (n, 1), tuple(scale.shape)
+        sc = np.broadcast_to(scale.numpy(), loc.shape)
+        for bound, q in ((lower, 0.05), (upper, 0.95)):
+            for i in range(n):
+                cdf = stats.norm(loc[:, i, 0].numpy(), sc[:, i, 0]).cdf(float(bound[i, 0])).mean()
+                assert cdf == pytest.approx(q, abs=1e-12), tuple(scale.shape)
         torch.testing.assert_close(lower, mixture_quantile(loc, scale, 0.05), rtol=0, atol=1e-10)
-        torch.testing.assert_close(upper, mixture_quantile(loc, scale, 0.95), rtol=0, atol=1e-10)
-        assert (lower < upper).all()
     with pytest.raises(ValueError, match="level=0.95"):
         mixture_interval(loc, 0.4, 95)

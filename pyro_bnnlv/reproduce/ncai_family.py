@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ import pandas as pd
 import torch
 
 from ..datasets.ncai_family import FAMILY, ceiling
-from ..sweep import STORE_NAME, Task, load_results, run_sweep
+from ..sweep import STORE_NAME, SweepStore, Task, load_results, run_sweep
 from ..sweep.cli import add_sweep_arguments, report, sweep_options
 from .ncai_compare import CompareConfig, compare_tasks, fit_task, keep_ncai0_where_better
 from . import tables
@@ -139,8 +140,10 @@ def win_rates(selected: pd.DataFrame, baseline: str = "BNN+LV (MFVI)") -> pd.Dat
     """For each NCAI arm against ``baseline``, over the problems both finished: the share with
     the higher test LL and the share with the lower ``I(x; mu_z)`` (Wilson 95% intervals), the
     mean paired differences with their standard errors, and how often ``lambda = 0`` was kept."""
-    wide = selected.pivot(index="dataset", columns="arm")
     rows = []
+    if selected.empty or baseline not in set(selected["arm"]):
+        return pd.DataFrame(rows)  # e.g. a --lambda-only run without the family's other fits
+    wide = selected.pivot(index="dataset", columns="arm")
     for arm in [a for a in selected["arm"].unique() if a.startswith("NCAI")]:
         both = wide["test_ll"][[arm, baseline]].dropna().index
         if not len(both):
@@ -255,17 +258,17 @@ def family_lambda_table(frames: list[pd.DataFrame], paths: list[str], options: d
     for arm in sorted(a for a in chosen["arm"].unique() if a.startswith("NCAI_lambda")):
         lam = chosen[chosen["arm"] == arm].set_index("dataset")
         cells = [tables.paired_cell(lam[f"lambda_{c}"], zero[c]) for c in ("valid_ll", "test_ll", "mi_x_z")]
-        spent = (lam["lambda_final_statistic"] <= 0.02) & (lam["lambda_mi_x_z"] > 0.1)
-        rows.append(
-            [arm.replace("NCAI_lambda", "NCAI_lambda fit"), str(len(lam)), *cells, f"{int(spent.sum())} of {len(lam)}"]
-        )
+        stat = lam["lambda_final_statistic"]
+        spent = (stat <= 0.02) & (lam["lambda_mi_x_z"] > 0.1)
+        quiet = f"{int(spent.sum())} of {len(lam)}" if stat.notna().any() else "n/a"  # pc logs no such statistic
+        rows.append([arm.replace("NCAI_lambda", "NCAI_lambda fit"), str(len(lam)), *cells, quiet])
     header = [
         "term",
         "problems",
         "validation LL minus NCAI_0's: mean (SE), verdict",
         "test LL",
         "`I(x; mu_z)`",
-        "statistic <= 0.02 and `I(x; mu_z)` > 0.1",
+        "statistic <= 0.02 (its own units: nats for k-NN terms, nHSIC for hsic) and `I(x; mu_z)` > 0.1",
     ]
     return tables.table(header, rows)
 
@@ -291,6 +294,16 @@ def run_family(
     return run_sweep(
         tasks, functools.partial(fit_task, config=conf), sweep_meta=meta, progress=progress, desc="ncai-family", **sweep
     )
+
+
+def _stored_config(folder: str | Path) -> dict[str, object]:
+    """The ``CompareConfig`` (as a dict) a family store was run with."""
+    store = SweepStore(folder).open(lock=False, write=False)
+    try:
+        meta = store.meta().get("sweep_meta", {})
+    finally:
+        store.close()
+    return json.loads(json.dumps(meta.get("config", {})))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,6 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for folder in args.with_store:
         if not (Path(folder) / STORE_NAME).is_file():
             p.error(f"--with-store: {folder} holds no sweep store ({STORE_NAME})")
+        other, ours = _stored_config(folder), json.loads(json.dumps(dataclasses.asdict(cfg)))
+        if other != ours:
+            differ = sorted(k for k in set(other) | set(ours) if other.get(k) != ours.get(k))
+            p.error(
+                f"--with-store: {folder} was run with other settings ({', '.join(differ)}); "
+                f"its fits cannot be selected beside this run's"
+            )
     results = run_family(
         [q.name for q in FAMILY[: args.problems]],
         cfg,

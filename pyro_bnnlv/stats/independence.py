@@ -167,13 +167,27 @@ def _reference_sets(n: int, m: int, subsets: int, seed: int) -> Tensor:
     return keys.topk(m, dim=-1, largest=False).indices
 
 
+def _refuse_tracing() -> None:
+    """The k-NN estimates' neighbourhoods depend on the data: a ``torch.jit`` trace would record
+    the first batch's as constants (and the cache keyed on the data's bytes with them)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            "the k-NN estimates of I(x; mu_z) cannot be traced with torch.jit: their neighbourhoods depend "
+            "on the data, and a trace would freeze the first batch's; call them eagerly"
+        )
+
+
 @functools.lru_cache(maxsize=16)
 def _x_neighbours(xs: bytes, n: int, d: int, m: int) -> Tensor:
     """``(n, m)`` indices of the ``m`` nearest other rows of each row of the float64 ``(n, d)``
     array ``xs`` (its bytes: a pure function of the data, kept for the next call, as a full-batch
     fit asks for the same inputs' neighbourhoods at every step)."""
-    x = torch.frombuffer(bytearray(xs), dtype=torch.float64).reshape(n, d)
-    eye = torch.eye(n, dtype=torch.bool)
+    return _neighbours(torch.frombuffer(bytearray(xs), dtype=torch.float64).reshape(n, d), m)
+
+
+def _neighbours(x: Tensor, m: int) -> Tensor:
+    """``(n, m)`` indices of the ``m`` nearest other rows of each row of ``x`` ``(n, d)``."""
+    eye = torch.eye(x.shape[0], dtype=torch.bool, device=x.device)
     return _sq_dists(x).masked_fill(eye, float("inf")).topk(m, largest=False).indices
 
 
@@ -218,6 +232,7 @@ def knn_mutual_information(
     ``seed=None`` draws the reference sets afresh from torch's global generator at each call
     (:func:`_fresh_reference_sets`) instead of the seeded, cached ones.
     """
+    _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
     _check_same_n("x", a, "mu_z", b)
     k, m, subsets = check_int(k, "k"), check_int(m, "m"), check_int(subsets, "subsets")
@@ -227,8 +242,11 @@ def knn_mutual_information(
             f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
             f"larger batch, or a smaller m (neighbourhood size) or k"
         )
-    xs = _standardise(a.detach().to(torch.float64)).cpu().contiguous()
-    neighbours = _x_neighbours(xs.numpy().tobytes(), n, xs.shape[1], m).to(a.device)
+    xs = _standardise(a.detach().to(torch.float64))
+    if xs.device.type != "cpu":
+        neighbours = _neighbours(xs, m)
+    else:
+        neighbours = _x_neighbours(xs.contiguous().numpy().tobytes(), n, xs.shape[1], m)
     if seed is None:
         randoms = _fresh_reference_sets(n, m, subsets, a.device)
     else:
@@ -257,6 +275,7 @@ def multiscale_knn_mi(
     ``seed + j`` for the ``j``-th size. Under independence each ``I_m`` is centred at 0, so the
     statistic's null mean is small and positive (about ``0.4 sd(I_m)``), not 0.
     """
+    _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
     _check_same_n("x", a, "mu_z", b)
     n = a.shape[0]
@@ -302,6 +321,8 @@ def independence_statistic(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    if kind.startswith("knn-mi"):
+        _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
     _check_same_n("x", a, "mu_z", b)
     if a.shape[0] < 3:

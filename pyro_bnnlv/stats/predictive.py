@@ -111,7 +111,7 @@ def _mixture_quantiles(loc: Tensor, scale: Tensor | float, qs: tuple[float, ...]
             t = (m - loc).mul_(c)
             F = torch.special.erf(t).mean(0).mul_(0.5).add_(0.5 - q)
             density = t.square_().neg_().exp_()  # exp(-t^2), in t's memory
-            dF = (density.mean(0) * c if c.numel() == 1 else (density * c).mean(0)) / math.sqrt(math.pi)
+            dF = (density.mean(0) * c if c.dim() == 0 else (density * c).mean(0)) / math.sqrt(math.pi)
             lo = torch.where(F < 0, m, lo)
             hi = torch.where(F < 0, hi, m)
             step = F / dF

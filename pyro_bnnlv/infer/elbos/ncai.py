@@ -300,6 +300,11 @@ class NCAIElbo(PenalizedElbo):
         **kwargs,
     ) -> None:
         kwargs.setdefault("max_plate_nesting", 1)
+        if kwargs.get("jit", False) and str(independence).startswith("knn-mi"):
+            raise ValueError(
+                f"independence={independence!r} cannot be compiled with jit=True: its neighbourhoods are "
+                f"data-dependent, which torch.jit.trace would freeze; use the fused default (jit=False)"
+            )
         if fused is None:
             fused = not kwargs.get("jit", False)
         lambdas = tuple(

@@ -221,8 +221,8 @@ def family_wins_table(frames: list[pd.DataFrame], paths: list[str], options: dic
     rows = []
     for r in rates.itertuples(index=False):
         n = int(r.problems)
-        ll = f"{tables.num(r.ll_diff_mean)} ({tables.num(r.ll_diff_se)}), {tables.paired_verdict(r.ll_diff_mean, r.ll_diff_se, n)}"
-        mi = f"{tables.num(r.mi_diff_mean)} ({tables.num(r.mi_diff_se)}), {tables.paired_verdict(r.mi_diff_mean, r.mi_diff_se, n)}"
+        ll = tables.paired_text(r.ll_diff_mean, r.ll_diff_se, n)
+        mi = tables.paired_text(r.mi_diff_mean, r.mi_diff_se, n)
         rows.append(
             [
                 r.arm.replace("NCAI_lambda", "selected NCAI"),

@@ -25,6 +25,7 @@ __all__ = [
     "num",
     "paired",
     "paired_cell",
+    "paired_text",
     "paired_verdict",
     "paper_value",
     "share",
@@ -146,6 +147,9 @@ def paired_cell(a: pd.Series, b: pd.Series, above: str = "higher", below: str = 
     """``"mean (SE), verdict"`` of ``a - b`` paired by index (:func:`paired`, :func:`paired_verdict`);
     empty without a common index."""
     mean, se, n = paired(a, b)
-    if not n:
-        return ""
+    return paired_text(mean, se, n, above, below, decimals) if n else ""
+
+
+def paired_text(mean: float, se: float, n: int, above: str = "higher", below: str = "lower", decimals: int = 2) -> str:
+    """``"mean (SE), verdict"`` of a paired difference already summarised (:func:`paired_verdict`)."""
     return f"{num(mean, decimals)} ({num(se, decimals)}), {paired_verdict(mean, se, n, above, below)}"

@@ -44,6 +44,7 @@ __all__ = [
     "SOFTPLUS_THRESHOLD",
     "Activation",
     "LayerSpec",
+    "affine",
     "get_activation",
     "mlp_hidden",
     "mlp_jacobian",
@@ -242,11 +243,25 @@ def _tiling(layers: Sequence[LayerSpec]) -> list[int] | None:
     return sizes
 
 
+def affine(h: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    """``h W^T + b``, batched: ``(.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)``.
+
+    One fused call where the shapes allow it (``addmm`` for one weight matrix and 2-D ``h``,
+    ``baddbmm`` for a 3-D ``h`` with one weight matrix per row of the batch, as a BNN+LV's
+    predictive has), the broadcasting ``matmul`` and a separate bias add otherwise and under
+    ``torch.jit.trace`` (the batch sizes compared here would be frozen into a trace)."""
+    if not torch.jit.is_tracing():
+        if h.dim() == 2 and W.dim() == 2:
+            return torch.addmm(b, h, W.t())
+        if h.dim() == 3 and W.dim() == 3 and h.shape[0] == W.shape[0]:
+            return torch.baddbmm(b.unsqueeze(-2), h, W.transpose(-1, -2))
+    return torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2)
+
+
 def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activation) -> Tensor:
-    """``h`` through the layers ``params`` (all followed by ``act``), batched:
-    ``(.., N, fan_in) @ (.., fan_in, fan_out) + (.., 1, fan_out)`` per layer."""
+    """``h`` through the layers ``params`` (each :func:`affine`, then ``act``), batched."""
     for W, b in params:
-        h = act.value(torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2))
+        h = act.value(affine(h, W, b))
     return h
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import ArgumentTypeError
-from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, get_activation, mlp_hidden
+from ._mlp_kernels import ACTIVATION_TABLE, ACTIVATIONS, Activation, affine, get_activation, mlp_hidden
 from ._mlp_kernels import unflatten as _unflatten
 
 __all__ = [
@@ -224,7 +224,7 @@ class MLP(FlatNet):
         self.check_call(x, w)
         params = self.unflatten(w)
         W, b = params[-1]
-        return torch.matmul(self._hidden(x, params[:-1]), W.transpose(-1, -2)) + b.unsqueeze(-2)
+        return affine(self._hidden(x, params[:-1]), W, b)
 
     def hidden(self, x: Tensor, w: Tensor, num_layers: int) -> Tensor:
         """The activations ``z_l`` after the first ``num_layers`` (hidden) layers, shapes as in

@@ -217,3 +217,30 @@ def test_unflatten_traces_without_a_tracer_warning_and_matches_eager_elsewhere()
         traced = torch.jit.trace(lambda w: net(x, w), (torch.randn(4, net.num_weights, generator=g),))
     w2 = torch.randn(4, net.num_weights, generator=g) * 3
     torch.testing.assert_close(traced(w2), net(x, w2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "h_shape, W_shape",
+    [
+        ((9, 3), (5, 3)),
+        ((4, 9, 3), (4, 5, 3)),
+        ((9, 3), (4, 5, 3)),
+        ((1, 9, 3), (4, 5, 3)),
+        ((2, 4, 9, 3), (2, 4, 5, 3)),
+    ],
+)
+def test_affine_matches_broadcast_matmul_plus_bias_in_value_and_gradient(h_shape, W_shape):
+    """Every branch of ``affine`` (``addmm``, ``baddbmm``, the broadcasting fallback) is ``h W^T + b``."""
+    from pyro_bnnlv._mlp_kernels import affine
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(h_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(W_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(W_shape[:-1], generator=g, dtype=torch.float64, requires_grad=True)
+    out = affine(h, W, b)
+    ref = torch.matmul(h, W.transpose(-1, -2)) + b.unsqueeze(-2)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.sin().sum(), (h, W, b))
+    ref_grads = torch.autograd.grad(ref.sin().sum(), (h, W, b))
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

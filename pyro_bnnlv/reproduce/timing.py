@@ -17,8 +17,10 @@ from ..infer.svi import fit_svi
 
 __all__ = ["ALTERNATED", "fit_step_ms", "fit_step_ms_beside", "median_ms"]
 
+#: steps of each contender in a row in :func:`fit_step_ms_beside`
+BLOCK = 25
 #: the label prefix of the benchmarks' rows timed by :func:`fit_step_ms_beside`
-ALTERNATED = "alternated step by step"
+ALTERNATED = f"alternated in blocks of {BLOCK} steps"
 
 
 def median_ms(fn: Callable[[], None], steps: int, warmup: int = 20) -> float:
@@ -57,22 +59,31 @@ def fit_step_ms_beside(
     x: Tensor,
     y: Tensor,
     steps: int,
+    block: int = BLOCK,
     **fit_kwargs: Any,
 ) -> tuple[float, float]:
-    """Median ms per ``fit_svi`` step and per call of ``other``, alternated step by step: ``fit_svi``'s
-    callback runs ``other`` once after every step and times it, and a ``fit_svi`` step is the time
-    between the end of one callback and the start of the next. Both see the same moments of the
-    machine's load, so their ratio is steadier than that of separate runs. The first 20 steps are
-    not timed (``other`` runs there too, as its warm-up)."""
+    """Median ms per ``fit_svi`` step and per call of ``other``, alternated in blocks: after every
+    ``block``-th step ``fit_svi``'s callback calls ``other`` ``block`` times and times each call; a
+    ``fit_svi`` step is the time between the end of one callback and the start of the next. Both
+    see the same moments of the machine's load, so their ratio is steadier than that of separate
+    runs, and each runs most steps with its own data in the caches, as a fit does (alternating
+    every step, ``block=1``, evicts them: a step's cold-cache cost is then part of both medians,
+    more of the contender with the larger working set). The first 20 steps are not timed
+    (``other`` runs there too, as its warm-up)."""
     marks: list[tuple[float, float]] = []  # (callback start, callback end)
+    theirs: list[float] = []
 
     def callback(step: int, value: float) -> None:
         start = time.perf_counter()
-        other()
+        if step % block == 0 or step < 20:
+            for _ in range(block if step >= 20 else 1):
+                t = time.perf_counter()
+                other()
+                if step >= 20:
+                    theirs.append(time.perf_counter() - t)
         marks.append((start, time.perf_counter()))
 
     fit_svi(model, guide, x, y, num_steps=steps + 21, progress=False, callback=callback, **fit_kwargs)
     timed = marks[20:]
     ours = [b_start - a_end for (_, a_end), (b_start, _) in zip(timed, timed[1:])]
-    theirs = [end - start for start, end in timed[1:]]
     return 1e3 * statistics.median(ours), 1e3 * statistics.median(theirs)

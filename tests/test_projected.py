@@ -404,17 +404,20 @@ def test_vae_objective_trains_and_arguments_are_checked():
 
 @pytest.mark.slow
 def test_fig2_projected_posterior_covers_two_modes_and_mfvi_one():
-    """Issue 17's target on the four-mode toy at the reproduction's size (a few minutes)."""
+    """Issue 17's target on the four-mode toy at the reproduction's size (about a minute), as the
+    results page states it: with the MMD decoder the full mean-field ``q(z) q(phi)`` covers two
+    missed-bump modes (seed 0 here; the page's table has seeds 0-2) and mean-field VI on ``w``
+    one. ``q(z)`` alone is not asserted: the page reports it covering two modes in one seed of three."""
     from pyro_bnnlv.reproduce.projected_toy import four_modes_experiment
 
-    res = four_modes_experiment(objectives=("mmd",), variants=("qz-only", "full"))
+    res = four_modes_experiment(objectives=("mmd",), variants=("full",))
     t = res.table
     assert t.loc["MFVI on w", "modes"] == 1
-    for name in ("Proj-BNN mmd, q(z)", "Proj-BNN mmd, q(z) q(phi)"):
-        assert t.loc[name, "modes"] >= 2 and t.loc[name, "fits_three"] >= 0.5, t.loc[name]
-        shares = t.loc[name, ["miss -3", "miss -1", "miss +1", "miss +3"]]
-        assert (shares >= 0.1).sum() >= 2
-        assert t.loc[name, "test_ll"] > t.loc["MFVI on w", "test_ll"] + 1  # the four-bump predictive
+    name = "Proj-BNN mmd, q(z) q(phi)"
+    assert t.loc[name, "modes"] >= 2 and t.loc[name, "fits_three"] >= 0.5, t.loc[name]
+    shares = t.loc[name, ["miss -3", "miss -1", "miss +1", "miss +3"]]
+    assert (shares >= 0.1).sum() >= 2
+    assert t.loc[name, "test_ll"] > t.loc["MFVI on w", "test_ll"] + 1  # the four-bump predictive
 
 
 def test_decoder_defaults_per_objective_are_wired():

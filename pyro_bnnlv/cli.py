@@ -38,6 +38,7 @@ from .stats._pairwise import pairwise_extension
 from .datasets import default_data_dir, list_datasets, load_dataset, load_split
 from .datasets.fetch import DatasetUnavailableError, dataset_status, fetch_dataset, fetchable_datasets
 from .guides import init_to_network
+from .infer.elbos.ncai import INDEPENDENCE_TERMS
 from .infer.laplace import LinearizedLaplace
 from .infer.svi import fit_svi, train_map
 from .models.bnn import BNN
@@ -199,7 +200,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     cfg = CompareConfig.full(dataset=data.name, **overrides) if args.full else CompareConfig(**overrides)
     print(
         f"{data!r}\nsteps={cfg.steps}, restarts={cfg.restarts}, NCAI grid points="
-        f"{len(cfg.ncai_grid)}, empirical Bayes={cfg.empirical_bayes}"
+        f"{len(cfg.ncai_grid)}, independence term={cfg.independence}, empirical Bayes={cfg.empirical_bayes}"
     )
     figure = None
     if data.input_dim == 1 and not args.no_plot:
@@ -414,9 +415,11 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--independence",
-        choices=["hsic", "pc"],
+        choices=INDEPENDENCE_TERMS,
         default=None,
-        help="NCAI's independence term: nHSIC(x, mu_z) (default) or the printed correlations",
+        help="NCAI's independence term (pb.NCAIElbo's independence=): nHSIC(x, mu_z) (hsic, the "
+        "default), the printed correlations (pc), or the terms the family benchmark compares "
+        "(knn-mi, knn-mi-multiscale, hsic-multiscale, dcor; docs/guide.md)",
     )
     c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
     c.add_argument("--output", help="write the table as CSV")

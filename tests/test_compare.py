@@ -235,3 +235,20 @@ def test_compare_cli_with_zero_restarts_is_a_clean_error(capsys):
 
     assert main(["compare", "heavy-tail", "--restarts", "0"]) == 2
     assert "restarts must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_compare_cli_takes_every_independence_term(tmp_path, capsys):
+    """``--independence`` offers NCAIElbo's terms (the family benchmark's too), and the run's
+    header line says which one it fits with."""
+    from pyro_bnnlv.infer.elbos.ncai import INDEPENDENCE_TERMS
+
+    csv = tmp_path / "t.csv"
+    argv = ["compare", "goldberg", "--steps", "20", "--restarts", "1", "--quiet", "--no-plot", "--executor", "inline"]
+    assert main([*argv, "--independence", "knn-mi-multiscale", "--output", str(csv)]) == 0
+    assert "independence term=knn-mi-multiscale," in capsys.readouterr().out
+    assert pd.read_csv(csv)["method"].tolist() == list(METHODS)
+    from pyro_bnnlv.cli import _parser
+
+    compare = _parser()._subparsers._group_actions[0].choices["compare"]
+    action = next(a for a in compare._actions if a.dest == "independence")
+    assert tuple(action.choices) == INDEPENDENCE_TERMS

@@ -40,7 +40,7 @@ from ..guides import init_to_network
 from ..guides.ncai_init import ncai_guide
 from ..infer.elbos.fused import FusedTraceElbo
 from ..infer.elbos.ncai import NCAIElbo
-from ..infer.svi import fit_svi
+from ..infer.svi import adam, fit_svi
 from ..models.bnnlv import BNNLV
 from ..nets import MLP
 from ..param_names import own_param_names
@@ -292,7 +292,7 @@ def _mfvi_step(data: Any, seed: int) -> Callable[[], None]:
     x, y = data.x_train, data.y_train
     loss = FusedTraceElbo()
     fit_svi(model, guide, x, y, num_steps=1, loss=loss, seed=seed, progress=False)  # sets the pair up
-    optimizer = torch.optim.Adam(list(guide.parameters()), lr=0.01)
+    optimizer = adam(list(guide.parameters()), lr=0.01)  # fit_svi's optimizer (torch's fused Adam)
 
     def step() -> None:
         loss.loss_and_grads(model, guide, x, y)

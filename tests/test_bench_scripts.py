@@ -67,3 +67,16 @@ def test_ncai_family_exact_posterior_matches_the_gaussian_case_in_closed_form(ca
     assert abs(standardised.mean()) < 0.06 and abs(standardised.std() - 1) < 0.06
     table = script.main(["--problems", "2"])
     assert list(table["problem"]) == ["00", "01"] and "I(x; E[z|x,y])" in capsys.readouterr().out
+
+
+def test_ncai_family_multiscale_scales_prints_every_size_and_the_nulls(monkeypatch, capsys):
+    import sys
+
+    script = _load("ncai_family_multiscale_scales")
+    monkeypatch.setattr(sys, "argv", ["x", "--problem", "0", "--restart", "0", "--steps", "20", "--draws", "2"])
+    script.main()
+    text = capsys.readouterr().out
+    assert "ncai-family-00, restart 0" in text and "x permuted (k=5)" in text
+    for m in (8, 16, 32, 64, 128, 256):
+        assert f"m = {m:3d}: I_m" in text
+    assert text.count("ms per forward and backward") == 2

@@ -80,3 +80,15 @@ def test_ncai_family_multiscale_scales_prints_every_size_and_the_nulls(monkeypat
     for m in (8, 16, 32, 64, 128, 256):
         assert f"m = {m:3d}: I_m" in text
     assert text.count("ms per forward and backward") == 2
+
+
+def test_ncai_family_heavy_tails_prints_both_fits_and_the_buckets(monkeypatch, capsys):
+    import sys
+
+    script = _load("ncai_family_heavy_tails")
+    monkeypatch.setattr(sys, "argv", ["x", "--problem", "19", "--restart", "0", "--steps", "10"])
+    script.main()
+    text = capsys.readouterr().out
+    for method in script.METHODS:
+        assert f"{method}: valid LL" in text
+    assert text.count("|y - mean| in quantiles") == 4 and "5% most extreme points" in text

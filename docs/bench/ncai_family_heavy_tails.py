@@ -7,7 +7,7 @@ family benchmark (:func:`pyro_bnnlv.reproduce.ncai_compare.compare_tasks`, ``com
 budget: the tasks of the committed store ``docs/results/sweeps/ncai-family``, so their validation
 LL must match the store's) and prints, per fit, the test LL, quantiles of the per-point test LL
 (``evaluate``'s predictive: 500 weight samples x 64 latent draws) and the spread of the latent
-means; then the per-point difference NCAI_0 minus MFVI by how far ``y`` lies from its mean, and
+means and of ``f`` over the latent prior; then the per-point difference NCAI_0 minus MFVI by how far ``y`` lies from its mean, and
 the share of the total difference that the 5% most extreme test points carry.
 """
 
@@ -28,14 +28,16 @@ from pyro_bnnlv.stats.predictive import mixture_log_density, predictive_chunks
 METHODS = ("BNN+LV (MFVI)", "BNN+LV (NCAI_0)")
 
 
-def per_point_test_ll(fit, data, seed: int = 0) -> torch.Tensor:
-    """The test LL of each test point under the fit's predictive (as ``evaluate`` computes it)."""
+def per_point_test_ll(fit, data, seed: int = 0) -> tuple[torch.Tensor, float]:
+    """The test LL of each test point under the fit's predictive (as ``evaluate`` computes it),
+    and the latent pathway's reach: the standard deviation of ``f(x, z*)`` over the 64 latent
+    draws ``z*`` of one weight sample, averaged over weight samples and test points."""
     s = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train, num_samples=500, seed=seed)
-    parts = [
-        mixture_log_density(data.y_test[rows].reshape(-1, 1), loc, scale)
-        for rows, loc, scale in predictive_chunks(fit.model, s, data.x_test, latent_draws=64, seed=seed)
-    ]
-    return torch.cat(parts)
+    parts, spread = [], []
+    for rows, loc, scale in predictive_chunks(fit.model, s, data.x_test, latent_draws=64, seed=seed):
+        parts.append(mixture_log_density(data.y_test[rows].reshape(-1, 1), loc, scale))
+        spread.append(loc.reshape(-1, 64, loc.shape[1]).std(1).mean(0))  # rows s * 64 + m: sample s
+    return torch.cat(parts), float(torch.cat(spread).mean())
 
 
 def main() -> None:
@@ -51,12 +53,14 @@ def main() -> None:
     lls = {}
     for method in METHODS:
         fit = _fit_task(tasks[method], cfg, data)
-        lls[method] = ll = per_point_test_ll(fit, data).numpy()
+        ll, spread = per_point_test_ll(fit, data)
+        lls[method] = ll = ll.numpy()
         mu = latent_means(fit.guide, data.x_train, data.y_train)
         q = ", ".join(f"{v:.2f}" for v in np.quantile(ll, [0.01, 0.05, 0.5, 0.95]))
         print(
             f"{method}: valid LL {fit.valid_ll:.3f}, test LL {ll.mean():.3f}, per-point quantiles "
-            f"(1%, 5%, 50%, 95%) {q}; sd of mu_z {float(mu.std()):.3f}"
+            f"(1%, 5%, 50%, 95%) {q}; sd of mu_z {float(mu.std()):.3f}; sd of f over z* {spread:.3f}; "
+            f"noise sd {float(fit.model.noise_scale):.3f}"
         )
     diff = lls[METHODS[1]] - lls[METHODS[0]]
     order = np.argsort(np.abs(data.y_test.reshape(-1).numpy() - float(data.y_test.mean())))

@@ -36,9 +36,7 @@ _log = logging.getLogger("pyro_bnnlv")
 #: the notices :func:`mlp_of` gave in this process (each is said once)
 _SAID: set[str] = set()
 
-#: a gradient of the autograd potential of a ModuleNet against the compiled one of the same MLP, for
-#: 6-32-32-1 on 300 points (one thread, 2 cores under load 4-5): silu 2.1 ms vs 0.17 ms (4.9 vs 0.27),
-#: tanh 1.6 vs 0.06 ms (5.8 vs 0.20)
+#: a gradient of the autograd potential of a ModuleNet against the compiled one of the same MLP
 _MODULENET_SLOWDOWN = "10-30x"
 
 

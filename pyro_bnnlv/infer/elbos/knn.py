@@ -47,14 +47,10 @@ can land far from the default's (the same CSV), so final fits should use the def
 
 Bias as an objective. The k-NN estimate of ``KL(q || p)`` is biased low, and the more so the
 wider ``q`` is, so minimising it can push the guide beyond the prior's draws, where the estimate
-goes negative (:mod:`pyro_bnnlv.stats.knn`, "Support"). Measured on hyvi-uci's boston setting
-(751 weights, 500 + 500 draws, App. E's schedule; ``python docs/bench/knn_kl_width.py``):
-``AutoNormal`` trained with :class:`KNNElbo` instead of the closed-form KL ends with 56% of its
-weights wider than the prior (median 5.9x the prior's sd), a true KL of 8,743 nats that the
-estimate puts at -186, a learned noise sd of 0.15 (closed form: 0.33) and a test LL of -3.18
-(closed form: -2.41): the over-confidence of NN-HyVI (noise 0.12, LL -3.00 on that split) with
-no hypernetwork in it (split 1: 55%, 5.6x, 7,954 at -184, noise 0.15 against 0.32, LL -3.54
-against -2.45). It is the paper's estimator (eq. 4, 8-9), kept as such; the warning that a
+goes negative (:mod:`pyro_bnnlv.stats.knn`, "Support"): ``AutoNormal`` trained with
+:class:`KNNElbo` ends wider than the prior, its noise sd learned too small, the over-confidence
+of NN-HyVI with no hypernetwork in it (``python docs/bench/knn_kl_width.py``,
+``docs/results.md``). It is the paper's estimator (eq. 4, 8-9), kept as such; the warning that a
 share of the guide's draws lies outside the prior's region is the sign of it.
 
 ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all go through one differentiable

@@ -126,13 +126,9 @@ def last_layer_indices(net: FlatNet) -> Tensor:
         _, _, w_sl, b_sl = net.layers[-1]
         return torch.arange(w_sl.start, b_sl.stop)
     if isinstance(net, ModuleNet):
-        prefix = net._names[-1].rpartition(".")[0]
-        idx, offset = [], 0
-        for name, size in zip(net._names, net._sizes):
-            if name.rpartition(".")[0] == prefix:
-                idx.append(torch.arange(offset, offset + size))
-            offset += size
-        return torch.cat(idx)
+        slices = net.param_slices()
+        owner = next(reversed(slices)).rpartition(".")[0]
+        return torch.cat([torch.arange(sl.start, sl.stop) for n, sl in slices.items() if n.rpartition(".")[0] == owner])
     raise ValueError(f"cannot tell the last layer of a {type(net).__name__}; pass subset_indices= explicitly")
 
 

@@ -157,19 +157,18 @@ def likelihood_factor_from_posterior(
     ``lambda = inf`` (flat ``g_0``) and ``m = m_q`` where ``v >= sigma^2``. All arguments
     broadcast; float64 results. Round trip with :func:`pyro_bnnlv.models.linear.q0` is tested.
     """
-    q_loc, prior_loc = (
-        as_float64(q_loc, "q_loc", allow_infinite=True),
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-    )
-    q_var, prior_var = (
-        as_positive_float64(q_var, "q_var", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
+    q_loc, q_var = _gaussian(q_loc, q_var, "q_loc", "q_var")
+    prior_loc, prior_var = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
     informative = q_var < prior_var
     gap = torch.where(informative, prior_var - q_var, torch.ones_like(prior_var - q_var))
     lam = torch.where(informative, prior_var * q_var / gap, torch.full_like(gap, math.inf))
     shift = torch.where(informative, lam * (q_loc - prior_loc) / prior_var, torch.zeros_like(gap))
     return q_loc + shift, lam
+
+
+def _gaussian(loc: Tensor, var: Tensor, loc_name: str, var_name: str) -> tuple[Tensor, Tensor]:
+    """``(loc, var)`` as float64 tensors, ``var`` positive (both may be infinite), named in errors."""
+    return as_float64(loc, loc_name, allow_infinite=True), as_positive_float64(var, var_name, allow_infinite=True)
 
 
 def _quadratic_terms(x: Tensor, prior_var: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
@@ -190,11 +189,8 @@ def invariance_abiding_posterior(
     it). ``x^T V x = inf`` (a flat ``g_0`` coordinate seen by ``x``) gives the prior.
     """
     x = as_float64(x, "x", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
+    m, lam = _gaussian(m, lam, "m", "lam")
     a, s = _quadratic_terms(x, s2, lam)
     c = 1.0 / (a + s)  # 0 when a = inf
     sx = s2 * x
@@ -221,16 +217,13 @@ def invariance_gap_at_inputs(
     result has the broadcast batch shape. See the module docstring for the formula.
     """
     x = as_float64(x, "x", allow_infinite=True)
-    mq, v = as_float64(q_loc, "q_loc", allow_infinite=True), as_positive_float64(q_var, "q_var", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
+    mq, v = _gaussian(q_loc, q_var, "q_loc", "q_var")
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
     if (m is None) != (lam is None):
         raise ValueError("pass both m and lam, or neither (then they are derived from q)")
     if m is None:
         m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    m, lam = _gaussian(m, lam, "m", "lam")
     a, s = _quadratic_terms(x, s2, lam)
     inv_a = 1.0 / a  # 0 when a = inf
     coef = torch.where(torch.isinf(a), torch.zeros_like(a), (x * (m - mu)).sum(-1) / (a + s))
@@ -397,11 +390,8 @@ def sample_qmix(
     coordinate seen by ``z'``) gives a prior draw. Returns ``(..., d)`` float64.
     """
     z = as_float64(z_mix, "z_mix", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
+    m, lam = _gaussian(m, lam, "m", "lam")
     shape = torch.broadcast_shapes(z.shape, mu.shape, s2.shape, m.shape, lam.shape)
     eps = torch.randn(shape, generator=generator, dtype=_DTYPE)
     xi = torch.randn(shape[:-1], generator=generator, dtype=_DTYPE)

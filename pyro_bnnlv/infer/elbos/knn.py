@@ -39,11 +39,9 @@ Cost. Per step the paper's settings (the defaults) run the model on ``num_partic
 samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
 them through ``500 x 500`` nearest-neighbour searches (in predictor space after evaluating both
 sample sets at ``T`` inputs), so a step costs several MFVI steps (``AutoNormal`` +
-``Trace_ELBO``); :meth:`KNNElbo.fast` (``num_particles=10``, ``num_kl_samples = num_prior_samples
-= 100``) is cheaper (the costs per step: ``docs/results/knn-elbo-presets.csv``, column
-``cost_vs_mfvi``, from ``python docs/bench/knn_elbo_presets.py``). The preset is for exploring:
-fewer k-NN samples make the KL estimate noisier and more biased, and one 3,000-step fit with it
-can land far from the default's (the same CSV), so final fits should use the defaults.
+``Trace_ELBO``; ``docs/results/knn-elbo-presets.csv``). :meth:`KNNElbo.fast` is cheaper, for
+exploring: fewer k-NN samples make the KL estimate noisier and more biased, and a fit with it can
+land far from the default's, so final fits should use the defaults.
 
 Bias as an objective. The k-NN estimate of ``KL(q || p)`` is biased low, and the more so the
 wider ``q`` is, so minimising it can push the guide beyond the prior's draws, where the estimate

@@ -360,27 +360,20 @@ def _diag_rows(arr: np.ndarray, labels: Sequence[str], kind: str) -> list[dict]:
 
 
 def _aggregate(rows: list[dict], name: str, kind: str) -> list[dict]:
+    """Two rows: the median and the worst (min ESS, max R-hat) of ``rows``."""
     df = pd.DataFrame(rows)
     n = len(df)
     return [
         {
-            "quantity": f"{name}: median over {n}",
+            "quantity": f"{name}: {label} {n}",
             "kind": kind,
             "mean": math.nan,
             "sd": math.nan,
-            "ess_bulk": float(df.ess_bulk.median()),
-            "ess_tail": float(df.ess_tail.median()),
-            "r_hat": float(df.r_hat.median()),
-        },
-        {
-            "quantity": f"{name}: worst of {n}",
-            "kind": kind,
-            "mean": math.nan,
-            "sd": math.nan,
-            "ess_bulk": float(df.ess_bulk.min()),
-            "ess_tail": float(df.ess_tail.min()),
-            "r_hat": float(df.r_hat.max()),
-        },
+            "ess_bulk": float(getattr(df.ess_bulk, low)()),
+            "ess_tail": float(getattr(df.ess_tail, low)()),
+            "r_hat": float(getattr(df.r_hat, high)()),
+        }
+        for label, low, high in (("median over", "median", "median"), ("worst of", "min", "max"))
     ]
 
 

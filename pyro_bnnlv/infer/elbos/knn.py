@@ -341,8 +341,8 @@ class FunctionalKNNElbo(KNNElbo):
     ``P`` weights fill at most a ``P``-dimensional manifold of R^d, and often ``T*O > P``. On a
     ``d'``-dimensional manifold the nearest-neighbour distances scale like ``n^{-1/d'}``, so with
     ``n`` guide and ``m`` prior samples the estimate is off by about
-    ``(d/d' - 1) ln((n-1)/m)``: zero for ``m = n - 1`` and, e.g., ``-11`` nats for ``d = 50``,
-    ``d' = 3``, ``n = 500``, ``m = 1000`` (measured with a guide equal to the prior).
+    ``(d/d' - 1) ln((n-1)/m)``: zero for ``m = n - 1``, ``-11`` nats for ``d = 50``, ``d' = 3``,
+    ``n = 500``, ``m = 1000``.
     """
 
     def __init__(

@@ -7,16 +7,12 @@ does it for both:
 
 * **one build per source and toolchain.** The build directory,
   ``$TORCH_EXTENSIONS_DIR`` (else torch's default root) ``/pyro_bnnlv/<name>-<key>``, is keyed by
-  a hash of the source, the torch and Python versions, the compiler (``$CXX``, else ``c++``,
-  resolved to its real path, with its ``--version`` line) and the flags. A finished build holds a
-  ``BUILT`` marker and is loaded directly from its ``.so``: no ninja runs, so no ninja (the
-  virtualenv's or the system's, whichever the caller's ``PATH`` finds first) can decide the build
-  is stale and rebuild it;
+  a hash of the source, the torch and Python versions, the compiler (``$CXX``, else ``c++``, its
+  real path and ``--version`` line) and the flags. A finished build holds a ``BUILT`` marker and
+  is loaded directly from its ``.so``, with no ninja that could decide it is stale;
 * **never replaced under a running process.** A build runs in a child process, in a temporary
-  directory beside the final one, with this environment's ``ninja`` (the ``ninja`` dependency's,
-  not the caller's ``PATH``'s); the finished directory is then renamed into place in one step.
-  A directory with its marker is never written again, so a process that loaded its ``.so`` keeps
-  the file it loaded;
+  directory beside the final one, with this environment's ``ninja``, and is renamed into place in
+  one step; a directory with its marker is never written again;
 * builds of one extension are serialised by an operating-system file lock
   (:class:`filelock.FileLock`), which the kernel releases when its holder dies; a process that
   finds the lock taken says that it waits for another process's build. A temporary directory

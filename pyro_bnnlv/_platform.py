@@ -30,19 +30,13 @@ def is_glibc() -> bool:
 def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
     """Make glibc's ``malloc`` keep freed memory for reuse instead of handing it back to the OS.
 
-    A training step allocates and frees tensors of several MB (FuNN-HyVI on boston: a
-    ``(500, 200, 50)`` float tensor, 20 MB, per layer and direction). By default glibc serves such a
-    block with ``mmap`` or returns the heap's top to the OS once more than twice that is free,
-    so every step faults the same pages in again and has the kernel zero them. Raising the mmap
-    threshold to 32 MiB (glibc's own ceiling for its dynamic threshold on 64-bit, accepted by every
-    64-bit glibc) and the trim threshold to 1 GiB keeps them in the heap:
-    measured on boston, interleaved 4 + 4 runs, FuNN-HyVI 78 -> 47 ms per step, NN-HyVI 54 -> 41,
-    with bitwise the same losses (allocation does not touch the numbers). The cost: a process
-    keeps its peak heap. Used by the sweep's local worker processes and by ``pyro-bnnlv``; not by
-    ``import pyro_bnnlv``, which leaves a user's process as it is.
-
-    The setting is process-wide and permanent: ``pyro-bnnlv``'s ``main`` applies it also when
-    called in-process (as the tests do).
+    A training step allocates and frees tensors of several MB, which glibc by default serves with
+    ``mmap`` or hands back once twice that is free, so every step faults the same pages in again.
+    Raising the mmap threshold to 32 MiB (glibc's ceiling for its dynamic threshold on 64-bit) and
+    the trim threshold to 1 GiB keeps them in the heap (``docs/results/bench-allocator.txt``; the
+    losses are bitwise the same). The cost: a process keeps its peak heap. Process-wide and
+    permanent; used by the sweep's local workers and by ``pyro-bnnlv``'s ``main`` (also when called
+    in-process), not by ``import pyro_bnnlv``.
 
     Returns whether both settings took (``False`` off glibc, e.g. macOS or musl: nothing changes;
     if glibc refuses the mmap threshold, the trim threshold is not touched either). Both values

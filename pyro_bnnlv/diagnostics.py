@@ -1,13 +1,9 @@
 r"""ArviZ export and function-space convergence diagnostics.
 
 * :func:`to_inference_data` turns an ``MCMC`` run, a fitted guide (or several restarts, as
-  chains) or posterior samples into an ``arviz.InferenceData`` with named dimensions that
-  ``az.plot_trace(idata)`` and ``az.summary(idata)`` read as they are: ``posterior`` holds ``f``
-  at a few inputs (and any scalar latent site, e.g. a sampled noise scale), the raw weights ``w``
-  (and per-datapoint ``z``) go to a group of their own, ``weights`` (``weights=True`` puts them in
-  ``posterior``, for ``az.plot_trace(idata, var_names=["w"])``); ``posterior_predictive``
-  (``obs``), ``log_likelihood`` (``obs``, pointwise, so ``az.loo`` and ``az.waic`` work),
-  ``observed_data``, ``constant_data`` (``x`` and the inputs ``x_eval`` of ``f``) and, for MCMC runs of :func:`~pyro_bnnlv.infer.mcmc.run_nuts`,
+  chains) or posterior samples into an ``arviz.InferenceData`` that ``az.plot_trace(idata)``,
+  ``az.summary(idata)`` and ``az.loo`` read as they are: ``f`` at a few inputs in ``posterior``,
+  the raw weights in a group of their own, and, for :func:`~pyro_bnnlv.infer.mcmc.run_nuts`,
   ``sample_stats`` (``diverging``, ``n_steps``, ``lp``, ``acceptance_rate``, ``tree_depth``).
 * :func:`plot_trace` draws the traces of those function values and of the log-likelihood.
 * :func:`posterior_summary` reports R-hat and ESS on function values and on the
@@ -21,12 +17,9 @@ The likelihood of a BNN is invariant under permutations of hidden units, sign fl
 tanh unit's incoming and outgoing weights, and (for ReLU) rescalings between layers. The
 posterior therefore has many symmetric copies of every mode. Two chains in two copies describe
 *the same* distribution over functions but disagree on every weight, so weight R-hat is large
-although nothing is wrong; conversely a chain can mix well within one copy and still be far from
-the full posterior, which weight diagnostics cannot see either. Quantities invariant under the
-symmetries -- the function values ``f(x)`` at chosen inputs, the log-likelihood, the log joint --
-are what the posterior predictive depends on, and their R-hat/ESS are the ones to read.
-:func:`posterior_summary` reports them first and keeps the weight diagnostics (median and worst
-over all weights) for reference.
+although nothing is wrong. Quantities invariant under the symmetries -- ``f(x)`` at chosen
+inputs, the log-likelihood, the log joint -- are what the posterior predictive depends on, and
+their R-hat/ESS are the ones to read: :func:`posterior_summary` reports them first.
 """
 
 from __future__ import annotations
@@ -367,27 +360,20 @@ def _diag_rows(arr: np.ndarray, labels: Sequence[str], kind: str) -> list[dict]:
 
 
 def _aggregate(rows: list[dict], name: str, kind: str) -> list[dict]:
+    """Two rows: the median and the worst (min ESS, max R-hat) of ``rows``."""
     df = pd.DataFrame(rows)
     n = len(df)
     return [
         {
-            "quantity": f"{name}: median over {n}",
+            "quantity": f"{name}: {label} {n}",
             "kind": kind,
             "mean": math.nan,
             "sd": math.nan,
-            "ess_bulk": float(df.ess_bulk.median()),
-            "ess_tail": float(df.ess_tail.median()),
-            "r_hat": float(df.r_hat.median()),
-        },
-        {
-            "quantity": f"{name}: worst of {n}",
-            "kind": kind,
-            "mean": math.nan,
-            "sd": math.nan,
-            "ess_bulk": float(df.ess_bulk.min()),
-            "ess_tail": float(df.ess_tail.min()),
-            "r_hat": float(df.r_hat.max()),
-        },
+            "ess_bulk": float(getattr(df.ess_bulk, low)()),
+            "ess_tail": float(getattr(df.ess_tail, low)()),
+            "r_hat": float(getattr(df.r_hat, high)()),
+        }
+        for label, low, high in (("median over", "median", "median"), ("worst of", "min", "max"))
     ]
 
 
@@ -502,9 +488,8 @@ def posterior_summary(
     * ``"log_lik"``: the total log-likelihood ``sum_n log p(y_n | ...)`` of each draw, and the
       log joint ``lp`` when the sampler recorded it;
     * ``"w"`` (and ``"z"``): median and worst (max R-hat, min ESS) over all weights, or every
-      weight with ``per_weight=True``, read from the ``weights`` group (or ``posterior``). Weight diagnostics of a BNN are not meaningful on their own
-      (see the module docstring): a large weight R-hat with good function-space R-hat usually
-      means the chains sit in symmetric copies of the same mode.
+      weight with ``per_weight=True``, read from the ``weights`` group (or ``posterior``); not
+      meaningful on their own (module docstring).
 
     R-hat is ArviZ's rank-normalised split R-hat; ESS are ArviZ's bulk and tail ESS. Needs at
     least 2 chains for a meaningful R-hat (with one chain R-hat only compares its two halves).

@@ -4,16 +4,10 @@ Every model in the library stores all network weights in one latent site ``"w"``
 shape is ``(P,)``. A :class:`FlatNet` maps such a vector (or a batch of them) to the network
 function ``f(x; w)``:
 
-* ``w`` of shape ``(*B, P)`` and ``x`` of shape ``(N, D)`` or ``(*B, N, D)`` (broadcastable)
-  give ``f`` of shape ``(*B, N, out_features)`` in one batched computation, with no Python loop
-  over the ``S = prod(B)`` weight samples.
-
-Two implementations:
-
-* :class:`MLP`, a fully connected network written directly on slices of the flat vector
-  (batched matrix products), with the activations used by the papers;
-* :class:`ModuleNet`, an adapter that turns any ``torch.nn.Module`` into the same interface via
-  ``torch.func.functional_call`` and ``torch.vmap``.
+``w`` of shape ``(*B, P)`` and ``x`` of shape ``(N, D)`` or ``(*B, N, D)`` (broadcastable) give
+``f`` of shape ``(*B, N, out_features)`` in one batched computation. Two implementations:
+:class:`MLP`, written on slices of the flat vector, and :class:`ModuleNet`, any
+``torch.nn.Module`` through ``torch.func.functional_call`` and ``torch.vmap``.
 """
 
 from __future__ import annotations
@@ -270,14 +264,10 @@ class ModuleNet(FlatNet):
       higher cost per step than the compiled loss an ``MLP`` gets.
     * NUTS: a plain ``nn.Sequential`` of biased ``nn.Linear`` layers and one activation of
       :class:`MLP`'s (:func:`equivalent_mlp`) gets the compiled potential of that :class:`MLP` on
-      the same weight vector (``run_nuts`` says so in one line; its check against the traced model
-      compares the two). Any other module has no compiled fast path: ``run_nuts`` builds the
-      potential from ``log p(y | x, w) + log p(w)`` with autograd gradients (Python,
-      ``FlatPotential.from_log_density``) under the compiled tree, and warns once. Each leapfrog
-      step then costs a forward and backward pass through ``functional_call``: for a 6-32-32-1
-      network on 300 points several times the hand-written potential of the same :class:`MLP`
-      (whose cost ``pyro-bnnlv bench nuts`` reports), and NUTS's trees often take hundreds of
-      steps per draw, so budget accordingly.
+      the same weight vector. Any other module's potential has autograd gradients
+      (``FlatPotential.from_log_density``; ``run_nuts`` warns once): each leapfrog step is a
+      forward and backward pass through ``functional_call``, several times the hand-written
+      potential's cost, and NUTS's trees often take hundreds of steps per draw.
     * Saving with :func:`~pyro_bnnlv.serialization.save_fit` needs an :class:`MLP`.
     """
 
@@ -456,10 +446,8 @@ def equivalent_mlp(module: nn.Module | ModuleNet) -> MLP | None:
 
     An ``nn.Sequential`` ``Linear(D, H_1), act, Linear(H_1, H_2), act, ..., Linear(H_k, L)``, with
     every ``nn.Linear`` biased and one activation throughout, is ``MLP(D, [H_1, .., H_k], L,
-    activation=act)``, weight for weight: :class:`ModuleNet` concatenates
-    ``named_parameters()`` (``0.weight``, ``0.bias``, ``2.weight``, ...), each ``weight (out, in)``
-    flattened row-major, which is :class:`MLP`'s layout (per layer ``W_l (fan_out, fan_in)``
-    row-major, then ``b_l``). The activations recognised are torch's own classes computing a
+    activation=act)``, weight for weight (:class:`ModuleNet`'s ``named_parameters()`` order is
+    :class:`MLP`'s layout). The activations recognised are torch's own classes computing a
     table row exactly: ``nn.Tanh``, ``nn.ReLU``, ``nn.LeakyReLU(0.01)`` (torch's default slope),
     ``nn.Sigmoid``, ``nn.SiLU``, ``nn.GELU(approximate="none")``, ``nn.Softplus(beta=1,
     threshold=20)`` (the defaults) and ``nn.Identity``. Anything else (subclasses, other

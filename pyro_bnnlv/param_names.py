@@ -4,18 +4,14 @@ Pyro keeps every ``pyro.param`` in one global store, keyed by name, and a
 :class:`~pyro.nn.PyroModule` (every autoguide) names its parameters after its class:
 ``"AutoNormal.locs.w"``. Two guides of one class therefore share names, and when a guide runs
 and finds *another* tensor under its name it adopts that tensor (``PyroModule.__getattr__``,
-"Update PyroModule <--- ParamStore"). Fit ``guide_a`` and ``guide_b`` and call
-``Predictive(model_a, guide=guide_a)`` then ``Predictive(model_b, guide=guide_b)``: B predicts
-with A's posterior from then on, silently (a notebook cell re-run does the same with the
-previous run's guide).
+"Update PyroModule <--- ParamStore"): ``Predictive(model_b, guide=guide_b)`` after
+``Predictive(model_a, guide=guide_a)`` silently predicts with A's posterior.
 
-Pyro's own remedy, ``pyro.settings.set(module_local_params=True)``, keeps each module's
-parameters on the module; measured on Pyro 1.9.2 it fixes the aliasing with an eager
-``Trace_ELBO`` but breaks every compiled loss (``JitTrace_ELBO`` and this library's default
-``CompiledTraceElbo`` look parameters up by name in the global store: ``KeyError:
-'MeanField.locs.w'``), and it must be set before any guide is built. So the library's guides take
-the other route that Pyro's naming allows: each instance gets its own name prefix
-(``"MeanField_3.locs.w"``), and :func:`own_param_names` does the same for any user guide.
+Pyro's own remedy, ``pyro.settings.set(module_local_params=True)``, breaks every compiled loss
+(``JitTrace_ELBO`` and this library's ``CompiledTraceElbo`` look parameters up by name in the
+global store; Pyro 1.9.2) and must be set before any guide is built. So each of the library's
+guides gets its own name prefix (``"MeanField_3.locs.w"``), and :func:`own_param_names` does the
+same for any user guide.
 """
 
 from __future__ import annotations

@@ -16,12 +16,9 @@ input is the Gaussian mixture ``(1/S) sum_s N(f(x; w_s), sigma^2)`` of :func:`~p
 Yacoby, Pan & Doshi-Velez 2022, arXiv:1911.00569), or one Gaussian for the linearised Laplace;
 intervals are its exact quantiles (:func:`~pyro_bnnlv.stats.predictive.mixture_interval`).
 
-Every helper returns the ``matplotlib.figure.Figure``, draws into ``ax=`` when given (so it can
-be a panel of your own figure) and never changes matplotlib's backend: in a notebook or an
-interactive session the figure shows as usual; on a machine without a display matplotlib picks
-its non-interactive ``Agg`` backend by itself (set ``MPLBACKEND=Agg`` to force it). With ``path``
-the figure is also written there (and, when the helper created it, closed, so batch scripts do not
-accumulate open figures; the returned figure can still be saved again).
+Every helper returns the ``matplotlib.figure.Figure``, draws into ``ax=`` when given and never
+changes matplotlib's backend. With ``path`` the figure is also written there (and, when the
+helper created it, closed, so batch scripts do not accumulate open figures).
 """
 
 from __future__ import annotations
@@ -149,9 +146,8 @@ def plot_predictive_1d(
 
     Args:
         model: the fitted model (exposes ``predictive_components``).
-        posterior: any posterior :func:`~pyro_bnnlv.evaluate` takes (module docstring):
-            samples, an ``MCMC`` run, an ``InferenceData``, a fitted guide (``num_samples`` draws,
-            seeded by ``seed``) or a fitted ``LinearizedLaplace``.
+        posterior: any posterior :func:`~pyro_bnnlv.evaluate` takes (module docstring; a guide
+            gives ``num_samples`` draws, seeded by ``seed``).
         data: a :class:`~pyro_bnnlv.datasets.Dataset` with one input (e.g. from
             :func:`~pyro_bnnlv.datasets.from_arrays`); for more inputs use
             :func:`plot_predicted_vs_observed` and :func:`plot_calibration`. The grid spans its
@@ -160,9 +156,8 @@ def plot_predictive_1d(
             ``y * y_std + y_mean``).
         path: also write the figure there (PNG, PDF, ... by extension).
         ax: draw into this matplotlib axes instead of a new figure.
-        latent_draws: latent inputs per weight sample and grid point for BNN+LV (default 1:
-            one prior draw per weight sample, a Monte-Carlo estimate of the same predictive;
-            :func:`~pyro_bnnlv.evaluate`'s 64 smooth the band at 64 times the cost).
+        latent_draws: latent inputs per weight sample and grid point for BNN+LV (default 1, a
+            Monte-Carlo estimate of the same predictive; :func:`~pyro_bnnlv.evaluate` uses 64).
 
     Returns the figure. The band is the exact ``(1 -/+ level) / 2`` quantiles of the predictive
     mixture, as in :func:`~pyro_bnnlv.evaluate`.

@@ -6,11 +6,10 @@ attributes one by one (``pb.protocols``):
 * :class:`ChecksData`: ``check_data(x, y)``, clear errors before Pyro traces anything;
 * :class:`HasNetwork`: a :class:`~pyro_bnnlv.nets.FlatNet` ``net`` with a flat weight vector;
 * :class:`HasLatents`: ``latent_dim`` latent inputs per datapoint or per code;
-
 * :class:`RegressionModel`: a Pyro model ``model(x, y=None)`` with a flat weight site ``"w"``,
-  ``check_data(x, y)`` (clear errors before Pyro traces anything), ``f(x, w)`` (the network
-  output for a batch of weight samples) and ``predictive_components(x, samples)`` (the
-  predictive mean and scale per sample): BNN, BNN+LV, projected BNN, the linear model;
+  ``check_data``, ``f(x, w)`` (the network output for a batch of weight samples) and
+  ``predictive_components(x, samples)`` (the predictive mean and scale per sample): BNN,
+  BNN+LV, projected BNN, the linear model;
 * :class:`NetworkModel`: a regression model on a :class:`~pyro_bnnlv.nets.FlatNet` ``net``
   (BNN, BNN+LV, projected BNN);
 * :class:`LatentModel`: a regression model with latent variables besides ``w``

@@ -25,6 +25,7 @@ import re
 import secrets
 import zipfile
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -119,26 +120,34 @@ def _lookup(table: dict[str, type], name: Any, what: str, path: Path, fmt: Any) 
     return table[key]
 
 
-def _check_plain(value: Any, name: str) -> None:
-    """Only data ``torch.load(weights_only=True)`` can read back: numbers, strings, None, tensors,
-    and lists / tuples / dicts of them."""
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{name}[{i}]")
-        return
+def _leaves(value: Any, name: str, bad_key: Callable[[str, Any], Exception]) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` of every leaf of nested lists, tuples and dicts (``name[0]``,
+    ``name['key']``); a dict key that is not a string raises ``bad_key(name, key)``."""
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"{name} has a non-string key {k!r}; save_fit stores string keys only")
-            _check_plain(v, f"{name}[{k!r}]")
-        return
-    kind = f"function ({type(value).__name__})" if callable(value) else type(value).__name__
-    hint = " (initialisation functions need not be saved: the saved state overrides them)" if callable(value) else ""
-    raise TypeError(
-        f"{name} is a {kind}; a fit file holds only numbers, strings, tensors and lists/dicts of them, so drop it{hint}"
-    )
+                raise bad_key(name, k)
+            yield from _leaves(v, f"{name}[{k!r}]", bad_key)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{name}[{i}]", bad_key)
+    else:
+        yield name, value
+
+
+def _check_plain(value: Any, name: str) -> None:
+    """Only data ``torch.load(weights_only=True)`` can read back: numbers, strings, None, tensors,
+    and lists / tuples / dicts of them."""
+    for at, v in _leaves(
+        value, name, lambda at, k: TypeError(f"{at} has a non-string key {k!r}; save_fit stores string keys only")
+    ):
+        if v is None or isinstance(v, (bool, int, float, str, torch.Tensor)):
+            continue
+        kind = f"function ({type(v).__name__})" if callable(v) else type(v).__name__
+        hint = " (initialisation functions need not be saved: the saved state overrides them)" if callable(v) else ""
+        raise TypeError(
+            f"{at} is a {kind}; a fit file holds only numbers, strings, tensors and lists/dicts of them, so drop it{hint}"
+        )
 
 
 def _y_shape(model: torch.nn.Module, x: torch.Tensor, model_kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -195,16 +204,12 @@ def save_fit(
     """
     path = _check_save_path(path)
     model_name, guide_name = _registered_name(type(model), _MODELS), _registered_name(type(guide), _GUIDES)
-    if model_name is None:
-        raise TypeError(
-            f"model {type(model).__name__} is not a class load_fit rebuilds; register it with "
-            "pyro_bnnlv.serialization.register_class(cls, 'model') first"
-        )
-    if guide_name is None:
-        raise TypeError(
-            f"guide {type(guide).__name__} is not a class load_fit rebuilds; register it with "
-            "pyro_bnnlv.serialization.register_class(cls, 'guide') first"
-        )
+    for kind, obj, registered in (("model", model, model_name), ("guide", guide, guide_name)):
+        if registered is None:
+            raise TypeError(
+                f"{kind} {type(obj).__name__} is not a class load_fit rebuilds; register it with "
+                f"pyro_bnnlv.serialization.register_class(cls, {kind!r}) first"
+            )
     model_kwargs = dict(model_kwargs or {})
     _check_plain(model_kwargs, "model_kwargs")
     if isinstance(model, ChecksData):
@@ -476,29 +481,20 @@ def _validate(payload: dict[str, Any], path: Path, guide_cls: type) -> None:
 
 def _check_file_plain(value: Any, name: str, path: Path) -> None:
     """Plain data (as :func:`_check_plain`) with finite numbers, positive where the name is a scale."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise _Damaged(path, name, f"has a non-string key {k!r}")
-            _check_file_plain(v, f"{name}[{k!r}]", path)
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_file_plain(v, f"{name}[{i}]", path)
-        return
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise _Damaged(path, name, f"is {value!r}, not a finite number")
-        if _is_scale(name) and not value > 0:
-            raise _Damaged(path, name, f"is {value!r}: a scale must be positive")
-        return
-    if torch.is_tensor(value) and name.startswith("model_kwargs"):
-        if value.is_floating_point() and not torch.isfinite(value).all():
-            raise _Damaged(path, name, "contains NaN or infinite values")
-        return
-    raise _Damaged(path, name, f"is a {type(value).__name__}; save_fit writes numbers, strings and lists/dicts of them")
+    for at, v in _leaves(value, name, lambda at, k: _Damaged(path, at, f"has a non-string key {k!r}")):
+        if v is None or isinstance(v, (bool, str)):
+            continue
+        if isinstance(v, (int, float)):
+            if not math.isfinite(v):
+                raise _Damaged(path, at, f"is {v!r}, not a finite number")
+            if _is_scale(at) and not v > 0:
+                raise _Damaged(path, at, f"is {v!r}: a scale must be positive")
+        elif not torch.is_tensor(v) or not at.startswith("model_kwargs"):
+            raise _Damaged(
+                path, at, f"is a {type(v).__name__}; save_fit writes numbers, strings and lists/dicts of them"
+            )
+        elif v.is_floating_point() and not torch.isfinite(v).all():
+            raise _Damaged(path, at, "contains NaN or infinite values")
 
 
 def _is_scale(name: str) -> bool:

@@ -12,6 +12,7 @@ import torch
 import pyro_bnnlv as pb
 from pyro_bnnlv.cli import main as cli_main
 from pyro_bnnlv.reproduce import classification as cls
+from pyro_bnnlv.reproduce import tables
 from pyro_bnnlv.reproduce.report import TABLES
 
 
@@ -154,5 +155,8 @@ def test_grid_paired_differences_and_tables():
     mean, se, n = cls.paired_differences(t, "A", "B", "tv_to_nuts")
     assert n == 3 and mean == pytest.approx(-0.8 / 3)
     assert se == pytest.approx(float(pd.Series([-0.2, -0.3, -0.3]).std() / math.sqrt(3)))
-    assert cls._verdict(mean, se, True, "A", "B") == "A better"
-    assert cls._verdict(-0.01, 0.01, True, "A", "B") == "tie"
+    assert tables.paired_verdict(mean, se, n, "B better", "A better", within=2) == "A better"
+    assert tables.paired_verdict(-0.01, 0.01, n, "B better", "A better", within=2) == "tie"
+    assert tables.paired_text(mean, se, n, "B better", "A better", 4, style="± {se}", within=2) == (
+        "-0.2667 ± 0.0333, A better"
+    )

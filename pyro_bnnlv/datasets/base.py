@@ -56,13 +56,11 @@ class Dataset:
 
     Inputs are ``(N, D)`` float tensors and targets ``(N,)``. A classification set has
     ``num_classes = K`` (``None`` for regression): its targets are ``torch.long`` class labels
-    ``0..K-1``, ``class_names[k]`` names label ``k`` (the original values, as strings), and its
-    target statistics are the identity (``y_mean = 0``, ``y_std = 1``: labels are never
-    standardised). When ``standardized`` is true the
-    tensors are standardised with the training statistics ``x_mean, x_std, y_mean, y_std``
-    (original = standardised * std + mean); pass ``y_mean``/``y_std`` to
-    :func:`pyro_bnnlv.evaluate` to report metrics on the original scale. Otherwise the statistics
-    are the identity (mean 0, std 1).
+    ``0..K-1``, ``class_names[k]`` names label ``k``, and labels are never standardised. When
+    ``standardized`` is true the tensors are standardised with the training statistics
+    ``x_mean, x_std, y_mean, y_std`` (original = standardised * std + mean; pass the data set or
+    ``y_mean``/``y_std`` to :func:`pyro_bnnlv.evaluate` for the original scale); otherwise the
+    statistics are the identity.
 
     ``extras`` holds anything else a generator knows: ground-truth latent inputs ``z_*``,
     out-of-distribution inputs ``x_ood``, the true noise standard deviation, and so on.

@@ -6,25 +6,20 @@ loaded; ``pip install scikit-learn``):
 * ``digits``: the 8x8 handwritten digits of the UCI "Optical Recognition of Handwritten Digits"
   set (Alpaydin & Kaynak 1998) as scikit-learn ships them: 1,797 images, 64 inputs (pixel
   counts 0-16), ``K = 10``;
-* ``digits-ood``: the same images of the digits 0-4 only (``K = 5``); the images of 5-9 are the
-  out-of-distribution inputs ``extras["x_ood"]`` (standardised with the training statistics, as
-  every ``x_*`` extra is) and their digits ``extras["digit_ood"]`` (``torch.long``, 5-9);
+* ``digits-ood``: the digits 0-4 only (``K = 5``), the images of 5-9 as ``extras["x_ood"]``;
 * ``breast-cancer``: Wisconsin Diagnostic Breast Cancer (Street, Wolberg & Mangasarian 1993),
   569 rows, 30 inputs, ``K = 2`` (0 malignant, 1 benign, scikit-learn's coding);
 * ``iris``: Fisher (1936), 150 rows, 4 inputs, ``K = 3``;
 * ``wine-classes``: UCI Wine recognition (Forina et al.; three cultivars), 178 rows, 13 inputs,
   ``K = 3``. (``wine`` is the UCI wine-quality *regression* set.)
 
-These get a seeded stratified random split, ``fractions=(0.6, 0.2, 0.2)`` train / validation /
-test by default: ``round(f * N)`` rows for the validation and test sets, each class contributing
-in proportion to its size (largest remainders) and always keeping training rows
-(:func:`~pyro_bnnlv.datasets.base.stratified_split`, drawn by ``numpy.random.default_rng(seed)``).
+These get a seeded stratified random split (:func:`~pyro_bnnlv.datasets.base.stratified_split`),
+``fractions=(0.6, 0.2, 0.2)`` train / validation / test by default.
 
 Synthetic sets (``sizes=(n_train, n_valid, n_test)``, default ``(300, 100, 100)``; ``seed`` draws
 the points and the split):
 
-* ``two-moons``: ``sklearn.datasets.make_moons`` (two interleaved half circles, Gaussian noise of
-  standard deviation ``noise``, default 0.2), its ``sum(sizes)`` points split stratified;
+* ``two-moons``: ``sklearn.datasets.make_moons`` (noise sd ``noise``, default 0.2), split stratified;
 * ``spirals``: two interleaved spirals, the "two-spirals" problem of Lang & Witbrock (1988) with
   continuous positions: for class ``c in {0, 1}`` and ``t ~ U(0.1, 1)``,
   ``x = t (cos a, sin a) + eps`` with ``a = 2 pi turns t + pi c`` and ``eps ~ N(0, noise^2 I)``

@@ -11,11 +11,9 @@ in ``../shared/data`` (see its ``README.md`` for the provenance of every file).
 (``data_dir=``, else ``$PYRO_BNNLV_DATA``, else ``../shared/data`` in a development checkout,
 else the user cache ``~/.cache/pyro_bnnlv``; see :func:`~pyro_bnnlv.datasets.base.default_data_dir`)
 and matches its checksum; a missing or damaged file is downloaded again. Downloads go through
-`pooch <https://www.fatiando.org/pooch>`_: each file is streamed to a temporary file in the target
-folder, its hash checked, and only then renamed into place, so an interrupted download never leaves
-a file that passes; transient failures (an HTTP error, a remote file that arrives damaged) are
-retried (``retries``, default 3). A failed connection is not: without network the first file
-fails at once with one message (what was tried, and the offline ways below).
+`pooch <https://www.fatiando.org/pooch>`_ (streamed to a temporary file, hash-checked, then renamed
+into place); transient failures are retried (``retries``, default 3), a failed connection is not:
+without network the first file fails at once with one message (what was tried, the offline ways).
 
 Files that are not byte-identical to a public file (the header line of airfoil and abalone dropped,
 LIDAR rewritten as CSV, motorcycle without R's row names, abalone's one-hot ``data.txt``) are

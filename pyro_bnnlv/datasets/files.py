@@ -1,11 +1,8 @@
 """Loaders for the real data sets in the shared data directory (formats in its ``README.md``).
 
-The directory is the ``data_dir`` argument, else ``$PYRO_BNNLV_DATA``, else ``../shared/data``
-relative to the repository root when it exists, else the user cache ``~/.cache/pyro_bnnlv``
-(:func:`~pyro_bnnlv.datasets.base.default_data_dir`). Every file is checked against the SHA-256 of
-the package manifest; missing or damaged files are downloaded on first use (``download=True``)
-from their public source or a mirror (``mirror=``, else ``$PYRO_BNNLV_MIRROR``; a URL or a
-directory in the data directory's layout): :func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`.
+The directory (:func:`~pyro_bnnlv.datasets.base.default_data_dir`), the checksums and the
+downloads on first use (``download=True``, ``mirror=``) are
+:func:`~pyro_bnnlv.datasets.fetch.fetch_dataset`'s.
 
 * UCI sets with the standard PBP / MC-dropout splits (``uci/<folder>/``): ``split`` selects one
   of the 20 (protein: 5) train/test partitions; ``valid_fraction`` of the training rows (a

@@ -15,12 +15,10 @@ the papers' tables cannot do when their levels are on another scale.
 * Latent-input sets (heavy-tail, depeweg, bimodal: ``y = f(x, z) + eps``,
   ``z ~ N(0, s_z^2)``, ``eps ~ N(0, s^2)``):
   ``p(y | x) = \\int N(y; f(x, z), s^2) N(z; 0, s_z^2) dz``, by the midpoint rule on ``K``
-  equal cells of ``[-8 s_z, 8 s_z]`` with weights ``N(z_k; 0, s_z^2)`` normalised to sum to 1. It
-  stays accurate where ``f`` jumps or turns sharply in ``z`` (bimodal; heavy-tail near
-  ``|x| = 4``), covers the latent's tails (a quantile rule with ``K`` nodes stops at
-  ``Phi^{-1}(1 - 1/2K)`` and underrates outlying ``y`` by orders of magnitude), and, being
-  symmetric about 0, gives bimodal's two branches exactly half the mass each. ``LL*`` is a
-  Monte Carlo mean over points drawn by the data set's own generator, with its standard error.
+  equal cells of ``[-8 s_z, 8 s_z]`` with weights ``N(z_k; 0, s_z^2)`` normalised to sum to 1
+  (accurate where ``f`` jumps in ``z``, covering the latent's tails, and giving bimodal's two
+  branches exactly half the mass each). ``LL*`` is a Monte Carlo mean over points drawn by the
+  data set's own generator, with its standard error.
 
 All on the generator's raw scale (``standardize=False``, the default of these sets);
 :func:`true_log_density` takes ``data=`` for a standardised set's tensors.

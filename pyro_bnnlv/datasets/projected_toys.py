@@ -12,11 +12,9 @@
   modes", times the ``3! 2^3`` unit permutations and sign flips). The dense baseline makes a
   wide unit spanning two bumps worse than missing one, and the mirror symmetry makes the two
   best groups (missing ``x = -3`` or ``x = 3``) exactly equally likely: the weight posterior has
-  two modes of equal mass (up to the symmetries), the setting of Fig. 2. (Measured with 150
-  MAP restarts, ``sigma_y = 0.1``: log-likelihood -508 for either outer bump missed, -929 and
-  below for every other pattern.) ``symmetric=False`` gives the earlier construction (40
-  points per bump, 160 baseline points over ``[-5, 5]``, no symmetry), whose best mode beats
-  the others by hundreds of nats so that the exact posterior has one mode.
+  two modes of equal mass (up to the symmetries), the setting of Fig. 2. ``symmetric=False``
+  gives the earlier construction (40 points per bump, 160 baseline points over ``[-5, 5]``),
+  whose exact posterior has one dominant mode.
   :func:`bumps_fitted`, :func:`missed_bump_modes` and :func:`canonical_rbf_units` are the
   diagnostics the tutorial and tests use.
 * ``sine-tasks``: ``y = a sin(x + b) + eps`` with ``a ~ U(-3, 3)`` per task and ``b`` equally

@@ -10,27 +10,15 @@ network weights,
 
 with, by default, ``l = 5`` and two ReLU hidden layers of 20 and 40 units (sec. 4.3). The
 distribution of ``theta`` is *implicit*: it can be sampled and differentiated through, but it
-has no tractable density (``h`` maps R^5 into R^P, so for ``P > 5`` the law of ``theta`` is not
-even absolutely continuous). Hence:
+has no tractable density (for ``P > l`` not even absolutely continuous). So the guide records
+``"w"`` with :class:`ImplicitSample`, whose ``log_prob`` raises a ``NotImplementedError`` naming
+the ELBOs to use (``Trace_ELBO`` stops instead of treating ``log q(w)`` as 0): train it with
+:class:`~pyro_bnnlv.infer.KNNElbo` (NN-HyVI, eq. 8) or :class:`~pyro_bnnlv.infer.FunctionalKNNElbo`
+(FuNN-HyVI, eq. 9); sampling (``Predictive``, :func:`pyro_bnnlv.sample_posterior`,
+:func:`pyro_bnnlv.evaluate`, :func:`pyro_bnnlv.to_inference_data`) works as for any guide.
 
-* the guide records ``"w"`` with :class:`ImplicitSample`, whose ``log_prob`` raises a
-  ``NotImplementedError`` that names the ELBOs to use. ``Trace_ELBO`` and friends therefore stop
-  with that message instead of silently treating ``log q(w)`` as 0;
-* train it with :class:`~pyro_bnnlv.infer.KNNElbo` (NN-HyVI, eq. 8) or
-  :class:`~pyro_bnnlv.infer.FunctionalKNNElbo` (FuNN-HyVI, eq. 9), which estimate the KL term
-  from samples with the k-NN estimators;
-* sampling works everywhere sampling is all that is needed: ``pyro.infer.Predictive``,
-  :func:`pyro_bnnlv.sample_posterior`, :func:`pyro_bnnlv.evaluate`,
-  :func:`pyro_bnnlv.to_inference_data`.
-
-For a BNN with latent inputs (BNN+LV) the hypernet covers ``"w"`` only and the local ``z`` keep a
-mean-field guide, combined with Pyro's ``AutoGuideList``::
-
-    guide = AutoGuideList(model)
-    guide.append(HypernetGuide(poutine.block(model, expose=["w"])))
-    guide.append(AutoNormal(poutine.block(model, hide=["w"]), create_plates=model.create_plates))
-
-(:func:`hypernet_lv_guide` builds exactly that.)
+For a BNN+LV the hypernet covers ``"w"`` only and the local ``z`` keep a mean-field guide, in
+Pyro's ``AutoGuideList`` (:func:`hypernet_lv_guide`).
 """
 
 from __future__ import annotations
@@ -128,12 +116,10 @@ class HypernetGuide(AutoGuide):
             standard deviation of ``theta`` (over ``eps``) averages ``init_scale`` (a positive
             finite number).
 
-    Each instance names its parameters with its own prefix (``"HypernetGuide_3.hypernet.0.weight"``,
-    see :func:`~pyro_bnnlv.param_names.own_param_names`), so fitted guides never share values
-    through Pyro's global param store. The noise ``eps`` is recorded as an auxiliary site
-    ``"_HypernetGuide_3_eps"`` (``infer``:
-    ``is_auxiliary``, ``implicit_noise``), so it is broadcast by particle and ``Predictive`` plates
-    like any other site, and the k-NN ELBOs know its density is not part of ``log q``.
+    Each instance names its parameters with its own prefix (:func:`~pyro_bnnlv.param_names.own_param_names`).
+    The noise ``eps`` is an auxiliary site ``"_HypernetGuide_3_eps"`` (``infer``: ``is_auxiliary``,
+    ``implicit_noise``), broadcast by particle and ``Predictive`` plates like any other site and
+    left out of ``log q`` by the k-NN ELBOs.
     """
 
     def __init__(

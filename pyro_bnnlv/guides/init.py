@@ -1,10 +1,9 @@
 """Initialisation of guides' locations for network weights.
 
 Pyro's autoguides default to ``init_to_feasible``, which puts every weight at 0: a symmetric
-saddle of the network where all hidden units are identical, from which mean-field VI escapes
-slowly if at all (on the cosine toy, RMSE 0.41 after 1,500 steps against 0.15 from a proper
-initialisation). :func:`init_to_network` starts the weight site at a PyTorch-default network
-initialisation (or a given vector, e.g. a MAP fit) instead.
+saddle where all hidden units are identical (:mod:`~pyro_bnnlv.guides.mean_field`).
+:func:`init_to_network` starts the weight site at a PyTorch-default network initialisation (or
+a given vector, e.g. a MAP fit) instead.
 
 The initial weights follow the dtype (and device) of the model's ``"w"`` site when the guide
 is set up, so a model converted with ``model.double()`` (before or after this function is

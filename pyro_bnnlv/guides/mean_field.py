@@ -12,11 +12,8 @@ fitted by maximising the ELBO ``E_q[log p(y | x, w)] - KL(q || p)`` (Foong, Li, 
 eq. 1 is its Monte Carlo form). It is Pyro's :class:`~pyro.infer.autoguide.AutoNormal`; only the
 starting point differs. Pyro's defaults (``init_to_feasible``: every mean ``mu_i = 0``;
 ``init_scale=0.1``) start at the symmetric saddle where all hidden units are identical, with
-weight noise as large as the weights a network needs. On the two-cluster cosine toy (120 points,
-1x50 tanh, ``N(0, 1)`` prior, ``sigma = 0.1``, 3,000 Adam steps at lr 0.01, seed 0) plain
-``AutoNormal(model)`` reaches a test log-likelihood of -4.23 (RMSE 0.41) and this guide 0.66
-(RMSE 0.13); issue 16 reported -4.4 and 0.46 (``tests/test_default_guide.py`` checks the gap
-at 600 steps).
+weight noise as large as the weights a network needs, and fit far worse
+(``tests/test_default_guide.py`` checks the gap on the cosine toy).
 
 :class:`MeanField` starts the means at a PyTorch-default random network
 (:func:`~pyro_bnnlv.guides.init.init_to_network`) and every ``s_i`` at ``init_scale = 0.01``,
@@ -58,10 +55,8 @@ class MeanField(AutoNormal):
             ``[0, 2**32)``, NumPy integers included; ``None``: torch's global generator).
 
     ``MeanField(model)`` is ``AutoNormal(model, init_loc_fn=pb.init_to_network(model, seed),
-    init_scale=0.01)``: the same parameters, usable wherever an ``AutoNormal`` is. Each instance
-    names its parameters in Pyro's param store with its own prefix (``"MeanField_3.locs.w"``, see
-    :func:`~pyro_bnnlv.param_names.own_param_names`), so two fitted guides never hand each other
-    their values through the global store, in raw ``Predictive`` calls included.
+    init_scale=0.01)``, usable wherever an ``AutoNormal`` is, with its own parameter-name prefix
+    (``"MeanField_3.locs.w"``, :func:`~pyro_bnnlv.param_names.own_param_names`).
     """
 
     def __init__(

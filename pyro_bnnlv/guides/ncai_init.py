@@ -15,9 +15,9 @@ latent-input weights, ``"z"`` drawn from the prior ``N(0, sigma_z^2)`` (default
 
 Why not 0: with every ``mu_z = 0`` the sample of latent means is degenerate, the Henze-Zirkler
 statistic of a one-point sample is maximal, and after Adam's first step (every ``mu_z = +-lr``,
-a two-point sample) the HZ penalty ``N exp(HZ / eps_T)`` is of order 1e13: Adam's second-moment
-estimate absorbs that spike and the latents then move by less than 1e-5 per step for hundreds of
-steps (measured; ``tests/test_ncai.py``). A draw from the prior is what the constraint asks
+a two-point sample) the HZ penalty ``N exp(HZ / eps_T)`` is of order 1e13, whose spike in Adam's
+second-moment estimate then stalls the latents for hundreds of steps (``tests/test_ncai.py``).
+A draw from the prior is what the constraint asks
 ``mu_z`` to look like, so the penalties start near their minimum and the ELBO leads.
 
 :func:`ncai_guide` builds the ``MeanField`` (``AutoNormal``) and randomises its initial scales, so that

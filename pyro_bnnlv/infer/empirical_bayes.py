@@ -55,10 +55,9 @@ class EmpiricalBayes:
     freeze the buffer values it saw when compiling), e.g. ``loss=Trace_ELBO()`` or
     ``NCAIElbo(jit=False)``.
 
-    Reading the result: :attr:`prior_scale` and :attr:`latent_scale` are the current shared
-    scales ``sqrt(s_w)`` and ``sqrt(s_z)`` as floats (``history`` holds every update). The model's
-    ``prior_scale`` buffer keeps its per-weight shape ``(P,)`` (every tool reads it that way), with
-    all ``P`` entries equal to :attr:`prior_scale`.
+    :attr:`prior_scale` and :attr:`latent_scale` are the current shared scales ``sqrt(s_w)`` and
+    ``sqrt(s_z)`` (``history`` holds every update); the model's ``prior_scale`` buffer keeps its
+    shape ``(P,)``, all entries equal.
     """
 
     def __init__(self, model, guide, every: int = 1, alpha: float = 3.0, beta: float = 0.5, update_latent: bool = True):

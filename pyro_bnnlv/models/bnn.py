@@ -11,12 +11,9 @@ Network"):
 with all network weights in one flat latent site ``"w"`` (event shape ``(P,)``) and the
 observations at site ``"obs"`` inside ``pyro.plate("data", N, subsample_size=batch_size)``.
 
-Shapes. ``x`` is ``(N, D)``; ``y`` is ``(N,)`` for a single-output network (``out_features=1``;
-an ``(N, 1)`` column is accepted and read as ``(N,)``) or ``(N, L)``. Under vectorised
-particles or ``Predictive(parallel=True)`` the global ``w`` has batch shape ``(S, 1)`` (the
-trailing 1 is the data plate's dimension); the model then evaluates ``f`` for the ``S`` weight
-vectors at once and gives ``"obs"`` batch shape ``(S, N)``, never ``(S, S, N)`` (a silent
-broadcasting trap, see ``tests/test_bnn.py``).
+Shapes. ``x`` is ``(N, D)``; ``y`` is ``(N,)`` for a single-output network (an ``(N, 1)`` column
+is read as ``(N,)``) or ``(N, L)``. Under vectorised particles or ``Predictive(parallel=True)``
+``w`` has batch shape ``(S, 1)`` and ``"obs"`` batch shape ``(S, N)``, never ``(S, S, N)``.
 
 Classification (``likelihood="categorical"`` or ``"bernoulli"``, :mod:`pyro_bnnlv.models.likelihoods`)
 replaces the Gaussian by ``y_n ~ Cat(softmax(f(x_n; w)))`` over ``K = out_features`` classes (or a

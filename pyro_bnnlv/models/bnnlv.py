@@ -14,12 +14,9 @@ network has ``in_features = D + K``.
 
 Prediction (eq. 3): for a *new* input the latent is drawn from the prior, never taken from the
 training points' variational posteriors: ``p(y*|x*) = E_{q(w)} E_{p(z*)} N(y*; f([x*, z*]; w),
-sigma^2)``. :meth:`BNNLV.predictive_components` implements exactly that and is what
-:func:`pyro_bnnlv.evaluate` uses. A ``pyro.infer.Predictive(model, guide)`` call replays the
-guide's training ``z``: it is the right tool for reconstructing the *training* targets (eq. 33),
-and it refuses test inputs whose number differs from the training set (the guide's ``z`` has
-the training set's size). Use :func:`pyro_bnnlv.sample_posterior` for ``w`` and then
-``evaluate``/``predictive_components`` on test inputs.
+sigma^2)``, as :meth:`BNNLV.predictive_components` and :func:`pyro_bnnlv.evaluate` compute it.
+``pyro.infer.Predictive(model, guide)`` replays the guide's training ``z``: right for
+reconstructing the *training* targets (eq. 33), not for test inputs.
 
 Mean-field VI over ``w`` and ``z`` (eq. 4-5) is ``AutoNormal(model,
 create_plates=model.create_plates)``; ``create_plates`` makes the guide subsample ``z`` together
@@ -119,15 +116,11 @@ class BNNLV(BNN):
                 U_{s,n}) mod 1)`` (a Cranley-Patterson rotation; for ``K = 1`` and ``M`` a power
                 of 2 a systematic sample of ``M`` equally spaced prior quantiles). ``M = 1``
                 (``v_1 = 0``) is one i.i.d. draw ``z* ~ p(z)`` per weight sample and input. The
-                uniforms are drawn input by input, so the draws for the first inputs do not
-                depend on how many inputs follow.
-                Each point is marginally ``N(0, sigma_z^2 I)``, so the mixture's density stays an
-                unbiased estimate of the ``z`` integral, with far less variance than ``M``
-                independent draws: the integrand is a narrow function of ``z`` wherever ``f`` is
-                steep in ``z``, and a few i.i.d. draws miss it (heavy-tail, MFVI fit: test LL
-                -2.58 with 500 weight samples x 1 draw, -2.13 with 20,000 x 1). Rows ``s * M ..
-                s * M + M - 1`` of ``loc`` belong to weight sample ``s``; ``loc`` is
-                ``(S * M, N, L)``.
+                uniforms are drawn input by input (the first inputs' draws do not depend on how
+                many follow). Each point is marginally ``N(0, sigma_z^2 I)``, so the mixture's
+                density stays an unbiased estimate of the ``z`` integral, with far less variance
+                than ``M`` independent draws where ``f`` is steep in ``z``. Rows ``s * M ..
+                s * M + M - 1`` of ``loc`` ``(S * M, N, L)`` belong to weight sample ``s``.
         """
         self._check_dtype(x)
         M = as_positive_int(latent_draws, "latent_draws")

@@ -36,9 +36,7 @@ _log = logging.getLogger("pyro_bnnlv")
 #: the notices :func:`mlp_of` gave in this process (each is said once)
 _SAID: set[str] = set()
 
-#: a gradient of the autograd potential of a ModuleNet against the compiled one of the same MLP, for
-#: 6-32-32-1 on 300 points (one thread, 2 cores under load 4-5): silu 2.1 ms vs 0.17 ms (4.9 vs 0.27),
-#: tanh 1.6 vs 0.06 ms (5.8 vs 0.20)
+#: a gradient of the autograd potential of a ModuleNet against the compiled one of the same MLP
 _MODULENET_SLOWDOWN = "10-30x"
 
 
@@ -236,12 +234,8 @@ def _regression_terms(
     sigma = float(torch.as_tensor(noise_scale).detach())
     if not sigma > 0:
         raise ValueError(f"noise_scale must be positive, got {sigma}")
-    scale = torch.as_tensor(prior_scale, dtype=dtype).detach().expand(P).clone()
-    loc = torch.as_tensor(prior_loc, dtype=dtype).detach().expand(P).clone()
-    if (scale <= 0).any():
-        raise ValueError("prior_scale must be positive")
-    prec = scale.pow(-2)
-    const = N * L * (math.log(sigma) + _LOG_SQRT_2PI) + float(scale.log().sum()) + P * _LOG_SQRT_2PI
+    loc, prec, prior_const = _prior_terms(P, dtype, prior_loc, prior_scale)
+    const = N * L * (math.log(sigma) + _LOG_SQRT_2PI) + prior_const
     sites: dict[str, tuple[int, ...]] = {"w": (P,)}
     if K:
         zscale = torch.as_tensor(latent_scale, dtype=dtype).detach().expand(K).clone()
@@ -331,22 +325,28 @@ def mlp_regression_potential(
         u += 0.5 * torch.dot(zp.view(-1), z.reshape(-1)).item()
         return u, torch.cat([gw, gz.view(-1)])
 
+    terms = (loc, prec, has_loc, inv_var, const, K, zprec if K else torch.ones(0, dtype=dtype))
+    return _with_compiled_twin(compiled, sites, value_and_grad, net, xin, Y, terms, "gaussian")
+
+
+def _with_compiled_twin(
+    compiled: bool | None,
+    sites: dict,
+    value_and_grad: Callable,
+    net: MLP,
+    xin: Tensor,
+    Y: Tensor,
+    terms: tuple,
+    lik: str,
+) -> FlatPotential:
+    """``FlatPotential(sites, value_and_grad)``, or the compiled ``MLPPotential`` of the same
+    ``terms`` (``loc, prec, has_loc, inv_var, const, latent_dim, zprec``) and likelihood ``lik``
+    when :func:`~pyro_bnnlv._compiled.resolve_nuts_extension` gives the C++ core."""
     ext = resolve_extension(compiled)
     if ext is None:
         return FlatPotential(sites, value_and_grad)
-    core = ext.MLPPotential(
-        xin,
-        Y,
-        [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        row.code,
-        loc,
-        prec,
-        has_loc,
-        inv_var,
-        const,
-        K,
-        zprec if K else torch.ones(0, dtype=dtype),
-    )
+    layers = [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers]
+    core = ext.MLPPotential(xin, Y, layers, net.activation_row.code, *terms, _LIKELIHOOD_CODES[lik])
     return FlatPotential(sites, core.value_and_grad, compiled=core)
 
 
@@ -478,21 +478,5 @@ def mlp_classification_potential(
         u = ce + 0.5 * torch.dot(pd, d).item() + const
         return u, torch.add(pd, gbuf)
 
-    ext = resolve_extension(compiled)
-    if ext is None:
-        return FlatPotential({"w": (P,)}, value_and_grad)
-    core = ext.MLPPotential(
-        xin,
-        Y,
-        [(fi, fo, w_sl.start, b_sl.start) for fi, fo, w_sl, b_sl in net.layers],
-        row.code,
-        loc,
-        prec,
-        has_loc,
-        1.0,
-        const,
-        0,
-        torch.ones(0, dtype=dtype),
-        _LIKELIHOOD_CODES[lik.name],
-    )
-    return FlatPotential({"w": (P,)}, core.value_and_grad, compiled=core)
+    terms = (loc, prec, has_loc, 1.0, const, 0, torch.ones(0, dtype=dtype))
+    return _with_compiled_twin(compiled, {"w": (P,)}, value_and_grad, net, xin, Y, terms, lik.name)

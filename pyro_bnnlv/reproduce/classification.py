@@ -250,19 +250,10 @@ def posterior_bytes(posterior: Any) -> int:
 def paired_differences(table: pd.DataFrame, a: str, b: str, column: str) -> tuple[float, float, int]:
     """``(mean, SE, n)`` of ``column`` of method ``a`` minus method ``b``, paired by ``seed``
     (``SE = sd / sqrt(n)``, NaN for ``n < 2``)."""
-    wide = table.pivot_table(index="seed", columns="method", values=column)
+    wide = tables.by_method(table, "seed", [column])[column]
     if a not in wide.columns or b not in wide.columns:
         return math.nan, math.nan, 0
     return tables.paired(wide[a], wide[b])
-
-
-def _verdict(mean: float, se: float, lower_is_better: bool, a: str, b: str) -> str:
-    if not (math.isfinite(mean) and math.isfinite(se)):
-        return "n/a"
-    if abs(mean) <= 2 * se:
-        return "tie"
-    a_better = (mean < 0) == lower_is_better
-    return f"{a} better" if a_better else f"{b} better"
 
 
 def _metrics(y: Tensor, probs: Tensor) -> dict[str, float]:
@@ -712,19 +703,28 @@ def two_moons_table(frames: list[pd.DataFrame], paths: list[str], options: dict[
     return tables.table(["method", "seeds"] + [label for _, label, _ in cols], rows)
 
 
+def _paired_rows(t: pd.DataFrame, pairs, columns: Sequence[str], decimals: int) -> list[list[str]]:
+    """Per pair ``(a, b)`` of methods, ``a - b`` of each column (lower is better) paired by seed:
+    ``"mean ± SE, verdict"`` with a tie within 2 SE (:func:`.tables.paired_text`)."""
+    rows = []
+    for a, b in pairs:
+        cells = [
+            tables.paired_text(
+                *paired_differences(t, a, b, c), f"{b} better", f"{a} better", decimals, style="± {se}", within=2
+            )
+            for c in columns
+        ]
+        rows.append([f"{a} − {b}", *cells])
+    return rows
+
+
 def two_moons_paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str, str]) -> str:
     """The two-moons methods ordered by mean TV to NUTS, each against the next: the paired
     difference (same seed) of the TV and of the KL with its SE and the verdict ("tie" within 2 SE)."""
     t = pd.concat(frames, ignore_index=True)
     methods = [m for m in TWO_MOONS_METHODS if m in set(t["method"]) and m != "NUTS"]
     order = sorted(methods, key=lambda m: float(t[t["method"] == m]["tv_to_nuts"].mean()))
-    rows = []
-    for a, b in zip(order, order[1:]):
-        cells = [f"{a} − {b}"]
-        for col in ("tv_to_nuts", "kl_to_nuts"):
-            mean, se, _ = paired_differences(t, a, b, col)
-            cells.append(f"{tables.num(mean, 4)} ± {tables.num(se, 4)}, {_verdict(mean, se, True, a, b)}")
-        rows.append(cells)
+    rows = _paired_rows(t, zip(order, order[1:]), ("tv_to_nuts", "kl_to_nuts"), 4)
     return tables.table(["pair (ordered by mean TV)", "TV difference ± SE", "KL difference ± SE"], rows)
 
 
@@ -752,13 +752,7 @@ def digits_paired_table(frames: list[pd.DataFrame], paths: list[str], options: d
     """K-FAC Laplace and MFVI minus MAP per seed: paired differences ± SE of the test NLL, ECE and
     Brier (lower is better) and the verdict ("tie" within 2 SE)."""
     t = pd.concat(frames, ignore_index=True)
-    rows = []
-    for a, b in (("K-FAC", "MAP"), ("MFVI", "MAP"), ("K-FAC", "MFVI")):
-        cells = [f"{a} − {b}"]
-        for col in ("nll", "ece", "brier"):
-            mean, se, _ = paired_differences(t, a, b, col)
-            cells.append(f"{tables.num(mean, 3)} ± {tables.num(se, 3)}, {_verdict(mean, se, True, a, b)}")
-        rows.append(cells)
+    rows = _paired_rows(t, (("K-FAC", "MAP"), ("MFVI", "MAP"), ("K-FAC", "MFVI")), ("nll", "ece", "brier"), 3)
     return tables.table(["pair", "test NLL difference ± SE", "ECE difference ± SE", "Brier difference ± SE"], rows)
 
 

@@ -722,11 +722,7 @@ def _uci_ranked(t: pd.DataFrame) -> dict[str, tuple[list[str], dict[str, pd.Data
     out = {}
     for dataset, block in t.groupby("dataset", sort=False):
         order = list(block.groupby("method", sort=False)["test_ll"].mean().sort_values(ascending=False).index)
-        wide = {
-            col: block.pivot_table(index="split", columns="method", values=col)
-            for col in ("test_ll", "rmse", "auroc_ood")
-        }
-        out[dataset] = order, wide
+        out[dataset] = order, tables.by_method(block, "split", ("test_ll", "rmse", "auroc_ood"))
     return out
 
 

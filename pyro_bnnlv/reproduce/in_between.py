@@ -650,7 +650,6 @@ def protocol_paired_table(frames: list[pd.DataFrame], paths: list[str], options:
             mean, se, n = tables.paired(a[ok], b[ok])
             if not n:
                 continue
-            verdict = tables.paired_verdict(mean, se, n, f"{label} better", "default better")
             paper = PAPER_LL[hidden][kind].get(m, {}).get(name, math.nan)
             rows.append(
                 [
@@ -660,7 +659,7 @@ def protocol_paired_table(frames: list[pd.DataFrame], paths: list[str], options:
                     str(n),
                     tables.num(float(a[ok].mean())),
                     tables.num(float(b[ok].mean())),
-                    f"{mean:+.2f} ({se:.2f}), {verdict}",
+                    tables.paired_text(mean, se, n, f"{label} better", "default better", style="+"),
                     tables.num(paper),
                 ]
             )

@@ -492,9 +492,7 @@ def paired_table(frames: list[pd.DataFrame], paths: list[str], options: dict[str
     lam = "BNN+LV (NCAI_lambda)"
     rows = []
     for dataset, block in table.groupby("dataset", sort=False):
-        wide = {
-            col: block.pivot_table(index="split", columns="method", values=col) for col in ("test_ll", "mi_x_z", "hz_z")
-        }
+        wide = tables.by_method(block, "split", ("test_ll", "mi_x_z", "hz_z"))
         for k, other in enumerate(m for m in METHODS if m != lam and m in wide["test_ll"].columns):
             cells = []
             for col in ("test_ll", "mi_x_z", "hz_z"):
@@ -519,7 +517,7 @@ def paired_summary(frames: list[pd.DataFrame], paths: list[str], options: dict[s
     def verdicts(other: str, col: str) -> dict[str, list[tuple[str, float, float]]]:
         out: dict[str, list[tuple[str, float, float]]] = {}
         for dataset in sets:
-            w = table[table["dataset"] == dataset].pivot_table(index="split", columns="method", values=col)
+            w = tables.by_method(table[table["dataset"] == dataset], "split", [col])[col]
             if lam in w.columns and other in w.columns:
                 mean, se, n = tables.paired(w[lam], w[other])
                 out.setdefault(tables.paired_verdict(mean, se, n), []).append((dataset, mean, se))

@@ -20,6 +20,7 @@ __all__ = [
     "auto",
     "best",
     "bold",
+    "by_method",
     "listing",
     "mean_se",
     "num",
@@ -130,12 +131,20 @@ def paired(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
     return (float(d.mean()) if n else math.nan), se, n
 
 
-def paired_verdict(mean: float, se: float, n: int, above: str = "higher", below: str = "lower") -> str:
+def paired_verdict(
+    mean: float, se: float, n: int, above: str = "higher", below: str = "lower", within: float | None = None
+) -> str:
     """The verdict of a paired t-test at the 5% level on ``n`` differences with mean ``mean`` and
     standard error ``se``: "tie" where it does not reject equality (``|mean| < t_{0.975, n-1}
     SE``), else ``above`` (the difference is positive) or ``below``; "n/a" without two
     differences or with ``SE = 0``. An ordering of two means over a few splits is a claim only
-    with this (Student 1908; paired form: e.g. Wasserman (2004), *All of Statistics*, sec. 10.5)."""
+    with this (Student 1908; paired form: e.g. Wasserman (2004), *All of Statistics*, sec. 10.5).
+    ``within``: the rule of the classification tables instead, "tie" for ``|mean| <= within SE``
+    ("n/a" only for a mean or SE that is not finite)."""
+    if within is not None:
+        if not (math.isfinite(mean) and math.isfinite(se)):
+            return "n/a"
+        return "tie" if abs(mean) <= within * se else above if mean > 0 else below
     if n < 2 or not se > 0 or not math.isfinite(mean):
         return "n/a"
     if abs(mean) < special.stdtrit(n - 1, 0.975) * se:  # Student t quantile
@@ -143,13 +152,37 @@ def paired_verdict(mean: float, se: float, n: int, above: str = "higher", below:
     return above if mean > 0 else below
 
 
-def paired_cell(a: pd.Series, b: pd.Series, above: str = "higher", below: str = "lower", decimals: int = 2) -> str:
-    """``"mean (SE), verdict"`` of ``a - b`` paired by index (:func:`paired`, :func:`paired_verdict`);
-    empty without a common index."""
+def paired_text(
+    mean: float,
+    se: float,
+    n: int,
+    above: str = "higher",
+    below: str = "lower",
+    decimals: int = 2,
+    *,
+    style: str = "({se})",
+    within: float | None = None,
+) -> str:
+    """The cell of a paired difference already summarised: ``"mean (SE), verdict"``
+    (:func:`paired_verdict` with ``above``, ``below`` and ``within``); ``style="± {se}"`` writes
+    ``"mean ± SE, verdict"``, ``style="+"`` ``"+mean (SE), verdict"`` (signed, NaN as ``nan``)."""
+    if style == "+":
+        spread = f"{mean:+.{decimals}f} ({se:.{decimals}f})"
+    else:
+        spread = f"{num(mean, decimals)} {style.format(se=num(se, decimals))}"
+    return f"{spread}, {paired_verdict(mean, se, n, above, below, within)}"
+
+
+def paired_cell(
+    a: pd.Series, b: pd.Series, above: str = "higher", below: str = "lower", decimals: int = 2, **style
+) -> str:
+    """:func:`paired_text` of ``a - b`` paired by index (:func:`paired`); empty without a common
+    index. ``style``: :func:`paired_text`'s ``style`` and ``within``."""
     mean, se, n = paired(a, b)
-    return paired_text(mean, se, n, above, below, decimals) if n else ""
+    return paired_text(mean, se, n, above, below, decimals, **style) if n else ""
 
 
-def paired_text(mean: float, se: float, n: int, above: str = "higher", below: str = "lower", decimals: int = 2) -> str:
-    """``"mean (SE), verdict"`` of a paired difference already summarised (:func:`paired_verdict`)."""
-    return f"{num(mean, decimals)} ({num(se, decimals)}), {paired_verdict(mean, se, n, above, below)}"
+def by_method(block: pd.DataFrame, index: str, columns: Sequence[str]) -> dict[str, pd.DataFrame]:
+    """Per column of the long table ``block``, a frame of ``index`` (split or seed) x method, so
+    that two of its columns are paired by ``index`` (:func:`paired_cell`)."""
+    return {col: block.pivot_table(index=index, columns="method", values=col) for col in columns}

@@ -6,11 +6,9 @@ minibatch of Gaussian kernels
 
 .. math::  E_{ij} = \exp(-\gamma \lVert y_i - y_j \rVert^2).
 
-Written with autograd they cost about twenty ``n x n`` element-wise passes forward and as many
-backward, each a separate kernel launch, and keep several ``n x n`` tensors alive for backward:
-that made one NCAI training step several times a mean-field step (issue 13;
-``pyro-bnnlv bench ncai`` measures the ratio now). Here each statistic is one
-:class:`torch.autograd.Function` that
+Written with autograd they cost about twenty ``n x n`` passes each way and keep several ``n x n``
+tensors alive for backward (``pyro-bnnlv bench ncai`` measures the cost). Here each statistic is
+one :class:`torch.autograd.Function` that
 
 * builds ``E`` with **one** matrix product, using
   :math:`-\gamma\lVert y_i - y_j\rVert^2 = 2\gamma\, y_i^\top y_j + a_i + a_j` with
@@ -31,19 +29,15 @@ that made one NCAI training step several times a mean-field step (issue 13;
 
 **Compiled kernels.** ``_pairwise.cpp`` computes the Henze-Zirkler statistic (whitening
 included), the off-diagonal covariance norm and the normalised HSIC with their gradients, each
-in one C++ call (pairs ``i < j`` once, in double, ATen's vectorised ``exp`` on the packed
-triangle), and all three NCAI statistics of a batch in one call (:func:`ncai_statistics`):
-at minibatch sizes of a few hundred the per-operation dispatch, not the arithmetic, dominated.
-It is built on first use with ``torch.utils.cpp_extension.load`` (cached by torch, once per
-machine and torch version) and used when available; the torch functions here are the reference
-and the fallback (``PYRO_BNNLV_COMPILED=0`` disables the build, as for the NUTS core;
-``tests/test_stats_pairwise.py`` compares the two, and both with the previous autograd form).
+in one C++ call (pairs ``i < j`` once, in double), and all three NCAI statistics of a batch in
+one call (:func:`ncai_statistics`). Built on first use (cached by torch) and used when available;
+the torch functions here are the reference and the fallback (``PYRO_BNNLV_COMPILED=0`` disables
+the build, as for the NUTS core).
 
-The gradients are first-order only: enough for SVI, not for Hessians or Hessian-vector
-products through the penalties, which raise an error (``create_graph=True`` in a backward pass)
-rather than return a curvature with the statistics' part missing. The functions run as ``prim::PythonOp`` nodes in
-a ``torch.jit.trace`` graph, executed by Python at every call (their bodies are not frozen
-into the graph); scalars derived from data (bandwidths) are computed inside each call.
+The gradients are first-order only: Hessians through the penalties raise an error
+(``create_graph=True``) rather than miss the statistics' part. In a ``torch.jit.trace`` graph
+the functions are ``prim::PythonOp`` nodes run by Python at every call (bandwidths computed
+inside each call, not frozen).
 """
 
 from __future__ import annotations
@@ -228,7 +222,6 @@ def compiled_henze_zirkler(
             - \tfrac1n \sum_l \partial \mathrm{HZ}/\partial u_l,
 
     (``g_1 = beta^2/2``, ``g_2 = beta^2 / (2(1+beta^2))``, ``c_2 = 2(1+beta^2)^{-k/2}``).
-    Replaces some forty small autograd operations (forward and backward) by one call.
     """
     if _use_compiled(compiled, x) is None:
         return None
@@ -363,13 +356,9 @@ def ncai_statistics(
     the compiled kernel, or ``None`` when it is unavailable or ``compiled=False``.
 
     The three statistics NCAI's default objective reads from a batch (``ncai_penalties`` with
-    ``independence="hsic"``), computed by the same code as
-    :func:`~pyro_bnnlv.stats.dependence.henze_zirkler`, the compiled twin of
-    :func:`~pyro_bnnlv.stats.dependence.offdiag_cov_norm` and
-    :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (same values and gradients to round-off;
-    tested), in one registered operator (``torch.ops.pyro_bnnlv_pairwise.ncai_statistics``) with
-    a C++ autograd node: a ``torch.jit.trace`` graph calls it without entering Python, where three
-    Python functions cost a Python dispatch each per step. Same input checks and errors as the
+    ``independence="hsic"``; the same values and gradients to round-off), in one registered
+    operator (``torch.ops.pyro_bnnlv_pairwise.ncai_statistics``) with a C++ autograd node, which a
+    ``torch.jit.trace`` graph calls without entering Python. Same input checks and errors as the
     separate functions; :func:`ncai_statistics_unchecked` is the call after them.
     """
     if _use_compiled(compiled, x, mu_z) is None:

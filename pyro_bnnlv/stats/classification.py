@@ -4,22 +4,16 @@ Notation: ``N`` points with labels ``y_n in {0, ..., K-1}`` and predictive proba
 ``p_nk`` (rows summing to 1), e.g. the Bayesian model average ``p_nk = (1/S) sum_s p(y = k | x_n, w_s)``
 over ``S`` posterior samples; per-sample probabilities ``p_snk`` where a function needs them.
 
-* :func:`classification_metrics`: test log-likelihood ``(1/N) sum_n log p_{n, y_n}`` (minus the
-  negative log-likelihood, "log loss"), accuracy of ``argmax_k p_nk``, the multi-class Brier
-  score ``(1/N) sum_n sum_k (p_nk - [y_n = k])^2`` (Brier 1950, "Verification of forecasts
-  expressed in terms of probability", Monthly Weather Review 78(1)) and the expected calibration
-  error (ECE) of Guo, Pleiss, Sun & Weinberger (2017), "On calibration of modern neural
-  networks", arXiv:1706.04599, eq. (3);
-* :func:`reliability_curve`: the per-bin confidence and accuracy behind the ECE, the data of a
-  reliability diagram (Guo et al. 2017, sec. 2, Fig. 1; :func:`pyro_bnnlv.plotting.plot_reliability`);
-* :func:`predictive_entropy` and :func:`mutual_information`: total uncertainty ``H[p_bar_n]`` and its
-  epistemic part, the BALD mutual information between the label and the weights (Houlsby, Huszár,
-  Ghahramani & Lengyel 2011, "Bayesian active learning for classification and preference
-  learning", arXiv:1112.5745, eq. 2-3);
-* :func:`ood_auroc`: AUROC of detecting out-of-distribution inputs by a score such as the
-  predictive entropy or ``1 - max_k p_nk`` (the baseline of Hendrycks & Gimpel 2017, "A baseline
-  for detecting misclassified and out-of-distribution examples in neural networks",
-  arXiv:1610.02136).
+* :func:`classification_metrics`: test log-likelihood, accuracy, the multi-class Brier score
+  (Brier 1950, Monthly Weather Review 78(1)) and the expected calibration error (ECE) of Guo,
+  Pleiss, Sun & Weinberger (2017), "On calibration of modern neural networks", arXiv:1706.04599;
+* :func:`reliability_curve`: the per-bin data behind the ECE (a reliability diagram,
+  :func:`pyro_bnnlv.plotting.plot_reliability`);
+* :func:`predictive_entropy` and :func:`mutual_information`: total uncertainty and its epistemic
+  part, BALD (Houlsby, Huszár, Ghahramani & Lengyel 2011, arXiv:1112.5745);
+* :func:`ood_auroc`: AUROC of detecting out-of-distribution inputs by a score (Hendrycks & Gimpel
+  2017, "A baseline for detecting misclassified and out-of-distribution examples in neural
+  networks", arXiv:1610.02136).
 
 Inputs are tensors (or arrays) of any float dtype; everything is computed in float64. Entropies
 are in nats, with ``0 log 0 = 0``.

@@ -13,15 +13,10 @@ Everything here refers to Yacoby, Pan & Doshi-Velez (2022), arXiv:1911.00569 (th
 * :func:`ks_statistic` -- the two-sample Kolmogorov-Smirnov statistic between ``{mu_z_n}`` and
   prior samples (App. F.2, univariate case), not differentiable.
 
-The differentiable functions take and return torch tensors (any float dtype; use float64 when
-comparing with reference implementations). The evaluation metrics take tensors or array-likes
-and return Python floats.
-
-Input conventions shared by all functions: a sample is a matrix ``(n, d)`` with one row per
-datapoint; a 1-D input of shape ``(n,)`` is accepted and treated as ``(n, 1)`` (one variable),
-because the univariate case (``D = K = 1``) is the common one in the paper. Inputs with any
-other number of dimensions, with non-finite entries, or with mismatched row counts raise a
-``ValueError`` that names the offending argument.
+The differentiable functions take and return torch tensors; the evaluation metrics take
+tensors or array-likes and return Python floats. A sample is a matrix ``(n, d)``, one row per
+datapoint, or ``(n,)`` for one variable (the paper's common case ``D = K = 1``); other shapes,
+non-finite entries and mismatched row counts raise a ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -49,11 +44,6 @@ __all__ = [
     "offdiag_cov_norm",
     "pearson_correlation",
 ]
-
-
-# ----------------------------------------------------------------------------------------------
-# input checking
-# ----------------------------------------------------------------------------------------------
 
 
 def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
@@ -92,24 +82,17 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
       bias=True)`` in pingouin), as in Henze & Zirkler (1990); the paper only says "sample
       covariance". For every sample with a non-singular covariance the value equals pingouin
       0.7 ``multivariate_normality`` and R ``MVN::hz`` (tested to 1e-9).
-    * **No value-dependent branches.** The statistic is used inside training objectives, which
-      may be compiled by tracing (``jit=True``); a Python ``if`` on the sample's rank would be
-      frozen at the trace's first input. Instead of a rank test, the covariance gets a ridge,
-      :math:`S_\delta = S + (\delta\,\mathrm{tr}(S)/k + 10^{-30}) I` with
-      ``delta = ridge`` (``1e-12`` by default), and the computation runs in float64 whatever
-      the input dtype (the result is cast back). A nearly collinear float32 sample therefore
-      gets its float64 value (not a fallback), and a sample whose covariance is exactly
-      singular (a constant column, all points equal) gets a large finite value --
-      the points collapse onto the mean along the null directions -- instead of Henze &
-      Zirkler's convention ``4 n`` (pingouin returns ``4 n`` there). For a sample of identical
-      points the value is ``n (1 - 2(1+beta^2)^{-k/2} + (1+2beta^2)^{-k/2})`` (0.46 n for
-      ``k = 1`` and ``n = 300``) and the gradient is exactly 0 (a symmetric stationary point):
-      do not start an HZ penalty from all-equal latent means.
+    * **No value-dependent branches** (a traced objective would freeze them): instead of a rank
+      test the covariance gets a ridge, :math:`S_\delta = S + (\delta\,\mathrm{tr}(S)/k +
+      10^{-30}) I`, ``delta = ridge``, and the computation runs in float64 (cast back). An exactly
+      singular covariance (a constant column) gets a large finite value instead of Henze &
+      Zirkler's convention ``4 n`` (pingouin's). A sample of identical points gets
+      ``n (1 - 2(1+beta^2)^{-k/2} + (1+2beta^2)^{-k/2})`` with gradient exactly 0 (a symmetric
+      stationary point): do not start an HZ penalty from all-equal latent means.
 
-    The whole expression, including ``S^{-1}`` and the sample mean, is differentiated (this is
-    how it acts as a training penalty on the guide's ``z`` means in eq. 27). Cost is
-    ``O(n^2 k)`` time, ``O(n^2)`` transient memory and ``O(n k)`` kept for backward: the double
-    sum has an analytic gradient (first-order only), see ``compiled`` below.
+    The whole expression, ``S^{-1}`` and the mean included, is differentiated (the penalty on the
+    guide's ``z`` means in eq. 27): ``O(n^2 k)`` time, ``O(n^2)`` transient memory, an analytic
+    first-order gradient.
 
     Args:
         x: sample of shape ``(n, k)`` (or ``(n,)``, treated as ``k = 1``), ``n >= 3`` and ``n > k``
@@ -196,12 +179,8 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
         r_{dj} = \frac{\mathrm{Cov}(a^{(d)}, b^{(j)})}
                       {\sqrt{(\mathbb V[a^{(d)}] + \epsilon)(\mathbb V[b^{(j)}] + \epsilon)}}
 
-    (moments with divisor ``n``; the divisor cancels). ``eps`` is added to each *variance*
-    (i.e. ``std -> sqrt(std^2 + eps)``), not to the standard deviation after the square root:
-    that keeps the value finite for constant columns (``r = 0`` there, since the covariance is
-    0) *and* keeps the gradient finite (the gradient of ``sqrt`` at 0 is infinite, which would
-    turn ``0 * inf`` into NaN in backward). For columns whose variance is much larger than
-    ``eps`` the value is the ordinary Pearson correlation to relative precision ``eps / var``.
+    (moments with divisor ``n``). ``eps`` is added to each *variance*, so that a constant column
+    gives ``r = 0`` with a finite gradient (``sqrt`` at 0 would give ``0 * inf = NaN``).
 
     Args:
         a: ``(n, D)`` or ``(n,)``.
@@ -240,17 +219,11 @@ def correlation_penalty(a: Tensor, b: Tensor, reduction: Literal["mean", "max"] 
     * **Magnitude.** Eq. 24 is a signed correlation, and eq. 27 penalises ``exp(PC / eps_x)``;
       minimising a signed correlation drives it to ``-1``, i.e. to perfect (anti-)dependence,
       not to independence. The text ("penalize the correlation between x and z", a proxy for
-      ``I(x; z) >= 0``) asks for no correlation, so we average ``|r|``, which is 0 iff every
-      pair is uncorrelated. (``|r|`` has subgradient 0 at ``r = 0``.)
-    * **All pairs.** Eq. 24 averages over ``d = 1..D`` the correlation of dimension ``d`` of
-      ``a`` with dimension ``d`` of ``b``, which is only defined when ``b`` has one column (it is
-      then broadcast) or as many as ``a``; the text calls it "the average Pearson correlation
-      between pairs of dimensions". Latent dimensions have no correspondence with input
-      dimensions, so we average over all ``D * K`` pairs. For ``K = 1`` (the paper's setting for
-      most experiments) this is exactly ``(1/D) sum_d |r_d|``, i.e. eq. 24 in magnitude.
-
-    ``"mean"`` is the default because it is what the paper's text describes; ``"max"`` is
-    offered for a worst-pair penalty.
+      ``I(x; z) >= 0``) asks for no correlation, so we average ``|r|``.
+    * **All pairs.** Eq. 24 pairs dimension ``d`` of ``a`` with dimension ``d`` of ``b``, defined
+      only for one or ``D`` columns of ``b``; latent and input dimensions do not correspond, so
+      we average over all ``D * K`` pairs ("the average Pearson correlation between pairs of
+      dimensions"). For ``K = 1`` this is exactly eq. 24 in magnitude.
 
     Args:
         a: ``(n, D)`` or ``(n,)``, e.g. the inputs ``x`` (or outputs ``y``).
@@ -281,15 +254,10 @@ def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
         \Big(\sum_{j \ne l} \hat\Sigma_{jl}^2\Big)^{1/2},\qquad
         \hat\Sigma = \frac{1}{n - \text{correction}} \sum_n (z_n - \bar z)(z_n - \bar z)^\top
 
-    The paper calls it "the l2 penalty of the off-diagonal terms of the empirical covariance",
-    so ``||.||_2`` is the entrywise (vector) 2-norm of the off-diagonal entries -- the Frobenius
-    norm of ``Sigma_hat - diag(Sigma_hat)`` -- not the spectral norm, and not squared. Both
-    triangles are included (each covariance pair counts twice; this is the literal "offdiag"
-    matrix). The default ``correction=0`` (divisor ``n``) matches the covariance used by
-    :func:`henze_zirkler`; pass ``correction=1`` for the unbiased estimator.
-
-    For ``K = 1`` there are no off-diagonal entries and the result is 0 (with zero gradient).
-    The gradient is finite everywhere (torch defines the norm's subgradient at 0 as 0).
+    "The l2 penalty of the off-diagonal terms of the empirical covariance": the Frobenius norm of
+    ``Sigma_hat - diag(Sigma_hat)`` (both triangles, not squared, not the spectral norm). The
+    default ``correction=0`` matches :func:`henze_zirkler`'s covariance. 0 for ``K = 1``; the
+    gradient is finite everywhere.
 
     Args:
         z: ``(n, K)`` or ``(n,)``, e.g. the variational means ``mu_z``.
@@ -326,25 +294,16 @@ def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True)
     variational means ``mu_z``.
 
     ``standardize=True`` (default) first divides every column of ``x`` and ``z`` by its standard
-    deviation (divisor ``n``; constant columns are left unchanged), as Kraskov et al. recommend
-    and as scikit-learn's ``mutual_info_regression`` does: the max-norm mixes the coordinates,
-    so without this the estimate depends on the units of ``x`` and ``z``. Unlike scikit-learn,
-    no jitter is added and the estimate is **not** clipped at 0: it is deterministic and can be
-    slightly negative for independent variables (the estimator's bias/noise is part of the
-    reading).
+    deviation (divisor ``n``; constant columns unchanged), as Kraskov et al. recommend and as
+    scikit-learn's ``mutual_info_regression`` does (the max-norm mixes the coordinates' units).
+    Unlike scikit-learn, no jitter is added and the estimate is **not** clipped at 0.
 
-    **Ties** (discrete or rounded values, repeated points). Where a point has ``k`` or more exact
-    copies in the joint space, ``eps_i = 0`` and the strict counts above are undefined (the old
-    reading gave -1.61 nats for a discrete ``z = x`` with three equiprobable values, whose MI
-    is ``ln 3 = 1.10``). For such points we use the rule of Gao, Kannan, Oh & Viswanath
-    (2017, "Estimating mutual information for discrete-continuous mixtures", NeurIPS,
-    arXiv:1709.06212, sec. 3): ``k`` is replaced by ``k~_i``, the number of points ``j != i``
-    at joint distance 0, and ``n_x``, ``n_z`` count the points at marginal distance 0
-    (``<= eps_i``), so the term is ``psi(k~_i) + psi(N) - psi(n_x + 1) - psi(n_z + 1)``. For
-    purely discrete data this is the plug-in MI of the empirical distribution up to O(1/N)
-    (``psi`` for ``log``: for ``z = x`` uniform on three values,
-    ``psi(N/3 - 1) + psi(N) - 2 psi(N/3) -> ln 3``); points with ``eps_i > 0`` keep the KSG
-    term above, so tie-free data give exactly the KSG estimate.
+    **Ties.** Where a point has ``k`` or more exact copies in the joint space, ``eps_i = 0`` and
+    the strict counts are undefined; there we use the rule of Gao, Kannan, Oh & Viswanath (2017,
+    NeurIPS, arXiv:1709.06212, sec. 3): ``k`` is replaced by ``k~_i``, the number of points
+    ``j != i`` at joint distance 0, and ``n_x``, ``n_z`` count the points at marginal distance
+    0, so the term is ``psi(k~_i) + psi(N) - psi(n_x + 1) - psi(n_z + 1)`` (for discrete data
+    the plug-in MI up to O(1/N)); tie-free data give exactly the KSG estimate.
 
     Args:
         x: ``(N, D)`` or ``(N,)``; tensor or array-like.

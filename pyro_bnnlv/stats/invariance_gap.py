@@ -35,15 +35,10 @@ in O(d) per input and unit (``d`` = fan-in + 1):
 :func:`first_layer_invariance_gap` evaluates it for every training input and first-layer unit
 of a fitted mean-field BNN and aggregates per unit.
 
-Later layers (eq. 20-21, 25-26). Unit ``j`` of layer ``l`` computes ``h(w_{l,j}^T z_{l-1})``
-(the output units: ``f = w_{L,j}^T z_{L-1}``), so at a fixed activation vector ``z_{l-1}`` it
-has the same invariance with ``x`` replaced by ``z = [z_{l-1}, 1]``; eq. 25 is eq. 23 with that
-substitution and the expectation taken over ``z ~ P(z_{l-1})`` (eq. 26) instead of the data.
-:func:`layer_invariance_gap` applies the same closed form to every unit of any layer
-(``layer`` is the 0-based index into ``model.net.layers``; layer 0 is exactly
-:func:`first_layer_invariance_gap`), with ``z`` drawn from ``P(z_{l-1})`` as assumption 9 reads it;
-:func:`invariance_gap_by_layer` stacks all layers into one table with a ``layer`` column, and
-:func:`layer_inputs` returns the activation vectors used.
+Later layers (eq. 20-21, 25-26): unit ``j`` of layer ``l`` computes ``h(w_{l,j}^T z_{l-1})``, so
+eq. 25 is eq. 23 with ``x`` replaced by ``z = [z_{l-1}, 1]`` and the expectation taken over
+``z ~ P(z_{l-1})`` (eq. 26). :func:`layer_invariance_gap` applies the closed form to any layer,
+:func:`invariance_gap_by_layer` to all, :func:`layer_inputs` returns the ``z`` used.
 
 Assumptions and approximations
 ------------------------------
@@ -95,23 +90,14 @@ Made by this implementation:
    layer through ``q_mix`` of the earlier layers: eq. 24, ``P(z_{1,j}) = E_x[E_{w ~
    q_mix(w_{1,j})}[h_1(w^T x)]]``, and eq. 26 for ``l >= 2`` (sec. 5: "use (24) to generate
    samples z_{1,n} of the activations of the first layer under the (now fitted) optimal
-   q_mix"). Our reading (``activations="qmix"``, the default; :func:`layer_inputs`): ``q_mix``
-   of a layer is the product over its units of eq. 23 / 25's mixtures, so for each draw at an
-   input ``x_n`` every unit ``j`` draws its own component ``z' ~ P(z_{k-1})`` (for ``k = 1`` a
-   training input, uniformly: the outer ``E_x`` of eq. 23, independent of the ``x`` of eq. 24),
-   then ``w ~ q_mix(w_{k,j} | z')`` exactly (:func:`sample_qmix`), then ``z_{k,j} = h_k(w^T
-   z_{k-1})``; ``P(z_{k-1})`` for ``k >= 2`` is represented by its ``S x N`` draws. A weight
-   drawn from another input's component ``z' != z_{k-1}`` is pinned only along ``z'`` and
-   follows the prior across ``z'^perp``, so these activations spread more than under ``q_0``.
-   ``g_0`` of the earlier layers is read from the fitted ``q_0`` (assumption 5); the paper's
-   iterative fit of ``q_mix`` layer by layer is not run. ``activations="q0"`` keeps this
-   library's earlier approximation: ``S = num_activation_samples`` weight vectors
-   ``w_s ~ q_0`` (the whole vector) propagate the ``N`` training inputs through layers
-   ``0..l-1``. Where condition (7) holds in an earlier unit its pre-activation at ``x`` has the
-   same law under ``q_0`` and under ``q_mix(. | x)`` (eq. 9), so the two sources differ by the
-   components ``z' != z``. Either way ``z`` ranges over ``S x N`` vectors, each weighted
-   ``1 / (S N)``, and the result is a Monte-Carlo estimate: it varies with ``seed`` and ``S``
-   (``gap_max`` grows with ``S``).
+   q_mix"). Our reading is :func:`layer_inputs`'s (``activations="qmix"``): ``q_mix`` of a
+   layer is the product over its units of eq. 23 / 25's mixtures, each unit drawing its own
+   component, with ``g_0`` of the earlier layers read from the fitted ``q_0`` (assumption 5; the
+   paper's iterative fit of ``q_mix`` layer by layer is not run). A weight drawn from another
+   input's component ``z' != z_{k-1}`` is pinned only along ``z'``, so these activations spread
+   more than under ``q_0`` (``activations="q0"``). Where condition (7) holds in an earlier unit
+   its pre-activation at ``x`` has the same law under both (eq. 9). Either way the result is a
+   Monte-Carlo estimate over ``S x N`` vectors: it varies with ``seed`` and ``S``.
 
 Reading the output: the gap is the part of the unit's ``KL[q_0 || p]`` that mean-field VI pays
 because it cannot represent the unit's translation invariance (eq. 10-11); units with a large
@@ -171,19 +157,18 @@ def likelihood_factor_from_posterior(
     ``lambda = inf`` (flat ``g_0``) and ``m = m_q`` where ``v >= sigma^2``. All arguments
     broadcast; float64 results. Round trip with :func:`pyro_bnnlv.models.linear.q0` is tested.
     """
-    q_loc, prior_loc = (
-        as_float64(q_loc, "q_loc", allow_infinite=True),
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-    )
-    q_var, prior_var = (
-        as_positive_float64(q_var, "q_var", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
+    q_loc, q_var = _gaussian(q_loc, q_var, "q_loc", "q_var")
+    prior_loc, prior_var = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
     informative = q_var < prior_var
     gap = torch.where(informative, prior_var - q_var, torch.ones_like(prior_var - q_var))
     lam = torch.where(informative, prior_var * q_var / gap, torch.full_like(gap, math.inf))
     shift = torch.where(informative, lam * (q_loc - prior_loc) / prior_var, torch.zeros_like(gap))
     return q_loc + shift, lam
+
+
+def _gaussian(loc: Tensor, var: Tensor, loc_name: str, var_name: str) -> tuple[Tensor, Tensor]:
+    """``(loc, var)`` as float64 tensors, ``var`` positive (both may be infinite), named in errors."""
+    return as_float64(loc, loc_name, allow_infinite=True), as_positive_float64(var, var_name, allow_infinite=True)
 
 
 def _quadratic_terms(x: Tensor, prior_var: Tensor, lam: Tensor) -> tuple[Tensor, Tensor]:
@@ -204,11 +189,8 @@ def invariance_abiding_posterior(
     it). ``x^T V x = inf`` (a flat ``g_0`` coordinate seen by ``x``) gives the prior.
     """
     x = as_float64(x, "x", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
+    m, lam = _gaussian(m, lam, "m", "lam")
     a, s = _quadratic_terms(x, s2, lam)
     c = 1.0 / (a + s)  # 0 when a = inf
     sx = s2 * x
@@ -235,16 +217,13 @@ def invariance_gap_at_inputs(
     result has the broadcast batch shape. See the module docstring for the formula.
     """
     x = as_float64(x, "x", allow_infinite=True)
-    mq, v = as_float64(q_loc, "q_loc", allow_infinite=True), as_positive_float64(q_var, "q_var", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
+    mq, v = _gaussian(q_loc, q_var, "q_loc", "q_var")
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
     if (m is None) != (lam is None):
         raise ValueError("pass both m and lam, or neither (then they are derived from q)")
     if m is None:
         m, lam = likelihood_factor_from_posterior(mq, v, mu, s2)
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    m, lam = _gaussian(m, lam, "m", "lam")
     a, s = _quadratic_terms(x, s2, lam)
     inv_a = 1.0 / a  # 0 when a = inf
     coef = torch.where(torch.isinf(a), torch.zeros_like(a), (x * (m - mu)).sum(-1) / (a + s))
@@ -411,11 +390,8 @@ def sample_qmix(
     coordinate seen by ``z'``) gives a prior draw. Returns ``(..., d)`` float64.
     """
     z = as_float64(z_mix, "z_mix", allow_infinite=True)
-    mu, s2 = (
-        as_float64(prior_loc, "prior_loc", allow_infinite=True),
-        as_positive_float64(prior_var, "prior_var", allow_infinite=True),
-    )
-    m, lam = as_float64(m, "m", allow_infinite=True), as_positive_float64(lam, "lam", allow_infinite=True)
+    mu, s2 = _gaussian(prior_loc, prior_var, "prior_loc", "prior_var")
+    m, lam = _gaussian(m, lam, "m", "lam")
     shape = torch.broadcast_shapes(z.shape, mu.shape, s2.shape, m.shape, lam.shape)
     eps = torch.randn(shape, generator=generator, dtype=_DTYPE)
     xi = torch.randn(shape[:-1], generator=generator, dtype=_DTYPE)
@@ -550,16 +526,11 @@ def layer_invariance_gap(
 ):
     r"""Invariance gap of one layer of a mean-field BNN, per unit (sec. 5, eq. 20-23 and 25).
 
-    Unit ``j`` of layer ``l`` sees only ``z = [z_{l-1}, 1]`` (the previous layer's activations,
-    or ``[x, 1]`` for layer 0), so eq. 25 is eq. 23 with ``x`` replaced by ``z``. For every
-    activation vector ``z`` and unit ``j``: ``g_0`` from the fitted ``q_0(w_{l,j})`` (inverse of
-    eq. 6a), ``q_mix(w_{l,j} | z)`` and the gap ``KL[q_0(w_{l,j}) || q_mix(w_{l,j} | z)]``
-    (eq. 10), in closed form. For ``l >= 1`` the vectors ``z`` are ``S x N`` draws of the
-    activations at the training inputs: by default from the paper's ``P(z_{l-1})`` (eq. 24,
-    26: the earlier layers' weights drawn from their ``q_mix``), with ``activations="q0"`` from
-    the fitted mean-field ``q_0`` (:func:`layer_inputs`; assumption 9). Layer 0 uses the
-    training inputs themselves, draws nothing and returns exactly what
-    :func:`first_layer_invariance_gap` returns.
+    For every activation vector ``z = [z_{l-1}, 1]`` and unit ``j``: ``g_0`` from the fitted
+    ``q_0(w_{l,j})`` (inverse of eq. 6a), ``q_mix(w_{l,j} | z)`` and the gap
+    ``KL[q_0(w_{l,j}) || q_mix(w_{l,j} | z)]`` (eq. 10), in closed form. For ``l >= 1`` the
+    ``z`` are ``S x N`` draws at the training inputs (:func:`layer_inputs`; assumption 9);
+    layer 0 uses the inputs themselves and is :func:`first_layer_invariance_gap`.
 
     Args:
         model: a :class:`~pyro_bnnlv.models.bnn.BNN` whose ``net`` is an
@@ -575,16 +546,14 @@ def layer_invariance_gap(
         per_input: return the long per-(activation vector, unit) table instead of the per-unit
             summary.
         num_samples: if positive, also estimate ``KL[q_0 || mean_z q_mix(. | z)]`` (the eq. 23 /
-            eq. 25 mixture over the ``N`` inputs, or the ``S x N`` activation vectors) with this
-            many samples of ``q_0`` per unit.
+            eq. 25 mixture) with this many samples of ``q_0`` per unit.
         seed: seeds one generator that first draws the activation weights (``layer >= 1``)
             and then the ``num_samples`` mixture samples; ``None`` means 0.
         activations: ``"qmix"`` (the paper's ``P(z_{l-1})``) or ``"q0"`` (:func:`layer_inputs`).
 
     Returns:
-        a :class:`pandas.DataFrame` with the columns of :func:`first_layer_invariance_gap`, all
-        taken over the layer's activation vectors instead of the inputs (``gap_mean``,
-        ``gap_max``, ``preact_var_*`` over the ``S x N`` vectors; ``gap_max`` grows with ``S``).
+        a :class:`pandas.DataFrame` with the columns of :func:`first_layer_invariance_gap`, taken
+        over the ``S x N`` activation vectors instead of the inputs (``gap_max`` grows with ``S``).
         ``attrs`` holds ``total_gap_mean``, ``total_kl_to_prior``, ``num_inputs`` and, for
         ``layer >= 1``, ``num_activation_samples`` and ``num_activation_vectors``. With
         ``per_input=True`` and ``layer >= 1`` the long table has an extra first column ``draw``
@@ -716,28 +685,14 @@ def first_layer_invariance_gap(
 ):
     r"""First-layer invariance gap of a mean-field BNN, per hidden unit (sec. 5, eq. 22-23).
 
-    For every training input ``x_n`` and first-layer unit ``j``: ``g_0`` from the fitted
-    ``q_0(w_{1,j})`` (inverse of eq. 6a), the invariance-abiding ``q_mix(w_{1,j} | x_n)`` (eq. 23)
-    and the gap ``KL[q_0(w_{1,j}) || q_mix(w_{1,j} | x_n)]`` (eq. 10). Read the module docstring
-    for the assumptions (the paper's and ours). Same as ``layer_invariance_gap(..., layer=0)``
-    except that a net without hidden layers is refused; later layers:
-    :func:`layer_invariance_gap`, :func:`invariance_gap_by_layer`.
-
-    Args:
-        model: a :class:`~pyro_bnnlv.models.bnn.BNN` whose ``net`` is an
-            :class:`~pyro_bnnlv.nets.MLP` with at least one hidden layer (its diagonal prior
-            ``prior_loc``, ``prior_scale`` is used).
-        guide: a fitted ``AutoNormal`` (mean-field) guide of the model, or a pair
-            ``(loc, scale)`` of site ``"w"``, each ``(P,)``.
-        x: training inputs ``(N, D)``.
-        per_input: return the long per-(input, unit) table instead of the per-unit summary.
-        num_samples: if positive, also estimate ``KL[q_0 || (1/N) sum_n q_mix(. | x_n)]`` (the
-            eq. 23 mixture) with this many samples of ``q_0`` per unit (``seed`` seeds them).
+    ``layer_invariance_gap(model, guide, x, 0, ...)`` (the same arguments), except that a net
+    without hidden layers is refused (``ValueError``): per training input ``x_n`` and unit ``j``,
+    ``KL[q_0(w_{1,j}) || q_mix(w_{1,j} | x_n)]`` (eq. 10 with eq. 23's ``q_mix``).
 
     Returns:
         a :class:`pandas.DataFrame`. Per unit (default), indexed by ``unit``: ``gap_mean``,
-        ``gap_max`` (over inputs), ``gap_mixture`` and ``gap_mixture_se`` (NaN unless
-        ``num_samples > 0``), ``kl_to_prior`` (``KL[q_0(w_{1,j}) || p(w_{1,j})]``, which bounds
+        ``gap_max`` (over inputs), ``gap_mixture`` and ``gap_mixture_se`` (the Monte-Carlo
+        ``KL[q_0 || (1/N) sum_n q_mix(. | x_n)]``, NaN unless ``num_samples > 0``), ``kl_to_prior`` (``KL[q_0(w_{1,j}) || p(w_{1,j})]``, which bounds
         the gap under conditions (7)-(8), eq. 11), ``gap_fraction = gap_mean / kl_to_prior``,
         ``preact_var_q0`` and ``preact_var_qmix`` (mean over inputs of the variance of the
         pre-activation ``w_{1,j}^T [x_n, 1]`` under ``q_0`` and ``q_mix``; equal where eq. 9's

@@ -16,31 +16,21 @@ variational inference: the parameter and the predictor space", section 3.1:
 Everything is plain torch, vectorised over draws, and differentiable w.r.t. the samples: the
 gradient of the ELBO's KL term (eq. 8-9) flows through the kNN distances.
 
-Numerics shared by all estimators
----------------------------------
-* Neighbours are found in two passes. *Which* rows are nearest: squared distances as matrix
-  products ``|x|^2 + |y|^2 - 2 x.y`` in float64 after centring on the first sample's mean,
-  without gradients; the ``k + 2`` nearest candidates per row are kept. *How far* they are:
-  explicit coordinate differences ``||x_i - y_j||`` for those candidates only, in the inputs'
-  dtype, with gradients. The matrix-product form alone cancels catastrophically for samples far
-  from the origin (in float32 a point's distance to itself can come out > 1), which would
-  corrupt exactly the small distances these estimators take logs of; the explicit differences
-  for all pairs (``torch.cdist(..., compute_mode="donot_use_mm_for_euclid_dist")``, used
-  before) give the same numbers at a much higher cost (``tests/test_stats_knn.py`` checks the
-  equality with that form).
-  The float64 centred products rank candidates correctly unless two distances agree to about
-  ``1e-13`` of the samples' squared spread; such near-ties are re-measured among the spare
-  candidates, and any residual swap changes a distance by that relative amount.
+Numerics
+--------
+Neighbours are found in two passes. *Which* rows are nearest: squared distances as matrix
+products ``|x|^2 + |y|^2 - 2 x.y`` in float64 after centring, without gradients, keeping the
+``k + 2`` nearest candidates per row. *How far* they are: explicit differences ``||x_i - y_j||``
+for those candidates only, in the inputs' dtype, with gradients (the matrix-product form alone
+cancels catastrophically far from the origin, corrupting the small distances taken logs of).
+The centred float64 products rank correctly unless two distances agree to about ``1e-13`` of
+the squared spread; such near-ties are re-measured among the spare candidates.
 
 Ties
 ----
-The estimators assume draws from a continuous density, where two draws coincide with
-probability 0. Samples met in practice do contain exact ties: MCMC repeats a draw when it
-rejects, a copied sample has every row twice, ``compare_posteriors(mcmc, mcmc)`` compares a
-sample with itself, and a point-mass guide (``AutoDelta``) repeats one vector. Taking the
-log of a zero neighbour distance then gives ``-inf`` (a floor only hides it: with the old
-floor ``knn_kl(s, s)`` was -129 and a duplicated sample +129). Two rules make the estimators
-exact on such inputs instead:
+The estimators assume a continuous density, but samples contain exact ties (MCMC repeats a
+rejected draw, a copied sample, ``compare_posteriors(mcmc, mcmc)``, an ``AutoDelta`` guide),
+where the log of a zero neighbour distance is ``-inf``. Two rules make them exact instead:
 
 1. *A sample is a set.* Identical rows of one sample count once (``n'`` distinct rows of the
    first sample, ``m'`` of the second); duplicates are dropped before anything else. With no
@@ -69,32 +59,22 @@ in k-NN mutual information by counting tied points instead of taking logs of zer
 
 High dimension
 --------------
-The Monte-Carlo standard deviation of :func:`knn_kl` grows like ``sqrt(d / n)``: measured on
-two independent samples of ``N(0, I_d)`` (true KL 0) it is ``0.8 sqrt(d/n)`` nats within 30%
-for ``n`` in 30..500 and ``d`` in 10..10,000 (1.2 nats at ``d = 1000, n = 500``; 13 at
-``d = 10,000, n = 30``). Beyond that, when ``n^{1/d}`` is close to 1 all pairwise distances
-concentrate around a common value and the estimate's bias grows like ``d`` and can have the
-wrong sign (``KL(N(0, 4I) || N(0, I))`` in ``d = 10,000`` from 30 samples each: -2,300 for
-a true +8,070). The estimators warn, naming the ratio, when ``d`` exceeds ``10 n'`` (noise
-alone ~2.5 nats and growing). Below that the estimate varies little between draws, but it is
-not an accurate KL value, and as a training objective it can be gamed ("Support" below).
+The Monte-Carlo standard deviation of :func:`knn_kl` grows like ``sqrt(d / n)`` (about
+``0.8 sqrt(d/n)`` nats between two samples of ``N(0, I_d)``). When ``n^{1/d}`` is close to 1 all
+pairwise distances concentrate and the bias grows like ``d``, with either sign. The estimators
+warn, naming the ratio, when ``d`` exceeds ``10 n'``. Below that the estimate varies little, but
+it is not an accurate KL value, and as a training objective it can be gamed ("Support").
 
 Support
 -------
 ``KL(p || q)`` weighs ``log p/q`` where ``p`` has its mass. Where a draw of ``p`` lies beyond
 every draw of ``q``, the k-NN estimate of ``q``'s density uses the distance ``nu_k`` to the
 nearest (far) ``q`` draw, which grows linearly with the gap while ``-log q`` grows much faster
-(quadratically for a Gaussian): the estimate is biased low, also in low dimension and with
-many samples. Measured, mean of 5 seeds, ``p = N(0, s^2 I)``, ``q = N(0, I)``, ``n = m = 500``:
-``s = 2``: ``d = 2``: 0.87 for a true 1.61; ``d = 10``: 0.23 for 8.07; ``d = 30``: -3.28 for
-24.2 (-2.59 with ``n = m = 2000``); ``s = 1.2, d = 100``: -7.1 for 3.8. A sample ``p`` narrower
-than ``q`` is not affected, but a posterior need not stay narrower than its prior when the
-estimate is what it minimises: hyvi-uci's setting (boston, ``d = 751`` weights, ``n = m = 500``)
-at MFVI's fitted guide gives 66 for a true 320, and with every sd of that guide doubled -132 for
-a true 693, so the estimate rewards width the true KL punishes. MFVI's guide trained with this
-estimate (``KNNElbo``) ends with 56% of its weights wider than the prior (median 5.9x its sd),
-a true KL of 8,743 nats estimated at -186, and the learned noise sd of the hypernet guides
-(0.15 against MFVI's 0.33): ``python docs/bench/knn_kl_width.py``, ``docs/results.md``. The KL
+(quadratically for a Gaussian): the estimate is biased low, in any dimension (``p = N(0, 4 I_2)``,
+``q = N(0, I_2)``, 500 draws each: about 0.9 for a true 1.6). A ``p`` narrower than ``q`` is not
+affected, but a posterior need not stay narrower than its prior when the estimate is what it
+minimises: it rewards width the true KL punishes (``KNNElbo``'s fitted guides,
+``python docs/bench/knn_kl_width.py``, ``docs/results.md``). The KL
 estimators warn when more than 10% of the first sample lies outside the second's region
 (beyond the largest radius of half of its rows after standardising each coordinate by the
 other half's mean and sd, so that the check is calibrated in any dimension: when the two
@@ -137,22 +117,14 @@ _MAX_SHARE_OUTSIDE = 0.1
 # helpers
 # ----------------------------------------------------------------------------------------------
 def log_unit_ball_volume(d: int) -> float:
-    r"""``log V_d = (d/2) log(pi) - lgamma(d/2 + 1)``, the log volume of the unit ball in R^d.
-
-    Computed in log space so that it stays finite for any ``d`` (``Gamma(d/2 + 1)`` overflows
-    float64 for ``d > 340``).
-    """
+    r"""``log V_d = (d/2) log(pi) - lgamma(d/2 + 1)``, the log volume of the unit ball in R^d
+    (in log space: ``Gamma(d/2 + 1)`` overflows float64 for ``d > 340``)."""
     d = check_int(d, "d")
     return 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d + 1.0)
 
 
 def _digamma(x: int) -> float:
     return float(torch.special.digamma(torch.tensor(float(x), dtype=torch.float64)))
-
-
-def _check_k(k: int) -> int:
-    """``k`` as a positive ``int`` (Python or NumPy integers; :func:`~pyro_bnnlv._checks.check_int`)."""
-    return check_int(k, "k")
 
 
 def _check_tensor(x: Tensor, name: str, ndims: tuple[int, ...]) -> None:
@@ -174,11 +146,8 @@ def _check_rows(n: int, name: str, minimum: int, k: int, what: str) -> None:
 
 
 def _row_ids(x: Tensor) -> Tensor:
-    """``(..., n)`` integer ids of the rows of ``x`` (..., n, d): equal ids for identical rows.
-
-    Exact row equality within each batch (``torch.unique`` over the flattened batch, with the
-    batch index as a leading key), so ``-0.0 == 0.0`` and nothing else is merged.
-    """
+    """``(..., n)`` integer ids of the rows of ``x`` (..., n, d), equal for rows equal within a
+    batch (``torch.unique`` with the batch index as a leading key: ``-0.0 == 0.0``, nothing else)."""
     n, d = x.shape[-2:]
     flat = x.detach().reshape(-1, n, d)
     b = flat.shape[0]
@@ -247,12 +216,9 @@ def _log_kth_distance(x: Tensor, y: Tensor, admissible: Tensor, k: int) -> Tenso
 
 
 def _within(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Within-sample part shared by both estimators, for a batch ``x`` (..., n, d).
-
-    Returns ``keep`` (..., n), the distinct rows; ``n_eff`` (...), their number; and
-    ``log_rho`` (..., n), the log distance from each row to its k-th nearest *other distinct*
-    row (finite on every row once ``n_eff > k``; :func:`_check_distinct` enforces it).
-    """
+    """For a batch ``x`` (..., n, d): ``keep`` (..., n), the distinct rows; ``n_eff`` (...),
+    their number; ``log_rho`` (..., n), the log distance from each row to its k-th nearest
+    *other distinct* row (finite once ``n_eff > k``, which :func:`_check_distinct` enforces)."""
     ids = _row_ids(x)
     keep = _first_occurrences(ids)
     admissible = keep.unsqueeze(-2) & (ids.unsqueeze(-1) != ids.unsqueeze(-2))
@@ -261,9 +227,8 @@ def _within(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _check_distinct(n_eff: Tensor, n: int, name: str, minimum: int, k: int, what: str) -> int:
-    """Raise unless every batch has ``minimum`` distinct rows; return the smallest count.
-
-    Data-dependent, so skipped under the JIT (returns ``n``; the shapes are still checked)."""
+    """Raise unless every batch has ``minimum`` distinct rows; return the smallest count (``n``
+    under the JIT, where this data-dependent check is skipped)."""
     if torch.jit.is_tracing():
         return n
     low = int(n_eff.min())
@@ -409,7 +374,7 @@ def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
         0-dim tensor (same dtype as ``samples``), differentiable w.r.t. ``samples``.
         Exact duplicates are handled as described in the module docstring.
     """
-    k = _check_k(k)
+    k = check_int(k, "k")
     _check_tensor(samples, "samples", (2,))
     _check_rows(samples.shape[0], "samples", k + 1, k, "each point needs k other points")
     return _entropy(samples, k, "samples")
@@ -449,7 +414,7 @@ def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
         0-dim tensor, differentiable w.r.t. both sample tensors (dtypes are promoted to the
         common one).
     """
-    k = _check_k(k)
+    k = check_int(k, "k")
     _check_tensor(p_samples, "p_samples", (2,))
     _check_tensor(q_samples, "q_samples", (2,))
     if p_samples.shape[1] != q_samples.shape[1]:
@@ -510,7 +475,7 @@ def functional_knn_entropy(f_samples: Tensor, k: int = 1, correction: EntropyCor
     Returns:
         0-dim tensor, differentiable w.r.t. ``f_samples``.
     """
-    k = _check_k(k)
+    k = check_int(k, "k")
     if correction not in ("paper", "rescaled", "none"):
         raise ValueError(f"correction must be 'paper', 'rescaled' or 'none', got {correction!r}")
     flat, num_inputs = _flatten_function_values(f_samples, "f_samples")
@@ -549,7 +514,7 @@ def functional_knn_kl(f_p: Tensor, f_q: Tensor, k: int = 1) -> Tensor:
         0-dim tensor, the estimate of ``KL(p || q)`` in predictor space, differentiable w.r.t.
         both inputs.
     """
-    k = _check_k(k)
+    k = check_int(k, "k")
     x, _ = _flatten_function_values(f_p, "f_p")
     y, _ = _flatten_function_values(f_q, "f_q")
     if f_p.dim() != f_q.dim() or f_p.shape[0] != f_q.shape[0] or f_p.shape[2:] != f_q.shape[2:]:

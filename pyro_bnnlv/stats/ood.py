@@ -85,11 +85,10 @@ def ood_report(
 ) -> pd.DataFrame:
     """Epistemic entropy on training, test and OOD inputs, and the OOD-vs-test AUROC.
 
-    The three input sets must be on the scale the model was trained on: for a standardised
-    :class:`~pyro_bnnlv.datasets.Dataset` its ``x_train``/``x_test`` and the OOD inputs standardised
-    with the same statistics (``(x_raw - data.x_mean) / data.x_std``, as ``data.extras["x_ood"]``
-    already is); raw OOD inputs beside standardised training inputs would look far out of
-    distribution whatever the posterior.
+    The three input sets must be on the scale the model was trained on: OOD inputs standardised
+    with the training statistics (``(x_raw - data.x_mean) / data.x_std``, as
+    ``data.extras["x_ood"]`` already is), or they look far out of distribution whatever the
+    posterior.
 
     Returns a DataFrame indexed by ``split`` (``train``, ``test``, ``ood``) with columns ``n``,
     ``mean``, ``median``, ``q10``, ``q90`` of the per-input epistemic entropy and ``auroc``
@@ -97,9 +96,9 @@ def ood_report(
     per-input entropies are in ``frame.attrs["entropy"]`` (``{split: numpy array}``). With
     ``figure``, writes histograms like the paper's Fig. 2-3 there.
 
-    Several methods at once: pass ``samples`` as ``{method name: samples}`` (same model); the
-    frame is then indexed by ``(method, split)`` and ``figure`` gets one panel per method on
-    shared axes and bins (:func:`plot_ood_comparison`), so the methods compare at a glance.
+    Several methods at once: ``samples`` as ``{method name: samples}`` (same model); the frame is
+    then indexed by ``(method, split)`` and ``figure`` has one panel per method on shared axes
+    (:func:`plot_ood_comparison`).
     """
     if _is_method_mapping(samples):
         reports = {name: ood_report(model, s, x_train, x_test, x_ood, k=k) for name, s in samples.items()}

@@ -73,10 +73,8 @@ def compare_posteriors(
     Returns:
         DataFrame indexed by ``space`` (``"parameter"``, ``"predictor"``) with columns
         ``"KL(approx||ref)"`` and ``"KL(ref||approx)"``; ``attrs`` record the protocol. The
-        estimators are consistent but can be negative at finite sample size; on a BNN the
-        parameter-space numbers are dominated by the weight symmetries (two runs of the same
-        method disagree by hundreds of nats in the paper's Table 4), the predictor-space ones
-        are not.
+        estimates can be negative at finite sample size; on a BNN the parameter-space ones are
+        dominated by the weight symmetries, the predictor-space ones are not.
     """
 
     for name, v in (("num_samples", num_samples), ("num_draws", num_draws), ("num_inputs", num_inputs)):

@@ -4,21 +4,15 @@ Every executor calls :func:`execute` on each task and yields its outcome (a dict
 task finishes, in completion order; the driver writes each outcome to the store. Executors keep at
 most ``slots`` tasks in flight and ask ``accept()`` before starting each one: once it answers
 ``False`` (a sweep's ``stop_after`` has passed) no task starts, the running ones finish, and the
-rest stay pending in the store. Nothing here is
-home-made distribution: the local executor is the standard library's
-:class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (no forked copies
-of torch's thread pools or of the driver's state; tasks see only their key), the Ray executor is
-``ray.remote`` tasks collected with ``ray.wait``.
+rest stay pending in the store. The local executor is the standard library's
+:class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (tasks see only
+their key), the Ray executor ``ray.remote`` tasks collected with ``ray.wait``.
 
-:func:`execute` pins torch to ``threads`` threads (default 1), clears Pyro's parameter store and
-seeds Python, NumPy, torch and Pyro with ``task.seed`` before calling the task function, so a
-task's numbers depend on its key only, not on the worker, the order or the worker count. The
-local executor's and Ray's workers also keep freed memory in the heap
-(:func:`~pyro_bnnlv._platform.retain_freed_memory`; ``pyro-bnnlv bench allocator``: up to 1.75x
-faster k-NN ELBO steps, the same numbers): the local pool's initializer sets it, a Ray task sets it
-before its first fit in each Ray worker process (Ray's workers belong to one driver's job). (The
-thread count is fixed rather than ``cores // workers`` because torch's results depend on it: a
-1x50 BNN fitted on yacht gives ELBOs that differ in the seventh digit with 1 and 2 threads.)
+:func:`execute` pins torch to ``threads`` threads (default 1; fixed, since torch's results depend
+on the thread count), clears Pyro's parameter store and seeds Python, NumPy, torch and Pyro with
+``task.seed`` before calling the task function, so a task's numbers depend on its key only. Local
+and Ray workers keep freed memory in the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`;
+``pyro-bnnlv bench allocator``).
 """
 
 from __future__ import annotations

@@ -141,15 +141,12 @@ def run_sweep(
             agree on (else :class:`~pyro_bnnlv.sweep.SweepMismatchError`). Default
             :func:`~pyro_bnnlv.sweep.task.code_version` of ``fn``, which any edit of the package
             or the task code changes. A pinned label declares that the code under it computes the
-            same results, so edits are no longer detected: resume after an edit that cannot change
-            the finished results with the stored label (the error quotes it). A task function
-            whose source cannot be read (a script read from standard input) needs a pinned label.
+            same results (resume after an edit that cannot change them with the stored label,
+            which the error quotes); a task function without readable source needs one.
         retry_failed: rerun tasks that failed in an earlier run (default) or keep their failure.
         prepare: called once in this process, in a thread beside the first tasks (waited for
-            before ``run_sweep`` returns), e.g. ``pyro_bnnlv._compiled.nuts_extension``: the NUTS
-            core is compiled once while the workers start on the tasks, a worker that needs it
-            meanwhile waits on its build lock and loads the cached build, instead of the first
-            worker to need it compiling it while the others wait.
+            before ``run_sweep`` returns), e.g. ``pyro_bnnlv._compiled.nuts_extension`` to
+            compile the NUTS core once while the workers start.
         progress: one tqdm bar over the tasks (done / running / failed, ETA).
         stop_after: seconds after which no task starts (running tasks finish; the others stay
             pending for the next run); ``None``: run every task. ``0`` runs nothing: the table of

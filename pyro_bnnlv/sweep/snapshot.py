@@ -4,12 +4,9 @@ When no driver runs, a store is the single file ``sweep.sqlite`` and can be copi
 as it is. While one runs, a plain ``cp`` or ``git add`` may read the file in the middle of a
 task's transaction: SQLite's rollback journal then holds the pages the copy lacks, and the copy
 alone is a corrupt database. ``pyro-bnnlv snapshot SRC DEST`` (or :func:`snapshot_stores`) copies
-every store under ``SRC`` with SQLite's online backup API, which reads one consistent state
-(finished tasks up to some moment, never part of a transaction), to the same relative place
-under ``DEST``; each copy is checked (``PRAGMA integrity_check``; that alone would not notice a
-torn copy, which can be a valid database holding part of a transaction) and all are moved into
-place only when every one succeeded. ``--out DEST/...`` then resumes from the copy, here or on
-another machine.
+every store under ``SRC`` with SQLite's online backup API, which reads one consistent state, to
+the same relative place under ``DEST``; each copy is checked (``PRAGMA integrity_check``) and all
+are moved into place only when every one succeeded. ``--out DEST/...`` then resumes from the copy.
 """
 
 from __future__ import annotations

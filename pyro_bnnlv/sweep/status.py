@@ -1,11 +1,9 @@
 """Where a long sweep stands: progress per method and the time it still needs, from its store alone.
 
 ``pyro-bnnlv status DIR`` (or :func:`sweep_status`) reads every results store under ``DIR``
-(``DIR/sweep.sqlite``, or all of them below it: ``reproduce ncai`` keeps one per data set and
-stage) without the command that wrote it: read only (it tests the driver's lock file to say
-whether a driver is running), also while one is. Per store it reports whether a driver holds it, its code version, and per method
-the finished, failed and pending tasks with the mean wall time of the finished ones. The time
-still needed is estimated per method as
+(``DIR/sweep.sqlite``, or all of them below it), read only, also while a driver runs. Per store
+it reports whether a driver holds it, its code version, and per method the finished, failed and
+pending tasks with the mean wall time of the finished ones. The time still needed is
 
 .. math::
 
@@ -14,11 +12,10 @@ still needed is estimated per method as
 with :math:`\\bar t_m` the mean task time of method :math:`m`'s finished tasks (one core each;
 divide by the worker count for the wall time), and the report names the data sets with pending
 tasks none of which has finished (the mean may come from smaller sets). A method without a
-finished task in its own store has no estimate of its own (:attr:`StoreStatus.remaining_hours`
-is NaN); :func:`format_status`, given several stores (``reproduce ncai`` keeps one per data set
-and stage), estimates it from the same method's finished tasks in the others, pooled
-(:math:`\\sum_s n_{m,s} \\bar t_{m,s} / \\sum_s n_{m,s}`), and says which estimates are borrowed
-and from where; one that no store has timed stays unestimated and the total says so.
+finished task in its own store (:attr:`StoreStatus.remaining_hours` NaN) is estimated by
+:func:`format_status` from the same method's finished tasks in the other stores, pooled
+(:math:`\\sum_s n_{m,s} \\bar t_{m,s} / \\sum_s n_{m,s}`), saying which estimates are borrowed;
+one that no store has timed stays unestimated and the total says so.
 """
 
 from __future__ import annotations

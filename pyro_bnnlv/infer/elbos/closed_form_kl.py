@@ -14,9 +14,7 @@ normal-distributed". :class:`ClosedFormKLElbo` is that estimator for any model a
 sites named in ``sites`` contribute ``-KL(q || p)`` by :func:`torch.distributions.kl_divergence`
 instead of ``log p(v) - log q(v)`` at the particles' draws ``v``; every other site is treated
 as ``Trace_ELBO`` treats it. Both estimators are unbiased for the same ELBO; the closed form has
-no Monte-Carlo noise in those terms and is computed once per step rather than once per particle
-(the projected BNN's decoder weights ``phi`` have ~16,000 coordinates, and their two log-densities
-at 20 particles were most of a step's cost).
+no Monte-Carlo noise in those terms and is computed once per step rather than once per particle.
 
 The named sites must be ``Normal`` or ``Independent(Normal)`` in both the model and the guide
 (Pyro's ``AutoNormal`` and ``pyro.sample(name, dist.Normal(...).to_event(k))``), reparameterised,
@@ -39,18 +37,12 @@ drawing the random numbers in Pyro's order (the guide's sites in its order, ``S`
 then the minibatch as Pyro's plate draws it), so that a fused step and a traced one give the same
 loss and gradients up to rounding. A model opts in with ``closed_form_priors(dtype)`` (its latent
 sites' priors as ``Normal`` s, ``None`` when its ``forward`` is not the one they describe) and
-``weights_from_latents(values)``. The first step of each fit runs traced (it creates the guide's
-parameters and lets :func:`~pyro_bnnlv.fit_svi` collect them); ``fit_svi`` then checks the fused
-steps against the traced twin (:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and
-1,000, as it checks compiled losses (:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`), and
-finishes traced on a mismatch. Parameters are read inside the modules' Pyro context
-(``pyro.nn.pyro_method``), as their ``forward`` reads them, so ``pyro.infer.SVI``, which collects
-the parameters of each step from its ``pyro.param`` statements, trains them too. Anything a fused step cannot see runs traced: another guide (or an
-``AutoNormal`` with ``create_plates``), model keyword arguments, a multi-task model, Pyro handlers
-around the call (``poutine.mask``, ``scale``, ``condition``, ...: only the parameter-only traces
-of ``SVI`` and ``fit_svi`` are allowed), forward hooks or a ``forward`` set on the instance, data
-off the CPU. Bad data fails as in the traced step (the model's ``check_data``). Measured:
-``pyro-bnnlv bench proj``.
+``weights_from_latents(values)``. ``fit_svi`` checks the fused steps against the traced twin
+(:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and 1,000, as it checks compiled losses
+(:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`), and finishes traced on a mismatch. What
+runs traced is what :mod:`~pyro_bnnlv.infer.elbos.fused` lists (the first step, another guide or
+an ``AutoNormal`` with ``create_plates``, model keyword arguments, Pyro handlers, hooks, data off
+the CPU), and a multi-task model. Timings: ``pyro-bnnlv bench proj``.
 """
 
 from __future__ import annotations

@@ -8,16 +8,11 @@ checkpoints (same parameters, same random draws) and compares; on a mismatch it 
 naming the loss and the step, and training continues with the eager twin (:func:`~pyro_bnnlv.fit_svi`
 restarts it from the initial parameters).
 
-Only branches on *shapes* are safe in a trace whose cache is keyed by shapes; Pyro's plate
-messenger has such branches (``pyro.poutine.subsample_messenger``: plate size against the
-subsample size and parameter shapes, and a constant zero for the subsample site's density), and
-so has ``pyro.distributions.util.broadcast_shape`` (sizes against 1, e.g. for the density of a
-``pyro.deterministic`` site inside a plate). :func:`plate_shape_tracer_warnings_ignored` hides
-the tracer warnings of those two places while compiling: every tracer warning of the first
-module, and the tensor-to-boolean conversions of the second (all of them compare sizes:
-``broadcast_shape``'s, and ``eye_like``'s ``min``; checked for pyro 1.9). Every other tracer
-warning stays visible; the test suite turns them into errors (``pyproject.toml``), so library
-code that emits one fails it.
+Only branches on *shapes* are safe in a trace whose cache is keyed by shapes, such as those of
+Pyro's plate messenger (``pyro.poutine.subsample_messenger``) and of
+``pyro.distributions.util.broadcast_shape``: :func:`plate_shape_tracer_warnings_ignored` hides
+the tracer warnings of those two places while compiling (checked for pyro 1.9). Every other
+tracer warning stays visible; the test suite turns them into errors (``pyproject.toml``).
 """
 
 from __future__ import annotations

@@ -39,22 +39,16 @@ Cost. Per step the paper's settings (the defaults) run the model on ``num_partic
 samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
 them through ``500 x 500`` nearest-neighbour searches (in predictor space after evaluating both
 sample sets at ``T`` inputs), so a step costs several MFVI steps (``AutoNormal`` +
-``Trace_ELBO``); :meth:`KNNElbo.fast` (``num_particles=10``, ``num_kl_samples = num_prior_samples
-= 100``) is cheaper (the costs per step: ``docs/results/knn-elbo-presets.csv``, column
-``cost_vs_mfvi``, from ``python docs/bench/knn_elbo_presets.py``). The preset is for exploring:
-fewer k-NN samples make the KL estimate noisier and more biased, and one 3,000-step fit with it
-can land far from the default's (the same CSV), so final fits should use the defaults.
+``Trace_ELBO``; ``docs/results/knn-elbo-presets.csv``). :meth:`KNNElbo.fast` is cheaper, for
+exploring: fewer k-NN samples make the KL estimate noisier and more biased, and a fit with it can
+land far from the default's, so final fits should use the defaults.
 
 Bias as an objective. The k-NN estimate of ``KL(q || p)`` is biased low, and the more so the
 wider ``q`` is, so minimising it can push the guide beyond the prior's draws, where the estimate
-goes negative (:mod:`pyro_bnnlv.stats.knn`, "Support"). Measured on hyvi-uci's boston setting
-(751 weights, 500 + 500 draws, App. E's schedule; ``python docs/bench/knn_kl_width.py``):
-``AutoNormal`` trained with :class:`KNNElbo` instead of the closed-form KL ends with 56% of its
-weights wider than the prior (median 5.9x the prior's sd), a true KL of 8,743 nats that the
-estimate puts at -186, a learned noise sd of 0.15 (closed form: 0.33) and a test LL of -3.18
-(closed form: -2.41): the over-confidence of NN-HyVI (noise 0.12, LL -3.00 on that split) with
-no hypernetwork in it (split 1: 55%, 5.6x, 7,954 at -184, noise 0.15 against 0.32, LL -3.54
-against -2.45). It is the paper's estimator (eq. 4, 8-9), kept as such; the warning that a
+goes negative (:mod:`pyro_bnnlv.stats.knn`, "Support"): ``AutoNormal`` trained with
+:class:`KNNElbo` ends wider than the prior, its noise sd learned too small, the over-confidence
+of NN-HyVI with no hypernetwork in it (``python docs/bench/knn_kl_width.py``,
+``docs/results.md``). It is the paper's estimator (eq. 4, 8-9), kept as such; the warning that a
 share of the guide's draws lies outside the prior's region is the sign of it.
 
 ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all go through one differentiable
@@ -347,8 +341,8 @@ class FunctionalKNNElbo(KNNElbo):
     ``P`` weights fill at most a ``P``-dimensional manifold of R^d, and often ``T*O > P``. On a
     ``d'``-dimensional manifold the nearest-neighbour distances scale like ``n^{-1/d'}``, so with
     ``n`` guide and ``m`` prior samples the estimate is off by about
-    ``(d/d' - 1) ln((n-1)/m)``: zero for ``m = n - 1`` and, e.g., ``-11`` nats for ``d = 50``,
-    ``d' = 3``, ``n = 500``, ``m = 1000`` (measured with a guide equal to the prior).
+    ``(d/d' - 1) ln((n-1)/m)``: zero for ``m = n - 1``, ``-11`` nats for ``d = 50``, ``d' = 3``,
+    ``n = 500``, ``m = 1000``.
     """
 
     def __init__(

@@ -31,16 +31,12 @@ Use it as the ``loss`` of :func:`~pyro_bnnlv.fit_svi` (or ``pyro.infer.SVI``) wi
     pb.fit_svi(model, guide, x, y, num_steps=5000, loss=LocalReparamELBO(num_particles=8))
 
 Minibatches (``batch_size=``) and a learned noise (``learn_noise=True``) work as with
-``Trace_ELBO``: the minibatch indices, targets, noise and likelihood scale ``N / B`` are read from
-the model's trace. For the library's :class:`~pyro_bnnlv.models.BNN` with a mean-field guide
-(``MeanField`` or ``AutoNormal``: the pairs :class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`
-recognises) steps after the first are **fused**: the same estimate from the network, the guide's
-parameters and the model's buffers, with the random numbers drawn in the traced order (the
-guide's draw of ``w``, the data plate's indices, then the pre-activations), so values and
-gradients equal the traced ones (tested) with no Pyro trace per step; ``fused=False`` traces
-every step. The guide's ``"w"`` distribution must be a diagonal Gaussian (``AutoNormal``,
-or any guide sampling ``"w"`` from ``Normal(loc, scale).to_event(1)``); the model must have no
-latent sites besides ``"w"``.
+``Trace_ELBO`` (read from the model's trace). For the pairs
+:class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo` recognises on a
+:class:`~pyro_bnnlv.models.BNN`, steps after the first are **fused** (no Pyro trace; the random
+numbers drawn in the traced order, so values and gradients equal the traced ones);
+``fused=False`` traces every step. The guide's ``"w"`` must be a diagonal Gaussian
+(``Normal(loc, scale).to_event(1)``) and the model must have no latent sites besides ``"w"``.
 """
 
 from __future__ import annotations

@@ -7,13 +7,9 @@ and derives all three from it, so no entry point can bypass the penalty. It is s
 * the **statistics** (:meth:`PenalizedElbo.penalty_terms`: named raw tensors such as a
   Henze-Zirkler statistic, averaged over particles) are computed with the ``Trace_ELBO``
   estimator; with ``jit=True`` this part is compiled with ``pyro.ops.jit.trace`` like
-  ``JitTrace_ELBO`` (static model structure, and no value-dependent Python branches: tracer
-  warnings are *not* silenced); the buffers of the model and guide, when they are
-  ``torch.nn.Module`` s (the library's models and guides; prior scales, which empirical Bayes
-  rewrites between steps), are inputs of the compiled graph, not constants. A plain function
-  that closes over a module hides its buffers: they are then traced as constants (in-place
-  updates still show, replaced tensors do not; ``fit_svi``'s guard checks at steps 1, 10, 100 and
-  1,000), so pass the module itself, or use ``jit=False``;
+  ``JitTrace_ELBO``, the buffers of the model and guide modules (prior scales, which empirical
+  Bayes rewrites between steps) being inputs of the compiled graph, not constants (a plain
+  function closing over a module hides them: pass the module itself, or use ``jit=False``);
 * the **weighting** (:meth:`PenalizedElbo.weigh`: weights, exponentials, warm-up ramps) runs
   eagerly outside the trace, so a weight that changes during training is never frozen into the
   compiled graph as the constant it had when it was traced.

@@ -31,20 +31,13 @@ terms, spatial homogeneity factorises the rest) give ``H_l ~ G_l (x) A_l`` with
     A_l = \frac1N \sum_n \sum_t a_{n,t} a_{n,t}^\top, \qquad
     G_l = \frac1T \sum_n \sum_t B_{n,t}^\top \Lambda_n B_{n,t},
 
-i.e. ``N E[a a^T] (x) E[B^T Lambda B]`` written with the sums: ``(A_sum / sqrt N) (x)
-(G_sum / sqrt N)``. This is the normalisation of Ritter, Botev & Barber (2018, ICLR, sec. 3: the
-data set's curvature ``N E[Q] (x) E[H]``) and of laplace-torch (Daxberger et al. 2021,
-arXiv:2106.14806; Immer et al. 2021, arXiv:2008.08400), whose BackPACK KFLR factors are ``A``
-averaged over the batch and ``G`` summed over it (a loss with ``reduction="sum"``; laplace-torch
-then rescales the ``A`` factor by ``M / N`` for mini-batches of ``M``, and its ASDL backend divides
-its summed ``A`` by ``N``: ``_rescale_kron_factors``). For one data point and
-``T = 1`` (any number of outputs) the block is exact; for a model linear in the layer with a
-Gaussian likelihood (``B_n`` and ``Lambda_n`` constant) too, for any ``N``. Two differences from
-laplace-torch: (i) it keeps the bias in a Kronecker block of its own (``G`` alone, no
-weight-bias cross terms), where here the bias is the appended input 1 (Martens & Grosse, sec. 3;
-Ritter et al.); (ii) for a convolution BackPACK's ``G`` is ``sum_n (sum_t B_t)^T Lambda_n
-(sum_t B_t)``, the exact GGN of the bias, about ``T`` times KFC's ``G`` above (BackPACK's own
-docstring says it differs from the KFC paper by ``|T|``); for ``nn.Linear`` layers the two agree.
+i.e. ``N E[a a^T] (x) E[B^T Lambda B]``, the normalisation of Ritter, Botev & Barber (2018,
+ICLR, sec. 3) and of laplace-torch (Daxberger et al. 2021, arXiv:2106.14806). The block is exact
+for one data point and ``T = 1``, and for a model linear in the layer with a Gaussian likelihood.
+Two differences from laplace-torch: (i) it keeps the bias in a Kronecker block of its own, where
+here the bias is the appended input 1 (Martens & Grosse, sec. 3; Ritter et al.); (ii) for a
+convolution BackPACK's ``G`` is ``sum_n (sum_t B_t)^T Lambda_n (sum_t B_t)``, about ``T`` times
+KFC's ``G`` above; for ``nn.Linear`` layers the two agree.
 
 The posterior (prior precision ``p``, factor ``delta``, noise ``sigma``). On a layer's block the
 prior precision must factor as ``diag(d_out) (x) diag(d_in)`` (one value per output unit times

@@ -29,11 +29,9 @@ Curvature structures (``structure=``):
   every other weight fixed at ``w*``; memory ``O(K^2)`` with ``K = L (H_last + 1)``, independent of
   the rest of the network. ``f`` is linear in these weights, so the linearisation is exact and
   the Laplace posterior is Bayesian linear regression on the last hidden layer's features
-  (the "BLR" of App. B). Its error bars grow only as far as the MAP's features let them: where
-  the features extrapolate confidently (a gap between clusters of data) it stays narrow. Measured
-  on yacht's gap splits 0-2 after a MAP with a learned noise: test LL -6.8, -10.7, -3.5 against
-  the full GGN's -1.7, -2.1, -1.5 (95% coverage 0.64, 0.38, 0.79 against 0.99, 1.00, 0.97;
-  ``docs/bench/laplace_last_layer_gap.py``): for in-between uncertainty use ``"full"`` or ``"kfac"``.
+  (the "BLR" of App. B). Its error bars grow only as far as the MAP's features let them, so it
+  stays narrow in a gap between clusters of data (``docs/bench/laplace_last_layer_gap.py``): for
+  in-between uncertainty use ``"full"`` or ``"kfac"``.
 * ``"kfac"``: per layer (``nn.Linear`` / ``nn.Conv2d`` of a ModuleNet) a Kronecker product
   ``G_l (x) A_l`` of an output-side and an input-side factor (K-FAC; KFC for convolutions),
   layers independent: memory ``O(sum_l out_l^2 + in_l^2)``; the normalisation, the prior and the
@@ -41,12 +39,10 @@ Curvature structures (``structure=``):
   gives the factors, :meth:`LinearizedLaplace.dense_precision` the ``P x P`` matrix they stand
   for (small networks, tests).
 
-Jacobians: an :class:`~pyro_bnnlv.nets.MLP` gets them in one batched forward and backward sweep
-(the ``L`` one-hot output cotangents propagated through the layers at once, activation
-derivatives from the activation table: :func:`pyro_bnnlv._mlp_kernels.mlp_jacobian`); any other :class:`~pyro_bnnlv.nets.FlatNet` by
-``torch.func.vmap(torch.func.jacrev(...))`` over the data points. Both are tested against each
-other and against finite differences. Data are processed in chunks (``chunk_size``), so the
-working memory is ``O(chunk_size L P)`` besides the curvature itself.
+Jacobians: an :class:`~pyro_bnnlv.nets.MLP`'s in one batched sweep
+(:func:`pyro_bnnlv._mlp_kernels.mlp_jacobian`), any other :class:`~pyro_bnnlv.nets.FlatNet`'s by
+``torch.func.vmap(torch.func.jacrev(...))``; in chunks of ``chunk_size`` data points (working
+memory ``O(chunk_size L P)`` besides the curvature).
 
 Classification (a :class:`~pyro_bnnlv.models.BNN` with ``likelihood="categorical"`` or
 ``"bernoulli"``): the GGN of the likelihood (Immer, Korzepa & Bauer 2021, arXiv:2008.08400, eq. 4-5)
@@ -124,23 +120,15 @@ _LOG2PI = math.log(2 * math.pi)
 # Jacobians
 # ----------------------------------------------------------------------------------------------
 def last_layer_indices(net: FlatNet) -> Tensor:
-    """Indices in the flat ``w`` of the last layer's weights and biases.
-
-    :class:`~pyro_bnnlv.nets.MLP`: the last layer's slices. :class:`~pyro_bnnlv.nets.ModuleNet`:
-    the parameters of the submodule that owns the module's last parameter (e.g. the final
-    ``nn.Linear``).
-    """
+    """Indices in the flat ``w`` of the last layer's weights and biases (a
+    :class:`~pyro_bnnlv.nets.ModuleNet`'s: of the submodule owning its last parameter)."""
     if isinstance(net, MLP):
         _, _, w_sl, b_sl = net.layers[-1]
         return torch.arange(w_sl.start, b_sl.stop)
     if isinstance(net, ModuleNet):
-        prefix = net._names[-1].rpartition(".")[0]
-        idx, offset = [], 0
-        for name, size in zip(net._names, net._sizes):
-            if name.rpartition(".")[0] == prefix:
-                idx.append(torch.arange(offset, offset + size))
-            offset += size
-        return torch.cat(idx)
+        slices = net.param_slices()
+        owner = next(reversed(slices)).rpartition(".")[0]
+        return torch.cat([torch.arange(sl.start, sl.stop) for n, sl in slices.items() if n.rpartition(".")[0] == owner])
     raise ValueError(f"cannot tell the last layer of a {type(net).__name__}; pass subset_indices= explicitly")
 
 
@@ -422,45 +410,38 @@ class LinearizedLaplace:
         x = x.to(self.dtype)
         if self.structure == "kfac":
             return self._fit_kfac(x, y)
-        if self.classification:
-            return self._fit_classifier(x, self.likelihood.observed(y, self.net.out_features))
-        y = y.to(self.dtype).reshape(x.shape[0], -1)
+        y = self._targets(y, x.shape[0])
         K, L, N = self.num_params, self.net.out_features, x.shape[0]
         full = self.structure != "diag"
         gram = torch.zeros((K, K) if full else (K,), dtype=self.dtype)
-        sse = torch.zeros((), dtype=self.dtype)
-        step = self._chunk(L)
-        with torch.no_grad():
-            for start in range(0, N, step):
-                J, f = self.jacobian(x[start : start + step])
-                Jf = J.reshape(-1, K)
-                gram += Jf.T @ Jf if full else Jf.square().sum(0)
-                sse += (y[start : start + step] - f).square().sum()
-        if not torch.isfinite(gram).all() or not torch.isfinite(sse):
-            raise ValueError("the Jacobian or the residuals at w_map are not finite")
-        self.gram, self.sse, self.num_data, self.num_outputs = gram, sse, N, L
-        self._fitted = True
-        self._chol, self._eig = None, None
-        return self
-
-    def _fit_classifier(self, x: Tensor, labels: Tensor) -> "LinearizedLaplace":
-        K, L, N = self.num_params, self.net.out_features, x.shape[0]
-        full = self.structure != "diag"
-        gram = torch.zeros((K, K) if full else (K,), dtype=self.dtype)
-        loglik = torch.zeros((), dtype=self.dtype)
+        total = torch.zeros((), dtype=self.dtype)  # the log-likelihood, or the residual sum of squares
         step = self._chunk(L)
         with torch.no_grad():
             for start in range(0, N, step):
                 J, f = self.jacobian(x[start : start + step])  # (n, L, K), (n, L)
-                LJ = self.likelihood.hessian(f) @ J  # Lambda_n J_n
+                if self.classification:
+                    LJ = self.likelihood.hessian(f) @ J  # Lambda_n J_n
+                    total += self.likelihood.log_prob(f, y[start : start + step]).sum()
+                else:
+                    LJ = J
+                    total += (y[start : start + step] - f).square().sum()
                 gram += J.reshape(-1, K).T @ LJ.reshape(-1, K) if full else (J * LJ).sum((0, 1))
-                loglik += self.likelihood.log_prob(
-                    f, labels[start : start + step].to(self.dtype if labels.is_floating_point() else labels.dtype)
-                ).sum()
-        if not torch.isfinite(gram).all() or not torch.isfinite(loglik):
-            raise ValueError("the Jacobian or the log-likelihood at w_map is not finite")
-        self.gram, self.map_loglik, self.num_data, self.num_outputs = gram, loglik, N, L
-        self.sse = None
+        if not torch.isfinite(gram).all() or not torch.isfinite(total):
+            what = "log-likelihood" if self.classification else "residuals"
+            raise ValueError(f"the Jacobian or the {what} at w_map are not finite")
+        return self._fitted_with(gram=gram, factors=None, num_data=N, num_outputs=L, fit_total=total)
+
+    def _targets(self, y: Tensor, n: int) -> Tensor:
+        """A classifier's labels (floating ones in ``dtype``) or the ``(n, L)`` regression targets."""
+        if self.classification:
+            labels = self.likelihood.observed(y, self.net.out_features)
+            return labels.to(self.dtype) if labels.is_floating_point() else labels
+        return y.to(self.dtype).reshape(n, -1)
+
+    def _fitted_with(self, fit_total: Tensor, **state: Any) -> "LinearizedLaplace":
+        """Keep the curvature ``state`` and the fit at ``w*`` (``map_loglik``, or ``sse``)."""
+        self.__dict__.update(state)
+        self.map_loglik, self.sse = (fit_total, None) if self.classification else (None, fit_total)
         self._fitted = True
         self._chol, self._eig = None, None
         return self
@@ -469,25 +450,18 @@ class LinearizedLaplace:
         """K-FAC factors (:func:`~pyro_bnnlv.infer.laplace.kfac.kfac_factors`; a Gaussian's at
         ``sigma = 1``) and the residual sum of squares or the log-likelihood at ``w*``."""
         hessian = self.likelihood.hessian if self.classification else None
-        step = self.chunk_size or max(1, 4_000_000 // max(1, self.net.out_features * self.net.num_weights))
-        factors, f = _kfac.kfac_factors(self.net, self._layers, x, self.w_map, hessian, step)
+        factors, f = _kfac.kfac_factors(
+            self.net, self._layers, x, self.w_map, hessian, self._chunk(self.net.out_features)
+        )
         N, L = f.shape
+        y = self._targets(y, N)
         with torch.no_grad():
-            if self.classification:
-                labels = self.likelihood.observed(y, self.net.out_features)
-                labels = labels.to(self.dtype) if labels.is_floating_point() else labels
-                self.map_loglik, self.sse = self.likelihood.log_prob(f, labels).sum(), None
-                ok = torch.isfinite(self.map_loglik)
-            else:
-                self.sse = (y.to(self.dtype).reshape(N, -1) - f).square().sum()
-                ok = torch.isfinite(self.sse)
-        if not ok or not all(torch.isfinite(a).all() and torch.isfinite(g).all() for a, g in factors):
+            total = self.likelihood.log_prob(f, y).sum() if self.classification else (y - f).square().sum()
+        if not torch.isfinite(total) or not all(
+            torch.isfinite(a).all() and torch.isfinite(g).all() for a, g in factors
+        ):
             raise ValueError("the K-FAC factors or the fit at w_map are not finite")
-        self.factors, self.num_data, self.num_outputs = factors, N, L
-        self.gram = None
-        self._fitted = True
-        self._chol, self._eig = None, None
-        return self
+        return self._fitted_with(gram=None, factors=factors, num_data=N, num_outputs=L, fit_total=total)
 
     def kfac_factors(self) -> list[tuple[Tensor, Tensor]]:
         """``structure="kfac"``: per layer ``(A_l, G_l)`` with the GGN block ``~ G_l (x) A_l`` in the
@@ -657,11 +631,9 @@ class LinearizedLaplace:
         * ``link_approx="mc"`` (default): the average of ``num_samples`` draws of the logits'
           Gaussian (``seed`` seeds them; default seed 0), consistent as ``num_samples`` grows;
         * ``link_approx="probit"``: ``softmax(f_k / sqrt(1 + pi/8 Var f_k))`` per point (MacKay
-          1992; laplace-torch's default). Exact in the limit for one logit (Bernoulli), but for
-          a softmax it shrinks each logit by its own variance and ignores their correlation: where
-          the data fix only the logits' differences (their common shift stays at the prior's
-          width) it pulls every probability towards ``1/K``
-          (``tests/test_classification.py``, two moons: probit test LL -0.23 against MC -0.10).
+          1992; laplace-torch's default). For a softmax it shrinks each logit by its own variance
+          and ignores their correlation, pulling every probability towards ``1/K`` where the data
+          fix only the logits' differences.
         """
         if not self.classification:
             raise ValueError(
@@ -692,14 +664,10 @@ class LinearizedLaplace:
         y_std: Tensor | float | None = None,
         link_approx: str = "mc",
     ) -> pd.Series:
-        """Test log-likelihood, RMSE, PICP and MPIW of the linearised predictive, as
-        :func:`pyro_bnnlv.evaluate` reports them (original scale with ``y_mean``/``y_std``).
-
-        The predictive is one Gaussian per point, so the metrics are exact (no sampling).
-        With several outputs the log-likelihood uses the full ``L x L`` predictive covariance.
-        For a classifier: test log-likelihood, accuracy, Brier score and ECE of
-        :meth:`predictive_probs` (``link_approx``, by default 1,000 draws of the logits, seed 0).
-        """
+        """Test log-likelihood, RMSE, PICP and MPIW of the linearised predictive (exact: one
+        Gaussian per point, the full ``L x L`` covariance for several outputs), as
+        :func:`pyro_bnnlv.evaluate` reports them (original scale with ``y_mean``/``y_std``). For a
+        classifier: test log-likelihood, accuracy, Brier score and ECE of :meth:`predictive_probs`."""
 
         if hasattr(self.model, "check_data"):
             self.model.check_data(x, y)
@@ -938,10 +906,9 @@ class LinearizedLaplace:
         Expect a much wider predictive than the linearised one (:meth:`predictive`): ``Sigma`` is the
         posterior of the *linearised* network, and its draws pushed through the non-linear network
         land where the network is far from its linearisation (Immer, Korzepa & Bauer 2021,
-        arXiv:2008.08400, sec. 1 and 3: sampled Laplace underfits; Foong et al. 2019's SL columns).
-        Measured on the cosine toy (1x50 tanh, marglik hyper-parameters): test LL 0.88 linearised
-        against -3.62 sampled, 95% band widths 0.41 and 61.8 (``docs/bench/laplace_sampled_vs_linearised.py``).
-        This is the method, not a defect; use the linearised predictive unless you need weight samples.
+        arXiv:2008.08400, sec. 1 and 3: sampled Laplace underfits; Foong et al. 2019's SL columns;
+        ``docs/bench/laplace_sampled_vs_linearised.py``). Use the linearised predictive unless you
+        need weight samples.
 
         The guide is a :class:`~pyro_bnnlv.infer.laplace.guide.LaplaceGuide` in ``dtype`` (default: the
         model's, so the guide's draws fit a ``model.double()``)."""
@@ -978,22 +945,19 @@ class LinearizedLaplace:
         :meth:`optimize_hyperparameters` with :func:`pyro_bnnlv.evaluate`; in the model's dtype."""
 
         dtype = _model_dtype(self.model)
-        if self.classification:
-            return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), likelihood=self.likelihood).to(
-                dtype
-            )
-        return BNN(
-            self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), noise_scale=self.noise_scale.to(dtype)
-        ).to(dtype)
+        noise = (
+            dict(likelihood=self.likelihood) if self.classification else dict(noise_scale=self.noise_scale.to(dtype))
+        )
+        return BNN(self.net, prior_scale=self.prior_precision.rsqrt().to(dtype), **noise).to(dtype)
 
     def __repr__(self) -> str:
         state = "fitted" if self._fitted else "not fitted"
-        if self.classification:
-            return (
-                f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
-                f"likelihood={self.likelihood.name!r}, dtype={self.dtype}, {state})"
-            )
+        noise = (
+            f"likelihood={self.likelihood.name!r}"
+            if self.classification
+            else f"noise_scale={float(self.noise_scale):.4g}"
+        )
         return (
             f"LinearizedLaplace(structure={self.structure!r}, num_params={self.num_params}, "
-            f"noise_scale={float(self.noise_scale):.4g}, dtype={self.dtype}, {state})"
+            f"{noise}, dtype={self.dtype}, {state})"
         )

@@ -8,9 +8,7 @@ adaptation, Pyro's ``WarmupAdapter``), its own ``torch.Generator`` (seeded by
 threads (``_ChainRunner``); a Python potential holds the GIL, so its chains run one after
 another. Nothing needs pickling or ``fork``. ``_InProcessMCMC`` is Pyro's ``MCMC`` around that
 runner, so ``get_samples(group_by_chain=True)``, ``summary()`` and the ArviZ export work as
-usual. Compare NumPyro's ``chain_method="parallel"`` (one XLA device per chain) and
-``"vectorized"`` (all chains in one batched computation that advances in lock step, every chain
-waiting for the longest tree).
+usual.
 
 ``_InProcessMCMC`` fills the private state of Pyro's ``MCMC`` (``_samples``, ``_diagnostics``,
 ``_args``, ...) that ``MCMC.run`` would; ``tests/test_pyro_private_api.py`` checks that it still
@@ -95,9 +93,9 @@ def warmup_reestimate(warmup_ends: Sequence[float], num_samples: int, tail: floa
 
     An iteration costs its leapfrog steps (up to ``2^depth - 1``), and the trees deepen during the
     warm-up: the step size adapts down from its initial value and the mass matrix is learned in
-    windows, so the first iterations are cheap and an estimate from them runs low (3.2x on issue
-    40's run). The kept draws cost about what the end of the warm-up cost, so ``r`` is the mean over
-    the last ``m = ceil(tail W)`` warm-up iterations,
+    windows, so an estimate from the first iterations runs low. The kept draws cost about what the
+    end of the warm-up cost, so ``r`` is the mean over the last ``m = ceil(tail W)`` warm-up
+    iterations,
 
     .. math:: r = (t_W - t_{W-m}) / m \qquad (t_0 = 0), \qquad T = t_W + S r
 
@@ -121,23 +119,19 @@ class _ChainRunner:
 
     ``run()`` yields ``(item, chain_id)`` as Pyro's samplers do for :class:`~pyro.infer.MCMC`:
     first the sites' shapes, then each kept draw as one flat tensor, then the chain's
-    diagnostics. With ``parallel=True`` every chain runs in its own thread; the tree building
-    (almost all of the time) runs in C++ without the GIL, so the chains advance in parallel on
-    as many cores as there are. Otherwise the chains run one after another. Each chain owns its
-    kernel, potential and generator, so the draws do not depend on the order of execution.
+    diagnostics. With ``parallel=True`` every chain runs in its own thread (the C++ trees release
+    the GIL), else one after another; each chain owns its kernel, potential and generator, so the
+    draws do not depend on the order of execution.
 
-    After ``estimate_after`` iterations per running chain the total run time is estimated from
-    the rate so far and said (a ``tqdm`` line above the progress bars when they are on and the
-    estimate is 10 s or more, and an INFO record of the ``pyro_bnnlv`` logger either way). At the
-    end of the warm-up (of every chain when they run in parallel, of the first chain otherwise)
-    it is re-estimated from the cost of the last warm-up iterations (:func:`warmup_reestimate`: the
-    trees deepen during the warm-up) and said again, one line; from then on the bars' postfix
-    projects the time left from the rate since that window began (before: from the rate so far).
+    After ``estimate_after`` iterations per running chain the total run time is estimated and said
+    (a ``tqdm`` line when the bars are on and it is 10 s or more; an INFO record of the
+    ``pyro_bnnlv`` logger either way), and re-estimated at the end of the warm-up
+    (:func:`warmup_reestimate`), after which the bars' postfix projects the time left from the rate
+    since then.
 
-    While the chains run in threads, torch's intra-op thread count is ``cores // K`` (at least
-    1; restored afterwards): the chains themselves occupy the cores, and BLAS calls of BLAS-sized
-    layers would otherwise oversubscribe them. ``cores`` is the caller's count of usable cores
-    (``None``: :func:`~pyro_bnnlv._platform.usable_cores`).
+    While the chains run in threads, torch's intra-op thread count is ``cores // K`` (at least 1;
+    restored afterwards) so that they do not oversubscribe the cores. ``cores``: the caller's
+    count of usable cores (``None``: :func:`~pyro_bnnlv._platform.usable_cores`).
     """
 
     def __init__(

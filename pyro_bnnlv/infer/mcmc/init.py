@@ -30,9 +30,9 @@ model can compare values), and the sites are laid out in sorted name order in ``
 
 Initialisation
 --------------
-NUTS started far from the data (a prior draw, or Pyro's default ``init_to_uniform`` in
-``[-2, 2]``) spends its warm-up adapting a tiny step size to the steep region it starts in, and
-on a BNN often never reaches the posterior bulk within the warm-up. The default ``init="map"``
+NUTS started far from the data (a prior draw, Pyro's default ``init_to_uniform``) spends its
+warm-up in the steep region it starts in and on a BNN often never reaches the posterior bulk.
+The default ``init="map"``
 starts each chain at a MAP estimate from its own random network initialisation (``train_map``
 for a BNN, Adam on the flat potential for other fast-path models, ``AutoDelta`` otherwise);
 ``init="prior"`` starts at prior draws; a dict gives explicit values.

@@ -157,32 +157,20 @@ class FlatNUTS(_RecordingMixin, NUTS):
     window schedule) are Pyro's own code; :meth:`sample` re-implements ``NUTS.sample`` and
     ``NUTS._build_tree`` step for step (same recursion, U-turn test on the unscaled momenta,
     divergence threshold, biased progressive sampling at the top level, uniform within subtrees),
-    drawing the same random numbers in the same order, but
+    drawing the same random numbers in the same order, but on single flat tensors with the
+    energies, tree weights and acceptance probabilities as Python floats. Only multinomial
+    sampling (Pyro's default) is implemented.
 
-    * the position, momentum and gradient are single flat tensors, and the leapfrog step is
-      four fused tensor operations instead of Pyro's dict-of-tensors arithmetic;
-    * energies, tree weights and acceptance probabilities are Python floats (one ``.item()``
-      per leapfrog step for the energy instead of a dozen 0-dim tensor operations);
-    * the per-merge subtree choice calls ``torch.bernoulli`` directly instead of
-      ``pyro.sample(dist.Bernoulli(...))`` (the same draw).
+    The tree recursion runs in C++ (``build_tree`` of :func:`pyro_bnnlv._compiled.nuts_extension`,
+    the line-for-line twin of :meth:`_build_tree_flat`) when the compiled core builds, calling the
+    potential's compiled twin (:attr:`FlatPotential.compiled`) or its ``value_and_grad``; the top
+    level of each draw and all of Pyro's adaptation stay in Python.
 
-    The tree recursion (leapfrog steps, merges, U-turn tests, the per-merge Bernoulli draw) runs
-    in C++ (``build_tree`` of :func:`pyro_bnnlv._compiled.nuts_extension`, the line-for-line twin of
-    :meth:`_build_tree_flat`) when the compiled core builds; it calls the potential's compiled
-    twin (:attr:`FlatPotential.compiled`) directly, or its Python ``value_and_grad`` otherwise.
-    The top level of each draw (direction and acceptance draws through ``pyro.sample``) and all
-    of Pyro's adaptation stay in Python.
-
-    Only multinomial sampling (Pyro's default) is implemented.
-
-    Random numbers: without ``generator`` the kernel draws from Pyro/torch's global generator
-    (through ``pyro.sample`` at the top level), exactly as Pyro's ``NUTS`` does, so both give the
-    same chain from the same seed. With a ``torch.Generator`` every draw of the chain (momenta,
-    including those of Pyro's step-size search, directions, acceptance and per-merge draws) comes
-    from it, with the same torch calls in the same order: a kernel with a generator seeded ``s``
-    reproduces a kernel on the global generator seeded ``s``, and several kernels with their own
-    generators can advance in parallel threads (:func:`run_nuts` does so) without touching each
-    other's random streams.
+    Random numbers: without ``generator``, Pyro/torch's global generator, exactly as Pyro's
+    ``NUTS`` (the same chain from the same seed). With a ``torch.Generator`` every draw of the
+    chain comes from it by the same torch calls in the same order, so a generator seeded ``s``
+    reproduces the global one seeded ``s``, and chains with their own generators can run in
+    parallel threads without touching each other's streams.
 
     ``tree_depth`` in the records is Pyro's (and Stan's ``treedepth__``): the number of completed
     doublings, so a trajectory that exhausts ``max_tree_depth`` has depth ``max_tree_depth`` and

@@ -22,26 +22,11 @@ Two ways to evaluate the potential ``U(q) = -log p(y, latents | x)``
   (all normalising constants included) at every point, value and gradient (tested, and checked
   at the initial point of every run with ``check_potential=True``).
 
-The modules
------------
-* :mod:`pyro_bnnlv.models.potential`: :class:`FlatPotential`, :func:`mlp_regression_potential`
-  and :func:`mlp_classification_potential` (the potential, value and gradient on one flat vector).
-* :mod:`pyro_bnnlv.infer.mcmc.kernel`: the kernels, :class:`FlatNUTS` (Pyro's multinomial NUTS on
-  one flat tensor, its tree built in C++ or by a Python twin, the tree a ``TreeState``) and Pyro's
-  stock ``NUTS`` with step counting (``kernel="pyro"``).
-* :mod:`pyro_bnnlv.infer.mcmc.chains`: several chains in one process (parallel threads for a
-  compiled potential, one after another otherwise).
-* :mod:`pyro_bnnlv.infer.mcmc.init`: :func:`flat_potential` (which potential), the initial values
-  (MAP, prior, given) and the check of the fast potential against the traced model, with the
-  contract a model follows to get the fast path (``model.nuts_potential(x, y)``).
-* this module: :func:`run_nuts`, which puts them together, and :func:`chain_records`. Every name
-  above is importable from here.
-
-``pyro-bnnlv bench nuts`` reports the time per leapfrog step against Pyro's traced
-``MCMC(NUTS(model, jit_compile=True))`` and against NumPyro; see docs/results/bench-nuts.csv.
-
-Chain ``c`` of seed ``s`` is the one-chain run of seed ``s + c``, draw for draw (tested), and the
-returned ``MCMC`` holds all chains (``get_samples(group_by_chain=True)``, ArviZ export).
+The pieces (:mod:`pyro_bnnlv.infer.mcmc` lists them): the potentials in
+:mod:`pyro_bnnlv.models.potential`, the kernels, the chains and the initial values; this module
+puts them together (the contract for the fast path, ``model.nuts_potential(x, y)``, is in
+:mod:`~pyro_bnnlv.infer.mcmc.init`). ``pyro-bnnlv bench nuts`` times a leapfrog step against
+Pyro's traced ``NUTS`` and NumPyro (docs/results/bench-nuts.csv).
 """
 
 from __future__ import annotations
@@ -460,7 +445,7 @@ def run_nuts(
         num_samples, warmup_steps: draws kept per chain and warm-up (adaptation) iterations.
         num_chains: number of chains, each with its own adaptation and random generator; chain
             ``c`` of ``run_nuts(seed=s, num_chains=K)`` is ``run_nuts(seed=s + c)``, draw for
-            draw. The flat kernel runs them in this process (``chain_method``); the traced path
+            draw, and the ``MCMC`` holds all chains (``get_samples(group_by_chain=True)``). The flat kernel runs them in this process (``chain_method``); the traced path
             and ``kernel="pyro"`` in Pyro's chain processes when there are more cores than chains.
         init: ``"map"`` (default; each chain starts at a MAP fit from its own random network
             initialisation, by Adam on ``U(q) / N``), ``"prior"`` (prior draws) or

@@ -78,20 +78,15 @@ __all__ = [
 GENERATIVE_OBJECTIVES = ("vae", "mmd")
 
 #: the prediction weight ``beta`` per objective when none is given: eq. 6 at 1 (its reading in
-#: :mod:`~pyro_bnnlv.infer.projection.fit`); the generative objectives at the value measured on the
-#: four-mode toy (:mod:`pyro_bnnlv.reproduce.projected_toy`; for the MMD, ``beta`` = 0.01 covered
-#: two or three modes with both variants for seeds 0, 1, 2, while 0.03 left both variants in one
-#: mode and 0.003 the full ``q(z) q(phi)``; the VAE stayed in one mode at 0.01, 0.03 and 0.1)
+#: :mod:`~pyro_bnnlv.infer.projection.fit`); the generative objectives at the value chosen on the
+#: four-mode toy (``reproduce proj-four-modes``: the MMD's ``q(z) q(phi)`` covered two modes at
+#: 0.01, one at 0.03 and 0.003; the VAE stayed in one mode at 0.01 to 0.1)
 DEFAULT_BETA = {"autoencoder": 1.0, "vae": 0.1, "mmd": 0.01}
 
 #: the decoder stage's Adam steps and learning rate per objective when none are given: eq. 6 at
-#: this library's earlier values; the generative objectives at the budget their ``beta`` above was
-#: measured at (``reproduce proj-four-modes``: 2,000 steps at 0.01). ``beta`` sets the balance
-#: between matching the candidates and the prediction term on prior draws, and how far Adam
-#: carries the decoder along that balance is part of the calibration: on the four-mode toy the
-#: MMD decoder at 2,000 steps and 0.01 put the full ``q(z) q(phi)`` in two modes for seeds 0, 1,
-#: 2, while seed 0 stayed in one mode with either setting alone changed (3,000 steps at 0.01, or
-#: 2,000 at 0.005) and at the earlier defaults (3,000 at 0.005) (issue 43)
+#: this library's earlier values; the generative objectives at the budget their ``beta`` was
+#: calibrated with (2,000 steps at 0.01: how far Adam carries the decoder along the balance
+#: ``beta`` sets is part of the calibration; issue 43)
 DEFAULT_NUM_STEPS = {"autoencoder": 3000, "vae": 2000, "mmd": 2000}
 DEFAULT_LR = {"autoencoder": 0.005, "vae": 0.01, "mmd": 0.01}
 

@@ -30,13 +30,10 @@ We minimise
 with ``u_r = (w_r - m) / s`` the candidates standardised by their mean ``m`` and standard
 deviation ``s``, ``\hat u_r = (\hat w_r - m) / s``, ``gamma_r ~ N(0, input_noise^2 I)`` drawn
 afresh each step, and both terms averaged (per weight, per data point) so ``beta`` is
-scale-free. The noise and the reconstruction live on the standardised scale, where "variance 1"
-means "as large as the candidates' spread". The decoder is trained on that scale too,
-``\hat u = g_\psi(z)``, so that Adam's steps have the same size for every weight whatever its
-spread among the candidates (on the raw scale a weight that varies by 0.001 across the
-candidates moves by the learning rate, hundreds of its spreads, in one step); ``phi`` folds
-``(m, s)`` into the last layer, ``g_phi(z) = m + s * g_psi(z)``, so the model's decoder
-outputs raw weights (its prior on ``phi`` does not depend on the data).
+scale-free. On the standardised scale "variance 1" means "as large as the candidates' spread",
+and Adam's steps have the same size for every weight; the decoder is trained there,
+``\hat u = g_\psi(z)``, and ``phi`` folds ``(m, s)`` into its last layer,
+``g_phi(z) = m + s * g_psi(z)``, so the model's decoder outputs raw weights.
 
 After training (eq. 6 only), the decoder's first (affine) layer is re-parametrised so that the candidates'
 codes have mean 0 and standard deviation ``sigma_z`` per coordinate: the same function ``g``,
@@ -245,18 +242,14 @@ def fit_projection(
         candidates: ``(R, P)`` candidate weights (e.g. ``fge(...).kept``).
         x, y: training data for the prediction term.
         objective: ``"autoencoder"`` (eq. 6), ``"vae"`` or ``"mmd"``.
-        beta: weight of the prediction term; ``None``: :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_BETA`
-            (1 for eq. 6; for the generative objectives the value measured on the four-mode
-            toy, where the MMD's posterior covered two modes at 0.01 but not at 0.03).
+        beta: weight of the prediction term; ``None``:
+            :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_BETA` (its notes say why).
         input_noise: standard deviation of ``gamma`` on the standardised scale (paper: 1;
             autoencoder only: the generative objectives never read it).
         num_steps, lr: Adam on encoder and decoder jointly; ``None``:
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_NUM_STEPS` and
             :data:`~pyro_bnnlv.infer.projection.decoder.DEFAULT_LR` (eq. 6: 3,000 steps at 0.005;
-            the generative objectives: 2,000 at 0.01, the budget ``beta`` was measured at and
-            calibrated with: the constants' notes, issue 43); stage 3's mean-field ``q(z)`` covers
-            two modes only if the decoder leaves adjacent regions of ``p(z)`` decoding to
-            different good modes.
+            the generative objectives: the budget ``beta`` was calibrated with).
         batch_size: data points per step for the prediction term (``None``: all).
         num_prior_draws: ``M``, draws of ``z ~ p(z)`` per step (generative objectives).
         mmd_space: ``"weight"`` or ``"function"``, the MMD's features.
@@ -308,13 +301,11 @@ def init_projected_guide(
 ) -> AutoNormal:
     """Stage 3's mean-field guide: ``AutoNormal`` over ``z`` (and ``phi``).
 
-    ``phi``'s mean starts at ``phi`` (a random decoder initialisation if ``None``: the one-stage
-    ablation) and its scales at ``z``'s (:func:`fit_projected_bnn` then sets them to
-    ``exp(N(-9, 0.1))``, footnote 4). ``z_init="random"`` (the
-    paper's "initialized randomly"): ``z``'s means at a draw from ``p(z)`` and its scales at
-    ``z_scale`` (default half the prior's); ``z_init="prior"``: ``q(z)`` starts at ``p(z)``
-    (means 0, scales ``z_scale``, default the prior's), the natural start for a generative
-    decoder, which is trained so that ``p(z)`` decodes to the candidates.
+    ``phi``'s mean starts at ``phi`` (a random decoder if ``None``: the one-stage ablation) and its
+    scales at ``z``'s (:func:`fit_projected_bnn` then sets them to ``exp(N(-9, 0.1))``, footnote 4).
+    ``z_init="random"`` (the paper's "initialized randomly"): ``z``'s means at a draw from ``p(z)``,
+    scales ``z_scale`` (default half the prior's); ``"prior"``: ``q(z)`` at ``p(z)`` (scales
+    default the prior's), the start for a generative decoder.
     """
     if z_init not in ("random", "prior"):
         raise ValueError(f"z_init must be 'random' or 'prior', got {z_init!r}")
@@ -444,9 +435,7 @@ def fit_projected_bnn(
             skipped; e.g. several stage-3 step sizes on one decoder). Its ``objective`` picks the
             default ``z_init``.
         fge_kwargs, projection_kwargs: options of :func:`~pyro_bnnlv.infer.projection.fge.fge` and
-            :func:`fit_projection` (whose decoder steps and learning rate default per objective:
-            ``projection_kwargs={"objective": "mmd"}`` alone covers two modes of the four-mode
-            toy, Fig. 2; :func:`fit_projection` says which settings matter).
+            :func:`fit_projection` (e.g. ``projection_kwargs={"objective": "mmd"}``).
         num_steps, lr, num_particles, batch_size: stage 3's SVI (paper: 20 reparameterisation
             samples).
         z_init: ``q(z)``'s start (:func:`init_projected_guide`); ``None``: ``"prior"`` after a
@@ -454,15 +443,12 @@ def fit_projected_bnn(
             ``"mmd"``), ``"random"`` otherwise.
         kl: stage 3's KL terms of ``z`` and ``phi``: ``"closed-form"`` (the paper, below eq. 6:
             "the KL-divergence terms in Eq. (5) can be computed in closed form";
-            :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`, no Monte-Carlo noise in
-            those terms) or ``"monte-carlo"`` (``Trace_ELBO``: ``log p - log q`` at the particles'
-            draws, this library's estimator before issue 17's paper-budget run).
-        fused: compute the closed-form steps without Pyro's traces (the same estimator and
-            random draws, checked against the traced steps during training; module docstring
-            of :mod:`~pyro_bnnlv.infer.elbos.closed_form_kl`, 'Fused steps'); ``False``: traced.
-        callback: called as ``callback(step, loss, guide)`` after every step of stage 3 (the
-            guide being fitted, e.g. for early stopping on validation data: raise
-            ``StopIteration`` to stop).
+            :class:`~pyro_bnnlv.infer.elbos.closed_form_kl.ClosedFormKLElbo`) or ``"monte-carlo"``
+            (``Trace_ELBO``: ``log p - log q`` at the particles' draws).
+        fused: the closed-form steps without Pyro's traces (the same estimator and draws;
+            :mod:`~pyro_bnnlv.infer.elbos.closed_form_kl`); ``False``: traced.
+        callback: ``callback(step, loss, guide)`` after every step of stage 3 (raise
+            ``StopIteration`` to stop, e.g. early stopping on validation data).
 
     Returns a :class:`ProjectedFit`; sample it with ``pb.sample_posterior(fit.model, fit.guide, x)``.
     """

@@ -6,9 +6,10 @@ Refits BNN+LV MFVI and NCAI_0 (mean-field VI from NCAI's initialisation) on one 
 family benchmark (:func:`pyro_bnnlv.reproduce.ncai_compare.compare_tasks`, ``compare``'s default
 budget: the tasks of the committed store ``docs/results/sweeps/ncai-family``, so their validation
 LL must match the store's) and prints, per fit, the test LL, quantiles of the per-point test LL
-(``evaluate``'s predictive: 500 weight samples x 64 latent draws) and the spread of the latent
-means and of ``f`` over the latent prior; then the per-point difference NCAI_0 minus MFVI by how far ``y`` lies from its mean, and
-the share of the total difference that the 5% most extreme test points carry.
+(``compare``'s test predictive: ``CompareConfig``'s 500 weight samples x 64 latent draws, its
+seed) and the spread of the latent means and of ``f`` over the latent prior; then the per-point
+difference NCAI_0 minus MFVI by how far ``y`` lies from its mean, and the share of the total
+difference that the 5% most extreme test points carry.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from pyro_bnnlv.stats.predictive import mixture_log_density, predictive_chunks
 METHODS = ("BNN+LV (MFVI)", "BNN+LV (NCAI_0)")
 
 
-def per_point_test_ll(fit, data, seed: int = 0) -> tuple[torch.Tensor, float]:
+def per_point_test_ll(fit, data, cfg: CompareConfig) -> tuple[torch.Tensor, float]:
     """The test LL of each test point under the fit's predictive (as ``evaluate`` computes it),
-    and the latent pathway's reach: the standard deviation of ``f(x, z*)`` over the 64 latent
+    and the latent pathway's reach: the standard deviation of ``f(x, z*)`` over the ``cfg.latent_draws`` latent
     draws ``z*`` of one weight sample, averaged over weight samples and test points."""
-    s = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train, num_samples=500, seed=seed)
+    M, seed = cfg.latent_draws, cfg.seed
+    s = sample_posterior(fit.model, fit.guide, data.x_train, data.y_train, num_samples=cfg.num_samples, seed=seed)
     parts, spread = [], []
-    for rows, loc, scale in predictive_chunks(fit.model, s, data.x_test, latent_draws=64, seed=seed):
+    for rows, loc, scale in predictive_chunks(fit.model, s, data.x_test, latent_draws=M, seed=seed):
         parts.append(mixture_log_density(data.y_test[rows].reshape(-1, 1), loc, scale))
-        spread.append(loc.reshape(-1, 64, loc.shape[1]).std(1).mean(0))  # rows s * 64 + m: sample s
+        spread.append(loc.reshape(-1, M, loc.shape[1]).std(1).mean(0))  # rows s * M + m: sample s
     return torch.cat(parts), float(torch.cat(spread).mean())
 
 
@@ -53,7 +55,7 @@ def main() -> None:
     lls = {}
     for method in METHODS:
         fit = _fit_task(tasks[method], cfg, data)
-        ll, spread = per_point_test_ll(fit, data)
+        ll, spread = per_point_test_ll(fit, data, cfg)
         lls[method] = ll = ll.numpy()
         mu = latent_means(fit.guide, data.x_train, data.y_train)
         q = ", ".join(f"{v:.2f}" for v in np.quantile(ll, [0.01, 0.05, 0.5, 0.95]))

@@ -418,8 +418,9 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
         choices=INDEPENDENCE_TERMS,
         default=None,
         help="NCAI's independence term (pb.NCAIElbo's independence=): nHSIC(x, mu_z) (hsic, the "
-        "default), the printed correlations (pc), or the terms the family benchmark compares "
-        "(knn-mi, knn-mi-multiscale, hsic-multiscale, dcor; docs/guide.md)",
+        "default), the printed correlations (pc), or the terms the family benchmark compares ("
+        + ", ".join(t for t in INDEPENDENCE_TERMS if t not in ("hsic", "pc"))
+        + "; docs/guide.md)",
     )
     c.add_argument("--full", action="store_true", help="the paper's settings (slow)")
     c.add_argument("--output", help="write the table as CSV")

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 ENV = "PYRO_BNNLV_COMPILED"
-_FLAGS = ("-O3", "-fopenmp-simd")
+_FLAGS = ("-O3", "-fopenmp-simd", "-fno-trapping-math")
 _MARKER = "BUILT"
 _log = logging.getLogger("pyro_bnnlv")
 _built: dict[str, ModuleType | None] = {}

@@ -11,6 +11,7 @@ import torch
 import pyro_bnnlv as pb
 from pyro_bnnlv.infer.elbos.ncai import NCAIElbo
 from pyro_bnnlv.infer.elbos.penalized import PenalizedElbo
+from pyro_bnnlv.stats._pairwise import StartedStatistics, pairwise_extension
 from fused_twin import compare_with_twin, count_traced_steps
 
 # weights and growth rates at which the penalties and the ELBO are of one order (App. F.1's
@@ -155,3 +156,41 @@ def test_options_that_cannot_fuse():
     assert not NCAIElbo(jit=True).fused  # the compiled path on request
     assert NCAIElbo(jit=True, fused=True).fused
     assert not NCAIElbo(latent_site="h").fused  # other site names: traced
+
+
+@pytest.mark.skipif(pairwise_extension() is None, reason="no C++ compiler")
+@pytest.mark.parametrize(
+    "options, kwargs",
+    [
+        ({}, {}),
+        ({}, {"batch_size": 20}),
+        ({"num_particles": 3}, {"batch_size": 20}),
+        ({"num_particles": 4, "vectorize_particles": True}, {}),
+    ],
+)
+def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, options, kwargs):
+    """With more than one inter-op thread a fused step starts the "hsic" statistics of each
+    round's rows before computing the ELBO and collects them after: the same history and
+    parameters, to the bit, as computing them afterwards (one inter-op thread)."""
+    collected = {"n": 0}
+    collect = StartedStatistics.collect
+
+    def counted(self, *args):
+        collected["n"] += 1
+        return collect(self, *args)
+
+    monkeypatch.setattr(StartedStatistics, "collect", counted)
+    x, y = _data()
+    out = []
+    for threads in (2, 1):
+        monkeypatch.setattr(torch, "get_num_interop_threads", lambda: threads)
+        collected["n"] = 0
+        model, guide = _pair()
+        loss = NCAIElbo(**MODERATE, **options)
+        hist = pb.fit_svi(model, guide, x, y, num_steps=25, loss=loss, seed=0, progress=False, **kwargs)
+        out.append((hist, loss.history, [p.detach().clone() for p in guide.parameters()], collected["n"]))
+    (h2, r2, p2, n2), (h1, r1, p1, n1) = out
+    rounds = 1 if options.get("vectorize_particles") else options.get("num_particles", 1)
+    assert n2 == 24 * rounds and n1 == 0  # every fused step (not the first, traced one) overlapped
+    assert h2 == h1 and r2 == r1
+    assert all(torch.equal(a, b) for a, b in zip(p2, p1))

@@ -27,15 +27,24 @@
 //  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call (the
 //    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
 //    gradient, as autograd divides);
+//  * ncai_statistics_start(x, mu, beta2, ridge, eps, grad_x, grad_mu) -> handle and
+//    ncai_statistics_collect(handle, x, mu, hz_divisor): the same call on ATen's inter-op thread
+//    pool, collected later as the registered operator's outputs (operators only), so that the
+//    caller computes something else meanwhile;
 //  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 using at::Tensor;
@@ -101,10 +110,43 @@ constexpr at::ScalarType packed_type() {
   return std::is_same<T, float>::value ? at::kFloat : at::kDouble;
 }
 
-// exp of a packed triangle of npairs exponents in place (ATen's vectorised exp)
+// exp(t) of float exponents t <= 0 in place, in a loop the compiler vectorises (Cephes' expf,
+// branch-free: t = n ln 2 + r with |r| <= ln 2 / 2, a degree-7 polynomial in r, 2^n by the
+// exponent bits; relative error below 2.5e-7, tested against torch.exp; build flag
+// -fno-trapping-math lets the compiler turn its selects into vector blends); 0 at and below -87,
+// where exp(t) < 2^-125 falls out of every sum beside the kernels' unit diagonal.
+PAIRWISE_CLONES void exp_nonpositive(float* p, int64_t npairs) {
+#pragma omp simd
+  for (int64_t e = 0; e < npairs; ++e) {
+    const float x = p[e], t = x > -87.0f ? x : -87.0f;
+    const float k = t * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: round(t / ln 2) in k's low bits
+    const float fn = k - 12582912.0f;
+    const float r = (t - fn * 0.693359375f) + fn * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t kb;
+    std::memcpy(&kb, &k, sizeof(float));
+    const int32_t bits = (kb - 0x4B400000 + 127) << 23;  // 2^round(t / ln 2)
+    float scale;
+    std::memcpy(&scale, &bits, sizeof(float));
+    const float v = y * scale;
+    p[e] = x > -87.0f ? v : 0.0f;
+  }
+}
+
+// exp of a packed triangle of npairs exponents (all <= 0) in place: exp_nonpositive in float,
+// ATen's vectorised exp in double
 template <typename T>
 void exp_packed(T* p, int64_t npairs) {
-  at::from_blob(p, {npairs}, at::TensorOptions().dtype(packed_type<T>())).exp_();
+  if constexpr (std::is_same<T, float>::value)
+    exp_nonpositive(p, npairs);
+  else
+    at::from_blob(p, {npairs}, at::TensorOptions().dtype(packed_type<T>())).exp_();
 }
 
 // exponents -|p_i - p_j|^2 of the pairs i < j of the rows i0 .. i1-1 into out (packed from row
@@ -617,6 +659,37 @@ Tensor weighted_sum3(const torch::autograd::variable_list& g, const std::vector<
   return type == at::kFloat ? weighted_sum3_loop<float>(g, s) : weighted_sum3_loop<double>(g, s);
 }
 
+// The outputs of the statistics' autograd nodes from ncai_statistics' seven tensors: the values
+// (HZ divided by hz_divisor), the gradients saved for backward
+torch::autograd::variable_list statistics_outputs(torch::autograd::AutogradContext* ctx, const std::vector<Tensor>& out,
+                                                  bool gx, bool gmu, double hz_divisor) {
+  ctx->save_for_backward({out[3], out[4], out[5], out[6]});
+  ctx->saved_data["gx"] = gx;
+  ctx->saved_data["gmu"] = gmu;
+  ctx->saved_data["hz_divisor"] = hz_divisor;
+  return {divided(out[0], hz_divisor), out[1], out[2]};
+}
+
+// backward of both nodes: dL/dmu = sum_k g_k dstat_k/dmu, dL/dx = g_hsic dhsic/dx
+torch::autograd::variable_list statistics_backward(torch::autograd::AutogradContext* ctx,
+                                                   const torch::autograd::variable_list& g, size_t extra) {
+  // first-order only: with create_graph=True (Hessians, Hessian-vector products) the
+  // statistics' curvature would be silently missing, so refuse instead
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "pyro_bnnlv's Henze-Zirkler / HSIC kernels have first-order gradients only: second "
+              "derivatives (create_graph=True, torch.autograd.functional.hessian, Hessian-vector "
+              "products) through them are not supported");
+  const auto s = ctx->get_saved_variables();
+  Tensor dmu, dx;
+  // HZ's gradient through the division first (what autograd's DivBackward computes)
+  const torch::autograd::variable_list gd = {divided(g[0], ctx->saved_data["hz_divisor"].toDouble()), g[1], g[2]};
+  if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(gd, s);
+  if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
+  torch::autograd::variable_list grads = {dx, dmu};
+  grads.resize(2 + extra);  // no gradient for the other inputs
+  return grads;
+}
+
 // The fused statistics as a registered operator with a C++ autograd node, so that a traced
 // graph calls it natively (no Python per step): torch.ops.pyro_bnnlv_pairwise.ncai_statistics.
 class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
@@ -626,31 +699,87 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
                                                 const Tensor& beta2, double ridge, double eps,
                                                 double hz_divisor) {
     const bool gx = x.requires_grad(), gmu = mu.requires_grad();
-    std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu);
-    ctx->save_for_backward({out[3], out[4], out[5], out[6]});
-    ctx->saved_data["gx"] = gx;
-    ctx->saved_data["gmu"] = gmu;
-    ctx->saved_data["hz_divisor"] = hz_divisor;
-    return {divided(out[0], hz_divisor), out[1], out[2]};
+    return statistics_outputs(ctx, ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu), gx, gmu, hz_divisor);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    // first-order only: with create_graph=True (Hessians, Hessian-vector products) the
-    // statistics' curvature would be silently missing, so refuse instead
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "pyro_bnnlv's Henze-Zirkler / HSIC kernels have first-order gradients only: second "
-                "derivatives (create_graph=True, torch.autograd.functional.hessian, Hessian-vector "
-                "products) through them are not supported");
-    const auto s = ctx->get_saved_variables();
-    Tensor dmu, dx;
-    // HZ's gradient through the division first (what autograd's DivBackward computes)
-    const torch::autograd::variable_list gd = {divided(g[0], ctx->saved_data["hz_divisor"].toDouble()), g[1], g[2]};
-    if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(gd, s);
-    if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
-    return {dx, dmu, Tensor(), Tensor(), Tensor(), Tensor()};
+    return statistics_backward(ctx, g, 4);
   }
 };
+
+// Statistics started on ATen's inter-op thread pool (at::launch) from copies of their inputs and
+// collected by handle: the same ncai_statistics call, so the same numbers as the synchronous
+// operator; an exception in the worker is raised by the collecting call. A handle is collected
+// or discarded once.
+std::mutex pending_mutex;
+std::unordered_map<int64_t, std::future<std::vector<Tensor>>> pending;
+int64_t next_handle = 0;
+
+int64_t ncai_statistics_start(const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge, double eps,
+                              bool grad_x, bool grad_mu) {
+  const Tensor xc = x.detach().clone(), mc = mu.detach().clone(), bc = beta2.detach().clone();
+  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(
+      [=] { return ncai_statistics(xc, mc, bc, ridge, eps, grad_x, grad_mu); });
+  int64_t handle;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    handle = next_handle++;
+    pending.emplace(handle, task->get_future());
+  }
+  at::launch([task] { (*task)(); });
+  return handle;
+}
+
+std::future<std::vector<Tensor>> take_pending(int64_t handle) {
+  std::lock_guard<std::mutex> lock(pending_mutex);
+  auto it = pending.find(handle);
+  TORCH_CHECK(it != pending.end(), "ncai_statistics_collect: unknown or already collected handle ", handle);
+  std::future<std::vector<Tensor>> result = std::move(it->second);
+  pending.erase(it);
+  return result;
+}
+
+// waits for a started computation without using it (a step that failed before collecting)
+void ncai_statistics_discard(int64_t handle) {
+  std::future<std::vector<Tensor>> result;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    auto it = pending.find(handle);
+    if (it == pending.end()) return;
+    result = std::move(it->second);
+    pending.erase(it);
+  }
+  result.wait();
+}
+
+// the started statistics as the outputs of an autograd node on x and mu (the tensors the copies
+// were taken from): the gradients flags are those of the start
+class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsCollectFn> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                const Tensor& mu, int64_t handle, double hz_divisor) {
+    std::vector<Tensor> out = take_pending(handle).get();
+    return statistics_outputs(ctx, out, out[6].numel() > 0, out[3].numel() > 0, hz_divisor);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return statistics_backward(ctx, g, 2);
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> ncai_statistics_collect_autograd(const Tensor& x, const Tensor& mu, int64_t handle,
+                                                                    double hz_divisor) {
+  auto r = NcaiStatisticsCollectFn::apply(x, mu, handle, hz_divisor);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> ncai_statistics_collect_cpu(const Tensor& x, const Tensor& mu, int64_t handle,
+                                                               double hz_divisor) {
+  std::vector<Tensor> out = take_pending(handle).get();
+  return {divided(out[0], hz_divisor), out[1], out[2]};
+}
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
                                                             const Tensor& beta2, double ridge,
@@ -736,14 +865,17 @@ Tensor weighted_penalty_cpu(at::TensorList terms, at::ArrayRef<double> coeffs, a
 TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
   m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps, float hz_divisor=1.0) -> "
         "(Tensor, Tensor, Tensor)");
+  m.def("ncai_statistics_collect(Tensor x, Tensor mu, int handle, float hz_divisor=1.0) -> (Tensor, Tensor, Tensor)");
   m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {
   m.impl("ncai_statistics", ncai_statistics_cpu);
+  m.impl("ncai_statistics_collect", ncai_statistics_collect_cpu);
   m.impl("weighted_penalty", weighted_penalty_cpu);
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, Autograd, m) {
   m.impl("ncai_statistics", ncai_statistics_autograd);
+  m.impl("ncai_statistics_collect", ncai_statistics_collect_autograd);
   m.impl("weighted_penalty", weighted_penalty_autograd);
 }
 
@@ -751,6 +883,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("henze_zirkler", &henze_zirkler, "Henze-Zirkler statistic and its gradient");
   m.def("offdiag_cov_norm", &offdiag_cov_norm, "off-diagonal covariance norm and its gradient");
   m.def("ncai_statistics", &ncai_statistics, "HZ, off-diagonal norm and nHSIC with gradients");
+  m.def(
+      "exp_nonpositive",
+      [](Tensor t) {
+        TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "exp_nonpositive: a contiguous float tensor");
+        Tensor out = t.clone();
+        exp_nonpositive(out.data_ptr<float>(), out.numel());
+        return out;
+      },
+      "the float exp of the packed kernels, for exponents <= 0");
+  m.def("ncai_statistics_start", &ncai_statistics_start,
+        "ncai_statistics started on ATen's inter-op pool; returns the handle to collect");
+  m.def("ncai_statistics_discard", &ncai_statistics_discard, "wait for and drop started statistics");
   m.def("centred_alignment", &centred_alignment,
         "normalised HSIC of Gaussian Grams and its gradients");
 }

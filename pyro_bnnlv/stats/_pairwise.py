@@ -54,6 +54,7 @@ from .._compiled import build_extension
 from ._inputs import _as_tensor_2d, _check_same_n
 
 __all__ = [
+    "StartedStatistics",
     "centred_alignment",
     "compiled_henze_zirkler",
     "compiled_weighted_penalty",
@@ -65,6 +66,7 @@ __all__ = [
     "ncai_statistics_unchecked",
     "offdiag_cov_norm_unchecked",
     "pairwise_extension",
+    "start_ncai_statistics",
 ]
 
 _SOURCE = Path(__file__).with_name("_pairwise.cpp")
@@ -394,6 +396,54 @@ def ncai_statistics_unchecked(
         offdiag_cov_norm_unchecked(mu),
         centred_alignment(x2, mu, eps, compiled=False),
     )
+
+
+class StartedStatistics:
+    """The three statistics of :func:`ncai_statistics_unchecked` computing on another thread
+    (:func:`start_ncai_statistics`). :meth:`collect` waits for them and returns them as that
+    function would on ``x`` and ``mu``: the values, and the gradients as one autograd node on
+    those tensors (``torch.ops.pyro_bnnlv_pairwise.ncai_statistics_collect``). Collected at most
+    once; one never collected is waited for and dropped when garbage-collected."""
+
+    def __init__(self, module: ModuleType, x: Tensor, mu: Tensor, grads: tuple[bool, bool], hz_divisor: int) -> None:
+        self._module, self._grads, self._hz_divisor = module, grads, hz_divisor
+        self._handle: int | None = None
+        self._handle = module.ncai_statistics_start(x, mu, _beta2_tensor(*mu.shape), 1e-12, 1e-12, *grads)
+
+    def collect(self, x: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The statistics, as outputs of ``x`` and ``mu``: the tensors they were started on, or
+        the same values computed again (the node then sits where a synchronous call would)."""
+        if self._handle is None:
+            raise RuntimeError("these statistics were collected already")
+        handle, self._handle = self._handle, None
+        wanted = [t.requires_grad and torch.is_grad_enabled() for t in (x, mu)]
+        if any(w and not g for w, g in zip(wanted, self._grads)):
+            self._module.ncai_statistics_discard(handle)
+            raise RuntimeError(
+                f"the statistics were started without the gradients now needed (grads={self._grads}, "
+                f"x and mu requiring one: {tuple(wanted)}): start them with grads={tuple(wanted)}"
+            )
+        x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
+        return _operator("ncai_statistics_collect")(x2, mu, handle, self._hz_divisor)
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            self._module.ncai_statistics_discard(self._handle)
+
+
+def start_ncai_statistics(
+    x: Tensor, mu: Tensor, *, grads: tuple[bool, bool], hz_per_point: bool = False
+) -> StartedStatistics | None:
+    """:func:`ncai_statistics_unchecked` (the same inputs and numbers) started on ATen's inter-op
+    thread pool from copies of the values of ``x`` and ``mu``, so that the caller computes
+    something else meanwhile (NCAI's fused step: the ELBO), or ``None`` where the compiled
+    kernels are unavailable. Returns at once. ``grads``: whether to compute the gradients with
+    respect to ``x`` and ``mu`` (for the tensors :meth:`StartedStatistics.collect` receives)."""
+    module = _use_compiled(None, x, mu)
+    if module is None:
+        return None
+    x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
+    return StartedStatistics(module, x2.detach(), mu.detach(), grads, mu.shape[0] if hz_per_point else 1)
 
 
 def _kernel_statistics(

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pyro
 import torch
@@ -343,9 +343,19 @@ class FusedTraceElbo(Trace_ELBO):
             pair.checked = key
 
     def _fused_loss(
-        self, pair: _Pair, model: BNN, guide: AutoNormal, x: Tensor, y: Tensor, batch_size: int | None = None
+        self,
+        pair: _Pair,
+        model: BNN,
+        guide: AutoNormal,
+        x: Tensor,
+        y: Tensor,
+        batch_size: int | None = None,
+        *,
+        on_batch: Callable[[dict[str, Tensor], Tensor | None], None] | None = None,
     ) -> Tensor:
-        """The negative ELBO estimate of the module docstring, in Pyro's order of random draws.
+        """The negative ELBO estimate of the module docstring, in Pyro's order of random draws;
+        ``on_batch(params, idx)`` is called as soon as each particle round's minibatch rows are
+        drawn, before that round's network runs (a penalty can start on them meanwhile).
 
         Written as few autograd nodes: with ``r = y - f``, ``u = (w - m) / s_p`` and ``c`` the
         terms without gradient (the draws' ``eps^2``, the prior's ``log s_p``, a fixed ``sigma``'s
@@ -391,6 +401,8 @@ class FusedTraceElbo(Trace_ELBO):
             else:
                 idx = self._subsample(N, B)
             self.last_batch[1].append(idx)
+            if on_batch is not None:
+                on_batch(p, idx)
             x_b, y_b = (x, y) if idx is None else (x[idx], y[idx])
             f = net(model.network_input(x_b, z) if pair.latent else x_b, w)  # (s, B, L); (B, L) for one draw
             resid_sq = (f - (y_b.unsqueeze(-1) if y_b.dim() == 1 else y_b)).square().sum()

@@ -88,8 +88,10 @@ from ...stats._pairwise import (
     compiled_weighted_penalty,
     henze_zirkler_unchecked,
     ncai_statistics,
+    StartedStatistics,
     ncai_statistics_unchecked,
     offdiag_cov_norm_unchecked,
+    start_ncai_statistics,
 )
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
@@ -166,10 +168,15 @@ def _check_options(hz_normalization: str, independence: str) -> None:
         )
 
 
-def _min_batch(independence: str) -> int:
-    """The fewest points per step the statistics need (``knn-mi``: its 15-point neighbourhoods
-    and one more; ``knn-mi-multiscale``: its smallest, 8 points, and one more)."""
-    return {"knn-mi": 16, "knn-mi-multiscale": 9}.get(independence, 3)
+def _check_batch(size: int, independence: str) -> None:
+    """Refuses a batch smaller than the statistics need (``knn-mi``: its 15-point
+    neighbourhoods and one more; ``knn-mi-multiscale``: its smallest, 8 points, and one more)."""
+    need = {"knn-mi": 16, "knn-mi-multiscale": 9}.get(independence, 3)
+    if size < need:
+        raise ValueError(
+            f"NCAIElbo's statistics (independence={independence!r}) need at least {need} "
+            f"points per step, got a batch of {size}: use batch_size >= {need} (or None for the full data)"
+        )
 
 
 def ncai_penalties(
@@ -323,6 +330,7 @@ class NCAIElbo(PenalizedElbo):
         self.independence, self.warmup_steps = independence, warmup_steps
         self.latent_site, self.plate_name = latent_site, plate_name
         self.hz_normalization = hz_normalization
+        self._started: list[StartedStatistics] = []  # a fused step's statistics (fused_batch_drawn)
 
     def latent_means(self, guide_trace: Trace) -> Tensor:
         """Variational means of the batch's latents, ``(B, K)`` (:func:`guide_site_mean`)."""
@@ -364,27 +372,44 @@ class NCAIElbo(PenalizedElbo):
         (:func:`_penalties`): the data passed the model's checks when the fused step set up (and
         again whenever they change), the rows match by construction, and a non-finite mean makes
         the loss non-finite, which ``fit_svi`` reports with the step."""
+        started, self._started = self._started, []
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
         terms: dict[str, Tensor] = {}
-        for idx in batches:
+        for k, idx in enumerate(batches):
             rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
-            for name, value in self._statistics(*rows, checked=False).items():
+            if len(started) == len(batches):  # started by fused_batch_drawn
+                stats = dict(zip(("hz", "offdiag", "hsic_x"), started[k].collect(rows[0], rows[2])))
+            else:
+                stats = self._statistics(*rows, checked=False)
+            for name, value in stats.items():
                 terms[name] = value if name not in terms else terms[name] + value
         return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
+
+    def fused_batch_drawn(self, model, args: tuple, params: dict[str, Tensor], idx: Tensor | None) -> None:
+        """Starts the ``"hsic"`` statistics of a fused step's minibatch rows on another thread
+        (:func:`~pyro_bnnlv.stats._pairwise.start_ncai_statistics`) while the ELBO is computed,
+        when torch runs independent operations side by side (``torch.get_num_interop_threads() >
+        1``, its default on a machine with more than one core) and the compiled kernels are
+        available: the same numbers as computing them after the ELBO."""
+        if self.independence != "hsic" or self.lambdas == (0.0, 0.0, 0.0) or torch.get_num_interop_threads() < 2:
+            return
+        x, loc_z = args[0], params["loc_z"]
+        with torch.no_grad():  # the values only: collecting attaches them to the rows' graph
+            x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
+        _check_batch(mu.shape[0], self.independence)
+        grads = (x.requires_grad and torch.is_grad_enabled(), loc_z.requires_grad and torch.is_grad_enabled())
+        started = start_ncai_statistics(x_b, mu, grads=grads, hz_per_point=self.hz_normalization == "per_point")
+        if started is not None:
+            self._started.append(started)
 
     def _statistics(self, x_b: Tensor, y_b: Tensor, mu: Tensor, checked: bool = True) -> dict[str, Tensor]:
         """:func:`ncai_penalties` of a batch; ``checked=False``: HZ, the off-diagonal norm and
         nHSIC without their input checks (the fused step's call, see :meth:`fused_penalty_terms`
         and :func:`_penalties`)."""
-        need = _min_batch(self.independence)
-        if not torch.jit.is_tracing() and mu.shape[0] < need:
-            raise ValueError(
-                f"NCAIElbo's statistics (independence={self.independence!r}) need at least {need} "
-                f"points per step, got a batch of {mu.shape[0]}: use batch_size >= {need} "
-                "(or None for the full data)"
-            )
+        if not torch.jit.is_tracing():
+            _check_batch(mu.shape[0], self.independence)
         return _penalties(x_b, y_b, mu, self.hz_normalization, self.independence, checked=checked)
 
     def ramp(self) -> float:

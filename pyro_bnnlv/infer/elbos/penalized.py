@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import weakref
 
 import pyro.ops.jit
@@ -107,6 +108,12 @@ class PenalizedElbo(Trace_ELBO):
         (``None``: all). Not defined in the base class (then ``fused=True`` is refused)."""
         raise NotImplementedError
 
+    def fused_batch_drawn(self, model, args: tuple, params: dict[str, Tensor], idx: Tensor | None) -> None:
+        """Called in a fused step as soon as a particle round's minibatch rows ``idx`` are drawn,
+        before its ELBO is computed (``params`` as for :meth:`fused_penalty_terms`): a subclass may
+        start its statistics there, on another thread, and collect them in
+        :meth:`fused_penalty_terms`. Nothing in the base class."""
+
     def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
         """The penalty from the particle-averaged terms (eager); default: their sum.
 
@@ -157,7 +164,8 @@ class PenalizedElbo(Trace_ELBO):
         pair = self._fuser._pair(model, guide, args, kwargs)
         if pair is None:
             return None
-        loss = self._fuser._fused_loss(pair, model, guide, *args, **kwargs)
+        on_batch = functools.partial(self.fused_batch_drawn, model, args)
+        loss = self._fuser._fused_loss(pair, model, guide, *args, on_batch=on_batch, **kwargs)
         params, batches = self._fuser.last_batch
         terms = self.fused_penalty_terms(model, args, params, batches)
         self._term_names = tuple(terms)

@@ -247,7 +247,7 @@ def test_the_float_kernels_exp_matches_torch_exp():
 @pytest.mark.parametrize("per_point", [False, True])
 def test_statistics_started_on_another_thread_equal_the_synchronous_call(dtype, per_point):
     """start_ncai_statistics + collect gives ncai_statistics_unchecked's values and gradients to
-    the bit (the same C++ call, on ATen's inter-op pool), with x's gradient where requested."""
+    the bit (the same C++ call, on the kernels' worker thread), with x's gradient where requested."""
     x, mu = _points(70, 2, 6, dtype=dtype)
     w = torch.tensor([0.3, 2.0, -1.5], dtype=dtype)
     sync = _pairwise.ncai_statistics_unchecked(x, mu, hz_per_point=per_point)
@@ -279,3 +279,13 @@ def test_started_statistics_refuse_a_missing_gradient_and_raise_the_workers_erro
         bad.collect(x[:10], mu)  # raised by the worker, at collect
     never = _pairwise.start_ncai_statistics(x, mu, grads=(False, False))
     del never  # waited for and dropped, not left running
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+def test_started_statistics_refuse_inputs_modified_before_collection():
+    x, mu = _points(30, 1, 8)
+    values = mu.detach().clone()
+    started = _pairwise.start_ncai_statistics(x.detach(), values, grads=(False, False))
+    values.add_(1.0)  # the worker may have read either value
+    with pytest.raises(RuntimeError, match="modified in place while their statistics were computed"):
+        started.collect(x, mu)

@@ -28,24 +28,29 @@
 //    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
 //    gradient, as autograd divides);
 //  * ncai_statistics_start(x, mu, beta2, ridge, eps, grad_x, grad_mu) -> handle and
-//    ncai_statistics_collect(handle, x, mu, hz_divisor): the same call on ATen's inter-op thread
-//    pool, collected later as the registered operator's outputs (operators only), so that the
-//    caller computes something else meanwhile;
+//    ncai_statistics_collect(handle, x, mu, hz_divisor): the same call on a worker thread,
+//    collected later as the registered operator's outputs, so that the caller computes something
+//    else meanwhile;
 //  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
-#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#include <pthread.h>
 
 using at::Tensor;
 
@@ -708,49 +713,87 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
   }
 };
 
-// Statistics started on ATen's inter-op thread pool (at::launch) from copies of their inputs and
-// collected by handle: the same ncai_statistics call, so the same numbers as the synchronous
-// operator; an exception in the worker is raised by the collecting call. A handle is collected
-// or discarded once.
-std::mutex pending_mutex;
-std::unordered_map<int64_t, std::future<std::vector<Tensor>>> pending;
-int64_t next_handle = 0;
+// Statistics started on a worker thread of this extension and collected by handle: the same
+// ncai_statistics call, so the same numbers as the synchronous operator; an exception in the
+// worker is raised by the collecting call. A handle is collected or discarded once. The worker
+// reads the inputs while the caller goes on: they must not change before the collection (the
+// Python side checks their version counters). One plain std::thread, not ATen's inter-op pool:
+// its tasks carry no thread-local state, and the same thread keeps the Gram cache of the inputs.
+// A forked child starts a worker of its own (the parent's handles are unknown there).
+class StatisticsWorker {
+ public:
+  static StatisticsWorker& get() {
+    static std::once_flag registered;
+    std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }); });
+    StatisticsWorker*& w = instance();
+    if (w == nullptr) w = new StatisticsWorker();  // never freed: no destructor races the thread at exit
+    return *w;
+  }
+
+  int64_t start(std::function<std::vector<Tensor>()> job) {
+    auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(std::move(job));
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t handle = next_++;
+    pending_.emplace(handle, task->get_future());
+    queue_.push_back([task] { (*task)(); });
+    ready_.notify_one();
+    return handle;
+  }
+
+  // the handle's future (throw_unknown: an error for an unknown handle; else an invalid future)
+  std::future<std::vector<Tensor>> take(int64_t handle, bool throw_unknown) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pending_.find(handle);
+    if (it == pending_.end()) {
+      TORCH_CHECK(!throw_unknown, "ncai_statistics_collect: unknown or already collected handle ", handle);
+      return {};
+    }
+    std::future<std::vector<Tensor>> result = std::move(it->second);
+    pending_.erase(it);
+    return result;
+  }
+
+ private:
+  StatisticsWorker() : thread_([this] { loop(); }) { thread_.detach(); }
+
+  static StatisticsWorker*& instance() {
+    static StatisticsWorker* w = nullptr;
+    return w;
+  }
+
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return !queue_.empty(); });
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  std::unordered_map<int64_t, std::future<std::vector<Tensor>>> pending_;
+  int64_t next_ = 0;
+  std::thread thread_;
+};
 
 int64_t ncai_statistics_start(const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge, double eps,
                               bool grad_x, bool grad_mu) {
-  const Tensor xc = x.detach().clone(), mc = mu.detach().clone(), bc = beta2.detach().clone();
-  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(
-      [=] { return ncai_statistics(xc, mc, bc, ridge, eps, grad_x, grad_mu); });
-  int64_t handle;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex);
-    handle = next_handle++;
-    pending.emplace(handle, task->get_future());
-  }
-  at::launch([task] { (*task)(); });
-  return handle;
+  const Tensor xd = x.detach(), md = mu.detach(), bd = beta2.detach();
+  return StatisticsWorker::get().start([=] { return ncai_statistics(xd, md, bd, ridge, eps, grad_x, grad_mu); });
 }
 
-std::future<std::vector<Tensor>> take_pending(int64_t handle) {
-  std::lock_guard<std::mutex> lock(pending_mutex);
-  auto it = pending.find(handle);
-  TORCH_CHECK(it != pending.end(), "ncai_statistics_collect: unknown or already collected handle ", handle);
-  std::future<std::vector<Tensor>> result = std::move(it->second);
-  pending.erase(it);
-  return result;
-}
+std::future<std::vector<Tensor>> take_pending(int64_t handle) { return StatisticsWorker::get().take(handle, true); }
 
 // waits for a started computation without using it (a step that failed before collecting)
 void ncai_statistics_discard(int64_t handle) {
-  std::future<std::vector<Tensor>> result;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex);
-    auto it = pending.find(handle);
-    if (it == pending.end()) return;
-    result = std::move(it->second);
-    pending.erase(it);
-  }
-  result.wait();
+  std::future<std::vector<Tensor>> result = StatisticsWorker::get().take(handle, false);
+  if (result.valid()) result.wait();
 }
 
 // the started statistics as the outputs of an autograd node on x and mu (the tensors the copies
@@ -893,7 +936,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "the float exp of the packed kernels, for exponents <= 0");
   m.def("ncai_statistics_start", &ncai_statistics_start,
-        "ncai_statistics started on ATen's inter-op pool; returns the handle to collect");
+        "ncai_statistics started on the extension's worker thread; returns the handle to collect");
   m.def("ncai_statistics_discard", &ncai_statistics_discard, "wait for and drop started statistics");
   m.def("centred_alignment", &centred_alignment,
         "normalised HSIC of Gaussian Grams and its gradients");

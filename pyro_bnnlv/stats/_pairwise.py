@@ -86,9 +86,7 @@ def pairwise_extension() -> ModuleType | None:
 def _use_compiled(compiled: bool | None, *tensors: Tensor) -> ModuleType | None:
     """The kernels for a ``compiled=`` option; they read CPU memory only, so tensors on another
     device take the torch path (``compiled=True`` then raises)."""
-    on_cpu = True
-    for t in tensors:
-        on_cpu = on_cpu and (not isinstance(t, Tensor) or t.device.type == "cpu")
+    on_cpu = all(t.is_cpu for t in tensors if isinstance(t, Tensor))
     module = None if compiled is False or not on_cpu else pairwise_extension()
     if compiled and module is None:
         why = (
@@ -407,6 +405,7 @@ class StartedStatistics:
 
     def __init__(self, module: ModuleType, x: Tensor, mu: Tensor, grads: tuple[bool, bool], hz_divisor: int) -> None:
         self._module, self._grads, self._hz_divisor = module, grads, hz_divisor
+        self._inputs = (x, mu, x._version, mu._version)  # read by the worker until collected
         self._handle: int | None = None
         self._handle = module.ncai_statistics_start(x, mu, _beta2_tensor(*mu.shape), 1e-12, 1e-12, *grads)
 
@@ -416,6 +415,13 @@ class StartedStatistics:
         if self._handle is None:
             raise RuntimeError("these statistics were collected already")
         handle, self._handle = self._handle, None
+        x0, mu0, x_version, mu_version = self._inputs
+        if (x0._version, mu0._version) != (x_version, mu_version):
+            self._module.ncai_statistics_discard(handle)
+            raise RuntimeError(
+                "x or mu was modified in place while their statistics were computed on another thread: "
+                "start them on tensors that stay unchanged until collected"
+            )
         wanted = [t.requires_grad and torch.is_grad_enabled() for t in (x, mu)]
         if any(w and not g for w, g in zip(wanted, self._grads)):
             self._module.ncai_statistics_discard(handle)
@@ -434,11 +440,13 @@ class StartedStatistics:
 def start_ncai_statistics(
     x: Tensor, mu: Tensor, *, grads: tuple[bool, bool], hz_per_point: bool = False
 ) -> StartedStatistics | None:
-    """:func:`ncai_statistics_unchecked` (the same inputs and numbers) started on ATen's inter-op
-    thread pool from copies of the values of ``x`` and ``mu``, so that the caller computes
-    something else meanwhile (NCAI's fused step: the ELBO), or ``None`` where the compiled
-    kernels are unavailable. Returns at once. ``grads``: whether to compute the gradients with
-    respect to ``x`` and ``mu`` (for the tensors :meth:`StartedStatistics.collect` receives)."""
+    """:func:`ncai_statistics_unchecked` (the same inputs and numbers) started on the compiled
+    kernels' worker thread on the values of ``x`` and ``mu``, so that the caller computes something else
+    meanwhile (NCAI's fused step: the ELBO), or ``None`` where the compiled kernels are
+    unavailable. Returns at once; ``x`` and ``mu`` must not be modified in place until the
+    statistics are collected (:meth:`StartedStatistics.collect` raises if they were). ``grads``:
+    whether to compute the gradients with respect to ``x`` and ``mu`` (for the tensors
+    :meth:`StartedStatistics.collect` receives)."""
     module = _use_compiled(None, x, mu)
     if module is None:
         return None

@@ -396,10 +396,13 @@ class NCAIElbo(PenalizedElbo):
         if self.independence != "hsic" or self.lambdas == (0.0, 0.0, 0.0) or torch.get_num_interop_threads() < 2:
             return
         x, loc_z = args[0], params["loc_z"]
-        with torch.no_grad():  # the values only: collecting attaches them to the rows' graph
-            x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
+        x_b, mu = x, loc_z
+        if idx is not None:
+            with torch.no_grad():  # the values only: collecting attaches them to the rows' graph
+                x_b, mu = x[idx], loc_z[idx]
         _check_batch(mu.shape[0], self.independence)
-        grads = (x.requires_grad and torch.is_grad_enabled(), loc_z.requires_grad and torch.is_grad_enabled())
+        grad = torch.is_grad_enabled()
+        grads = (grad and x.requires_grad, grad and loc_z.requires_grad)
         started = start_ncai_statistics(x_b, mu, grads=grads, hz_per_point=self.hz_normalization == "per_point")
         if started is not None:
             self._started.append(started)

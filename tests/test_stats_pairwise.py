@@ -7,6 +7,7 @@ warnings."""
 from __future__ import annotations
 
 import math
+import multiprocessing
 import warnings
 
 import numpy as np
@@ -289,3 +290,28 @@ def test_started_statistics_refuse_inputs_modified_before_collection():
     values.add_(1.0)  # the worker may have read either value
     with pytest.raises(RuntimeError, match="modified in place while their statistics were computed"):
         started.collect(x, mu)
+
+
+def _started_in_child(x, mu, queue):
+    started = _pairwise.start_ncai_statistics(x, mu, grads=(False, False))
+    with torch.no_grad():
+        queue.put([v.item() for v in started.collect(x, mu)])
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_a_forked_child_starts_its_own_statistics_worker():
+    """The parent's worker thread does not exist in a forked child: the child starts its own
+    (a handle of the parent's would be unknown there), instead of waiting forever."""
+    x, mu = (t.detach() for t in _points(40, 1, 9))
+    started = _pairwise.start_ncai_statistics(x, mu, grads=(False, False))  # the parent's worker runs
+    with torch.no_grad():
+        expected = [v.item() for v in started.collect(x, mu)]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_started_in_child, args=(x, mu, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == expected
+    finally:
+        child.join(timeout=60)

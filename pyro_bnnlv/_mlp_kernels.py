@@ -284,8 +284,7 @@ def mlp_loss_kernel(
     sum_n delta_l``, ``delta_{l-1} = act.backward(delta_l W_l, a_{l-1}, h_l)``. Every operation
     works on views of the buffers, with no autograd graph (about twenty tensor operations for one
     hidden layer). tanh is evaluated as ``2 sigmoid(2a) - 1`` with the factor 2 folded into the
-    affine map: torch's CPU sigmoid is several times faster than its tanh on a 100x50 input
-    (``python -m timeit`` on ``torch.sigmoid`` against ``torch.tanh``); the absolute error is at
+    affine map (faster on the CPU: docs/design-notes.md, '_mlp_kernels'); the absolute error is at
     the float epsilon (the compiled core does the same).
     """
     dtype = xin.dtype

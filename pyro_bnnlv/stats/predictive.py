@@ -445,8 +445,7 @@ def _classification_evaluate(
 
 #: Latent draws per weight sample and test input of a BNN+LV's predictive in :func:`evaluate`.
 DEFAULT_LATENT_DRAWS = 64
-# mixture components x test points x widest layer per chunk of evaluate: a chunk's activations
-# (4 MiB in float32) stay in cache, where 2**22 ran the same evaluation about a third slower
+# mixture components x test points x widest layer per chunk of evaluate (4 MiB in float32)
 _CHUNK_ELEMENTS = 2**20
 
 

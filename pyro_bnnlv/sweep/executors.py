@@ -179,8 +179,7 @@ def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
 
     A driver killed with SIGKILL (or by a time-out) runs no clean-up, and its
     ``ProcessPoolExecutor`` workers would wait on the task queue forever: each holds the queue's
-    write end, so none ever reads end-of-file (measured: two orphans still waiting minutes after
-    the kill -9 test, ``tests/test_sweep.py``). A daemon thread notices the new parent and exits
+    write end, so none ever reads end-of-file. A daemon thread notices the new parent and exits
     the worker.
     """
     import threading

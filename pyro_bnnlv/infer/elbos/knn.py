@@ -143,8 +143,8 @@ class KNNElbo(ELBO):
     def fast(cls, **overrides: Any) -> "KNNElbo":
         """A cheaper preset for exploring: ``num_particles=10``, ``num_kl_samples=100``,
         ``num_prior_samples=100`` (the paper: 100, 500, 500); ``overrides`` set any argument
-        (e.g. ``FunctionalKNNElbo.fast(input_dist=nu)``). Noisier, more biased KL estimates:
-        see the module docstring's "Cost" and ``docs/results/knn-elbo-presets.csv``."""
+        (e.g. ``FunctionalKNNElbo.fast(input_dist=nu)``). Noisier, more biased KL estimates
+        (docs/design-notes.md, 'infer.elbos.knn')."""
         settings = {"num_particles": 10, "num_kl_samples": 100, "num_prior_samples": 100}
         settings.update(overrides)
         return cls(**settings)
@@ -214,8 +214,8 @@ class KNNElbo(ELBO):
         """``estimate(*args, **kwargs)``, passing on each kind of warning once per ELBO.
 
         The estimators' sample-quality warnings (``stats.knn``: high dimension, support) hold
-        measured shares that change every step; at one message per step a fit of 50,000 steps
-        would print 50,000 of them. Warnings differing only in their numbers are one kind.
+        measured shares that change every step; warnings differing only in their numbers are one
+        kind.
         """
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -206,9 +206,7 @@ def get_activation(name: str) -> Activation:
         raise ValueError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_TABLE)}") from None
 
 
-# ----------------------------------------------------------------------------------------------
-# forward
-# ----------------------------------------------------------------------------------------------
+# -- forward -----------------------------------------------------------------------------------
 def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tensor]]:
     """``w (*B, P)`` -> ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]`` (views).
 
@@ -265,9 +263,7 @@ def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activati
     return h
 
 
-# ----------------------------------------------------------------------------------------------
-# a loss of the outputs with a hand-written backward (the NUTS potentials)
-# ----------------------------------------------------------------------------------------------
+# -- a loss of the outputs with a hand-written backward (the NUTS potentials) ------------------
 def mlp_loss_kernel(
     layers: Sequence[LayerSpec], act: Activation, xin: Tensor, head: Callable[[Tensor], tuple[float, Tensor]]
 ) -> tuple[Tensor, Tensor, Callable[[], tuple[float, Tensor]]]:
@@ -345,9 +341,7 @@ def mlp_squared_error_kernel(
     return mlp_loss_kernel(layers, act, xin, squared_error)
 
 
-# ----------------------------------------------------------------------------------------------
-# Jacobian (hand-written backward of the L output cotangents at once)
-# ----------------------------------------------------------------------------------------------
+# -- Jacobian (hand-written backward of the L output cotangents at once) -----------------------
 def mlp_jacobian(
     layers: Sequence[LayerSpec], act: Activation, x: Tensor, w: Tensor, first: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -384,9 +378,7 @@ def mlp_jacobian(
     return J.permute(1, 0, 2), h
 
 
-# ----------------------------------------------------------------------------------------------
-# moment propagation (local reparameterisation)
-# ----------------------------------------------------------------------------------------------
+# -- moment propagation (local reparameterisation) ---------------------------------------------
 def mlp_local_reparam_sample(
     layers: Sequence[LayerSpec], act: Activation, x: Tensor, loc: Tensor, scale: Tensor, num_particles: int = 1
 ) -> Tensor:

@@ -53,9 +53,7 @@ def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
     return _as_tensor_2d(name, value).to(torch.float64).numpy()
 
 
-# ----------------------------------------------------------------------------------------------
-# Henze-Zirkler
-# ----------------------------------------------------------------------------------------------
+# -- Henze-Zirkler -----------------------------------------------------------------------------
 
 
 def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:
@@ -163,9 +161,7 @@ def henze_zirkler_pvalue(hz: float | Tensor, n: int, k: int) -> float:
     return float(lognorm.sf(hz, log_sd, scale=math.exp(log_mean)))
 
 
-# ----------------------------------------------------------------------------------------------
-# Pearson-correlation proxy for I(x; z)
-# ----------------------------------------------------------------------------------------------
+# -- Pearson-correlation proxy for I(x; z) -----------------------------------------------------
 
 
 def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
@@ -240,9 +236,7 @@ def correlation_penalty(a: Tensor, b: Tensor, reduction: Literal["mean", "max"] 
     return r.mean() if reduction == "mean" else r.max()
 
 
-# ----------------------------------------------------------------------------------------------
-# off-diagonal covariance penalty
-# ----------------------------------------------------------------------------------------------
+# -- off-diagonal covariance penalty -----------------------------------------------------------
 
 
 def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
@@ -275,9 +269,7 @@ def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
     return offdiag_cov_norm_unchecked(z, correction)
 
 
-# ----------------------------------------------------------------------------------------------
-# evaluation metrics (not differentiable)
-# ----------------------------------------------------------------------------------------------
+# -- evaluation metrics (not differentiable) ---------------------------------------------------
 
 
 def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True) -> float:

@@ -82,9 +82,7 @@ _MAX_DIM_PER_SAMPLE = 10
 _MAX_SHARE_OUTSIDE = 0.1
 
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------------------------
 def log_unit_ball_volume(d: int) -> float:
     r"""``log V_d = (d/2) log(pi) - lgamma(d/2 + 1)``, the log volume of the unit ball in R^d
     (in log space: ``Gamma(d/2 + 1)`` overflows float64 for ``d > 340``)."""
@@ -310,9 +308,7 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     return _masked_mean(log_counts + d * (log_nu - log_rho), keep, n_eff)
 
 
-# ----------------------------------------------------------------------------------------------
-# parameter space: eq. (4) and (5)
-# ----------------------------------------------------------------------------------------------
+# -- parameter space: eq. (4) and (5) ----------------------------------------------------------
 def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
     r"""kNN (Kozachenko-Leonenko) estimate of the differential entropy, in nats.
 
@@ -391,9 +387,7 @@ def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
     return _kl(p_samples.to(dtype), q_samples.to(dtype), k, ("p_samples", "q_samples"))
 
 
-# ----------------------------------------------------------------------------------------------
-# predictor space: eq. (6) and (7)
-# ----------------------------------------------------------------------------------------------
+# -- predictor space: eq. (6) and (7) ----------------------------------------------------------
 def _flatten_function_values(f: Tensor, name: str) -> tuple[Tensor, int]:
     """(R, S, T) or (R, S, T, O) -> ((R, S, T*O), T)."""
     _check_tensor(f, name, (3, 4))

@@ -94,9 +94,7 @@ class PredictiveMoments(NamedTuple):
     var_y: Tensor
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------
 
 
 def _data(y: Any) -> Tensor:
@@ -126,9 +124,7 @@ def _design(X: Any, K: int, N: int) -> Tensor:
     return X
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: prior, exact posterior, evidence
-# --------------------------------------------------------------------------------------------
+# -- closed forms: prior, exact posterior, evidence ------------------------------------------
 
 
 def prior_gaussian(K: int, prior_loc: Any = 0.0, prior_scale: Any = 1.0) -> Gaussian:
@@ -172,9 +168,7 @@ def log_evidence(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Te
     return torch.distributions.MultivariateNormal(X @ mu, covariance_matrix=cov).log_prob(y)
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: likelihood approximations and the two posteriors (x = 1)
-# --------------------------------------------------------------------------------------------
+# -- closed forms: likelihood approximations and the two posteriors (x = 1) ------------------
 
 
 def invariant_likelihood_precision(lam: Any) -> Tensor:
@@ -276,9 +270,7 @@ def invariance_gap_isotropic(K: int, sigma2: Any, lam: Any) -> Tensor:
     return 0.5 * (K - 1) * (torch.log1p(u) - u / (1.0 + u))
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: optimal variational parameters
-# --------------------------------------------------------------------------------------------
+# -- closed forms: optimal variational parameters --------------------------------------------
 
 
 def theta_star_mix(y: Any, K: int, noise_scale: Any) -> tuple[Tensor, Tensor]:
@@ -325,9 +317,7 @@ def theta_star_0(prior: Gaussian, y: Any, noise_scale: Any, as_printed: bool = F
     return m_p + lam * (m_p - mu) / sigma2, lam
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: ELBO terms, data-related bound, predictive
-# --------------------------------------------------------------------------------------------
+# -- closed forms: ELBO terms, data-related bound, predictive --------------------------------
 
 
 def expected_log_likelihood(q: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Tensor:

@@ -172,9 +172,7 @@ def kfac_layers(net: FlatNet) -> list[KronLayer]:
     return layers
 
 
-# ----------------------------------------------------------------------------------------------
-# per-layer inputs and output Jacobians
-# ----------------------------------------------------------------------------------------------
+# -- per-layer inputs and output Jacobians -----------------------------------------------------
 def _augment(a: Tensor, bias: bool) -> Tensor:
     """``a (N, in, T)`` with a row of ones appended when the layer has a bias."""
     return torch.cat([a, torch.ones_like(a[:, :1])], 1) if bias else a
@@ -289,9 +287,7 @@ def kfac_factors(
     return [(a / N, g) for a, g in zip(A, G)], torch.cat(fs)
 
 
-# ----------------------------------------------------------------------------------------------
-# prior and eigenbasis
-# ----------------------------------------------------------------------------------------------
+# -- prior and eigenbasis ----------------------------------------------------------------------
 def prior_factors(p: Tensor, layers: list[KronLayer]) -> list[tuple[Tensor, Tensor]]:
     """``[(d_out, d_in)]`` with ``p[layer.index] = outer(d_out, d_in)`` (module docstring);
     ``ValueError`` naming the layer when a block's prior precision does not factor so."""

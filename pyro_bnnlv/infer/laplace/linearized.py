@@ -111,9 +111,7 @@ _DENSE_LIMIT = 8192  # kfac: the largest P for which posterior_precision / _cova
 _LOG2PI = math.log(2 * math.pi)
 
 
-# ----------------------------------------------------------------------------------------------
-# Jacobians
-# ----------------------------------------------------------------------------------------------
+# -- Jacobians ---------------------------------------------------------------------------------
 def last_layer_indices(net: FlatNet) -> Tensor:
     """Indices in the flat ``w`` of the last layer's weights and biases (a
     :class:`~pyro_bnnlv.nets.ModuleNet`'s: of the submodule owning its last parameter)."""
@@ -194,9 +192,7 @@ def network_jacobian(
     return _func_jacobian(net, x, w, indices)
 
 
-# ----------------------------------------------------------------------------------------------
-# the Gaussian predictive
-# ----------------------------------------------------------------------------------------------
+# -- the Gaussian predictive -------------------------------------------------------------------
 @dataclass
 class LaplacePredictive:
     """Linearised-Laplace predictive ``N(mean, f_cov + noise_var I)`` at ``N`` inputs.
@@ -234,9 +230,7 @@ class LaplacePredictive:
         return torch.distributions.MultivariateNormal(self.mean, self.cov).log_prob(y)
 
 
-# ----------------------------------------------------------------------------------------------
-# the Laplace approximation
-# ----------------------------------------------------------------------------------------------
+# -- the Laplace approximation -----------------------------------------------------------------
 def _model_dtype(model: Any) -> torch.dtype:
     """The model's floating dtype (that of its prior scale buffer; ``model.double()`` changes it)."""
     scale = torch.as_tensor(model.prior_scale)

@@ -7,7 +7,7 @@
   ``x = 1, 3`` (20 points each, ``x`` spread 0.15, noise 0.05) on a baseline of 160 points at 0
   (``|x - c| > 0.6``), mirrored onto ``[-5, 0]``, so that a 3-unit RBF network misses one of the
   four bumps and the two best "missed-bump modes" have equal mass, the setting of Fig. 2
-  (why: docs/design-notes.md, 'datasets'). ``symmetric=False`` gives the earlier construction
+  (why: docs/design-notes.md, 'datasets.projected_toys'). ``symmetric=False`` gives the earlier construction
   (40 points per bump, 160 baseline points over ``[-5, 5]``), with one dominant mode.
   :func:`bumps_fitted`, :func:`missed_bump_modes` and :func:`canonical_rbf_units` are the
   diagnostics the tutorial and tests use.

@@ -92,7 +92,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..._checks import ArgumentTypeError, check_int
+from ..._checks import POSITIVE_NUMBERS, as_number_tensor, check_int
 from ..._mlp_kernels import mlp_jacobian
 from . import kfac as _kfac
 from .guide import LaplaceGuide
@@ -240,15 +240,7 @@ def _model_dtype(model: Any) -> torch.dtype:
 def _as_tensor(value: Any, name: str, dtype: torch.dtype) -> Tensor:
     """``value`` as a detached ``dtype`` tensor; strings, bools and other non-numbers are refused
     naming ``name``."""
-    if isinstance(value, (bool, str, bytes)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
-    try:
-        return torch.as_tensor(value, dtype=dtype).detach().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(
-            f"{name} must be a positive number (or a tensor of them), got {value!r} "
-            f"of type {type(value).__name__} ({err})"
-        ) from None
+    return as_number_tensor(value, name, dtype, POSITIVE_NUMBERS).detach().clone()
 
 
 def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:

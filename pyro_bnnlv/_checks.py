@@ -20,19 +20,26 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
+    "POSITIVE_NUMBERS",
     "ArgumentTypeError",
     "as_float64",
     "as_float64_vector",
+    "as_number_tensor",
     "as_positive_float64",
     "check_fraction",
     "check_int",
     "check_real",
     "check_seed",
 ]
+
+
+#: the ``kind`` of :func:`as_number_tensor` for prior, noise and precision scales
+POSITIVE_NUMBERS = "a positive number (or a tensor of them)"
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -138,3 +145,20 @@ def check_fraction(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
     return float(value)
+
+
+def as_number_tensor(value: object, name: str, dtype: torch.dtype, kind: str) -> Tensor:
+    """``value`` (a number, NumPy scalar or array, or tensor) as a ``dtype`` tensor (it may share
+    memory with ``value``); strings, bools and other non-numbers raise :class:`ArgumentTypeError`
+    ``"{name} must be {kind}, got ..."``."""
+    is_bool = isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_)
+    )
+    if is_bool or isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(f"{name} must be {kind}, got {value!r}")
+    try:
+        return torch.as_tensor(value, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ArgumentTypeError(
+            f"{name} must be {kind}, got {value!r} of type {type(value).__name__} ({err})"
+        ) from None

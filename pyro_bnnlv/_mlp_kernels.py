@@ -206,9 +206,7 @@ def get_activation(name: str) -> Activation:
         raise ValueError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_TABLE)}") from None
 
 
-# ----------------------------------------------------------------------------------------------
-# forward
-# ----------------------------------------------------------------------------------------------
+# -- forward -----------------------------------------------------------------------------------
 def unflatten(layers: Sequence[LayerSpec], w: Tensor) -> list[tuple[Tensor, Tensor]]:
     """``w (*B, P)`` -> ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]`` (views).
 
@@ -265,9 +263,7 @@ def mlp_hidden(h: Tensor, params: Sequence[tuple[Tensor, Tensor]], act: Activati
     return h
 
 
-# ----------------------------------------------------------------------------------------------
-# a loss of the outputs with a hand-written backward (the NUTS potentials)
-# ----------------------------------------------------------------------------------------------
+# -- a loss of the outputs with a hand-written backward (the NUTS potentials) ------------------
 def mlp_loss_kernel(
     layers: Sequence[LayerSpec], act: Activation, xin: Tensor, head: Callable[[Tensor], tuple[float, Tensor]]
 ) -> tuple[Tensor, Tensor, Callable[[], tuple[float, Tensor]]]:
@@ -284,8 +280,7 @@ def mlp_loss_kernel(
     sum_n delta_l``, ``delta_{l-1} = act.backward(delta_l W_l, a_{l-1}, h_l)``. Every operation
     works on views of the buffers, with no autograd graph (about twenty tensor operations for one
     hidden layer). tanh is evaluated as ``2 sigmoid(2a) - 1`` with the factor 2 folded into the
-    affine map: torch's CPU sigmoid is several times faster than its tanh on a 100x50 input
-    (``python -m timeit`` on ``torch.sigmoid`` against ``torch.tanh``); the absolute error is at
+    affine map (faster on the CPU: docs/design-notes.md, '_mlp_kernels'); the absolute error is at
     the float epsilon (the compiled core does the same).
     """
     dtype = xin.dtype
@@ -346,9 +341,7 @@ def mlp_squared_error_kernel(
     return mlp_loss_kernel(layers, act, xin, squared_error)
 
 
-# ----------------------------------------------------------------------------------------------
-# Jacobian (hand-written backward of the L output cotangents at once)
-# ----------------------------------------------------------------------------------------------
+# -- Jacobian (hand-written backward of the L output cotangents at once) -----------------------
 def mlp_jacobian(
     layers: Sequence[LayerSpec], act: Activation, x: Tensor, w: Tensor, first: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -385,9 +378,7 @@ def mlp_jacobian(
     return J.permute(1, 0, 2), h
 
 
-# ----------------------------------------------------------------------------------------------
-# moment propagation (local reparameterisation)
-# ----------------------------------------------------------------------------------------------
+# -- moment propagation (local reparameterisation) ---------------------------------------------
 def mlp_local_reparam_sample(
     layers: Sequence[LayerSpec], act: Activation, x: Tensor, loc: Tensor, scale: Tensor, num_particles: int = 1
 ) -> Tensor:

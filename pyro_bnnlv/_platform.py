@@ -33,8 +33,8 @@ def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 
     A training step allocates and frees tensors of several MB, which glibc by default serves with
     ``mmap`` or hands back once twice that is free, so every step faults the same pages in again.
     Raising the mmap threshold to 32 MiB (glibc's ceiling for its dynamic threshold on 64-bit) and
-    the trim threshold to 1 GiB keeps them in the heap (``docs/results/bench-allocator.txt``; the
-    losses are bitwise the same). The cost: a process keeps its peak heap. Process-wide and
+    the trim threshold to 1 GiB keeps them in the heap (the losses are bitwise the same; timings:
+    docs/design-notes.md, '_platform'). The cost: a process keeps its peak heap. Process-wide and
     permanent; used by the sweep's local workers and by ``pyro-bnnlv``'s ``main`` (also when called
     in-process), not by ``import pyro_bnnlv``.
 

@@ -46,9 +46,7 @@ from .stats.posterior_kl import compare_posteriors
 __all__ = ["compare_posteriors", "plot_trace", "posterior_summary", "to_inference_data", "weight_labels"]
 
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------------------------
 def weight_labels(net: Any) -> list[str]:
     """Readable names of the entries of the flat weight vector of an ``MLP``:
     ``"l0.W[3,0]"`` (layer 0, weight from input 0 to unit 3), ``"l0.b[3]"``; integers otherwise."""
@@ -168,9 +166,7 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy()
 
 
-# ----------------------------------------------------------------------------------------------
-# to_inference_data
-# ----------------------------------------------------------------------------------------------
+# -- to_inference_data -------------------------------------------------------------------------
 def _f_at_eval_points(
     model: Any,
     x: Tensor,
@@ -334,9 +330,7 @@ def to_inference_data(
     return idata
 
 
-# ----------------------------------------------------------------------------------------------
-# posterior_summary
-# ----------------------------------------------------------------------------------------------
+# -- posterior_summary -------------------------------------------------------------------------
 def _diag_rows(arr: np.ndarray, labels: Sequence[str], kind: str) -> list[dict]:
     """Mean, sd, bulk/tail ESS and rank-normalised R-hat of ``arr (C, S, K)`` per column."""
     import arviz as az
@@ -513,6 +507,4 @@ def posterior_summary(
     return pd.DataFrame(rows).set_index("quantity")
 
 
-# ----------------------------------------------------------------------------------------------
-# compare_posteriors
-# ----------------------------------------------------------------------------------------------
+# -- compare_posteriors ------------------------------------------------------------------------

@@ -364,9 +364,7 @@ class ModuleNet(FlatNet):
         return out.reshape(*batch, *out.shape[-2:])
 
 
-# ----------------------------------------------------------------------------------------------
-# nn.Sequential -> MLP
-# ----------------------------------------------------------------------------------------------
+# -- nn.Sequential -> MLP ----------------------------------------------------------------------
 #: the activation modules :func:`equivalent_mlp` recognises, as messages name them
 MLP_ACTIVATION_MODULES = "nn.Tanh, nn.ReLU, nn.LeakyReLU(), nn.Sigmoid, nn.SiLU, nn.GELU(), nn.Softplus()"
 

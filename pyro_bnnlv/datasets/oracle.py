@@ -68,7 +68,7 @@ def _as_1d(value, arg: str) -> np.ndarray:
 
 def normal_logpdf(y: np.ndarray, mean: np.ndarray | float, sd: np.ndarray | float) -> np.ndarray:
     """``log N(y; mean, sd^2)``, elementwise with broadcasting (``scipy.stats.norm.logpdf``'s value,
-    without importing ``scipy.stats``, which costs half a second at start-up)."""
+    without importing ``scipy.stats``, slow to import)."""
     return -0.5 * ((y - mean) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)
 
 

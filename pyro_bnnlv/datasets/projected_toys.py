@@ -3,18 +3,12 @@
 
 * ``four-modes``: the paper draws points "from the 4 modes shown in Fig. 2d" and fits a 3-unit
   RBF network, whose solutions each fit three of the four modes. The figure's exact data are not
-  given. Ours (``symmetric=True``, the default) are mirror-symmetric about ``x = 0``: on
-  ``[0, 5]`` two bumps of height 1 at ``x = 1, 3`` (20 points each, ``x`` spread 0.15, noise
-  0.05) on a baseline of 160 points at height 0 away from the bumps (``|x - c| > 0.6``), and
-  the mirror image of those points on ``[-5, 0]``. A network
-  ``f(x) = c + sum_j v_j exp(-(a_j x + b_j)^2)`` with three units can place one bump per unit
-  and must leave one of the four bumps unfitted: four groups of solutions ("missed-bump
-  modes", times the ``3! 2^3`` unit permutations and sign flips). The dense baseline makes a
-  wide unit spanning two bumps worse than missing one, and the mirror symmetry makes the two
-  best groups (missing ``x = -3`` or ``x = 3``) exactly equally likely: the weight posterior has
-  two modes of equal mass (up to the symmetries), the setting of Fig. 2. ``symmetric=False``
-  gives the earlier construction (40 points per bump, 160 baseline points over ``[-5, 5]``),
-  whose exact posterior has one dominant mode.
+  given. Ours (``symmetric=True``, the default): on ``[0, 5]`` two bumps of height 1 at
+  ``x = 1, 3`` (20 points each, ``x`` spread 0.15, noise 0.05) on a baseline of 160 points at 0
+  (``|x - c| > 0.6``), mirrored onto ``[-5, 0]``, so that a 3-unit RBF network misses one of the
+  four bumps and the two best "missed-bump modes" have equal mass, the setting of Fig. 2
+  (why: docs/design-notes.md, 'datasets.projected_toys'). ``symmetric=False`` gives the earlier construction
+  (40 points per bump, 160 baseline points over ``[-5, 5]``), with one dominant mode.
   :func:`bumps_fitted`, :func:`missed_bump_modes` and :func:`canonical_rbf_units` are the
   diagnostics the tutorial and tests use.
 * ``sine-tasks``: ``y = a sin(x + b) + eps`` with ``a ~ U(-3, 3)`` per task and ``b`` equally

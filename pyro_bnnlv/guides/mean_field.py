@@ -10,10 +10,9 @@ Cornebise, Kavukcuoglu & Wierstra 2015, arXiv:1505.05424, sec. 3.2),
 fitted by maximising the ELBO ``E_q[log p(y | x, w)] - KL(q || p)`` (Foong, Li, Hernandez-Lobato
 & Turner 2019, "'In-Between' Uncertainty in Bayesian Neural Networks", arXiv:1906.11537, sec. 2,
 eq. 1 is its Monte Carlo form). It is Pyro's :class:`~pyro.infer.autoguide.AutoNormal`; only the
-starting point differs. Pyro's defaults (``init_to_feasible``: every mean ``mu_i = 0``;
-``init_scale=0.1``) start at the symmetric saddle where all hidden units are identical, with
-weight noise as large as the weights a network needs, and fit far worse
-(``tests/test_default_guide.py`` checks the gap on the cosine toy).
+starting point differs: Pyro's defaults (``init_to_feasible``, ``init_scale=0.1``) start at the
+symmetric saddle where all hidden units are identical and fit far worse (docs/design-notes.md,
+'guides.mean_field').
 
 :class:`MeanField` starts the means at a PyTorch-default random network
 (:func:`~pyro_bnnlv.guides.init.init_to_network`) and every ``s_i`` at ``init_scale = 0.01``,

@@ -13,12 +13,8 @@ inputs held at 0, by maximum likelihood with the model's noise scale) and return
 latent-input weights, ``"z"`` drawn from the prior ``N(0, sigma_z^2)`` (default
 ``z_init="prior"``) or at 0 (``z_init="zero"``, the paper's literal wording).
 
-Why not 0: with every ``mu_z = 0`` the sample of latent means is degenerate, the Henze-Zirkler
-statistic of a one-point sample is maximal, and after Adam's first step (every ``mu_z = +-lr``,
-a two-point sample) the HZ penalty ``N exp(HZ / eps_T)`` is of order 1e13, whose spike in Adam's
-second-moment estimate then stalls the latents for hundreds of steps (``tests/test_ncai.py``).
-A draw from the prior is what the constraint asks
-``mu_z`` to look like, so the penalties start near their minimum and the ELBO leads.
+Why not 0: a sample of all-equal latent means makes the Henze-Zirkler penalty spike after
+Adam's first step and stall the latents (docs/design-notes.md, 'guides.ncai_init').
 
 :func:`ncai_guide` builds the ``MeanField`` (``AutoNormal``) and randomises its initial scales, so that
 ``NCAI_{lambda=0}`` is ``fit_svi(model, ncai_guide(model, x, y), x, y, ...)`` and

@@ -1,45 +1,25 @@
 """Fitting loops: stochastic variational inference and MAP / maximum-likelihood training.
 
-``fit_svi`` runs the loop of ``pyro.infer.SVI.step`` with Adam, leaner: the first step
-collects the parameters the ELBO touches (exactly as ``SVI.step`` does, with a param-only
-trace), then every step is ``loss.loss_and_grads(...)`` followed by one ``torch.optim.Adam``
-step over all parameters (torch's fused kernel where the parameters allow it). Adam is elementwise,
-so this is the same update as Pyro's per-parameter ``pyro.optim.Adam`` (to float rounding: the
-fused kernel orders its arithmetic differently); it skips SVI's per-step parameter trace and
-per-parameter optimiser dispatch (``pyro-bnnlv bench svi-overhead``). Parameters are collected once, so the
-model and guide must create all parameters on the first call (static structure, as the JIT
-requires anyway). Besides:
+``fit_svi`` runs the loop of ``pyro.infer.SVI.step`` with one ``torch.optim.Adam`` step over all
+parameters per ``loss.loss_and_grads(...)`` call: Adam is elementwise, so this is Pyro's
+per-parameter ``pyro.optim.Adam`` update (to float rounding) without SVI's per-step parameter
+trace. Parameters are collected on the first step, so model and guide must create them all on
+the first call. Besides:
 
-* the default loss computes ``Trace_ELBO``'s estimator without ``torch.jit``: for the library's
-  BNN and BNN+LV with a mean-field guide (``MeanField`` / ``AutoNormal``) a
-  :class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`, which computes it straight from the
-  network without Pyro's traces (same draws from the same seed, same loss and gradients; tested),
-  for anything else (a user's model, another guide) Pyro's eager ``Trace_ELBO``. A model with a
-  Python branch on a parameter's value is thus followed at every step. Pass ``loss=`` any ELBO to
-  override it; ``loss=pb.CompiledTraceElbo()`` compiles ``Trace_ELBO`` with ``torch.jit.trace``
-  (on request only).
-* a compiled loss (``jit=True`` ELBOs of this library, Pyro's ``Jit*`` ELBOs) or a fused one is
-  cross-checked against its eager twin at steps 1, 10, 100 and 1,000 (same parameters, same
-  random draws; :class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`); on a mismatch ``fit_svi``
-  warns once, naming the loss and the step, and restarts with the eager twin from the initial
-  parameters and the seed's random state, rather than continuing from a state the wrong loss
-  produced (callbacks see the repeated steps again). Compiled graphs a
-  loss holds from an earlier fit are dropped first, so a reused Pyro ``JitTrace_ELBO`` trains
-  this model.
-* training runs in a fresh Pyro parameter-store scope (``ParamStoreDict.scope``) when the model
-  and guide are ``torch.nn.Module`` s, whose parameters live on the modules themselves: two
-  models with guides of the same class can be trained in one script without their parameter
-  names (``"AutoNormal.locs.w"``) clashing. Parameters declared with bare ``pyro.param`` calls
-  (not owned by either module) are copied back to the global store afterwards.
-* the global store must not hand the fitted guide another guide's values afterwards (Pyro's
-  ``PyroModule`` adopts whatever tensor the store holds under its parameter names): the
-  library's guides name their parameters per instance
-  (:func:`~pyro_bnnlv.param_names.own_param_names`); for a guide that does not
-  (``AutoNormal(model)``), stale store entries under its names are replaced by the fitted
-  values, and ``fit_svi`` warns when another live guide it trained has the same names.
-* divergence stops training with :class:`NonFiniteLossError` naming the step: a non-finite
-  loss, or a distribution refusing a parameter the updates made invalid (torch's "Expected
-  parameter scale ... GreaterThan" after a huge learning rate).
+* the default loss is ``Trace_ELBO``'s estimator: fused
+  (:class:`~pyro_bnnlv.infer.elbos.fused.FusedTraceElbo`) for the library's BNN and BNN+LV with a
+  mean-field guide, Pyro's eager ``Trace_ELBO`` otherwise; ``loss=pb.CompiledTraceElbo()``
+  compiles it (on request only).
+* a compiled or fused loss is cross-checked against its eager twin at steps 1, 10, 100 and 1,000
+  (:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`); on a mismatch ``fit_svi`` warns once and
+  restarts with the eager twin from the initial parameters and random state.
+* ``torch.nn.Module`` models and guides train in a fresh Pyro parameter-store scope; bare
+  ``pyro.param`` values are copied back afterwards, stale store entries under the fitted guide's
+  names are replaced, and ``fit_svi`` warns when another live guide has the same names.
+* divergence (a non-finite loss, or a parameter a distribution refuses) stops training with
+  :class:`NonFiniteLossError` naming the step.
+
+Each point in full: docs/design-notes.md, 'infer.svi'.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 from torch.distributions import constraints
 
-from .._checks import ArgumentTypeError, check_real
+from .._checks import POSITIVE_NUMBERS, as_number_tensor, check_real
 from ..nets import FlatNet, MLP
 from .likelihoods import Likelihood, as_likelihood
 
@@ -69,18 +69,7 @@ def _positive_tensor(value: Any, name: str, shape: tuple[int, ...] | None = None
     """``value`` (a number, NumPy scalar or array, or tensor) as a tensor of the default dtype;
     strings, bools and other non-numbers are refused naming ``name``, as are NaN, infinite and
     non-positive entries."""
-    is_bool = isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, (Tensor, np.ndarray)) and value.dtype in (torch.bool, np.bool_)
-    )
-    if is_bool or isinstance(value, (str, bytes)):
-        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
-    try:
-        t = torch.as_tensor(value, dtype=torch.get_default_dtype()).clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(
-            f"{name} must be a positive number (or a tensor of them), got {value!r} "
-            f"of type {type(value).__name__} ({err})"
-        ) from None
+    t = as_number_tensor(value, name, torch.get_default_dtype(), POSITIVE_NUMBERS).clone()
     if not torch.isfinite(t).all() or (t <= 0).any():
         raise ValueError(f"{name} must be positive and finite, got {value!r}")
     if shape is not None and t.dim() > 0 and t.shape != shape:

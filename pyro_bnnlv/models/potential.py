@@ -79,9 +79,7 @@ def mlp_of(net: Any) -> MLP | None:
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-# ----------------------------------------------------------------------------------------------
-# the flat potential
-# ----------------------------------------------------------------------------------------------
+# -- the flat potential ------------------------------------------------------------------------
 class _ValueAndGrad(torch.autograd.Function):
     """``U(q)`` as an autograd node whose backward returns the precomputed ``dU/dq``."""
 
@@ -350,9 +348,7 @@ def _with_compiled_twin(
     return FlatPotential(sites, core.value_and_grad, compiled=core)
 
 
-# ----------------------------------------------------------------------------------------------
-# classification
-# ----------------------------------------------------------------------------------------------
+# -- classification ----------------------------------------------------------------------------
 #: the ``likelihood`` code of the compiled ``MLPPotential`` (``enum Likelihood`` in _flat_nuts.cpp)
 _LIKELIHOOD_CODES = {"gaussian": 0, "categorical": 1, "bernoulli": 2}
 

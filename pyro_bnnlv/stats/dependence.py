@@ -53,9 +53,7 @@ def _as_numpy_2d(name: str, value: Any) -> np.ndarray:
     return _as_tensor_2d(name, value).to(torch.float64).numpy()
 
 
-# ----------------------------------------------------------------------------------------------
-# Henze-Zirkler
-# ----------------------------------------------------------------------------------------------
+# -- Henze-Zirkler -----------------------------------------------------------------------------
 
 
 def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = None) -> Tensor:
@@ -76,23 +74,12 @@ def henze_zirkler(x: Tensor, *, ridge: float = 1e-12, compiled: bool | None = No
     ``n`` for non-Gaussian ones. It is affine invariant, so it only measures the *shape* of the
     sample (use :func:`offdiag_cov_norm` / the ELBO for location and scale).
 
-    Choices:
-
-    * ``S`` is the **maximum-likelihood** covariance, normalised by ``n`` (``np.cov(...,
-      bias=True)`` in pingouin), as in Henze & Zirkler (1990); the paper only says "sample
-      covariance". For every sample with a non-singular covariance the value equals pingouin
-      0.7 ``multivariate_normality`` and R ``MVN::hz`` (tested to 1e-9).
-    * **No value-dependent branches** (a traced objective would freeze them): instead of a rank
-      test the covariance gets a ridge, :math:`S_\delta = S + (\delta\,\mathrm{tr}(S)/k +
-      10^{-30}) I`, ``delta = ridge``, and the computation runs in float64 (cast back). An exactly
-      singular covariance (a constant column) gets a large finite value instead of Henze &
-      Zirkler's convention ``4 n`` (pingouin's). A sample of identical points gets
-      ``n (1 - 2(1+beta^2)^{-k/2} + (1+2beta^2)^{-k/2})`` with gradient exactly 0 (a symmetric
-      stationary point): do not start an HZ penalty from all-equal latent means.
-
-    The whole expression, ``S^{-1}`` and the mean included, is differentiated (the penalty on the
-    guide's ``z`` means in eq. 27): ``O(n^2 k)`` time, ``O(n^2)`` transient memory, an analytic
-    first-order gradient.
+    Choices (in full: docs/design-notes.md, 'stats.dependence'): ``S`` is the maximum-likelihood
+    covariance (divisor ``n``, as Henze & Zirkler 1990; equals pingouin 0.7 and R ``MVN::hz``);
+    no value-dependent branches: a ridge :math:`S_\delta = S + (\delta\,\mathrm{tr}(S)/k +
+    10^{-30}) I` instead of a rank test, float64 inside (a singular covariance gets a large finite
+    value, identical points a gradient of exactly 0: do not start an HZ penalty from all-equal
+    means). The whole expression is differentiated: ``O(n^2 k)`` time, ``O(n^2)`` memory.
 
     Args:
         x: sample of shape ``(n, k)`` (or ``(n,)``, treated as ``k = 1``), ``n >= 3`` and ``n > k``
@@ -163,9 +150,7 @@ def henze_zirkler_pvalue(hz: float | Tensor, n: int, k: int) -> float:
     return float(lognorm.sf(hz, log_sd, scale=math.exp(log_mean)))
 
 
-# ----------------------------------------------------------------------------------------------
-# Pearson-correlation proxy for I(x; z)
-# ----------------------------------------------------------------------------------------------
+# -- Pearson-correlation proxy for I(x; z) -----------------------------------------------------
 
 
 def pearson_correlation(a: Tensor, b: Tensor, eps: float = 1e-12) -> Tensor:
@@ -214,16 +199,10 @@ def correlation_penalty(a: Tensor, b: Tensor, reduction: Literal["mean", "max"] 
     with ``r`` from :func:`pearson_correlation` (``reduction="max"`` gives
     :math:`\max_{d,j} |r_{dj}|` instead).
 
-    Two departures from eq. 24 as printed, both deliberate:
-
-    * **Magnitude.** Eq. 24 is a signed correlation, and eq. 27 penalises ``exp(PC / eps_x)``;
-      minimising a signed correlation drives it to ``-1``, i.e. to perfect (anti-)dependence,
-      not to independence. The text ("penalize the correlation between x and z", a proxy for
-      ``I(x; z) >= 0``) asks for no correlation, so we average ``|r|``.
-    * **All pairs.** Eq. 24 pairs dimension ``d`` of ``a`` with dimension ``d`` of ``b``, defined
-      only for one or ``D`` columns of ``b``; latent and input dimensions do not correspond, so
-      we average over all ``D * K`` pairs ("the average Pearson correlation between pairs of
-      dimensions"). For ``K = 1`` this is exactly eq. 24 in magnitude.
+    Two deliberate departures from eq. 24 as printed (reasons: docs/design-notes.md,
+    'stats.dependence'): the **magnitude** ``|r|`` (minimising a signed correlation drives it to
+    -1, not to independence), and **all pairs** of dimensions (eq. 24 pairs ``d`` with ``d``); for
+    ``K = 1`` this is eq. 24 in magnitude.
 
     Args:
         a: ``(n, D)`` or ``(n,)``, e.g. the inputs ``x`` (or outputs ``y``).
@@ -240,9 +219,7 @@ def correlation_penalty(a: Tensor, b: Tensor, reduction: Literal["mean", "max"] 
     return r.mean() if reduction == "mean" else r.max()
 
 
-# ----------------------------------------------------------------------------------------------
-# off-diagonal covariance penalty
-# ----------------------------------------------------------------------------------------------
+# -- off-diagonal covariance penalty -----------------------------------------------------------
 
 
 def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
@@ -275,9 +252,7 @@ def offdiag_cov_norm(z: Tensor, correction: int = 0) -> Tensor:
     return offdiag_cov_norm_unchecked(z, correction)
 
 
-# ----------------------------------------------------------------------------------------------
-# evaluation metrics (not differentiable)
-# ----------------------------------------------------------------------------------------------
+# -- evaluation metrics (not differentiable) ---------------------------------------------------
 
 
 def ksg_mutual_information(x: Any, z: Any, k: int = 5, standardize: bool = True) -> float:

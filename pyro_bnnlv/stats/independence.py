@@ -17,23 +17,17 @@ API, the proxies a penalty can use, each differentiable in ``mu_z``:
       \quad K_c = \exp\!\big(-\lVert x_i - x_j\rVert^2 / (2 c^2 h_x^2)\big),\
       \tilde K = HKH .
 
-  One bandwidth of the order of the sample's spread (today's ``"hsic"``) sees dependence at that
-  scale only: a latent mean that oscillates with ``x`` on a scale much finer than the spread of
-  ``x``, or whose spread changes with ``x``, moves the wide Gram matrices little. Small ``c``
-  resolves those; every term is in ``[0, 1]`` and invariant to rescaling either sample, and the
-  Gaussian kernel is characteristic, so ``T = 0`` in the population iff ``x`` and ``mu_z`` are
-  independent (Gretton et al. 2005; Cortes, Mohri & Rostamizadeh 2012).
+  Small ``c`` resolves dependence finer than the spread of ``x``; every term is in ``[0, 1]`` and
+  ``T = 0`` in the population iff independent (Gretton et al. 2005; Cortes, Mohri & Rostamizadeh
+  2012). Why several bandwidths: docs/design-notes.md, 'stats.independence'.
 * ``"knn-mi"`` -- a differentiable k-nearest-neighbour estimate of ``I(x; mu_z)`` in nats
   (:func:`knn_mutual_information`): how much closer each ``mu_n`` is to the ``mu`` of its
   ``x``-neighbours than to the ``mu`` of random points. ``x`` is fixed data, so its
   neighbourhoods are data, not parameters; the gradient moves each ``mu_n`` relative to them.
 * ``"knn-mi-multiscale"`` -- ``knn-mi`` at several neighbourhood sizes (``m`` in 8, 16, 32, 64),
   each estimate floored at 0 and the floors averaged (:func:`multiscale_knn_mi`), with reference
-  sets drawn afresh at every call. Under optimisation one size can be met without independence:
-  an NCAI fit penalising ``knn-mi`` at ``m = 15`` ended with its estimate at 0 while the same means
-  scored 0.26-0.41 nats at ``m = 30`` and 60 and KSG measured 0.20-0.24 (issue 37's family,
-  problem 02); the floors keep a negative estimate at one size from cancelling dependence seen
-  at another, and fresh sets keep training from fitting the sets it is measured on.
+  sets drawn afresh at every call (the measured case for both: docs/design-notes.md,
+  'stats.independence').
 * ``"dcor"`` -- the squared distance correlation (Szekely, Rizzo & Bakirov 2007, eq. 2.7-2.9, the
   V-statistic), in ``[0, 1]``, 0 in the population iff independent.
 * ``"hsic"`` -- today's NCAI term, :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (one
@@ -266,14 +260,10 @@ def multiscale_knn_mi(
     r"""``(1/|M|) sum_{m in M} max(I_m, 0)``: :func:`knn_mutual_information` ``I_m`` at each
     neighbourhood size ``m`` of ``sizes`` below ``n`` (``M``), each floored at 0, in nats.
 
-    Mutual information is never negative, and a dependence shows at some neighbourhood sizes and
-    not at others (an oscillation finer than the ``x``-neighbourhood, or a trained arrangement
-    that spreads each point's ``x``-neighbours' means apart at one size), so each size's estimate
-    is floored before the average: a negative estimate at one size cannot cancel dependence seen
-    at another. ``seed=None`` (default) draws the reference sets afresh at each call from torch's
-    global generator, so training cannot fit the sets it is measured on; an integer seed uses
-    ``seed + j`` for the ``j``-th size. Under independence each ``I_m`` is centred at 0, so the
-    statistic's null mean is small and positive (about ``0.4 sd(I_m)``), not 0.
+    Each size's estimate is floored before the average, so a negative estimate at one size cannot
+    cancel dependence seen at another. ``seed=None`` (default) draws the reference sets afresh at
+    each call from torch's global generator; an integer seed uses ``seed + j`` for the ``j``-th
+    size. The null mean is small and positive, not 0 (docs/design-notes.md, 'stats.independence').
     """
     _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)

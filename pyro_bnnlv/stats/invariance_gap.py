@@ -42,62 +42,22 @@ eq. 25 is eq. 23 with ``x`` replaced by ``z = [z_{l-1}, 1]`` and the expectation
 
 Assumptions and approximations
 ------------------------------
-Made by the paper (sec. 3 and 5):
+Made by the paper (sec. 3 and 5): 1. *per-input invariance*, eq. 23 averages the per-input
+``q_mix`` over the inputs (a heuristic); 2. a uniform invariance (``beta -> inf``, sec. 4.1) and a
+mean-field Gaussian ``g_0``; 3. the gap is an ELBO difference only under conditions (7)-(8): for
+a diagonal prior, iff ``sigma_k^2 / (sigma_k^2 + lambda_k)`` is the same for every ``k`` with
+``x_k != 0`` (column ``shrinkage_spread`` measures the violation); 4. layer-wise treatment, each
+unit invariant given its own input (eq. 23, 25).
 
-1. *Per-input invariance.* Eq. 22 is an invariance of the likelihood of a single input. The
-   likelihood of the whole training set is invariant only to translations orthogonal to *all*
-   inputs (none at all when the ``N`` augmented inputs span ``R^d``). Eq. 23 handles this by
-   averaging the per-input ``q_mix`` over the empirical input distribution (a mixture); this is
-   the paper's heuristic, not an exact statement about the full likelihood.
-2. *The invariance is uniform and the likelihood approximation Gaussian.* ``p(Delta)`` is the
-   ``beta -> inf`` limit of ``N(0, beta^2 I)`` (sec. 4.1) and ``g_0`` is a mean-field Gaussian
-   with parameters ``theta = {m, lambda}`` (sec. 3).
-3. *The gap is an ELBO difference only under conditions (7)-(8).* For the translation
-   ``w - B_x Delta`` (volume-preserving, (8) holds) and a diagonal prior, (7) holds iff
-   ``sigma_k^2 / (sigma_k^2 + lambda_k)`` is the same for every ``k`` with ``x_k != 0`` (the
-   argument of :mod:`pyro_bnnlv.models.linear`'s docstring with ``1`` replaced by ``x``). When it
-   fails, ``KL[q_0 || q_mix]`` is still the divergence between the two posteriors but no longer
-   exactly ``ELBO(q_mix) - ELBO(q_0)``; the column ``shrinkage_spread`` measures the violation.
-4. *Layer-wise treatment.* The paper decomposes ``q_mix`` over layers and units (eq. 23,
-   25): each unit is made invariant given its own input (``x`` for layer 0, ``z_{l-1}``
-   otherwise), with the earlier layers entering only through the distribution
-   ``P(z_{l-1})`` of the activations (eq. 24, 26). Covered here for every layer, output layer
-   included, by :func:`layer_invariance_gap`, with ``P(z_{l-1})`` approximated as in 9.
-
-Made by this implementation:
-
-5. *Reading of m and V in eq. 23.* They are the parameters of the likelihood approximation
-   ``g_0`` (as in eq. 15, which eq. 23 generalises), not of the posterior. A fitted mean-field
-   posterior ``q_0 = N(m_q, Diag(v))`` is read as ``q_0 = p g_0 / Z_0`` (eq. 6a) and ``g_0`` is
-   recovered coordinate-wise by inverting eq. 6a (:func:`likelihood_factor_from_posterior`):
-   ``lambda = sigma^2 v / (sigma^2 - v)``, ``m = m_q + lambda (m_q - mu) / sigma^2``. Where
-   ``v >= sigma^2`` (``q`` at least as wide as the prior: no Gaussian ``g_0`` exists) we set
-   ``lambda = inf`` (a flat ``g_0``); then ``x^T V x = inf``, ``g_mix`` is flat and
-   ``q_mix = p`` at every input with ``x_k != 0``. The share of such coordinates is reported
-   (``frac_uninformative``). The gap is computed with the fitted ``q_0`` itself.
-6. *Bias.* The bias ``b_j`` is the last entry of ``w_{l,j}`` and the unit's input is augmented
-   to ``[x, 1]`` (``[z_{l-1}, 1]`` in later layers), so the translations also trade weight
-   against bias. (The paper's ``B_z`` divides by
-   the last entry of ``z``; with the bias last that entry is 1.)
-7. *Aggregation.* ``gap_mean`` is the average over inputs of the per-input gaps (for
-   ``l >= 1``: over the ``S x N`` activation vectors of 9). By convexity of the KL in its second
-   argument it upper-bounds ``KL[q_0 || E_x q_mix(. | x)]``, the gap to the eq. 23 (eq. 25)
-   mixture, which has no closed form; ``num_samples > 0`` adds a Monte-Carlo estimate of the
-   latter (``gap_mixture``, with its standard error).
-8. *Weights.* Each unit is treated separately with its marginal of ``q`` (exact for a mean-field
-   ``q``) and its marginal of the prior (``BNN``'s prior is diagonal).
-9. *Activations of earlier layers.* The paper takes ``z ~ P(z_{l-1})`` (eq. 25), built layer by
-   layer through ``q_mix`` of the earlier layers: eq. 24, ``P(z_{1,j}) = E_x[E_{w ~
-   q_mix(w_{1,j})}[h_1(w^T x)]]``, and eq. 26 for ``l >= 2`` (sec. 5: "use (24) to generate
-   samples z_{1,n} of the activations of the first layer under the (now fitted) optimal
-   q_mix"). Our reading is :func:`layer_inputs`'s (``activations="qmix"``): ``q_mix`` of a
-   layer is the product over its units of eq. 23 / 25's mixtures, each unit drawing its own
-   component, with ``g_0`` of the earlier layers read from the fitted ``q_0`` (assumption 5; the
-   paper's iterative fit of ``q_mix`` layer by layer is not run). A weight drawn from another
-   input's component ``z' != z_{k-1}`` is pinned only along ``z'``, so these activations spread
-   more than under ``q_0`` (``activations="q0"``). Where condition (7) holds in an earlier unit
-   its pre-activation at ``x`` has the same law under both (eq. 9). Either way the result is a
-   Monte-Carlo estimate over ``S x N`` vectors: it varies with ``seed`` and ``S``.
+Made by this implementation: 5. ``m`` and ``V`` in eq. 23 are ``g_0``'s, recovered from the
+fitted ``q_0`` by inverting eq. 6a (:func:`likelihood_factor_from_posterior`; ``lambda = inf``
+where ``v >= sigma^2``, share reported as ``frac_uninformative``); 6. the bias is the last entry
+of ``w_{l,j}``, inputs augmented to ``[x, 1]``; 7. ``gap_mean`` averages per-input gaps, an upper
+bound on the gap to the mixture (``num_samples > 0`` adds a Monte-Carlo ``gap_mixture``); 8. each
+unit uses its marginals of ``q`` and the diagonal prior; 9. earlier layers' activations are drawn
+through ``q_mix`` (eq. 24, 26; :func:`layer_inputs`, ``activations="qmix"``) or ``q_0``
+(``"q0"``), a Monte-Carlo estimate that varies with ``seed`` and ``S``. The full text of each:
+docs/design-notes.md, 'stats.invariance_gap'.
 
 Reading the output: the gap is the part of the unit's ``KL[q_0 || p]`` that mean-field VI pays
 because it cannot represent the unit's translation invariance (eq. 10-11); units with a large

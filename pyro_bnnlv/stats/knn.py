@@ -18,68 +18,37 @@ gradient of the ELBO's KL term (eq. 8-9) flows through the kNN distances.
 
 Numerics
 --------
-Neighbours are found in two passes. *Which* rows are nearest: squared distances as matrix
-products ``|x|^2 + |y|^2 - 2 x.y`` in float64 after centring, without gradients, keeping the
-``k + 2`` nearest candidates per row. *How far* they are: explicit differences ``||x_i - y_j||``
-for those candidates only, in the inputs' dtype, with gradients (the matrix-product form alone
-cancels catastrophically far from the origin, corrupting the small distances taken logs of).
-The centred float64 products rank correctly unless two distances agree to about ``1e-13`` of
-the squared spread; such near-ties are re-measured among the spare candidates.
+Neighbours are found in two passes: *which* rows are nearest by float64 centred matrix products
+without gradients (``k + 2`` candidates per row), *how far* they are by explicit differences in
+the inputs' dtype, with gradients.
 
 Ties
 ----
-The estimators assume a continuous density, but samples contain exact ties (MCMC repeats a
-rejected draw, a copied sample, ``compare_posteriors(mcmc, mcmc)``, an ``AutoDelta`` guide),
-where the log of a zero neighbour distance is ``-inf``. Two rules make them exact instead:
+Exact ties (MCMC repeats, copied samples, ``AutoDelta``) follow two rules: 1. *a sample is a
+set* (identical rows of one sample count once: ``n'``, ``m'`` distinct rows); 2. *a tie across
+the two samples is the same draw*, left out of ``x_i``'s neighbour search and count,
+``m_i = m' - #{j : y_j = x_i}`` (Perez-Cruz 2008, ISIT, pp. 1666-1670; the paper's eq. 4):
 
-1. *A sample is a set.* Identical rows of one sample count once (``n'`` distinct rows of the
-   first sample, ``m'`` of the second); duplicates are dropped before anything else. With no
-   ties this changes nothing; a sample with every row duplicated gets exactly the estimate of
-   its distinct rows.
-2. *A tie across the two samples is the same draw.* The Perez-Cruz estimate is an average of
-   per-point log-ratios of two k-NN density estimates (Perez-Cruz 2008, ISIT, pp. 1666-1670;
-   the paper's eq. 4: ``p^(x_i) = k / ((n' - 1) V_d rho_k(i)^d)``, ``q^(x_i) = k / (m_i V_d nu_k(i)^d)``), each
-   valid when ``x_i`` is independent of the sample the neighbours are searched in. A point of
-   the second sample at distance 0 from ``x_i`` is ``x_i`` itself (a continuous ``q`` puts no
-   draw there), so it is left out of ``x_i``'s neighbour search and out of its count:
-   ``m_i = m' - #{j : y_j = x_i}``, giving the leave-one-out form
+.. math:: \widehat{KL} = \frac1{n'} \sum_i \Big[\log\frac{m_i}{n' - 1}
+          + d \log\frac{\nu_k(i)}{\rho_k(i)}\Big],
 
-   .. math:: \widehat{KL} = \frac1{n'} \sum_i \Big[\log\frac{m_i}{n' - 1}
-             + d \log\frac{\nu_k(i)}{\rho_k(i)}\Big].
-
-   ``knn_kl(s, s)`` is then exactly 0 (``m_i = n' - 1`` and ``nu_k = rho_k``).
-
-Zero distances are therefore never neighbours, no log of zero is taken, and gradients are
-finite. A sample with fewer than ``k + 1`` distinct rows (a point mass) raises a
-``ValueError`` naming the argument, the second sample of a KL included (``KL(p || q)`` is
-``+inf`` for a point-mass ``q``, which no k-NN density estimate can say). This is the same
-principle as Gao, Kannan, Oh & Viswanath (2017, arXiv:1709.06212), who handle discrete atoms
-in k-NN mutual information by counting tied points instead of taking logs of zero distances
-(used in :func:`~pyro_bnnlv.stats.dependence.ksg_mutual_information`).
+so ``knn_kl(s, s) == 0``. A sample with fewer than ``k + 1`` distinct rows raises a
+``ValueError`` (as in Gao, Kannan, Oh & Viswanath 2017, arXiv:1709.06212, ties are counted,
+never logged).
 
 High dimension
 --------------
-The Monte-Carlo standard deviation of :func:`knn_kl` grows like ``sqrt(d / n)`` (about
-``0.8 sqrt(d/n)`` nats between two samples of ``N(0, I_d)``). When ``n^{1/d}`` is close to 1 all
-pairwise distances concentrate and the bias grows like ``d``, with either sign. The estimators
-warn, naming the ratio, when ``d`` exceeds ``10 n'``. Below that the estimate varies little, but
-it is not an accurate KL value, and as a training objective it can be gamed ("Support").
+The Monte-Carlo sd of :func:`knn_kl` grows like ``0.8 sqrt(d / n)`` nats; the estimators warn
+when ``d`` exceeds ``10 n'``.
 
 Support
 -------
-``KL(p || q)`` weighs ``log p/q`` where ``p`` has its mass. Where a draw of ``p`` lies beyond
-every draw of ``q``, the k-NN estimate of ``q``'s density uses the distance ``nu_k`` to the
-nearest (far) ``q`` draw, which grows linearly with the gap while ``-log q`` grows much faster
-(quadratically for a Gaussian): the estimate is biased low, in any dimension (``p = N(0, 4 I_2)``,
-``q = N(0, I_2)``, 500 draws each: about 0.9 for a true 1.6). A ``p`` narrower than ``q`` is not
-affected, but a posterior need not stay narrower than its prior when the estimate is what it
-minimises: it rewards width the true KL punishes (``KNNElbo``'s fitted guides,
-``python docs/bench/knn_kl_width.py``, ``docs/results.md``). The KL
-estimators warn when more than 10% of the first sample lies outside the second's region
-(beyond the largest radius of half of its rows after standardising each coordinate by the
-other half's mean and sd, so that the check is calibrated in any dimension: when the two
-distributions are equal ``1 / (m/2 + 1)`` lie outside; the threshold is raised to
-``5 / (m/2 + 1)`` for small ``m``, and samples with fewer than 20 rows are not checked).
+Where draws of ``p`` lie beyond every draw of ``q`` the KL estimate is biased low, in any
+dimension, and as an objective it rewards width. The KL estimators warn when more than 10% of
+the first sample lies outside the second's region (threshold ``5 / (m/2 + 1)`` for small ``m``;
+fewer than 20 rows are not checked).
+
+Derivations and measurements of all four: docs/design-notes.md, 'stats.knn'.
 """
 
 from __future__ import annotations
@@ -113,9 +82,7 @@ _MAX_DIM_PER_SAMPLE = 10
 _MAX_SHARE_OUTSIDE = 0.1
 
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------------------------
 def log_unit_ball_volume(d: int) -> float:
     r"""``log V_d = (d/2) log(pi) - lgamma(d/2 + 1)``, the log volume of the unit ball in R^d
     (in log space: ``Gamma(d/2 + 1)`` overflows float64 for ``d > 340``)."""
@@ -341,9 +308,7 @@ def _kl(x: Tensor, y: Tensor, k: int, names: tuple[str, str]) -> Tensor:
     return _masked_mean(log_counts + d * (log_nu - log_rho), keep, n_eff)
 
 
-# ----------------------------------------------------------------------------------------------
-# parameter space: eq. (4) and (5)
-# ----------------------------------------------------------------------------------------------
+# -- parameter space: eq. (4) and (5) ----------------------------------------------------------
 def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
     r"""kNN (Kozachenko-Leonenko) estimate of the differential entropy, in nats.
 
@@ -355,15 +320,10 @@ def knn_entropy(samples: Tensor, k: int = 1) -> Tensor:
         \hat H_k = \psi(n) - \psi(k) + \log V_d + \frac{d}{n} \sum_{i<n} \log \rho_k(i),
         \qquad \log V_d = \tfrac d2 \log\pi - \log\Gamma(\tfrac d2 + 1).
 
-    **Relation to the paper's eq. (5).** Eq. (5) (Singh et al., 2003) has the same form with
-    constant ``C_{d,k,N} = ln(N) - psi(k) + ln V_d``, i.e. ``ln N`` where we use ``psi(N)``.
-    We use ``psi(N)`` (Kozachenko-Leonenko as written by Kraskov et al., 2004) because it makes
-    the identity behind the estimator exact: the probability mass ``u`` of the ball of radius
-    ``rho_k(i)`` around ``x_i`` is the k-th order statistic of ``N-1`` uniforms, so
-    ``u ~ Beta(k, N-k)`` and ``E[ln u] = psi(k) - psi(N)``; with ``u ~ q(x_i) V_d rho_k^d`` this
-    gives the formula above. The two constants differ by ``ln N - psi(N) = 1/(2N) + O(1/N^2)``
-    (< 2.5e-3 nats for N >= 200), far below the estimator's statistical error, and the
-    difference has no effect on gradients.
+    **Relation to the paper's eq. (5).** Eq. (5) (Singh et al., 2003) has ``ln N`` where we use
+    ``psi(N)`` (Kozachenko-Leonenko as written by Kraskov et al., 2004, which makes
+    ``E[ln u] = psi(k) - psi(N)`` exact); they differ by ``1/(2N) + O(1/N^2)``, with no effect on
+    gradients (docs/design-notes.md, 'stats.knn').
 
     Args:
         samples: ``(n, d)`` float32/float64 tensor of i.i.d. samples, ``n > k``.
@@ -427,9 +387,7 @@ def knn_kl(p_samples: Tensor, q_samples: Tensor, k: int = 1) -> Tensor:
     return _kl(p_samples.to(dtype), q_samples.to(dtype), k, ("p_samples", "q_samples"))
 
 
-# ----------------------------------------------------------------------------------------------
-# predictor space: eq. (6) and (7)
-# ----------------------------------------------------------------------------------------------
+# -- predictor space: eq. (6) and (7) ----------------------------------------------------------
 def _flatten_function_values(f: Tensor, name: str) -> tuple[Tensor, int]:
     """(R, S, T) or (R, S, T, O) -> ((R, S, T*O), T)."""
     _check_tensor(f, name, (3, 4))
@@ -451,21 +409,12 @@ def functional_knn_entropy(f_samples: Tensor, k: int = 1, correction: EntropyCor
     with :func:`knn_entropy` as ``\hat H_k`` and the constant ``c_T`` chosen by ``correction``:
 
     * ``"paper"`` (default): ``c_T = -(1/2) ln T``, eq. (7) exactly as printed.
-    * ``"rescaled"``: ``c_T = -(T*O/2) ln T``. The paper justifies the constant by the scaling
-      ``||f - g||_{L2(nu)} ~ T^{-1/2} ||f^X - g^X||_2`` (sec. 3.1). Rescaling a random vector in
-      R^{d} by ``a`` shifts its entropy by ``d ln a``, i.e. multiplying all distances by
-      ``T^{-1/2}`` shifts ``(d/N) sum ln r_k`` in eq. (5) by ``-(d/2) ln T`` with ``d = T*O``,
-      not by ``-(1/2) ln T``. With this option the estimate targets exactly
-      ``E_X H(T^{-1/2} f^X)``, the entropy of the scaled evaluation vectors whose distances
-      approximate L2(nu) distances.
+    * ``"rescaled"``: ``c_T = -(T*O/2) ln T``, the shift a ``T^{-1/2}`` rescaling of all
+      distances makes in R^{T*O}: targets ``E_X H(T^{-1/2} f^X)``.
     * ``"none"``: ``c_T = 0``; the estimate targets ``E_X H(f^X)``.
 
-    The options differ by a constant independent of the function samples, so gradients (and
-    the FuNN-HyVI objective's optimum) do not depend on this choice; only reported entropy
-    values do. Note that no choice makes the estimate T-independent in general: ``f^X`` is a
-    T-dimensional marginal of a distribution on an infinite-dimensional space, and for a
-    parametric model with ``P`` weights, ``f^X`` is degenerate (entropy ``-inf``) once
-    ``T*O > P``.
+    The options differ by a constant, so gradients do not depend on the choice (why no choice is
+    T-independent: docs/design-notes.md, 'stats.knn').
 
     Args:
         f_samples: ``(R, S, T)`` or ``(R, S, T, O)`` function values, ``S > k``.

@@ -27,43 +27,20 @@ few thousand; :func:`invariance_gap_isotropic` is O(1) for any ``K``):
 :func:`predictive_moments`                     predictive mean and variance of ``f*`` and ``y*``
 =============================================  =====================================================
 
-Readings of the paper that differ from the printed text (each checked in ``tests/test_linear.py``):
+Readings of the paper that differ from the printed text (each checked in ``tests/test_linear.py``;
+derivations and figures: docs/design-notes.md, 'stats.linear_closed_forms'):
 
-* **Eq. 13** prints ``m_p* = V_p* (sum_i y_i)/(K sigma_y^2) 1``, which is the posterior mean only
-  for ``mu = 0``. For a general prior mean it is ``V_p* (Sigma^{-1} mu + sum_i y_i/(K sigma_y^2) 1)``.
-* **Eq. 10** prints ``ELBO(q_0) - ELBO(q_mix) = KL[q_0||p] - KL[q_mix||p] = KL[q_0||q_mix]``. The
-  left-hand side has the wrong sign: with equal ELLs (eq. 9), ``ELBO(q_0) - ELBO(q_mix) =
-  KL[q_mix||p] - KL[q_0||p] <= 0``. The correct statement (and the one the text uses: q_mix is
-  the "tighter objective") is ``ELBO(q_mix) - ELBO(q_0) = KL[q_0||p] - KL[q_mix||p] =
+* **Eq. 13** restores the prior-mean term: ``m_p* = V_p* (Sigma^{-1} mu + sum_i y_i/(K sigma_y^2) 1)``.
+* **Eq. 10** with the sign corrected: ``ELBO(q_mix) - ELBO(q_0) = KL[q_0||p] - KL[q_mix||p] =
   KL[q_0||q_mix] >= 0``.
-* **Eq. 9/10 need lambda proportional to sigma^2.** Condition (7) for the translation
-  ``t(w, Delta) = w - B Delta`` asks that ``p(w) g_0(w - B Delta)`` be a translate of
-  ``p(w) g_0(w)`` along ``range(B) = 1^perp``; the product's mean moves by
-  ``Diag(sigma^2/(sigma^2+lambda)) B Delta``, which stays in ``1^perp`` for all ``Delta`` iff
-  ``sigma_k^2/(sigma_k^2+lambda_k)`` is the same for all ``k``, i.e. ``lambda = c sigma^2``. The
-  paper's setting (isotropic prior, equal ``lambda_k``, and both optima of eq. 18-19) satisfies this;
-  for other ``lambda``, ``ELL(q_0) != ELL(q_mix)`` and
+* **Eq. 9/10 need lambda proportional to sigma^2** (condition (7) for ``w - B Delta``); otherwise
   ``KL[q_0||p] - KL[q_mix||p] - KL[q_0||q_mix] = E_{q_0}[ln g_mix] - E_{q_mix}[ln g_mix] != 0``.
-* **Eq. 19** prints ``m_0* = m_mix* = mean(y) 1``. The variances ``lambda_0* = K^2 sigma_y^2/N`` are
-  right, but with that mean ``q_0`` has mean ``N sigma_0^2 ybar/(N sigma_0^2 + K sigma_y^2) 1``,
-  not the posterior mean, and the ELBO gradient w.r.t. ``m`` is not zero. The mean-field optimum of
-  a Gaussian posterior has the posterior mean (Wainwright & Jordan, the paper's ref. [34]); solving
-  ``(lambda mu + sigma^2 m)/(sigma^2 + lambda) = m_p*`` gives
-  ``m_0* = m_p* + lambda_0* (m_p* - mu)/sigma^2``, for ``mu = 0`` and ``sigma_0``:
-  ``m_0* = ybar (N sigma_0^2 + K sigma_y^2)/(N sigma_0^2 + sigma_y^2) 1``. Pass
-  ``as_printed=True`` to :func:`theta_star_0` for the printed value. The gap (Fig. 1) does not depend
-  on ``m`` in the isotropic setting, so only Fig. 2's mean-dependent terms are affected.
-* **Eq. 3** holds for the ELBO-*optimal* ``q`` (from ``ELBO(q*) >= ELBO(p) = ELL(p)``), with
-  ``ELL(q*)`` the supremum ``-N/2 ln(2 pi sigma_y^2)`` (exact fit, no residual). With a non-zero
-  prior mean the ``y_n^2`` becomes ``(y_n - E_p f_n)^2``.
-* **Fig. 1 caption** lists ``KL[q_0(theta_0*) || q_mix(theta_mix*)]``; the text (sec. 4.2) and the
-  claimed linear growth are about ``KL[q_0(theta_mix*) || q_mix(theta_mix*)]``, which is what
-  :func:`~pyro_bnnlv.reproduce.invariance.invariance_gap_table` reports
-  (``KL[q_0(theta_0*) || p(w|D)]`` stays bounded in ``K``).
-  Fig. 1 does not state ``N``; with ``N = 1`` the gap at ``theta_0*`` peaks near ``K = 10`` and the
-  gap at ``theta_mix*`` crosses the bound at ``K ~ 19`` ("reached quickly"); with Fig. 2's
-  ``N = 10`` the ``theta_0*`` gap still rises until ``K = 82`` and only then decays like
-  ``(N sigma_0^2/sigma_y^2)^2/(4K)``.
+* **Eq. 19**: ``m_0* = m_p* + lambda_0* (m_p* - mu)/sigma^2`` (the posterior mean of ``q_0``), not
+  the printed ``ybar 1`` (``as_printed=True`` of :func:`theta_star_0`).
+* **Eq. 3** holds for the ELBO-optimal ``q`` with ``ELL(q*) = -N/2 ln(2 pi sigma_y^2)``; with a
+  non-zero prior mean ``y_n^2`` becomes ``(y_n - E_p f_n)^2``.
+* **Fig. 1** plots ``KL[q_0(theta_mix*) || q_mix(theta_mix*)]`` (the text's gap, not the caption's
+  ``theta_0*``), as :func:`~pyro_bnnlv.reproduce.invariance.invariance_gap_table` reports.
 """
 
 from __future__ import annotations
@@ -117,9 +94,7 @@ class PredictiveMoments(NamedTuple):
     var_y: Tensor
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------
 
 
 def _data(y: Any) -> Tensor:
@@ -149,9 +124,7 @@ def _design(X: Any, K: int, N: int) -> Tensor:
     return X
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: prior, exact posterior, evidence
-# --------------------------------------------------------------------------------------------
+# -- closed forms: prior, exact posterior, evidence ------------------------------------------
 
 
 def prior_gaussian(K: int, prior_loc: Any = 0.0, prior_scale: Any = 1.0) -> Gaussian:
@@ -195,9 +168,7 @@ def log_evidence(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Te
     return torch.distributions.MultivariateNormal(X @ mu, covariance_matrix=cov).log_prob(y)
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: likelihood approximations and the two posteriors (x = 1)
-# --------------------------------------------------------------------------------------------
+# -- closed forms: likelihood approximations and the two posteriors (x = 1) ------------------
 
 
 def invariant_likelihood_precision(lam: Any) -> Tensor:
@@ -299,9 +270,7 @@ def invariance_gap_isotropic(K: int, sigma2: Any, lam: Any) -> Tensor:
     return 0.5 * (K - 1) * (torch.log1p(u) - u / (1.0 + u))
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: optimal variational parameters
-# --------------------------------------------------------------------------------------------
+# -- closed forms: optimal variational parameters --------------------------------------------
 
 
 def theta_star_mix(y: Any, K: int, noise_scale: Any) -> tuple[Tensor, Tensor]:
@@ -348,9 +317,7 @@ def theta_star_0(prior: Gaussian, y: Any, noise_scale: Any, as_printed: bool = F
     return m_p + lam * (m_p - mu) / sigma2, lam
 
 
-# --------------------------------------------------------------------------------------------
-# closed forms: ELBO terms, data-related bound, predictive
-# --------------------------------------------------------------------------------------------
+# -- closed forms: ELBO terms, data-related bound, predictive --------------------------------
 
 
 def expected_log_likelihood(q: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Tensor:

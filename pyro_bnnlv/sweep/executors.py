@@ -165,8 +165,8 @@ class InlineExecutor:
 def _init_worker(driver_pid: int, started: Any) -> None:
     """Pool-worker initializer: count this worker as started (past importing the main script: a
     pool that breaks with ``started`` still 0 died in start-up, not in a task), keep freed memory in
-    the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, up to 1.7x
-    faster steps for the k-NN ELBOs) and end this worker when the driver is gone
+    the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, faster steps)
+    and end this worker when the driver is gone
     (:func:`_exit_with_driver`)."""
     with started.get_lock():
         started.value += 1
@@ -179,8 +179,7 @@ def _exit_with_driver(driver_pid: int, every: float = 0.5) -> None:
 
     A driver killed with SIGKILL (or by a time-out) runs no clean-up, and its
     ``ProcessPoolExecutor`` workers would wait on the task queue forever: each holds the queue's
-    write end, so none ever reads end-of-file (measured: two orphans still waiting minutes after
-    the kill -9 test, ``tests/test_sweep.py``). A daemon thread notices the new parent and exits
+    write end, so none ever reads end-of-file. A daemon thread notices the new parent and exits
     the worker.
     """
     import threading

@@ -33,16 +33,11 @@ estimator without Pyro's traces,
     \qquad w^{(s)} = \text{model.weights\_from\_latents}(\mu + \sigma \odot
         \epsilon^{(s)}),
 
-drawing the random numbers in Pyro's order (the guide's sites in its order, ``S`` draws each,
-then the minibatch as Pyro's plate draws it), so that a fused step and a traced one give the same
-loss and gradients up to rounding. A model opts in with ``closed_form_priors(dtype)`` (its latent
-sites' priors as ``Normal`` s, ``None`` when its ``forward`` is not the one they describe) and
-``weights_from_latents(values)``. ``fit_svi`` checks the fused steps against the traced twin
-(:meth:`ClosedFormKLElbo.eager_twin`) at steps 1, 10, 100 and 1,000, as it checks compiled losses
-(:class:`~pyro_bnnlv.infer.elbos.jit_guard.JitGuard`), and finishes traced on a mismatch. What
-runs traced is what :mod:`~pyro_bnnlv.infer.elbos.fused` lists (the first step, another guide or
-an ``AutoNormal`` with ``create_plates``, model keyword arguments, Pyro handlers, hooks, data off
-the CPU), and a multi-task model. Timings: ``pyro-bnnlv bench proj``.
+drawing the random numbers in Pyro's order, so that a fused step and a traced one give the same
+loss and gradients up to rounding. A model opts in with ``closed_form_priors(dtype)`` and
+``weights_from_latents(values)``; ``fit_svi`` checks the fused steps against the traced twin
+(:meth:`ClosedFormKLElbo.eager_twin`) as it checks compiled losses, and finishes traced on a
+mismatch. What runs traced: :mod:`~pyro_bnnlv.infer.elbos.fused` (and a multi-task model).
 """
 
 from __future__ import annotations

@@ -35,21 +35,10 @@ subsampled ``pyro.plate``), so losses are comparable across ELBOs and batch size
   :func:`~pyro_bnnlv.guides.hypernet_lv_guide`. Guides with a density work as well: FuNN-MFVI is
   ``AutoNormal`` + :class:`FunctionalKNNElbo`.
 
-Cost. Per step the paper's settings (the defaults) run the model on ``num_particles = 100`` guide
-samples, draw ``num_kl_samples + num_prior_samples = 1000`` more weight vectors and compare
-them through ``500 x 500`` nearest-neighbour searches (in predictor space after evaluating both
-sample sets at ``T`` inputs), so a step costs several MFVI steps (``AutoNormal`` +
-``Trace_ELBO``; ``docs/results/knn-elbo-presets.csv``). :meth:`KNNElbo.fast` is cheaper, for
-exploring: fewer k-NN samples make the KL estimate noisier and more biased, and a fit with it can
-land far from the default's, so final fits should use the defaults.
-
-Bias as an objective. The k-NN estimate of ``KL(q || p)`` is biased low, and the more so the
-wider ``q`` is, so minimising it can push the guide beyond the prior's draws, where the estimate
-goes negative (:mod:`pyro_bnnlv.stats.knn`, "Support"): ``AutoNormal`` trained with
-:class:`KNNElbo` ends wider than the prior, its noise sd learned too small, the over-confidence
-of NN-HyVI with no hypernetwork in it (``python docs/bench/knn_kl_width.py``,
-``docs/results.md``). It is the paper's estimator (eq. 4, 8-9), kept as such; the warning that a
-share of the guide's draws lies outside the prior's region is the sign of it.
+Cost and bias: a step at the paper's settings (the defaults) costs several MFVI steps, and
+:meth:`KNNElbo.fast` is cheaper, for exploring only; the k-NN KL is biased low the more so the
+wider ``q`` is, so as an objective it can push the guide beyond the prior's draws
+(:mod:`pyro_bnnlv.stats.knn`, "Support"; measurements: docs/design-notes.md, 'infer.elbos.knn').
 
 ``loss``, ``loss_and_grads`` and ``differentiable_loss`` all go through one differentiable
 function (:meth:`KNNElbo.loss_components`), so ``SVI``, ``fit_svi`` and ``ELBOModule`` optimise
@@ -92,13 +81,10 @@ def input_box(x: Tensor, margin: float = 0.0) -> dist.Distribution:
     Each feature ranges over ``[min - margin * range, max + margin * range]``. Returns a Pyro
     ``Uniform(...).to_event(1)``; ``input_box(x).sample((T,))`` is ``(T, D)``.
 
-    As the input distribution ``nu`` of :class:`FunctionalKNNElbo`, ``nu`` is where the guide's
-    functions are pulled towards the prior's, i.e. where it learns to be uncertain. The paper's
-    UCI setting is the unpadded box of the training inputs (``margin=0``; in several dimensions
-    most of that box is far from the data). In one dimension the unpadded box is just the data's
-    range: the KL then says nothing about inputs beyond it, and the fit is as over-confident there
-    as MFVI. Pad it (``margin=1.0`` triples the range) or pass the region you care about, as the
-    paper's toy does with ``U[-4, 2]`` around data in ``[-1, 1]`` (``tutorials/hypernet_vi.py``).
+    As ``nu`` of :class:`FunctionalKNNElbo` it is where the guide learns to be uncertain; the
+    paper's UCI setting is ``margin=0``, in 1-D pad it (``margin=1.0`` triples the range), as the
+    paper's toy does with ``U[-4, 2]`` around data in ``[-1, 1]`` (docs/design-notes.md,
+    'infer.elbos.knn').
     """
     if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[0] < 2:
         raise ValueError(f"x must be a (N, D) tensor with N >= 2, got {getattr(x, 'shape', type(x))}")
@@ -157,8 +143,8 @@ class KNNElbo(ELBO):
     def fast(cls, **overrides: Any) -> "KNNElbo":
         """A cheaper preset for exploring: ``num_particles=10``, ``num_kl_samples=100``,
         ``num_prior_samples=100`` (the paper: 100, 500, 500); ``overrides`` set any argument
-        (e.g. ``FunctionalKNNElbo.fast(input_dist=nu)``). Noisier, more biased KL estimates:
-        see the module docstring's "Cost" and ``docs/results/knn-elbo-presets.csv``."""
+        (e.g. ``FunctionalKNNElbo.fast(input_dist=nu)``). Noisier, more biased KL estimates
+        (docs/design-notes.md, 'infer.elbos.knn')."""
         settings = {"num_particles": 10, "num_kl_samples": 100, "num_prior_samples": 100}
         settings.update(overrides)
         return cls(**settings)
@@ -228,8 +214,8 @@ class KNNElbo(ELBO):
         """``estimate(*args, **kwargs)``, passing on each kind of warning once per ELBO.
 
         The estimators' sample-quality warnings (``stats.knn``: high dimension, support) hold
-        measured shares that change every step; at one message per step a fit of 50,000 steps
-        would print 50,000 of them. Warnings differing only in their numbers are one kind.
+        measured shares that change every step; warnings differing only in their numbers are one
+        kind.
         """
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -339,10 +325,8 @@ class FunctionalKNNElbo(KNNElbo):
     **Keep** ``num_kl_samples == num_prior_samples`` **(the default)**. Eq. 4 multiplies the mean
     log-distance ratio by the ambient dimension ``d = T*O``, but function values of a network with
     ``P`` weights fill at most a ``P``-dimensional manifold of R^d, and often ``T*O > P``. On a
-    ``d'``-dimensional manifold the nearest-neighbour distances scale like ``n^{-1/d'}``, so with
-    ``n`` guide and ``m`` prior samples the estimate is off by about
-    ``(d/d' - 1) ln((n-1)/m)``: zero for ``m = n - 1``, ``-11`` nats for ``d = 50``, ``d' = 3``,
-    ``n = 500``, ``m = 1000``.
+    ``d'``-dimensional manifold the estimate is off by about ``(d/d' - 1) ln((n-1)/m)``, zero for
+    ``m = n - 1`` (example figures: docs/design-notes.md, 'infer.elbos.knn').
     """
 
     def __init__(

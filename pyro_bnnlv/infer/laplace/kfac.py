@@ -34,10 +34,8 @@ terms, spatial homogeneity factorises the rest) give ``H_l ~ G_l (x) A_l`` with
 i.e. ``N E[a a^T] (x) E[B^T Lambda B]``, the normalisation of Ritter, Botev & Barber (2018,
 ICLR, sec. 3) and of laplace-torch (Daxberger et al. 2021, arXiv:2106.14806). The block is exact
 for one data point and ``T = 1``, and for a model linear in the layer with a Gaussian likelihood.
-Two differences from laplace-torch: (i) it keeps the bias in a Kronecker block of its own, where
-here the bias is the appended input 1 (Martens & Grosse, sec. 3; Ritter et al.); (ii) for a
-convolution BackPACK's ``G`` is ``sum_n (sum_t B_t)^T Lambda_n (sum_t B_t)``, about ``T`` times
-KFC's ``G`` above; for ``nn.Linear`` layers the two agree.
+Two differences from laplace-torch (docs/design-notes.md, 'infer.laplace.kfac'): the bias is the
+appended input 1, not a Kronecker block of its own, and a convolution's ``G`` is KFC's.
 
 The posterior (prior precision ``p``, factor ``delta``, noise ``sigma``). On a layer's block the
 prior precision must factor as ``diag(d_out) (x) diag(d_in)`` (one value per output unit times
@@ -172,9 +170,7 @@ def kfac_layers(net: FlatNet) -> list[KronLayer]:
     return layers
 
 
-# ----------------------------------------------------------------------------------------------
-# per-layer inputs and output Jacobians
-# ----------------------------------------------------------------------------------------------
+# -- per-layer inputs and output Jacobians -----------------------------------------------------
 def _augment(a: Tensor, bias: bool) -> Tensor:
     """``a (N, in, T)`` with a row of ones appended when the layer has a bias."""
     return torch.cat([a, torch.ones_like(a[:, :1])], 1) if bias else a
@@ -289,9 +285,7 @@ def kfac_factors(
     return [(a / N, g) for a, g in zip(A, G)], torch.cat(fs)
 
 
-# ----------------------------------------------------------------------------------------------
-# prior and eigenbasis
-# ----------------------------------------------------------------------------------------------
+# -- prior and eigenbasis ----------------------------------------------------------------------
 def prior_factors(p: Tensor, layers: list[KronLayer]) -> list[tuple[Tensor, Tensor]]:
     """``[(d_out, d_in)]`` with ``p[layer.index] = outer(d_out, d_in)`` (module docstring);
     ``ValueError`` naming the layer when a block's prior precision does not factor so."""

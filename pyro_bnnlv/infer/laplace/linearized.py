@@ -29,9 +29,8 @@ Curvature structures (``structure=``):
   every other weight fixed at ``w*``; memory ``O(K^2)`` with ``K = L (H_last + 1)``, independent of
   the rest of the network. ``f`` is linear in these weights, so the linearisation is exact and
   the Laplace posterior is Bayesian linear regression on the last hidden layer's features
-  (the "BLR" of App. B). Its error bars grow only as far as the MAP's features let them, so it
-  stays narrow in a gap between clusters of data (``docs/bench/laplace_last_layer_gap.py``): for
-  in-between uncertainty use ``"full"`` or ``"kfac"``.
+  (App. B's "BLR"); it stays narrow in a gap between clusters of data (docs/design-notes.md,
+  'infer.laplace.linearized').
 * ``"kfac"``: per layer (``nn.Linear`` / ``nn.Conv2d`` of a ModuleNet) a Kronecker product
   ``G_l (x) A_l`` of an output-side and an input-side factor (K-FAC; KFC for convolutions),
   layers independent: memory ``O(sum_l out_l^2 + in_l^2)``; the normalisation, the prior and the
@@ -76,14 +75,10 @@ fan-in-scaled prior keeps its shape) and the noise ``sigma``, chosen by
   log-likelihood on validation data (the protocol of the paper's App. D, which grid-searched
   ``omega`` on a 10% validation split).
 
-Both reuse one eigendecomposition of ``diag(p_0)^{-1/2} G diag(p_0)^{-1/2}`` (``G`` the Gram matrix
-``sum_n J_n^T J_n``), so every candidate ``(delta, sigma)`` costs ``O(P)`` (marglik) or
-``O(N_valid L P)`` (validation) rather than a new factorisation.
-
-Numerics: curvature and predictive are computed in ``dtype`` (``float64`` by default); the
-Cholesky factor of ``H`` is taken with ``torch.linalg.cholesky_ex``, and if that fails a jitter
-``10^k * 1e-10 * mean(diag H)`` (``k = 0, 1, ...``) is added to the diagonal until it succeeds; the
-jitter used is kept in :attr:`LinearizedLaplace.jitter` and reported with a ``RuntimeWarning``.
+Both reuse one eigendecomposition of ``diag(p_0)^{-1/2} G diag(p_0)^{-1/2}`` (``G = sum_n J_n^T
+J_n``), so a candidate ``(delta, sigma)`` costs ``O(P)`` (marglik) or ``O(N_valid L P)``.
+Computation in ``dtype`` (float64 default); a failed Cholesky of ``H`` is retried with a jitter
+``10^k * 1e-10 * mean(diag H)``, kept in :attr:`LinearizedLaplace.jitter` (``RuntimeWarning``).
 """
 
 from __future__ import annotations
@@ -97,7 +92,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..._checks import ArgumentTypeError, check_int
+from ..._checks import POSITIVE_NUMBERS, as_number_tensor, check_int
 from ..._mlp_kernels import mlp_jacobian
 from . import kfac as _kfac
 from .guide import LaplaceGuide
@@ -116,9 +111,7 @@ _DENSE_LIMIT = 8192  # kfac: the largest P for which posterior_precision / _cova
 _LOG2PI = math.log(2 * math.pi)
 
 
-# ----------------------------------------------------------------------------------------------
-# Jacobians
-# ----------------------------------------------------------------------------------------------
+# -- Jacobians ---------------------------------------------------------------------------------
 def last_layer_indices(net: FlatNet) -> Tensor:
     """Indices in the flat ``w`` of the last layer's weights and biases (a
     :class:`~pyro_bnnlv.nets.ModuleNet`'s: of the submodule owning its last parameter)."""
@@ -199,9 +192,7 @@ def network_jacobian(
     return _func_jacobian(net, x, w, indices)
 
 
-# ----------------------------------------------------------------------------------------------
-# the Gaussian predictive
-# ----------------------------------------------------------------------------------------------
+# -- the Gaussian predictive -------------------------------------------------------------------
 @dataclass
 class LaplacePredictive:
     """Linearised-Laplace predictive ``N(mean, f_cov + noise_var I)`` at ``N`` inputs.
@@ -239,9 +230,7 @@ class LaplacePredictive:
         return torch.distributions.MultivariateNormal(self.mean, self.cov).log_prob(y)
 
 
-# ----------------------------------------------------------------------------------------------
-# the Laplace approximation
-# ----------------------------------------------------------------------------------------------
+# -- the Laplace approximation -----------------------------------------------------------------
 def _model_dtype(model: Any) -> torch.dtype:
     """The model's floating dtype (that of its prior scale buffer; ``model.double()`` changes it)."""
     scale = torch.as_tensor(model.prior_scale)
@@ -251,15 +240,7 @@ def _model_dtype(model: Any) -> torch.dtype:
 def _as_tensor(value: Any, name: str, dtype: torch.dtype) -> Tensor:
     """``value`` as a detached ``dtype`` tensor; strings, bools and other non-numbers are refused
     naming ``name``."""
-    if isinstance(value, (bool, str, bytes)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise ArgumentTypeError(f"{name} must be a positive number (or a tensor of them), got {value!r}")
-    try:
-        return torch.as_tensor(value, dtype=dtype).detach().clone()
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ArgumentTypeError(
-            f"{name} must be a positive number (or a tensor of them), got {value!r} "
-            f"of type {type(value).__name__} ({err})"
-        ) from None
+    return as_number_tensor(value, name, dtype, POSITIVE_NUMBERS).detach().clone()
 
 
 def _as_vector(value: Any, P: int, name: str, dtype: torch.dtype) -> Tensor:
@@ -631,9 +612,8 @@ class LinearizedLaplace:
         * ``link_approx="mc"`` (default): the average of ``num_samples`` draws of the logits'
           Gaussian (``seed`` seeds them; default seed 0), consistent as ``num_samples`` grows;
         * ``link_approx="probit"``: ``softmax(f_k / sqrt(1 + pi/8 Var f_k))`` per point (MacKay
-          1992; laplace-torch's default). For a softmax it shrinks each logit by its own variance
-          and ignores their correlation, pulling every probability towards ``1/K`` where the data
-          fix only the logits' differences.
+          1992; laplace-torch's default), which pulls every probability towards ``1/K``
+          (docs/design-notes.md, 'infer.laplace.linearized').
         """
         if not self.classification:
             raise ValueError(
@@ -904,11 +884,8 @@ class LinearizedLaplace:
         """Sampled Laplace: ``q(w) = N(w*, Sigma)`` as a Pyro guide on ``"w"``.
 
         Expect a much wider predictive than the linearised one (:meth:`predictive`): ``Sigma`` is the
-        posterior of the *linearised* network, and its draws pushed through the non-linear network
-        land where the network is far from its linearisation (Immer, Korzepa & Bauer 2021,
-        arXiv:2008.08400, sec. 1 and 3: sampled Laplace underfits; Foong et al. 2019's SL columns;
-        ``docs/bench/laplace_sampled_vs_linearised.py``). Use the linearised predictive unless you
-        need weight samples.
+        posterior of the *linearised* network (Immer, Korzepa & Bauer 2021, arXiv:2008.08400,
+        sec. 1 and 3; docs/design-notes.md, 'infer.laplace.linearized').
 
         The guide is a :class:`~pyro_bnnlv.infer.laplace.guide.LaplaceGuide` in ``dtype`` (default: the
         model's, so the guide's draws fit a ``model.double()``)."""

@@ -7,8 +7,8 @@ the compiled core returns the same 17 values in the same order.
 
 * ``kernel="pyro"`` of :func:`~pyro_bnnlv.infer.mcmc.nuts.run_nuts`: Pyro's stock
   ``NUTS(potential_fn=...)``. Its tree building works on dicts of tensors with 0-dim tensor
-  arithmetic and a ``pyro.sample`` per tree merge; on the 1x50 BNN that costs many times the
-  potential's own cost per leapfrog step, on top of it (``pyro-bnnlv bench nuts``).
+  arithmetic and a ``pyro.sample`` per tree merge (its cost: docs/design-notes.md,
+  'infer.mcmc.kernel').
 * ``kernel="flat"`` (default): :class:`FlatNUTS`, a subclass of Pyro's ``NUTS`` that runs the
   *same* algorithm -- multinomial NUTS with Pyro's tree recursion, generalised U-turn criterion,
   divergence threshold, the same random draws in the same order, and Pyro's own step-size and

@@ -4,9 +4,9 @@ Pyro's ``MCMC`` runs ``num_chains`` chains in worker processes when there are mo
 chains (``num_chains <= cpu_count - 1``), with the platform's default start method: ``fork`` on
 Linux. A forked child inherits the parent's torch thread pools in whatever state the parent left
 them; after the parent has run parallel torch work (``run_nuts``'s MAP initialisation does), the
-child's first backward pass can wait forever on a pool that no longer exists (measured: a BNN+LV
-on the traced path, 2 chains, hung in ``HMC.setup``'s gradient in 2 runs of 2; PyTorch issues
-#3966 and #2245, Pyro #2276). And Pyro's parent waits for its chains' results without looking at
+child's first backward pass can wait forever on a pool that no longer exists (PyTorch issues
+#3966 and #2245, Pyro #2276; the measured hang: docs/design-notes.md, 'infer.mcmc.processes').
+And Pyro's parent waits for its chains' results without looking at
 the processes, so a child that dies (killed, or failing before it can report) hangs it too.
 
 * :func:`chain_start_method` makes ``"spawn"`` the default: each chain starts a fresh
@@ -42,8 +42,7 @@ def chain_start_method(mp_context: str | None, kernel: Any, model: Callable[...,
     and the model's module must be importable by the child (not an interactive session's
     ``__main__``: a notebook, ``python -c``). ``None`` (the default): ``"spawn"`` when that holds;
     ``"fork"`` for a kernel that cannot be pickled but runs the compiled C++ potential (its
-    gradient needs no parallel torch work in the child: 3 of 3 runs finished where the Python
-    potential hung 2 of 2); otherwise an error, as no start method is both possible and safe.
+    gradient needs no parallel torch work in the child); otherwise an error, as no start method is both possible and safe.
     """
     methods = multiprocessing.get_all_start_methods()
     if mp_context is not None and mp_context not in methods:

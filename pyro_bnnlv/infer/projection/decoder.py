@@ -48,12 +48,9 @@ median pairwise distance ``h`` between candidates. The features are the standard
 training inputs (``space="function"``: ``phi(w) = f_w(x_{1:T})``), which does not see the
 permutation copies of a solution that MAP restarts produce.
 
-Why the prediction term is on prior draws: ``-pred`` is, up to the factor ``N``, the expected
-log-likelihood of stage 3's ELBO at ``q(z) = p(z)``; raising it drives every region of
-``p(z)`` to decode to weights that fit, and shrinks the regions that decode to bad weights
-between modes, which is what lets a mean-field ``q(z)`` spread over several modes. The
-distribution-matching term is what stops it from sending every draw to the single best mode
-(the failure of eq. 6 at ``beta = 1``, README).
+The prediction term is on prior draws so that every region of ``p(z)`` decodes to weights that
+fit; the distribution-matching term stops it from sending every draw to the single best mode
+(docs/design-notes.md, 'infer.projection.decoder').
 """
 
 from __future__ import annotations
@@ -77,16 +74,12 @@ __all__ = [
 #: the generative decoder objectives of :func:`~pyro_bnnlv.infer.projection.fit.fit_projection`
 GENERATIVE_OBJECTIVES = ("vae", "mmd")
 
-#: the prediction weight ``beta`` per objective when none is given: eq. 6 at 1 (its reading in
-#: :mod:`~pyro_bnnlv.infer.projection.fit`); the generative objectives at the value chosen on the
-#: four-mode toy (``reproduce proj-four-modes``: the MMD's ``q(z) q(phi)`` covered two modes at
-#: 0.01, one at 0.03 and 0.003; the VAE stayed in one mode at 0.01 to 0.1)
+#: the prediction weight ``beta`` per objective when none is given: eq. 6 at 1; the generative
+#: objectives at the value chosen on the four-mode toy (docs/design-notes.md, 'infer.projection.decoder')
 DEFAULT_BETA = {"autoencoder": 1.0, "vae": 0.1, "mmd": 0.01}
 
-#: the decoder stage's Adam steps and learning rate per objective when none are given: eq. 6 at
-#: this library's earlier values; the generative objectives at the budget their ``beta`` was
-#: calibrated with (2,000 steps at 0.01: how far Adam carries the decoder along the balance
-#: ``beta`` sets is part of the calibration; issue 43)
+#: the decoder stage's Adam steps and learning rate per objective when none are given: the budget
+#: each ``beta`` was calibrated with (docs/design-notes.md, 'infer.projection.decoder')
 DEFAULT_NUM_STEPS = {"autoencoder": 3000, "vae": 2000, "mmd": 2000}
 DEFAULT_LR = {"autoencoder": 0.005, "vae": 0.01, "mmd": 0.01}
 

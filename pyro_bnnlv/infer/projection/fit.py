@@ -14,11 +14,9 @@ Three stages, each callable on its own, and :func:`fit_projected_bnn` running al
    mean starts at ``phi*``, ``log sigma_phi ~ N(-9, 0.1)`` (footnote 4), ``q(z)`` at random
    (after eq. 6) or at ``p(z)`` (after a generative decoder; ``z_init``).
 
-**Our reading of eq. 6.** As printed, eq. 6 squares ``||w - h(w)||^2 + gamma`` and *adds* the
-training log-likelihood to a loss that is minimised -- which would reward reconstructions that
-predict badly. The text says what is meant: ``gamma ~ N(0, 1)`` is "additional input noise"
-(App. A: "additional input noise with variance 1 for robustness", a denoising autoencoder) and
-the second term "encourages projections that map into weights that yield high log likelihood".
+**Our reading of eq. 6.** As printed, eq. 6 would reward reconstructions that predict badly; we
+read ``gamma ~ N(0, 1)`` as input noise of a denoising autoencoder (App. A) and the second term as
+rewarding high log-likelihood (docs/design-notes.md, 'infer.projection.fit').
 We minimise
 
 .. math::
@@ -30,14 +28,10 @@ We minimise
 with ``u_r = (w_r - m) / s`` the candidates standardised by their mean ``m`` and standard
 deviation ``s``, ``\hat u_r = (\hat w_r - m) / s``, ``gamma_r ~ N(0, input_noise^2 I)`` drawn
 afresh each step, and both terms averaged (per weight, per data point) so ``beta`` is
-scale-free. On the standardised scale "variance 1" means "as large as the candidates' spread",
-and Adam's steps have the same size for every weight; the decoder is trained there,
-``\hat u = g_\psi(z)``, and ``phi`` folds ``(m, s)`` into its last layer,
-``g_phi(z) = m + s * g_psi(z)``, so the model's decoder outputs raw weights.
-
-After training (eq. 6 only), the decoder's first (affine) layer is re-parametrised so that the candidates'
-codes have mean 0 and standard deviation ``sigma_z`` per coordinate: the same function ``g``,
-but the codes of good weights now sit where the prior ``p(z)`` and a random ``q(z)`` put mass.
+scale-free; the decoder is trained on the standardised scale, ``\hat u = g_\psi(z)``, and
+``g_phi(z) = m + s * g_psi(z)`` folds ``(m, s)`` into its last layer. After training (eq. 6
+only) the first affine layer is re-parametrised so that the candidates' codes have mean 0 and
+sd ``sigma_z`` per coordinate (the same function ``g``, codes where ``p(z)`` puts mass).
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ Curvature structures (``structure=``):
   every other weight fixed at ``w*``; memory ``O(K^2)`` with ``K = L (H_last + 1)``, independent of
   the rest of the network. ``f`` is linear in these weights, so the linearisation is exact and
   the Laplace posterior is Bayesian linear regression on the last hidden layer's features
-  (App. B's "BLR"); it stays narrow in a gap between clusters of data (docs/design-notes.md,
-  'infer.laplace.linearized').
+  (App. B's "BLR"); it stays narrow in a gap between clusters of data: for in-between
+  uncertainty use ``"full"`` or ``"kfac"`` (docs/design-notes.md, 'infer.laplace.linearized').
 * ``"kfac"``: per layer (``nn.Linear`` / ``nn.Conv2d`` of a ModuleNet) a Kronecker product
   ``G_l (x) A_l`` of an output-side and an input-side factor (K-FAC; KFC for convolutions),
   layers independent: memory ``O(sum_l out_l^2 + in_l^2)``; the normalisation, the prior and the

@@ -101,15 +101,31 @@ def test_task_id_is_the_hash_of_its_canonical_key_and_ignores_grid_order():
     "kwargs, match",
     [
         (dict(dataset="", method="m"), "Task.dataset must be a non-empty str"),
-        (dict(dataset="d", method="m", seed=-1), "Task.seed must be a non-negative int"),
-        (dict(dataset="d", method="m", split=1.5), "Task.split must be a non-negative int"),
+        (dict(dataset="d", method="m", seed=-1), "Task.seed must be an integer >= 0"),
+        (dict(dataset="d", method="m", restart=True), "Task.restart must be an integer >= 0"),
+        (
+            dict(dataset="d", method="m", split=1.5),
+            r"Task.split must be an integer >= 0, got 1.5 \(or a non-empty str label\)",
+        ),
+        (dict(dataset="d", method="m", split="1"), None),
         (dict(dataset="d", method="m", grid={"seed": 1}), "grid names must be unique and differ"),
         (dict(dataset="d", method="m", grid={"lr": float("nan")}), "must be finite"),
     ],
 )
 def test_task_rejects_bad_keys(kwargs, match):
+    if match is None:  # accepted
+        Task(**kwargs)
+        return
     with pytest.raises(ValueError, match=match):
         Task(**kwargs)
+
+
+def test_task_takes_numpy_integers_as_fit_svi_does():
+    """split, restart and seed accept NumPy integers (as fit_svi's seed does) and store them as
+    int: the same task and id as with Python ints."""
+    a = Task("d", "m", np.int64(2), {"lr": 0.1}, restart=np.int32(1), seed=np.uint32(7))
+    b = Task("d", "m", 2, {"lr": 0.1}, restart=1, seed=7)
+    assert a == b and a.id == b.id and type(a.seed) is int and type(a.split) is int
 
 
 def test_task_rejects_non_scalar_grid_values():

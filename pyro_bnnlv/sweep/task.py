@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
+from .._checks import check_int
+
 __all__ = [
     "KEY_FIELDS",
     "Task",
@@ -70,11 +72,6 @@ def _check_scalar(value: Any, name: str) -> Scalar:
     )
 
 
-def _check_int(value: Any, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"Task.{name} must be a non-negative int, got {value!r}")
-
-
 @dataclass(frozen=True)
 class Task:
     """The key of one fit: ``Task("boston", split=3, method="MFVI", grid={"lr": 0.01}, seed=3)``.
@@ -98,13 +95,14 @@ class Task:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"Task.{name} must be a non-empty str, got {value!r}")
-        split = self.split
-        if not (isinstance(split, str) and split) and (
-            not isinstance(split, int) or isinstance(split, bool) or split < 0
-        ):
-            raise ValueError(f"Task.split must be a non-negative int or a non-empty str label, got {split!r}")
-        _check_int(self.restart, "restart")
-        _check_int(self.seed, "seed")
+        # integers as fit_svi takes them (NumPy's too), stored as int: the same task, the same id
+        if not (isinstance(self.split, str) and self.split):
+            try:
+                object.__setattr__(self, "split", check_int(self.split, "Task.split", minimum=0))
+            except ValueError as err:  # ArgumentTypeError included
+                raise ValueError(f"{err} (or a non-empty str label)") from None
+        for name in ("restart", "seed"):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"Task.{name}", minimum=0))
         grid = self.grid
         pairs = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
         items = []

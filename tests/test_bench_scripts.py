@@ -92,3 +92,5 @@ def test_ncai_family_heavy_tails_prints_both_fits_and_the_buckets(monkeypatch, c
     for method in script.METHODS:
         assert f"{method}: valid LL" in text
     assert text.count("|y - mean| in quantiles") == 4 and "5% most extreme points" in text
+    assert text.count("test LL with z* from the latent means") == 2 and "worst 1% of test points" in text
+    assert "excess kurtosis" in text and "skewness" in text

@@ -63,14 +63,15 @@ def aggregate_test_ll(fit, data, cfg: CompareConfig, mu: torch.Tensor) -> torch.
     s = sample_posterior(model, fit.guide, data.x_train, data.y_train, num_samples=cfg.num_samples, seed=cfg.seed)
     w, gen = s["w"], torch.Generator().manual_seed(cfg.seed)
     scale = torch.as_tensor(model.noise_scale).detach()
-    out = []
+    out, S, chunk = [], w.shape[0], 8
     with torch.no_grad():
-        for n in range(data.x_test.shape[0]):
-            z = mu[torch.randint(mu.shape[0], (w.shape[0], M), generator=gen)]  # (S, M, K)
-            x = data.x_test[n].expand(M, -1)
-            loc = model.net(model.network_input(x.expand(w.shape[0], M, -1), z), w)  # (S, M, L)
-            loc = loc.reshape(-1, 1, loc.shape[-1])
-            out.append(mixture_log_density(data.y_test[n].reshape(1, 1), loc, scale))
+        for start in range(0, data.x_test.shape[0], chunk):
+            x = data.x_test[start : start + chunk]  # (n, D)
+            n = x.shape[0]
+            z = mu[torch.randint(mu.shape[0], (S, M * n), generator=gen)]  # (S, M * n, K): rows m * n + i
+            loc = model.net(model.network_input(x.repeat(M, 1), z), w)  # (S, M * n, L)
+            loc = loc.reshape(S * M, n, loc.shape[-1])
+            out.append(mixture_log_density(data.y_test[start : start + n].reshape(-1, 1), loc, scale))
     return torch.cat(out)
 
 

@@ -86,7 +86,7 @@ def test_ncai_family_heavy_tails_prints_both_fits_and_the_buckets(monkeypatch, c
     import sys
 
     script = _load("ncai_family_heavy_tails")
-    monkeypatch.setattr(sys, "argv", ["x", "--problem", "19", "--restart", "0", "--steps", "10"])
+    monkeypatch.setattr(sys, "argv", ["x", "--problem", "19", "--restart", "0", "--steps", "10", "--num-samples", "20"])
     script.main()
     text = capsys.readouterr().out
     for method in script.METHODS:

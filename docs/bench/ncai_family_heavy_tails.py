@@ -1,6 +1,6 @@
 """Where NCAI_0 loses to mean-field VI on a heavy-tailed family problem (issue 37).
 
-    python docs/bench/ncai_family_heavy_tails.py [--problem 14] [--restart 1] [--steps 3000]
+    python docs/bench/ncai_family_heavy_tails.py [--problem 14] [--restart 1] [--steps 3000] [--num-samples 500]
 
 Refits BNN+LV MFVI and NCAI_0 (mean-field VI from NCAI's initialisation) on one problem of the
 family benchmark (:func:`pyro_bnnlv.reproduce.ncai_compare.compare_tasks`, ``compare``'s default
@@ -80,9 +80,11 @@ def main() -> None:
     p.add_argument("--problem", type=int, default=14)
     p.add_argument("--restart", type=int, default=1)
     p.add_argument("--steps", type=int, default=None, help="SVI steps (default: compare's, as the store)")
+    p.add_argument("--num-samples", type=int, default=None, help="weight samples (default: compare's, 500)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    cfg = CompareConfig(**({} if args.steps is None else {"steps": args.steps, "map_steps": args.steps}))
+    options = {} if args.steps is None else {"steps": args.steps, "map_steps": args.steps}
+    cfg = CompareConfig(**options, **({} if args.num_samples is None else {"num_samples": args.num_samples}))
     data = load_dataset(FAMILY[args.problem].name)
     tasks = {t.method: t for t in compare_tasks(data.name, cfg) if t.restart == args.restart}
     z = torch.randn(1_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

@@ -724,7 +724,13 @@ class StatisticsWorker {
  public:
   static StatisticsWorker& get() {
     static std::once_flag registered;
-    std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }); });
+    std::call_once(registered, [] {
+      pthread_atfork(nullptr, nullptr, [] {  // the child: a fresh lock (the parent's may be held) and no worker
+        creating() = new std::mutex();
+        instance() = nullptr;
+      });
+    });
+    std::lock_guard<std::mutex> lock(*creating());  // callers on several threads create one worker
     StatisticsWorker*& w = instance();
     if (w == nullptr) w = new StatisticsWorker();  // never freed: no destructor races the thread at exit
     return *w;
@@ -759,6 +765,11 @@ class StatisticsWorker {
   static StatisticsWorker*& instance() {
     static StatisticsWorker* w = nullptr;
     return w;
+  }
+
+  static std::mutex*& creating() {
+    static std::mutex* m = new std::mutex();  // never freed, like the worker
+    return m;
   }
 
   void loop() {

@@ -37,8 +37,8 @@ def _compare(loss, kwargs):
     fused_calls = []
     original = loss._fused_objective
 
-    def counted(*args):
-        out = original(*args)
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
         fused_calls.append(out is not None)
         return out
 

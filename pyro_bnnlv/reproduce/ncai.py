@@ -20,13 +20,14 @@ Both stages are sweeps (:mod:`pyro_bnnlv.sweep`) with a store per data set and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from pathlib import Path
 from unittest.mock import patch
@@ -277,16 +278,23 @@ def _bench_pair(kind: str, data: Any, seed: int) -> tuple[BNNLV, AutoNormal, NCA
     return model, guide, loss
 
 
-def _ncai_step_ms(kind: str, data: Any, steps: int, seed: int) -> float:
-    """Median ms per ``fit_svi`` step on heavy-tail's BNN+LV (1x50 LeakyReLU), full batch."""
-    model, guide, loss = _bench_pair(kind, data, seed)
-    # "ncai-torch": the statistics on their pure-torch path, as without a C++ compiler;
-    # "ncai-after": computed after the ELBO, as with one inter-op thread
+@contextlib.contextmanager
+def _kind_settings(kind: str) -> Iterator[None]:
+    """The settings a bench ``kind`` runs under: ``"ncai-torch"``, the statistics on their
+    pure-torch path, as without a C++ compiler; ``"ncai-after"``, computed after the ELBO, as with
+    one inter-op thread; the others, as they are."""
     interop = 1 if kind == "ncai-after" else torch.get_num_interop_threads()
     with (
         patch.dict(os.environ, {"PYRO_BNNLV_COMPILED": "0"} if kind == "ncai-torch" else {}),
         patch.object(torch, "get_num_interop_threads", return_value=interop),
     ):
+        yield
+
+
+def _ncai_step_ms(kind: str, data: Any, steps: int, seed: int) -> float:
+    """Median ms per ``fit_svi`` step on heavy-tail's BNN+LV (1x50 LeakyReLU), full batch."""
+    model, guide, loss = _bench_pair(kind, data, seed)
+    with _kind_settings(kind):
         return fit_step_ms(model, guide, data.x_train, data.y_train, steps, loss=loss, seed=seed)
 
 
@@ -312,8 +320,7 @@ def _ncai_beside_mfvi_ms(data: Any, steps: int, seed: int, kind: str = "ncai-fus
     ``"ncai-after"``) and the MFVI step (:func:`_mfvi_step`) alternated in blocks of steps
     (:func:`~pyro_bnnlv.reproduce.timing.fit_step_ms_beside`): ``(ncai, mfvi)`` ms."""
     model, guide, loss = _bench_pair(kind, data, seed)
-    interop = 1 if kind == "ncai-after" else torch.get_num_interop_threads()
-    with patch.object(torch, "get_num_interop_threads", return_value=interop):
+    with _kind_settings(kind):
         return fit_step_ms_beside(
             _mfvi_step(data, seed), model, guide, data.x_train, data.y_train, steps, loss=loss, seed=seed
         )

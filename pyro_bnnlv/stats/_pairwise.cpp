@@ -807,8 +807,8 @@ void ncai_statistics_discard(int64_t handle) {
   if (result.valid()) result.wait();
 }
 
-// the started statistics as the outputs of an autograd node on x and mu (the tensors the copies
-// were taken from): the gradients flags are those of the start
+// the started statistics as the outputs of an autograd node on x and mu (the tensors they were
+// started on, or others holding the same values): the gradient flags are those of the start
 class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsCollectFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,

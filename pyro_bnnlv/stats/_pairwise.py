@@ -396,6 +396,11 @@ def ncai_statistics_unchecked(
     )
 
 
+def _rows_like(x: Tensor, mu: Tensor) -> Tensor:
+    """``x`` as the kernels read it beside ``mu``: ``(n, d)`` rows in ``mu``'s dtype."""
+    return x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
+
+
 class StartedStatistics:
     """The three statistics of :func:`ncai_statistics_unchecked` computing on another thread
     (:func:`start_ncai_statistics`). :meth:`collect` waits for them and returns them as that
@@ -429,8 +434,7 @@ class StartedStatistics:
                 f"the statistics were started without the gradients now needed (grads={self._grads}, "
                 f"x and mu requiring one: {tuple(wanted)}): start them with grads={tuple(wanted)}"
             )
-        x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
-        return _operator("ncai_statistics_collect")(x2, mu, handle, self._hz_divisor)
+        return _operator("ncai_statistics_collect")(_rows_like(x, mu), mu, handle, self._hz_divisor)
 
     def __del__(self) -> None:
         if self._handle is not None:
@@ -450,8 +454,7 @@ def start_ncai_statistics(
     module = _use_compiled(None, x, mu)
     if module is None:
         return None
-    x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
-    return StartedStatistics(module, x2.detach(), mu.detach(), grads, mu.shape[0] if hz_per_point else 1)
+    return StartedStatistics(module, _rows_like(x, mu).detach(), mu.detach(), grads, mu.shape[0] if hz_per_point else 1)
 
 
 def _kernel_statistics(
@@ -460,7 +463,7 @@ def _kernel_statistics(
     """The compiled operator's call on checked inputs (``mu`` ``(n, k)``): HZ divided by
     ``hz_divisor``, the off-diagonal norm and nHSIC."""
     n, k = mu.shape
-    x2 = x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
+    x2 = _rows_like(x, mu)
     if isinstance(n, int) and isinstance(k, int):
         beta2 = _beta2_tensor(n, k)
     else:  # sizes traced as tensors

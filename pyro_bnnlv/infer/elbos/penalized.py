@@ -158,14 +158,23 @@ class PenalizedElbo(Trace_ELBO):
         self._term_names = tuple(terms)
         return (loss, surrogate, *(value / n for value in terms.values()))
 
-    def _fused_objective(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
+    def _fused_objective(
+        self, model, guide, args, kwargs, differentiate: bool = False
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
         """``(elbo_loss, elbo_surrogate, terms)`` of a fused step, or ``None`` if this call is
-        not one (the fuser has not recognised the pair, or the call needs Pyro's traces)."""
+        not one (the fuser has not recognised the pair, or the call needs Pyro's traces).
+        ``differentiate``: the ELBO is differentiated before the terms are computed (statistics
+        started on another thread by :meth:`fused_batch_drawn` then run beside its backward pass
+        too)."""
+        if self._fuser is None:
+            return None
         pair = self._fuser._pair(model, guide, args, kwargs)
         if pair is None:
             return None
         on_batch = functools.partial(self.fused_batch_drawn, model, args)
         loss = self._fuser._fused_loss(pair, model, guide, *args, on_batch=on_batch, **kwargs)
+        if differentiate and loss.requires_grad:  # the graph is kept: the terms may share its nodes
+            loss.backward(retain_graph=True)
         params, batches = self._fuser.last_batch
         terms = self.fused_penalty_terms(model, args, params, batches)
         self._term_names = tuple(terms)
@@ -174,10 +183,11 @@ class PenalizedElbo(Trace_ELBO):
     def elbo_and_terms(self, model, guide, *args, **kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """``(elbo_loss, elbo_surrogate, terms)`` before weighting; fused (``fused=True``) for a
         recognised pair, else traced: compiled when ``jit=True``."""
-        if self._fuser is not None:
-            fused = self._fused_objective(model, guide, args, kwargs)
-            if fused is not None:
-                return fused
+        fused = self._fused_objective(model, guide, args, kwargs)
+        return fused if fused is not None else self._traced_terms(model, guide, args, kwargs)
+
+    def _traced_terms(self, model, guide, args: tuple, kwargs: dict) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """:meth:`elbo_and_terms` of a step that is not fused (from Pyro's traces)."""
         out = self._traced_objective(model, guide, args, kwargs)
         if self._fuser is not None:
             self._fuser._register(model, guide)  # from the next step on, fused if it is a known pair
@@ -219,7 +229,13 @@ class PenalizedElbo(Trace_ELBO):
 
     def _weighed(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
         """``(loss, surrogate, elbo_loss, terms, penalty)`` with the penalty weighed eagerly."""
-        elbo_loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
+        return self._weigh_objective(self.elbo_and_terms(model, guide, *args, **kwargs), args, kwargs)
+
+    def _weigh_objective(
+        self, objective: tuple[Tensor, Tensor, dict[str, Tensor]], args: tuple, kwargs: dict
+    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
+        """:meth:`_weighed` of an ``(elbo_loss, elbo_surrogate, terms)`` already computed."""
+        elbo_loss, surrogate, terms = objective
         pen = self.weigh(terms, args, kwargs)
         total = elbo_loss + pen
         # a fused step's surrogate is its loss (no score-function terms): one sum serves both
@@ -233,38 +249,16 @@ class PenalizedElbo(Trace_ELBO):
         return loss.detach() + (surrogate - surrogate.detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        fused = self._fused_loss_and_grads(model, guide, args, kwargs)
-        if fused is not None:
-            return self._record(*fused)
-        total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
-        if surrogate.requires_grad:
-            surrogate.backward(retain_graph=self.retain_graph)
+        # a fused step differentiates its ELBO first, then the penalty (their gradients add up),
+        # so that statistics started on another thread when the step's rows were drawn
+        # (fused_batch_drawn) are collected after the ELBO's forward and backward pass
+        fused = self._fused_objective(model, guide, args, kwargs, differentiate=True)
+        objective = fused if fused is not None else self._traced_terms(model, guide, args, kwargs)
+        total, surrogate, elbo_loss, terms, pen = self._weigh_objective(objective, args, kwargs)
+        rest = surrogate if fused is None else pen  # what is left to differentiate
+        if isinstance(rest, Tensor) and rest.requires_grad:
+            rest.backward(retain_graph=self.retain_graph)
         return self._record(total, elbo_loss, terms, pen)
-
-    def _fused_loss_and_grads(
-        self, model, guide, args: tuple, kwargs: dict
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor | float] | None:
-        """A fused training step, or ``None`` if this call is not one (as :meth:`_fused_objective`):
-        the ELBO is differentiated first, then the penalty (their gradients add up), so that
-        statistics started on another thread when the step's rows were drawn
-        (:meth:`fused_batch_drawn`) are collected after the ELBO's forward **and** backward pass.
-        Returns ``(total, elbo_loss, terms, penalty)``."""
-        if self._fuser is None:
-            return None
-        pair = self._fuser._pair(model, guide, args, kwargs)
-        if pair is None:
-            return None
-        on_batch = functools.partial(self.fused_batch_drawn, model, args)
-        elbo_loss = self._fuser._fused_loss(pair, model, guide, *args, on_batch=on_batch, **kwargs)
-        if elbo_loss.requires_grad:  # the graph is kept: the penalty may share its parameters' nodes
-            elbo_loss.backward(retain_graph=True)
-        params, batches = self._fuser.last_batch
-        terms = self.fused_penalty_terms(model, args, params, batches)
-        self._term_names = tuple(terms)
-        pen = self.weigh(terms, args, kwargs)
-        if isinstance(pen, Tensor) and pen.requires_grad:
-            pen.backward(retain_graph=self.retain_graph)
-        return elbo_loss + pen, elbo_loss, terms, pen
 
     def _record(self, total: Tensor, elbo_loss: Tensor, terms: dict[str, Tensor], pen: Tensor | float) -> float:
         """Appends a training step's row to :attr:`history`; returns the step's loss."""

@@ -86,6 +86,24 @@ class FlatNet(nn.Module):
     def init_weights(self, generator: torch.Generator | None = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def values_per_point(self) -> int:
+        """The most numbers one weight sample's forward holds per input point at once (its widest
+        layer), for sizing :meth:`forward_in_blocks`; here the inputs or the outputs."""
+        return max(self.in_features, self.out_features)
+
+    def forward_in_blocks(self, x: Tensor, w: Tensor, max_values: int = 2**18) -> Tensor:
+        """``self(x, w)`` for ``w (S, P)`` and ``x (N, D)`` or ``(S, N, D)``, evaluated over blocks
+        of the ``S`` weight samples whose widest layer holds at most about ``max_values`` numbers
+        (1 MiB in float32: a predictive over many samples and points is bound by memory traffic,
+        and a block's activations then stay in the CPU's cache). Every sample's function is
+        computed alone, so the values are those of ``self(x, w)``."""
+        S = w.shape[0]
+        block = max(1, max_values // max(1, x.shape[-2] * self.values_per_point()))
+        if w.dim() != 2 or block >= S:
+            return self(x, w)
+        batched = x.dim() == 3
+        return torch.cat([self(x[i : i + block] if batched else x, w[i : i + block]) for i in range(0, S, block)])
+
     def check_input(self, x: Tensor, name: str = "x") -> None:
         """Raise ``ValueError`` unless ``x`` is a finite ``(..., N, in_features)`` tensor."""
         if not isinstance(x, Tensor):
@@ -184,6 +202,10 @@ class MLP(FlatNet):
             f"{self.in_features} -> {list(self.hidden_sizes)} -> {self.out_features}, "
             f"activation={self.activation}, num_weights={self.num_weights}"
         )
+
+    def values_per_point(self) -> int:
+        """The widest layer (inputs, hidden or outputs)."""
+        return max(self.in_features, *self.hidden_sizes, self.out_features)
 
     def unflatten(self, w: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Split ``w`` of shape ``(*B, P)`` into ``[(W_l (*B, fan_out, fan_in), b_l (*B, fan_out))]``."""

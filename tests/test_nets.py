@@ -24,6 +24,20 @@ def test_batched_forward_equals_loop_over_samples(activation):
         torch.testing.assert_close(batched[s], net(x, w[s]))
 
 
+@pytest.mark.parametrize("batched_x", [False, True])
+@pytest.mark.parametrize("net", [MLP(2, [50], 1, activation="leaky_relu"), MLP(3, [7, 5], 2)], ids=["lv", "deep"])
+def test_forward_in_blocks_gives_the_forward_bit_for_bit(net, batched_x):
+    # blocks of 3 weight samples (the last one of 2) give exactly the values of one batched forward
+    g = torch.Generator().manual_seed(3)
+    S, N = 11, 4
+    x = torch.randn(S, N, net.in_features, generator=g) if batched_x else torch.randn(N, net.in_features, generator=g)
+    w = torch.randn(S, net.num_weights, generator=g)
+    assert net.values_per_point() == max(net.in_features, *net.hidden_sizes, net.out_features)
+    blocked = net.forward_in_blocks(x, w, max_values=3 * N * net.values_per_point())
+    assert torch.equal(blocked, net(x, w))
+    assert torch.equal(net.forward_in_blocks(x, w, max_values=1), net(x, w))  # one sample per block
+
+
 def test_forward_matches_torch_sequential_with_same_weights():
     net = MLP(3, [6], 2, activation="tanh")
     seq = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2))

@@ -260,9 +260,10 @@ class BNN(PyroModule):
         ``samples["w"]`` is ``(S, P)``; used by :func:`pyro_bnnlv.evaluate`.
         """
         self._check_dtype(x)
+        f = self.net.forward_in_blocks(*as_tensor_args(x, samples["w"], self.prior_loc.dtype))  # self.f's values
         if self.likelihood.classification:
-            return self.f(x, samples["w"]), None
-        return self.f(x, samples["w"]), torch.as_tensor(self.noise_scale).detach()
+            return f, None
+        return f, torch.as_tensor(self.noise_scale).detach()
 
     def _plate_f(self, x: Tensor, w: Tensor) -> Tensor:
         """``f`` for a ``w`` sampled inside the model, aligned with the data plate at dim -1.

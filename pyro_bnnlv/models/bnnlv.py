@@ -136,7 +136,7 @@ class BNNLV(BNN):
         z = torch.special.ndtri(u.clamp(tiny, 1.0 - tiny)) * self.latent_scale
         # the M draws ride along the data axis (no copies of the weights): (S, M * N, D + K)
         xm = x.unsqueeze(0).expand(M, *x.shape).reshape(M * N, x.shape[-1])
-        loc = self.net(self.network_input(xm, z.reshape(S, M * N, K)), w)  # (S, M * N, L)
+        loc = self.net.forward_in_blocks(self.network_input(xm, z.reshape(S, M * N, K)), w)  # (S, M * N, L)
         return loc.reshape(S * M, N, loc.shape[-1]), scale
 
     def reconstruction_components(self, x: Tensor, samples: dict[str, Tensor]) -> Tensor:

@@ -56,7 +56,8 @@ __all__ = [
 def mixture_log_density(y: Tensor, loc: Tensor, scale: Tensor | float) -> Tensor:
     """``log (1/S) sum_s N(y_n; loc[s, n], scale^2 I_L)`` per point: ``y (N, L)``, ``loc (S, N, L)`` -> ``(N,)``."""
     scale = torch.as_tensor(scale, dtype=loc.dtype)
-    comp = torch.distributions.Normal(loc, scale).log_prob(y).sum(-1)  # (S, N)
+    # log N(y; loc, scale^2) = -((y - loc) / scale)^2 / 2 - log scale - log(2 pi) / 2, summed over L
+    comp = ((y - loc) / scale).square_().mul_(-0.5).sub_(scale.log() + 0.5 * math.log(2 * math.pi)).sum(-1)  # (S, N)
     return torch.logsumexp(comp, dim=0) - math.log(loc.shape[0])
 
 
@@ -170,6 +171,14 @@ def predictive_metrics(
     the original scale (``y * std + mean``) before every metric. ``intervals=False`` skips PICP
     and MPIW (NaN): their quantiles are the costly part with many mixture components.
     """
+    metrics = _metrics(y, loc, scale, level=level, y_mean=y_mean, y_std=y_std, intervals=intervals)
+    return pd.Series(metrics, name="metrics")
+
+
+def _metrics(
+    y: Tensor, loc: Tensor, scale: Tensor | float, *, level: float, y_mean: Any, y_std: Any, intervals: bool
+) -> dict[str, float]:
+    """:func:`predictive_metrics` as a dict (what :func:`evaluate` adds up over its chunks)."""
     if loc.dim() != 3:
         raise ValueError(f"loc must have shape (S, N, L); got {tuple(loc.shape)}")
     check_level(level)
@@ -193,15 +202,12 @@ def predictive_metrics(
         lower, upper = (bound.to(loc.dtype) for bound in mixture_interval(loc, scale, level))
         picp = ((y >= lower) & (y <= upper)).to(loc.dtype).mean().item()
         mpiw = (upper - lower).mean().item()
-    return pd.Series(
-        {
-            "test_ll": ll.mean().item(),
-            "rmse": (y - pred_mean).square().mean().sqrt().item(),
-            "picp": picp,
-            "mpiw": mpiw,
-        },
-        name="metrics",
-    )
+    return {
+        "test_ll": ll.mean().item(),
+        "rmse": (y - pred_mean).square().mean().sqrt().item(),
+        "picp": picp,
+        "mpiw": mpiw,
+    }
 
 
 def _is_dataset(obj: Any) -> bool:
@@ -402,11 +408,11 @@ def _regression_evaluate(
     for rows, loc, scale in predictive_chunks(
         model, samples, x, latent_draws=latent_draws, seed=seed, outputs=y.reshape(N, -1).shape[1]
     ):
-        part = predictive_metrics(y[rows], loc, scale, level=level, y_mean=y_mean, y_std=y_std, intervals=intervals)
+        part = _metrics(y[rows], loc, scale, level=level, y_mean=y_mean, y_std=y_std, intervals=intervals)
         n = rows.stop - rows.start
         for key in ("test_ll", "picp", "mpiw"):
-            totals[key] += n * float(part[key])
-        totals["rmse"] += n * float(part["rmse"]) ** 2
+            totals[key] += n * part[key]
+        totals["rmse"] += n * part["rmse"] ** 2
     totals = {k: v / N for k, v in totals.items()}
     totals["rmse"] = math.sqrt(totals["rmse"])
     return pd.Series(totals, name="metrics")
@@ -465,12 +471,9 @@ def predictive_chunks(
 
 def _widest_layer(model: Any, outputs: int) -> int:
     """The most values per point and component the model's network holds at once (its widest
-    layer, or the outputs), for sizing evaluate's chunks."""
-    layers = getattr(getattr(model, "net", None), "layers", None)
-    try:
-        return max([outputs, *(int(layer[1]) for layer in layers)])
-    except (TypeError, ValueError, IndexError):
-        return outputs
+    layer, :meth:`~pyro_bnnlv.nets.FlatNet.values_per_point`, or the outputs), for sizing evaluate's chunks."""
+    values = getattr(getattr(model, "net", None), "values_per_point", None)
+    return max(outputs, int(values())) if callable(values) else outputs
 
 
 def _latent_draws_option(model: Any, latent_draws: int | None) -> dict[str, int]:

@@ -144,7 +144,7 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
             return
         print(
             f"pyro_bnnlv: building the {what} from {source.name} with {toolchain()} (once per "
-            "machine, source and compiler; about 1-2 minutes; `pyro-bnnlv build` does it ahead of time)",
+            "machine, source and compiler; about a minute; `pyro-bnnlv build` does it ahead of time)",
             file=sys.stderr,
             flush=True,
         )

@@ -332,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
     bu = sub.add_parser(
         "build",
         help="build the C++ kernels (NUTS core, NCAI pairwise statistics) now, "
-        "not on first use (once per machine, source and compiler; 1-2 minutes)",
+        "not on first use (once per machine, source and compiler; about a minute)",
     )
     bu.set_defaults(func=_cmd_build)
 

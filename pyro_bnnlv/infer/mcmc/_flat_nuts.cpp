@@ -26,7 +26,11 @@
 // A tree on an MLPPotential runs without the GIL, so several chains (one thread each, each with
 // its own MLPPotential.clone() and generator) advance in parallel; a tree calling a Python
 // potential back holds the GIL.
-#include <torch/extension.h>
+// ATen and torch's pybind11 casters: what
+// <torch/extension.h> offers minus the C++ frontend (torch/all.h), a third of the build time
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>

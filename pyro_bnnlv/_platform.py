@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 import os
 import platform
 import sys
 
-__all__ = ["is_glibc", "retain_freed_memory", "usable_cores"]
+__all__ = ["is_glibc", "retain_freed_memory", "skip_collection_at_exit", "usable_cores"]
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -52,3 +54,20 @@ def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
+_exit_hook_registered = False
+
+
+def skip_collection_at_exit() -> None:
+    """At interpreter exit, move every object to the collector's permanent generation
+    (``gc.freeze()``, an ``atexit`` hook run before the interpreter tears its modules down), so the
+    collections of the shutdown skip the objects torch and its modules hold, most of such a
+    process's exit (docs/design-notes.md, '_platform'). Objects in unreachable cycles
+    are then not finalised at exit, so only for our own processes, whose files and stores are
+    closed explicitly: ``pyro-bnnlv``'s ``main`` and the sweep's local workers, not ``import
+    pyro_bnnlv``. Registered once per process."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(gc.freeze)
+        _exit_hook_registered = True

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 
-from ._platform import retain_freed_memory
+from ._platform import retain_freed_memory, skip_collection_at_exit
 from ._compiled import compiled_enabled, nuts_extension
 from .reproduce.bench import BENCHMARKS
 from .stats._pairwise import pairwise_extension
@@ -435,6 +435,7 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     retain_freed_memory()  # a step's large tensors stay in the heap (bench allocator)
+    skip_collection_at_exit()  # exit without collecting torch's objects
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ConnectionError, SweepLockedError) as err:

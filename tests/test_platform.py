@@ -47,8 +47,10 @@ def freed_memory_per_step(steps: int = 10) -> tuple[float, float]:
 
 
 def faults_task(task: Task) -> dict:
+    from pyro_bnnlv import _platform
+
     handed_back_mb, faults = freed_memory_per_step()
-    return {"handed_back_mb": handed_back_mb, "faults": faults}
+    return {"handed_back_mb": handed_back_mb, "faults": faults, "exit_hook": _platform._exit_hook_registered}
 
 
 #: arm "static": glibc's default thresholds (128 KiB each), set explicitly, which also switches off
@@ -115,3 +117,20 @@ def test_sweep_workers_retain_freed_memory(tmp_path, executor, request):
     )
     assert table["status"].tolist() == ["done"], table
     assert table["handed_back_mb"].iloc[0] < 1 and table["faults"].iloc[0] < 100, table.iloc[0].to_dict()
+    # the local workers are ours and exit without collecting; Ray's workers are left as Ray runs them
+    assert bool(table["exit_hook"].iloc[0]) is (executor == "local")
+
+
+def test_skip_collection_at_exit_freezes_the_objects_before_the_teardown_once():
+    code = (
+        "import atexit, gc\n"
+        "from pyro_bnnlv._platform import skip_collection_at_exit\n"
+        "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count() > 0))\n"
+        "n = atexit._ncallbacks()\n"
+        "skip_collection_at_exit()\n"
+        "skip_collection_at_exit()\n"
+        "print('hooks added', atexit._ncallbacks() - n, 'frozen before exit', gc.get_freeze_count() > 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    # atexit runs its hooks last-registered first: the freeze, then the check
+    assert out[:2] == ["hooks added 1 frozen before exit False", "frozen at exit True"], out

@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 from typing import Any
 
-from .._platform import retain_freed_memory, usable_cores
+from .._platform import retain_freed_memory, skip_collection_at_exit, usable_cores
 from .store import TABLE_FIELDS
 from .task import KEY_FIELDS, Task
 
@@ -165,12 +165,14 @@ class InlineExecutor:
 def _init_worker(driver_pid: int, started: Any) -> None:
     """Pool-worker initializer: count this worker as started (past importing the main script: a
     pool that breaks with ``started`` still 0 died in start-up, not in a task), keep freed memory in
-    the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, faster steps)
+    the heap (:func:`~pyro_bnnlv._platform.retain_freed_memory`: the same numbers, faster steps),
+    exit without collecting torch's objects (:func:`~pyro_bnnlv._platform.skip_collection_at_exit`)
     and end this worker when the driver is gone
     (:func:`_exit_with_driver`)."""
     with started.get_lock():
         started.value += 1
     retain_freed_memory()
+    skip_collection_at_exit()
     _exit_with_driver(driver_pid)
 
 

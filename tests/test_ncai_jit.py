@@ -201,3 +201,15 @@ def test_compiled_objective_reads_the_models_current_buffers(heavy_tail, kind):
     model.latent_scale.fill_(0.5)  # and one changed in place
     c, d = both()
     assert c == pytest.approx(d, rel=1e-6) and abs(c - a) > 1.0
+
+
+@pytest.mark.slow  # a benchmark's smoke run (`pytest -m slow`)
+def test_bench_ncai_times_every_contender_and_the_alternated_ratio():
+    from pyro_bnnlv.reproduce.ncai import ncai_bench
+
+    table = ncai_bench(steps=30, rounds=1)
+    assert len(table) == 11 and table["ms_per_step"].gt(0).all(), table
+    # the one-thread kind patches torch's inter-op count for its own fits only
+    from unittest import mock
+
+    assert not isinstance(torch.get_num_interop_threads, mock.Mock)

@@ -173,13 +173,13 @@ def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, optio
     round's rows before computing the ELBO and collects them after: the same history and
     parameters, to the bit, as computing them afterwards (one inter-op thread)."""
     collected = {"n": 0}
-    collect = StartedStatistics.collect
+    collect = StartedStatistics.collect_weighted  # collect's too (one round's rows: weighted at once)
 
     def counted(self, *args):
         collected["n"] += 1
         return collect(self, *args)
 
-    monkeypatch.setattr(StartedStatistics, "collect", counted)
+    monkeypatch.setattr(StartedStatistics, "collect_weighted", counted)
     x, y = _data()
     out = []
     for threads in (2, 1):

@@ -268,6 +268,40 @@ def test_statistics_started_on_another_thread_equal_the_synchronous_call(dtype, 
 
 
 @pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.parametrize(
+    "coeffs, scales",
+    [
+        ((300.0, 3000.0, 300.0), (0.01, 0.0, 0.5)),  # every term, HZ's and nHSIC's exponentials
+        ((0.0, 30.0, 12.5), (0.01, 0.0, 0.002)),  # HZ left out; nHSIC past the exponent's cap of 30
+        ((0.0, 0.0, 0.0), (0.01, 0.0, 0.5)),  # none: a zero penalty
+    ],
+)
+def test_statistics_collected_with_their_weighting_equal_the_two_nodes(coeffs, scales):
+    """collect_weighted's penalty is compiled_weighted_penalty of the statistics with a nonzero
+    coefficient, and the gradients of penalty plus statistics are those of the two nodes, to the bit."""
+    x, mu = _points(70, 2, 6, dtype=torch.float32)
+    w = torch.tensor([0.3, 2.0, -1.5])
+
+    def two_nodes():
+        stats = _pairwise.start_ncai_statistics(x, mu, grads=(True, True), hz_per_point=True).collect(x, mu)
+        chosen = [(c, e, t) for c, e, t in zip(coeffs, scales, stats) if c]
+        pen = _pairwise.compiled_weighted_penalty(*map(tuple, zip(*chosen))) if chosen else torch.zeros(())
+        return pen, stats
+
+    started = _pairwise.start_ncai_statistics(x, mu, grads=(True, True), hz_per_point=True)
+    pen, *stats = started.collect_weighted(x, mu, coeffs, scales)
+    pen2, stats2 = two_nodes()
+    assert [v.item() for v in (pen, *stats)] == [v.item() for v in (pen2, *stats2)]
+    for a, b in zip(
+        torch.autograd.grad(pen + w @ torch.stack(stats), (x, mu)),
+        torch.autograd.grad(pen2 + w @ torch.stack(stats2), (x, mu)),
+    ):
+        assert torch.equal(a, b)
+    if any(coeffs):
+        assert pen.item() > 0 and pen.requires_grad
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
 def test_started_statistics_refuse_a_missing_gradient_and_raise_the_workers_error():
     x, mu = _points(30, 1, 7)
     started = _pairwise.start_ncai_statistics(x, mu, grads=(False, False))

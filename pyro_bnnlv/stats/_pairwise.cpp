@@ -28,9 +28,9 @@
 //    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
 //    gradient, as autograd divides);
 //  * ncai_statistics_start(x, mu, beta2, ridge, eps, grad_x, grad_mu) -> handle and
-//    ncai_statistics_collect(handle, x, mu, hz_divisor): the same call on a worker thread,
-//    collected later as the registered operator's outputs, so that the caller computes something
-//    else meanwhile;
+//    ncai_statistics_collect(x, mu, handle, hz_divisor, coeffs, scales): the same call on a worker
+//    thread, collected later as the registered operator's outputs after their weighted penalty
+//    (as weighted_penalty computes it), so that the caller computes something else meanwhile;
 //  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 // ATen, the operator registry, autograd functions and torch's pybind11 casters: what
@@ -812,32 +812,76 @@ void ncai_statistics_discard(int64_t handle) {
   if (result.valid()) result.wait();
 }
 
+std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList terms, at::ArrayRef<double> coeffs,
+                                                               at::ArrayRef<double> scales);
+
+// NCAI's weighted penalty of the three statistics (weighted_penalty_value over those with a
+// nonzero coefficient, in their order: hz, offdiag, hsic) and the slope of each (0 if left out)
+std::tuple<double, std::vector<double>> weighted_statistics(const torch::autograd::variable_list& stats,
+                                                            at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  TORCH_CHECK(coeffs.size() == 3 && scales.size() == 3,
+              "ncai_statistics_collect: one coefficient and one scale per statistic (hz, offdiag, hsic)");
+  std::vector<Tensor> terms;
+  std::vector<double> c, e;
+  std::vector<size_t> which;
+  for (size_t k = 0; k < 3; ++k) {
+    if (coeffs[k] == 0.0) continue;
+    terms.push_back(stats[k]);
+    c.push_back(coeffs[k]);
+    e.push_back(scales[k]);
+    which.push_back(k);
+  }
+  std::vector<double> slopes(3, 0.0);
+  if (terms.empty()) return {0.0, slopes};
+  auto [value, selected] = weighted_penalty_value(terms, c, e);
+  for (size_t i = 0; i < which.size(); ++i) slopes[which[i]] = selected[i];
+  return {value, slopes};
+}
+
 // the started statistics as the outputs of an autograd node on x and mu (the tensors they were
-// started on, or others holding the same values): the gradient flags are those of the start
+// started on, or others holding the same values), after their weighted penalty (coefficients 0:
+// a zero penalty): one node where the statistics and weighted_penalty would be two, with the
+// same values and gradients (the gradient flags are those of the start)
 class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsCollectFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
-                                                const Tensor& mu, int64_t handle, double hz_divisor) {
+                                                const Tensor& mu, int64_t handle, double hz_divisor,
+                                                std::vector<double> coeffs, std::vector<double> scales) {
     std::vector<Tensor> out = take_pending(handle).get();
-    return statistics_outputs(ctx, out, out[6].numel() > 0, out[3].numel() > 0, hz_divisor);
+    auto stats = statistics_outputs(ctx, out, out[6].numel() > 0, out[3].numel() > 0, hz_divisor);
+    auto [value, slopes] = weighted_statistics(stats, coeffs, scales);
+    ctx->saved_data["slopes"] = slopes;
+    return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    return statistics_backward(ctx, g, 2);
+    // each statistic's gradient plus the penalty's through its slope, as weighted_penalty's node
+    // would pass it (g[0] * slope) to the statistics' node
+    const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
+    torch::autograd::variable_list gs = {g[1], g[2], g[3]};
+    for (size_t k = 0; k < 3; ++k)
+      if (slopes[k] != 0.0) gs[k] = gs[k] + g[0] * slopes[k];
+    return statistics_backward(ctx, gs, 4);
   }
 };
 
-std::tuple<Tensor, Tensor, Tensor> ncai_statistics_collect_autograd(const Tensor& x, const Tensor& mu, int64_t handle,
-                                                                    double hz_divisor) {
-  auto r = NcaiStatisticsCollectFn::apply(x, mu, handle, hz_divisor);
-  return {r[0], r[1], r[2]};
+std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_collect_autograd(const Tensor& x, const Tensor& mu,
+                                                                            int64_t handle, double hz_divisor,
+                                                                            at::ArrayRef<double> coeffs,
+                                                                            at::ArrayRef<double> scales) {
+  auto r = NcaiStatisticsCollectFn::apply(x, mu, handle, hz_divisor, coeffs.vec(), scales.vec());
+  return {r[0], r[1], r[2], r[3]};
 }
 
-std::tuple<Tensor, Tensor, Tensor> ncai_statistics_collect_cpu(const Tensor& x, const Tensor& mu, int64_t handle,
-                                                               double hz_divisor) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_collect_cpu(const Tensor& x, const Tensor& mu,
+                                                                       int64_t handle, double hz_divisor,
+                                                                       at::ArrayRef<double> coeffs,
+                                                                       at::ArrayRef<double> scales) {
   std::vector<Tensor> out = take_pending(handle).get();
-  return {divided(out[0], hz_divisor), out[1], out[2]};
+  torch::autograd::variable_list stats = {divided(out[0], hz_divisor), out[1], out[2]};
+  const double value = std::get<0>(weighted_statistics(stats, coeffs, scales));
+  return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
@@ -924,7 +968,9 @@ Tensor weighted_penalty_cpu(at::TensorList terms, at::ArrayRef<double> coeffs, a
 TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
   m.def("ncai_statistics(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps, float hz_divisor=1.0) -> "
         "(Tensor, Tensor, Tensor)");
-  m.def("ncai_statistics_collect(Tensor x, Tensor mu, int handle, float hz_divisor=1.0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "ncai_statistics_collect(Tensor x, Tensor mu, int handle, float hz_divisor, float[] coeffs, float[] scales) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
   m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {

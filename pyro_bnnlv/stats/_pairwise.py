@@ -417,6 +417,15 @@ class StartedStatistics:
     def collect(self, x: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The statistics, as outputs of ``x`` and ``mu``: the tensors they were started on, or
         the same values computed again (the node then sits where a synchronous call would)."""
+        return self.collect_weighted(x, mu, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))[1:]
+
+    def collect_weighted(
+        self, x: Tensor, mu: Tensor, coeffs: tuple[float, float, float], scales: tuple[float, float, float]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(penalty, hz, offdiag, hsic)``: :meth:`collect`'s statistics after NCAI's weighted
+        penalty of them, ``sum_k c_k g_k(t_k)`` over the statistics with ``c_k != 0`` (in order,
+        as :func:`compiled_weighted_penalty` computes it on those), all outputs of one autograd
+        node: the same values and gradients as the two nodes, in one."""
         if self._handle is None:
             raise RuntimeError("these statistics were collected already")
         handle, self._handle = self._handle, None
@@ -434,7 +443,8 @@ class StartedStatistics:
                 f"the statistics were started without the gradients now needed (grads={self._grads}, "
                 f"x and mu requiring one: {tuple(wanted)}): start them with grads={tuple(wanted)}"
             )
-        return _operator("ncai_statistics_collect")(_rows_like(x, mu), mu, handle, self._hz_divisor)
+        op = _operator("ncai_statistics_collect")
+        return op(_rows_like(x, mu), mu, handle, self._hz_divisor, list(coeffs), list(scales))
 
     def __del__(self) -> None:
         if self._handle is not None:

@@ -331,6 +331,7 @@ class NCAIElbo(PenalizedElbo):
         self.latent_site, self.plate_name = latent_site, plate_name
         self.hz_normalization = hz_normalization
         self._started: list[StartedStatistics] = []  # a fused step's statistics (fused_batch_drawn)
+        self._weighed_terms: tuple[dict[str, Tensor], Tensor] | None = None  # (terms, their penalty)
 
     def latent_means(self, guide_trace: Trace) -> Tensor:
         """Variational means of the batch's latents, ``(B, K)`` (:func:`guide_site_mean`)."""
@@ -372,10 +373,18 @@ class NCAIElbo(PenalizedElbo):
         (:func:`_penalties`): the data passed the model's checks when the fused step set up (and
         again whenever they change), the rows match by construction, and a non-finite mean makes
         the loss non-finite, which ``fit_svi`` reports with the step."""
-        started, self._started = self._started, []
+        started, self._started, self._weighed_terms = self._started, [], None
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
         x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
+        coeffs = self._coefficients(len(x))
+        if len(started) == len(batches) == 1 and any(coeffs):  # one node for the statistics and their weighting
+            idx = batches[0]
+            x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
+            pen, *stats = started[0].collect_weighted(x_b, mu, coeffs, (self.eps_T, 0.0, self.eps_x))
+            terms = dict(zip(("hz", "offdiag", "hsic_x"), stats))
+            self._weighed_terms = (terms, pen)  # weigh's result for these terms
+            return terms
         terms: dict[str, Tensor] = {}
         for k, idx in enumerate(batches):
             rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
@@ -419,27 +428,35 @@ class NCAIElbo(PenalizedElbo):
         """Warm-up factor of the lambdas at the current step, ``min(1, steps_taken / warmup_steps)``."""
         return 1.0 if self.warmup_steps == 0 else min(1.0, self.steps_taken / self.warmup_steps)
 
-    def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
-        """Eq. 27's penalties from the raw statistics (eager: lambdas and ramp never traced)."""
-        if not terms:
-            return 0.0
-        N = len(args[0])
+    def _coefficients(self, N: int) -> tuple[float, float, float]:
+        """Eq. 27's coefficients ``lambda_k ramp N`` of the three terms at this step (0: left out)."""
         ramp = self.ramp()
         l1, l2, l3 = (lam * ramp for lam in self.lambdas)
+        return l1 * N, l2 * N, l3 * N
+
+    def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
+        """Eq. 27's penalties from the raw statistics (eager: lambdas and ramp never traced); for
+        the terms a fused step collected with their weighting (:meth:`fused_penalty_terms`), that."""
+        if not terms:
+            return 0.0
+        weighed, self._weighed_terms = self._weighed_terms, None
+        if weighed is not None and weighed[0] is terms:
+            return weighed[1]
+        c1, c2, c3 = self._coefficients(len(args[0]))
         coeffs, scales, stats = [], [], []
-        if l1:
-            coeffs.append(l1 * N), scales.append(self.eps_T), stats.append(terms["hz"])
-        if l2:
-            coeffs.append(l2 * N), scales.append(0.0), stats.append(terms["offdiag"])
-        if l3:
+        if c1:
+            coeffs.append(c1), scales.append(self.eps_T), stats.append(terms["hz"])
+        if c2:
+            coeffs.append(c2), scales.append(0.0), stats.append(terms["offdiag"])
+        if c3:
             if self.independence == "pc":
                 exponent = terms["pc_x"] / self.eps_x + terms["pc_y"] / self.eps_y
-                coeffs.append(l3 * N), scales.append(1.0), stats.append(exponent)
+                coeffs.append(c3), scales.append(1.0), stats.append(exponent)
             else:
                 # I(x; z) >= 0: an estimate below 0 is the estimator's noise, and a slope there
                 # rewards arranging mu_z to push the estimate down (module docstring)
                 stat = terms["hsic_x"] if self.independence == "hsic" else terms["indep_x"].clamp_min(0.0)
-                coeffs.append(l3 * N), scales.append(self.eps_x), stats.append(stat)
+                coeffs.append(c3), scales.append(self.eps_x), stats.append(stat)
         if not stats:
             return 0.0
         compiled = compiled_weighted_penalty(tuple(coeffs), tuple(scales), tuple(stats))  # the same in C++

@@ -158,14 +158,11 @@ class PenalizedElbo(Trace_ELBO):
         self._term_names = tuple(terms)
         return (loss, surrogate, *(value / n for value in terms.values()))
 
-    def _fused_objective(
-        self, model, guide, args, kwargs, differentiate: bool = False
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
+    def _fused_objective(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
         """``(elbo_loss, elbo_surrogate, terms)`` of a fused step, or ``None`` if this call is
-        not one (the fuser has not recognised the pair, or the call needs Pyro's traces).
-        ``differentiate``: the ELBO is differentiated before the terms are computed (statistics
-        started on another thread by :meth:`fused_batch_drawn` then run beside its backward pass
-        too)."""
+        not one (the fuser has not recognised the pair, or the call needs Pyro's traces). Terms
+        started on another thread when the step's rows were drawn (:meth:`fused_batch_drawn`) run
+        beside the ELBO's forward pass and are collected after it."""
         if self._fuser is None:
             return None
         pair = self._fuser._pair(model, guide, args, kwargs)
@@ -173,8 +170,6 @@ class PenalizedElbo(Trace_ELBO):
             return None
         on_batch = functools.partial(self.fused_batch_drawn, model, args)
         loss = self._fuser._fused_loss(pair, model, guide, *args, on_batch=on_batch, **kwargs)
-        if differentiate and loss.requires_grad:  # the graph is kept: the terms may share its nodes
-            loss.backward(retain_graph=True)
         params, batches = self._fuser.last_batch
         terms = self.fused_penalty_terms(model, args, params, batches)
         self._term_names = tuple(terms)
@@ -229,13 +224,7 @@ class PenalizedElbo(Trace_ELBO):
 
     def _weighed(self, model, guide, args, kwargs) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
         """``(loss, surrogate, elbo_loss, terms, penalty)`` with the penalty weighed eagerly."""
-        return self._weigh_objective(self.elbo_and_terms(model, guide, *args, **kwargs), args, kwargs)
-
-    def _weigh_objective(
-        self, objective: tuple[Tensor, Tensor, dict[str, Tensor]], args: tuple, kwargs: dict
-    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor | float]:
-        """:meth:`_weighed` of an ``(elbo_loss, elbo_surrogate, terms)`` already computed."""
-        elbo_loss, surrogate, terms = objective
+        elbo_loss, surrogate, terms = self.elbo_and_terms(model, guide, *args, **kwargs)
         pen = self.weigh(terms, args, kwargs)
         total = elbo_loss + pen
         # a fused step's surrogate is its loss (no score-function terms): one sum serves both
@@ -249,15 +238,9 @@ class PenalizedElbo(Trace_ELBO):
         return loss.detach() + (surrogate - surrogate.detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        # a fused step differentiates its ELBO first, then the penalty (their gradients add up),
-        # so that statistics started on another thread when the step's rows were drawn
-        # (fused_batch_drawn) are collected after the ELBO's forward and backward pass
-        fused = self._fused_objective(model, guide, args, kwargs, differentiate=True)
-        objective = fused if fused is not None else self._traced_terms(model, guide, args, kwargs)
-        total, surrogate, elbo_loss, terms, pen = self._weigh_objective(objective, args, kwargs)
-        rest = surrogate if fused is None else pen  # what is left to differentiate
-        if isinstance(rest, Tensor) and rest.requires_grad:
-            rest.backward(retain_graph=self.retain_graph)
+        total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
+        if isinstance(surrogate, Tensor) and surrogate.requires_grad:  # one backward pass for both
+            surrogate.backward(retain_graph=self.retain_graph)
         return self._record(total, elbo_loss, terms, pen)
 
     def _record(self, total: Tensor, elbo_loss: Tensor, terms: dict[str, Tensor], pen: Tensor | float) -> float:

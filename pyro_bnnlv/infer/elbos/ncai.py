@@ -376,25 +376,27 @@ class NCAIElbo(PenalizedElbo):
         started, self._started, self._weighed_terms = self._started, [], None
         if self.lambdas == (0.0, 0.0, 0.0):
             return {}
-        x, y, loc_z = args[0], model._observed(args[1]), params["loc_z"]
+        x, loc_z = args[0], params["loc_z"]
+        collected = len(started) == len(batches)  # started by fused_batch_drawn
+        y = None if collected else model._observed(args[1])  # the compiled statistics need no y
         coeffs = self._coefficients(len(x))
-        if len(started) == len(batches) == 1 and any(coeffs):  # one node for the statistics and their weighting
-            idx = batches[0]
-            x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
-            pen, *stats = started[0].collect_weighted(x_b, mu, coeffs, (self.eps_T, 0.0, self.eps_x))
-            terms = dict(zip(("hz", "offdiag", "hsic_x"), stats))
-            self._weighed_terms = (terms, pen)  # weigh's result for these terms
-            return terms
+        weighted = collected and len(batches) == 1 and any(coeffs)  # one node for them and their weighting
         terms: dict[str, Tensor] = {}
         for k, idx in enumerate(batches):
-            rows = (x, y, loc_z) if idx is None else (x[idx], y[idx], loc_z[idx])
-            if len(started) == len(batches):  # started by fused_batch_drawn
-                stats = dict(zip(("hz", "offdiag", "hsic_x"), started[k].collect(rows[0], rows[2])))
+            x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
+            if weighted:
+                pen, *values = started[k].collect_weighted(x_b, mu, coeffs, (self.eps_T, 0.0, self.eps_x))
+                stats = dict(zip(("hz", "offdiag", "hsic_x"), values))
+                self._weighed_terms = (stats, pen)  # weigh's result for these terms
+            elif collected:
+                stats = dict(zip(("hz", "offdiag", "hsic_x"), started[k].collect(x_b, mu)))
             else:
-                stats = self._statistics(*rows, checked=False)
+                stats = self._statistics(x_b, y if idx is None else y[idx], mu, checked=False)
+            if len(batches) == 1:
+                return stats  # the weighted terms are this dict itself
             for name, value in stats.items():
                 terms[name] = value if name not in terms else terms[name] + value
-        return terms if len(batches) == 1 else {name: value / len(batches) for name, value in terms.items()}
+        return {name: value / len(batches) for name, value in terms.items()}
 
     def fused_batch_drawn(self, model, args: tuple, params: dict[str, Tensor], idx: Tensor | None) -> None:
         """Starts the ``"hsic"`` statistics of a fused step's minibatch rows on another thread

@@ -239,7 +239,7 @@ class PenalizedElbo(Trace_ELBO):
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
-        if isinstance(surrogate, Tensor) and surrogate.requires_grad:  # one backward pass for both
+        if surrogate.requires_grad:  # one backward pass for the ELBO and the penalty
             surrogate.backward(retain_graph=self.retain_graph)
         return self._record(total, elbo_loss, terms, pen)
 

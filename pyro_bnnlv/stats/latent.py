@@ -26,7 +26,7 @@ from torch import Tensor
 from ..posterior import as_sample_dict, guide_site_mean
 from .._state import isolated_param_store
 from .dependence import henze_zirkler, ks_statistic, ksg_mutual_information
-from .._figures import finish_figure
+from .._figures import finish_figure, panel_axes
 from ..protocols import LatentModel, RegressionModel
 
 __all__ = [
@@ -176,18 +176,7 @@ def plot_uncertainty_decomposition(
         sx, mx = float(data.x_std.reshape(-1)[0]), float(data.x_mean.reshape(-1)[0])
         shift = math.log(float(data.y_std))
     owned = axes is None
-    if owned:
-        import matplotlib.pyplot as plt
-
-        fig, grid = plt.subplots(
-            1, len(frames), figsize=(4.5 * len(frames), 3.5), squeeze=False, sharex=True, sharey=True
-        )
-        axes = list(grid[0])
-    else:
-        axes = list(axes) if isinstance(axes, (list, tuple)) or hasattr(axes, "__len__") else [axes]
-        if len(axes) != len(frames):
-            raise ValueError(f"axes has {len(axes)} entries for {len(frames)} frames")
-        fig = axes[0].figure
+    fig, axes = panel_axes(axes, len(frames), "frames", 4.5)
     for ax, (name, frame) in zip(axes, frames.items()):
         frame = frame.sort_values("x")
         xo = frame["x"] * sx + mx

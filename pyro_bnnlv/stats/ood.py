@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..posterior import as_sample_dict
 from .latent import knn_entropy_1d
-from .._figures import finish_figure, new_axes
+from .._figures import finish_figure, new_axes, panel_axes
 from ..protocols import LatentModel, RegressionModel
 
 __all__ = ["auroc", "epistemic_entropy", "ood_report", "plot_epistemic_histograms", "plot_ood_comparison"]
@@ -182,17 +182,7 @@ def plot_ood_comparison(
     if not reports:
         raise ValueError("reports is empty: pass {method name: ood_report(...)}")
     owned = axes is None
-    if owned:
-        import matplotlib.pyplot as plt
-
-        n = len(reports)
-        fig, grid = plt.subplots(1, n, figsize=(4.2 * n, 3.5), squeeze=False, sharex=True, sharey=True)
-        axes = list(grid[0])
-    else:
-        axes = list(axes)
-        if len(axes) != len(reports):
-            raise ValueError(f"axes has {len(axes)} entries for {len(reports)} methods")
-        fig = axes[0].figure
+    fig, axes = panel_axes(axes, len(reports), "methods", 4.2)
     bins = _bins([r.attrs["entropy"] for r in reports.values()])
     for ax, (name, frame) in zip(axes, reports.items()):
         plot_epistemic_histograms(

@@ -115,6 +115,12 @@ def _diag_prior(prior: Gaussian) -> tuple[Tensor, Tensor]:
     return mu, sigma2
 
 
+def _problem(g: Gaussian, name: str, y: Any, noise_scale: Any, X: Any) -> tuple[Tensor, ...]:
+    """``(y, loc, cov, X, sigma_y^2)``: the data and the Gaussian ``g`` (``name`` in errors), checked."""
+    y, loc, cov = _data(y), as_float64(g.loc, f"{name}.loc"), as_float64(g.cov, f"{name}.cov")
+    return y, loc, cov, _design(X, loc.shape[0], y.shape[0]), as_positive_float64(noise_scale, "noise_scale") ** 2
+
+
 def _design(X: Any, K: int, N: int) -> Tensor:
     if X is None:
         return torch.full((N, K), 1.0 / K, dtype=DTYPE)
@@ -146,10 +152,7 @@ def exact_posterior(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) ->
     and ``m_N = S_N (Sigma^{-1} mu + sum_i y_i / (K sigma_y^2) 1)``; the printed eq. 13 drops the
     ``Sigma^{-1} mu`` term (exact for ``mu = 0`` only). ``prior`` may be full-covariance here.
     """
-    y = _data(y)
-    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
-    X = _design(X, mu.shape[0], y.shape[0])
-    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
+    y, mu, Sigma, X, s2 = _problem(prior, "prior", y, noise_scale, X)
     prior_prec = torch.cholesky_inverse(torch.linalg.cholesky(Sigma))
     prec = prior_prec + X.T @ X / s2
     L = torch.linalg.cholesky(prec)
@@ -160,10 +163,7 @@ def exact_posterior(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) ->
 
 def log_evidence(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None) -> Tensor:
     """``ln p(y) = ln N(y; X mu, X Sigma X^T + sigma_y^2 I)``; equals ``ELBO(q_mix(theta_mix*))``."""
-    y = _data(y)
-    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
-    X = _design(X, mu.shape[0], y.shape[0])
-    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
+    y, mu, Sigma, X, s2 = _problem(prior, "prior", y, noise_scale, X)
     cov = X @ Sigma @ X.T + s2 * torch.eye(y.shape[0], dtype=DTYPE)
     return torch.distributions.MultivariateNormal(X @ mu, covariance_matrix=cov).log_prob(y)
 
@@ -328,10 +328,7 @@ def expected_log_likelihood(q: Gaussian, y: Any, noise_scale: Any, X: Any = None
         -\frac N2 \ln(2\pi\sigma_y^2)
         - \frac{\lVert y - X m_q \rVert^2 + \operatorname{tr}(X S_q X^T)}{2 \sigma_y^2}.
     """
-    y = _data(y)
-    loc, cov = as_float64(q.loc, "q.loc"), as_float64(q.cov, "q.cov")
-    X = _design(X, loc.shape[0], y.shape[0])
-    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
+    y, loc, cov, X, s2 = _problem(q, "q", y, noise_scale, X)
     N = y.shape[0]
     resid = y - X @ loc
     tr = ((X @ cov) * X).sum()
@@ -369,10 +366,7 @@ def data_related_bound(prior: Gaussian, y: Any, noise_scale: Any, X: Any = None)
     for the ELBO-optimal ``q`` (``ELBO(q) >= ELBO(p) = ELL(p)``), and via eq. 11 the gap
     ``KL[q_0||q_mix] <= KL[q_0||p]`` of the ``q_0`` optimum.
     """
-    y = _data(y)
-    mu, Sigma = as_float64(prior.loc, "prior.loc"), as_float64(prior.cov, "prior.cov")
-    X = _design(X, mu.shape[0], y.shape[0])
-    s2 = as_positive_float64(noise_scale, "noise_scale") ** 2
+    y, mu, Sigma, X, s2 = _problem(prior, "prior", y, noise_scale, X)
     var_f = ((X @ Sigma) * X).sum(-1)
     return ((var_f + (y - X @ mu) ** 2) / (2 * s2)).sum()
 

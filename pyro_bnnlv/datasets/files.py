@@ -120,10 +120,8 @@ def load_table(
     download: bool = True,
     mirror: str | os.PathLike | None = None,
 ) -> Dataset:
-    """LIDAR, motorcycle, airfoil or abalone with a seeded random train/valid/test split.
-
-    Missing files are downloaded on first use unless ``download=False``, from ``mirror`` (else
-    ``$PYRO_BNNLV_MIRROR``, else the public source)."""
+    """LIDAR, motorcycle, airfoil or abalone with a seeded random train/valid/test split; missing
+    files are downloaded as by :func:`load_uci`."""
     if name not in TABLES:
         raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(TABLES)}")
     rel, kind, description = TABLES[name]

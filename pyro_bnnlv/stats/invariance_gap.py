@@ -299,8 +299,7 @@ def layer_indices(net: Any, layer: int) -> Tensor:
 
 
 def first_layer_indices(net: Any) -> Tensor:
-    """``(H, D + 1)`` indices into the flat ``w`` of an :class:`~pyro_bnnlv.nets.MLP`: row ``j``
-    holds unit ``j``'s input weights ``W_1[j, :]`` and, last, its bias ``b_1[j]``."""
+    """:func:`layer_indices` of the first layer, ``(H, D + 1)``: row ``j`` is ``[W_1[j, :], b_1[j]]``."""
     return layer_indices(net, 0)
 
 

@@ -54,7 +54,6 @@ __all__ = [
 ]
 
 ENV = "PYRO_BNNLV_COMPILED"
-_FLAGS = ("-O3", "-fopenmp-simd", "-fno-trapping-math")
 _MARKER = "BUILT"
 _log = logging.getLogger("pyro_bnnlv")
 _built: dict[str, ModuleType | None] = {}
@@ -85,6 +84,17 @@ def toolchain() -> str:
     return f"{path} ({version})"
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags of both builds. With GCC, ``-fopenmp``: the kernels' ``at::parallel_for``
+    then runs on torch's intra-op pool (its GNU OpenMP runtime, which the kernels' symbols resolve
+    to through libtorch: no second runtime is linked); with another compiler, ``-fopenmp-simd``,
+    and ``at::parallel_for`` runs its chunks one after another on the caller's thread (the same
+    numbers: each chunk's computation is the same)."""
+    name = toolchain().lower()
+    gcc = "clang" not in name and ("g++" in name or "gcc" in name)
+    return ("-O3", "-fopenmp" if gcc else "-fopenmp-simd", "-fno-trapping-math")
+
+
 def build_directory(prefix: str, source: Path) -> Path:
     """Where ``source`` is built as the extension ``prefix`` for this torch, Python and
     compiler (see the module docstring)."""
@@ -92,7 +102,7 @@ def build_directory(prefix: str, source: Path) -> Path:
 
     key = hashlib.sha256(
         b"\0".join(
-            [Path(source).read_bytes(), _versioned(prefix).encode(), toolchain().encode(), " ".join(_FLAGS).encode()]
+            [Path(source).read_bytes(), _versioned(prefix).encode(), toolchain().encode(), " ".join(flags()).encode()]
         )
     ).hexdigest()[:12]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
@@ -113,7 +123,7 @@ def _compile(name: str, source: Path, directory: Path) -> None:
     code = (
         "import sys; from torch.utils.cpp_extension import load; "
         "load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3], "
-        f"extra_cflags={list(_FLAGS)!r}, verbose=False)"
+        f"extra_cflags={list(flags())!r}, verbose=False)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, name, str(source), str(directory)], env=env, capture_output=True, text=True
@@ -154,7 +164,7 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)  # no marker: nobody loaded it
         scratch.mkdir(parents=True)
         _compile(name, source, scratch)
-        (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(_FLAGS)}\n")
+        (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(flags())}\n")
         os.rename(scratch, directory)
         print(
             f"pyro_bnnlv: {what} built in {time.perf_counter() - t0:.0f} s ({directory})", file=sys.stderr, flush=True

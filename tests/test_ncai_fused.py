@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import pyro_bnnlv as pb
+from pyro_bnnlv.infer.elbos import ncai as ncai_module
 from pyro_bnnlv.infer.elbos.ncai import NCAIElbo
 from pyro_bnnlv.infer.elbos.penalized import PenalizedElbo
 from pyro_bnnlv.stats._pairwise import StartedStatistics, pairwise_extension
@@ -158,6 +159,16 @@ def test_options_that_cannot_fuse():
     assert not NCAIElbo(latent_site="h").fused  # other site names: traced
 
 
+@pytest.fixture
+def two_intra_op_threads():
+    """torch's intra-op pool at two threads for the test (the kernels' HZ and HSIC then run side
+    by side), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(pairwise_extension() is None, reason="no C++ compiler")
 @pytest.mark.parametrize(
     "options, kwargs",
@@ -168,10 +179,11 @@ def test_options_that_cannot_fuse():
         ({"num_particles": 4, "vectorize_particles": True}, {}),
     ],
 )
-def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, options, kwargs):
-    """With more than one inter-op thread a fused step starts the "hsic" statistics of each
-    round's rows before computing the ELBO and collects them after: the same history and
-    parameters, to the bit, as computing them afterwards (one inter-op thread)."""
+def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, two_intra_op_threads, options, kwargs):
+    """With a core free of torch's intra-op pool a fused step starts the "hsic" statistics of
+    each round's rows before computing the ELBO and collects them after: the same history and
+    parameters, to the bit, as computing them afterwards (no free core: HZ and HSIC side by side
+    on the pool, here with two intra-op threads)."""
     collected = {"n": 0}
     collect = StartedStatistics.collect_weighted  # collect's too (one round's rows: weighted at once)
 
@@ -182,8 +194,8 @@ def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, optio
     monkeypatch.setattr(StartedStatistics, "collect_weighted", counted)
     x, y = _data()
     out = []
-    for threads in (2, 1):
-        monkeypatch.setattr(torch, "get_num_interop_threads", lambda: threads)
+    for free in (True, False):
+        monkeypatch.setattr(ncai_module, "_core_beside_the_pool", lambda: free)
         collected["n"] = 0
         model, guide = _pair()
         loss = NCAIElbo(**MODERATE, **options)

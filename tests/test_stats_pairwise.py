@@ -277,8 +277,9 @@ def test_statistics_started_on_another_thread_equal_the_synchronous_call(dtype, 
     ],
 )
 def test_statistics_collected_with_their_weighting_equal_the_two_nodes(coeffs, scales):
-    """collect_weighted's penalty is compiled_weighted_penalty of the statistics with a nonzero
-    coefficient, and the gradients of penalty plus statistics are those of the two nodes, to the bit."""
+    """collect_weighted's penalty, and weighted_ncai_statistics' (the same node computed on the
+    calling thread), is compiled_weighted_penalty of the statistics with a nonzero coefficient,
+    and the gradients of penalty plus statistics are those of the two nodes, to the bit."""
     x, mu = _points(70, 2, 6, dtype=torch.float32)
     w = torch.tensor([0.3, 2.0, -1.5])
 
@@ -289,16 +290,20 @@ def test_statistics_collected_with_their_weighting_equal_the_two_nodes(coeffs, s
         return pen, stats
 
     started = _pairwise.start_ncai_statistics(x, mu, grads=(True, True), hz_per_point=True)
-    pen, *stats = started.collect_weighted(x, mu, coeffs, scales)
     pen2, stats2 = two_nodes()
-    assert [v.item() for v in (pen, *stats)] == [v.item() for v in (pen2, *stats2)]
-    for a, b in zip(
-        torch.autograd.grad(pen + w @ torch.stack(stats), (x, mu)),
-        torch.autograd.grad(pen2 + w @ torch.stack(stats2), (x, mu)),
+    grads2 = torch.autograd.grad(pen2 + w @ torch.stack(stats2), (x, mu))
+    for pen, *stats in (
+        started.collect_weighted(x, mu, coeffs, scales),
+        _pairwise.weighted_ncai_statistics(x, mu, coeffs, scales, hz_per_point=True),  # computed now
     ):
-        assert torch.equal(a, b)
-    if any(coeffs):
-        assert pen.item() > 0 and pen.requires_grad
+        assert [v.item() for v in (pen, *stats)] == [v.item() for v in (pen2, *stats2)]
+        for a, b in zip(torch.autograd.grad(pen + w @ torch.stack(stats), (x, mu)), grads2):
+            assert torch.equal(a, b)
+        if any(coeffs):
+            assert pen.item() > 0 and pen.requires_grad
+    with torch.no_grad():  # the operator's kernel without autograd: the same values
+        out = _pairwise.weighted_ncai_statistics(x, mu, coeffs, scales, hz_per_point=True)
+    assert [v.item() for v in out] == [v.item() for v in (pen2, *stats2)]
 
 
 @pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
@@ -349,3 +354,62 @@ def test_a_forked_child_starts_its_own_statistics_worker():
         assert queue.get(timeout=60) == expected
     finally:
         child.join(timeout=60)
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grads", [(True, True), (False, True), (False, False)])
+def test_hz_and_hsic_side_by_side_on_the_pool_equal_one_after_the_other(dtype, grads):
+    """ncai_statistics with parallel=True (HZ and the off-diagonal norm on one thread of torch's
+    intra-op pool, HSIC on another; here two threads) gives the serial call's seven outputs to the
+    bit, and so does the registered operator with its gradients, with the pool at one thread too."""
+    module = pairwise_extension()
+    x, mu = _points(90, 2, 3, dtype=dtype)
+    x, mu = x.detach(), mu.detach()
+    beta2 = _pairwise._beta2_tensor(*mu.shape)
+    before = torch.get_num_threads()
+    try:
+        outputs = []
+        for threads, parallel in ((2, True), (2, False), (1, True)):
+            torch.set_num_threads(threads)
+            outputs.append(module.ncai_statistics(x, mu, beta2, 1e-12, 1e-12, *grads, parallel=parallel))
+            xs, ms = x.clone().requires_grad_(grads[0]), mu.clone().requires_grad_(grads[1])
+            stats = _pairwise.ncai_statistics_unchecked(xs, ms, hz_per_point=True)
+            wanted = [t for t in (xs, ms) if t.requires_grad]
+            outputs[-1] += [*stats, *(torch.autograd.grad(sum(stats), wanted) if wanted else ())]
+    finally:
+        torch.set_num_threads(before)
+    reference = outputs[1]
+    assert len(reference) >= 10
+    for other in (outputs[0], outputs[2]):
+        assert all(torch.equal(a, b) for a, b in zip(other, reference))
+
+
+def test_a_worker_thread_is_started_only_beside_a_pool_short_of_the_cpus(monkeypatch):
+    """NCAI's fused step starts its statistics on another thread only where one gets a core:
+    more than one inter-op thread and fewer intra-op threads than the process's CPUs."""
+    from pyro_bnnlv.infer.elbos import ncai
+
+    for interop, intraop, cpus, free in ((4, 2, 2, False), (4, 1, 2, True), (1, 1, 2, False), (8, 4, 16, True)):
+        monkeypatch.setattr(torch, "get_num_interop_threads", lambda: interop)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: intraop)
+        monkeypatch.setattr(ncai, "_cpus", lambda: cpus)
+        assert ncai._core_beside_the_pool() is free, (interop, intraop, cpus)
+    monkeypatch.undo()
+    assert ncai._cpus() >= 1
+
+
+def test_openmp_only_with_gcc(monkeypatch):
+    """The builds use -fopenmp with GCC (torch's GNU OpenMP runs the kernels' parallel_for) and
+    -fopenmp-simd with any other compiler (the parallel_for chunks run one after another)."""
+    from pyro_bnnlv import _compiled
+
+    for line, flag in (
+        ("/usr/bin/x86_64-linux-gnu-g++-12 (x86_64-linux-gnu-g++-12 (Debian 12.2.0-14) 12.2.0)", "-fopenmp"),
+        ("/usr/bin/g++ (g++ (GCC) 13.2.1 20231205)", "-fopenmp"),
+        ("/usr/bin/clang++-15 (Debian clang version 15.0.6)", "-fopenmp-simd"),
+        ("/usr/bin/c++ (Apple clang version 15.0.0 (clang-1500.1.0.2.5))", "-fopenmp-simd"),
+        ("icpx (?)", "-fopenmp-simd"),
+    ):
+        monkeypatch.setattr(_compiled, "toolchain", lambda: line)
+        assert flag in _compiled.flags() and "-O3" in _compiled.flags(), line

@@ -10,7 +10,8 @@
 // inputs, see exp_packed; the triangle is then stored as float32, each exponent rounded once
 // from its double value, and read back into double sums). Inner loops run over j with
 // contiguous operands (coordinates stored transposed) so that they vectorise; `omp simd
-// reduction` lets the compiler reorder those sums (build flag -fopenmp-simd), nothing else.
+// reduction` lets the compiler reorder those sums (build flag -fopenmp, or -fopenmp-simd where
+// the compiler is not GCC: see _compiled.flags), nothing else in a loop.
 //
 // Hot loops are compiled for AVX2 and the baseline (GCC target_clones, chosen at load time).
 //
@@ -24,9 +25,11 @@
 //        V = <Kc, Lc> / sqrt((|Kc|^2 + eps)(|Lc|^2 + eps)),
 //        dV/dL = Kc / sqrt(P) - V Lc / (|Lc|^2 + eps)  (symmetric; likewise dV/dK), and
 //        dV/db_i = -4 gamma_b sum_j (dV/dL)_ij L_ij (b_i - b_j);
-//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu): the three above in one call (the
-//    registered operator also takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its
-//    gradient, as autograd divides);
+//  * ncai_statistics(x, mu, beta2, ridge, eps, grad_x, grad_mu, parallel=True): the three above in
+//    one call, HZ and HSIC side by side on torch's intra-op pool (the registered operator also
+//    takes hz_divisor: HZ / hz_divisor, NCAI's per-point HZ, with its gradient, as autograd
+//    divides); the operator ncai_statistics_weighted(x, mu, beta2, ridge, eps, hz_divisor, coeffs,
+//    scales) adds their weighted penalty as ncai_statistics_collect does, in one node;
 //  * ncai_statistics_start(x, mu, beta2, ridge, eps, grad_x, grad_mu) -> handle and
 //    ncai_statistics_collect(x, mu, handle, hz_divisor, coeffs, scales): the same call on a worker
 //    thread, collected later as the registered operator's outputs after their weighted penalty
@@ -36,6 +39,8 @@
 // ATen, the operator registry, autograd functions and torch's pybind11 casters: what
 // <torch/extension.h> offers minus the C++ frontend (torch/all.h), a third of the build time
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
@@ -632,12 +637,30 @@ std::tuple<Tensor, Tensor> offdiag_cov_norm(const Tensor& x, bool want_grad) {
 // The three NCAI statistics of one batch in one call: Henze-Zirkler of mu, the off-diagonal
 // covariance norm of mu and the normalised HSIC of (x, mu), with their gradients (empty tensors
 // where not requested): (hz, offdiag, hsic, d hz/d mu, d offdiag/d mu, d hsic/d mu, d hsic/d x).
-std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Tensor& beta2,
-                                    double ridge, double eps, bool grad_x, bool grad_mu) {
-  auto [hz, ghz] = henze_zirkler(mu, beta2, ridge, grad_mu);
-  auto [off, goff] = offdiag_cov_norm(mu, grad_mu);
-  auto [hsic, gx, gmu] = centred_alignment(x, mu, eps, grad_x, grad_mu);
-  return {hz, off, hsic, ghz, goff, gmu, gx};
+std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge,
+                                    double eps, bool grad_x, bool grad_mu, bool parallel) {
+  std::tuple<Tensor, Tensor> hz, off;
+  std::tuple<Tensor, Tensor, Tensor> hsic;
+  const auto part = [&](int64_t k) {
+    if (k == 0) {
+      hz = henze_zirkler(mu, beta2, ridge, grad_mu);
+      off = offdiag_cov_norm(mu, grad_mu);
+    } else {
+      hsic = centred_alignment(x, mu, eps, grad_x, grad_mu);
+    }
+  };
+  if (parallel && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+    const at::ThreadLocalState state;
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      at::ThreadLocalStateGuard guard(state);
+      for (int64_t k = begin; k < end; ++k) part(k);
+    });
+  } else {
+    part(0);
+    part(1);
+  }
+  return {std::get<0>(hz), std::get<0>(off), std::get<0>(hsic), std::get<1>(hz),
+          std::get<1>(off), std::get<2>(hsic), std::get<1>(hsic)};
 }
 
 // t / divisor as ATen divides a tensor by a Python number (HZ per point; 1: t itself)
@@ -709,7 +732,7 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
                                                 const Tensor& beta2, double ridge, double eps,
                                                 double hz_divisor) {
     const bool gx = x.requires_grad(), gmu = mu.requires_grad();
-    return statistics_outputs(ctx, ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu), gx, gmu, hz_divisor);
+    return statistics_outputs(ctx, ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu, true), gx, gmu, hz_divisor);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -801,7 +824,7 @@ class StatisticsWorker {
 int64_t ncai_statistics_start(const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge, double eps,
                               bool grad_x, bool grad_mu) {
   const Tensor xd = x.detach(), md = mu.detach(), bd = beta2.detach();
-  return StatisticsWorker::get().start([=] { return ncai_statistics(xd, md, bd, ridge, eps, grad_x, grad_mu); });
+  return StatisticsWorker::get().start([=] { return ncai_statistics(xd, md, bd, ridge, eps, grad_x, grad_mu, false); });
 }
 
 std::future<std::vector<Tensor>> take_pending(int64_t handle) { return StatisticsWorker::get().take(handle, true); }
@@ -842,29 +865,82 @@ std::tuple<double, std::vector<double>> weighted_statistics(const torch::autogra
 // started on, or others holding the same values), after their weighted penalty (coefficients 0:
 // a zero penalty): one node where the statistics and weighted_penalty would be two, with the
 // same values and gradients (the gradient flags are those of the start)
+// a node's outputs (penalty, hz, offdiag, hsic) from ncai_statistics' outputs, and its backward:
+// each statistic's gradient plus the penalty's through its slope, as weighted_penalty's node
+// would pass it (g[0] * slope) to the statistics' node; `extra` inputs after x and mu
+torch::autograd::variable_list weighted_outputs(torch::autograd::AutogradContext* ctx, const std::vector<Tensor>& out,
+                                                double hz_divisor, at::ArrayRef<double> coeffs,
+                                                at::ArrayRef<double> scales) {
+  auto stats = statistics_outputs(ctx, out, out[6].numel() > 0, out[3].numel() > 0, hz_divisor);
+  auto [value, slopes] = weighted_statistics(stats, coeffs, scales);
+  ctx->saved_data["slopes"] = slopes;
+  return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
+}
+
+torch::autograd::variable_list weighted_backward(torch::autograd::AutogradContext* ctx,
+                                                 const torch::autograd::variable_list& g, size_t extra) {
+  const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
+  torch::autograd::variable_list gs = {g[1], g[2], g[3]};
+  for (size_t k = 0; k < 3; ++k)
+    if (slopes[k] != 0.0) gs[k] = gs[k] + g[0] * slopes[k];
+  return statistics_backward(ctx, gs, extra);
+}
+
 class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsCollectFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                 const Tensor& mu, int64_t handle, double hz_divisor,
                                                 std::vector<double> coeffs, std::vector<double> scales) {
-    std::vector<Tensor> out = take_pending(handle).get();
-    auto stats = statistics_outputs(ctx, out, out[6].numel() > 0, out[3].numel() > 0, hz_divisor);
-    auto [value, slopes] = weighted_statistics(stats, coeffs, scales);
-    ctx->saved_data["slopes"] = slopes;
-    return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
+    return weighted_outputs(ctx, take_pending(handle).get(), hz_divisor, coeffs, scales);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    // each statistic's gradient plus the penalty's through its slope, as weighted_penalty's node
-    // would pass it (g[0] * slope) to the statistics' node
-    const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
-    torch::autograd::variable_list gs = {g[1], g[2], g[3]};
-    for (size_t k = 0; k < 3; ++k)
-      if (slopes[k] != 0.0) gs[k] = gs[k] + g[0] * slopes[k];
-    return statistics_backward(ctx, gs, 4);
+    return weighted_backward(ctx, g, 4);
   }
 };
+
+// the same node with the statistics computed on the calling thread (and torch's intra-op pool)
+class NcaiStatisticsWeightedFn : public torch::autograd::Function<NcaiStatisticsWeightedFn> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                const Tensor& mu, const Tensor& beta2, double ridge, double eps,
+                                                double hz_divisor, std::vector<double> coeffs,
+                                                std::vector<double> scales) {
+    const bool gx = x.requires_grad(), gmu = mu.requires_grad();
+    return weighted_outputs(ctx, ncai_statistics(x, mu, beta2, ridge, eps, gx, gmu, true), hz_divisor, coeffs,
+                            scales);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return weighted_backward(ctx, g, 6);
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_weighted_autograd(
+    const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge, double eps, double hz_divisor,
+    at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
+  auto r = NcaiStatisticsWeightedFn::apply(x, mu, beta2, ridge, eps, hz_divisor, coeffs.vec(), scales.vec());
+  return {r[0], r[1], r[2], r[3]};
+}
+
+// the values of the outputs without gradients (the CPU kernel under the autograd one)
+std::tuple<Tensor, Tensor, Tensor, Tensor> weighted_values(const std::vector<Tensor>& out, double hz_divisor,
+                                                           at::ArrayRef<double> coeffs,
+                                                           at::ArrayRef<double> scales) {
+  torch::autograd::variable_list stats = {divided(out[0], hz_divisor), out[1], out[2]};
+  const double value = std::get<0>(weighted_statistics(stats, coeffs, scales));
+  return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_weighted_cpu(const Tensor& x, const Tensor& mu,
+                                                                        const Tensor& beta2, double ridge,
+                                                                        double eps, double hz_divisor,
+                                                                        at::ArrayRef<double> coeffs,
+                                                                        at::ArrayRef<double> scales) {
+  return weighted_values(ncai_statistics(x, mu, beta2, ridge, eps, false, false, true), hz_divisor, coeffs, scales);
+}
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_collect_autograd(const Tensor& x, const Tensor& mu,
                                                                             int64_t handle, double hz_divisor,
@@ -878,10 +954,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_collect_cpu(const Ten
                                                                        int64_t handle, double hz_divisor,
                                                                        at::ArrayRef<double> coeffs,
                                                                        at::ArrayRef<double> scales) {
-  std::vector<Tensor> out = take_pending(handle).get();
-  torch::autograd::variable_list stats = {divided(out[0], hz_divisor), out[1], out[2]};
-  const double value = std::get<0>(weighted_statistics(stats, coeffs, scales));
-  return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
+  return weighted_values(take_pending(handle).get(), hz_divisor, coeffs, scales);
 }
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
@@ -894,7 +967,7 @@ std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, con
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Tensor& mu,
                                                        const Tensor& beta2, double ridge, double eps,
                                                        double hz_divisor) {
-  std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false);
+  std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false, true);
   return {divided(out[0], hz_divisor), out[1], out[2]};
 }
 
@@ -971,23 +1044,30 @@ TORCH_LIBRARY(pyro_bnnlv_pairwise, m) {
   m.def(
       "ncai_statistics_collect(Tensor x, Tensor mu, int handle, float hz_divisor, float[] coeffs, float[] scales) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "ncai_statistics_weighted(Tensor x, Tensor mu, Tensor beta2, float ridge, float eps, float hz_divisor, "
+      "float[] coeffs, float[] scales) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("weighted_penalty(Tensor[] terms, float[] coeffs, float[] scales) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, CPU, m) {
   m.impl("ncai_statistics", ncai_statistics_cpu);
   m.impl("ncai_statistics_collect", ncai_statistics_collect_cpu);
+  m.impl("ncai_statistics_weighted", ncai_statistics_weighted_cpu);
   m.impl("weighted_penalty", weighted_penalty_cpu);
 }
 TORCH_LIBRARY_IMPL(pyro_bnnlv_pairwise, Autograd, m) {
   m.impl("ncai_statistics", ncai_statistics_autograd);
   m.impl("ncai_statistics_collect", ncai_statistics_collect_autograd);
+  m.impl("ncai_statistics_weighted", ncai_statistics_weighted_autograd);
   m.impl("weighted_penalty", weighted_penalty_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("henze_zirkler", &henze_zirkler, "Henze-Zirkler statistic and its gradient");
   m.def("offdiag_cov_norm", &offdiag_cov_norm, "off-diagonal covariance norm and its gradient");
-  m.def("ncai_statistics", &ncai_statistics, "HZ, off-diagonal norm and nHSIC with gradients");
+  m.def("ncai_statistics", &ncai_statistics, "HZ, off-diagonal norm and nHSIC with gradients", py::arg("x"),
+        py::arg("mu"), py::arg("beta2"), py::arg("ridge"), py::arg("eps"), py::arg("grad_x"), py::arg("grad_mu"),
+        py::arg("parallel") = true);
   m.def(
       "exp_nonpositive",
       [](Tensor t) {

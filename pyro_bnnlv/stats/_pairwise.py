@@ -67,6 +67,7 @@ __all__ = [
     "offdiag_cov_norm_unchecked",
     "pairwise_extension",
     "start_ncai_statistics",
+    "weighted_ncai_statistics",
 ]
 
 _SOURCE = Path(__file__).with_name("_pairwise.cpp")
@@ -393,6 +394,28 @@ def ncai_statistics_unchecked(
         hz / n if hz_per_point else hz,
         offdiag_cov_norm_unchecked(mu),
         centred_alignment(x2, mu, eps, compiled=False),
+    )
+
+
+def weighted_ncai_statistics(
+    x: Tensor,
+    mu: Tensor,
+    coeffs: tuple[float, float, float],
+    scales: tuple[float, float, float],
+    *,
+    hz_per_point: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """``(penalty, hz, offdiag, hsic)``: :func:`ncai_statistics_unchecked` of ``x`` and ``mu``
+    (same conditions) after NCAI's weighted penalty of them, as
+    :meth:`StartedStatistics.collect_weighted` returns it, computed now on the calling thread (HZ
+    and HSIC side by side on torch's intra-op pool) as one autograd node; ``None`` where the
+    compiled kernels are unavailable."""
+    if _use_compiled(None, x, mu) is None:
+        return None
+    n, k = mu.shape
+    op = _operator("ncai_statistics_weighted")
+    return op(
+        _rows_like(x, mu), mu, _beta2_tensor(n, k), 1e-12, 1e-12, n if hz_per_point else 1, list(coeffs), list(scales)
     )
 
 

@@ -76,6 +76,7 @@ With all lambdas 0, :class:`NCAIElbo` is exactly ``Trace_ELBO`` (tested, same se
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from pyro.poutine import Trace
@@ -92,6 +93,7 @@ from ...stats._pairwise import (
     ncai_statistics_unchecked,
     offdiag_cov_norm_unchecked,
     start_ncai_statistics,
+    weighted_ncai_statistics,
 )
 from ...stats.hsic import normalized_hsic
 from ...stats.independence import independence_statistic
@@ -229,6 +231,21 @@ def _penalties(
     else:
         out["indep_x"] = independence_statistic(x, mu_z, kind=independence)
     return out
+
+
+def _core_beside_the_pool() -> bool:
+    """Whether a thread started beside the calling one gets a core of its own: torch runs
+    independent operations side by side (``torch.get_num_interop_threads() > 1``) and its
+    intra-op pool has fewer threads than this process has CPUs. When the pool has them all
+    (torch's default), its threads hold the cores between parallel regions, a woken thread
+    takes the caller's core, and the caller waits as long as the work takes (docs/design-notes.md,
+    "infer.elbos.ncai")."""
+    return torch.get_num_interop_threads() > 1 and torch.get_num_threads() < _cpus()
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _check_weight(value: object, name: str, *, positive: bool) -> float:
@@ -378,19 +395,21 @@ class NCAIElbo(PenalizedElbo):
             return {}
         x, loc_z = args[0], params["loc_z"]
         collected = len(started) == len(batches)  # started by fused_batch_drawn
-        y = None if collected else model._observed(args[1])  # the compiled statistics need no y
         coeffs = self._coefficients(len(x))
-        weighted = collected and len(batches) == 1 and any(coeffs)  # one node for them and their weighting
+        # one node for the statistics and their weighting: collected, or computed now in C++
+        weighted = len(batches) == 1 and any(coeffs) and (collected or self.independence == "hsic")
         terms: dict[str, Tensor] = {}
         for k, idx in enumerate(batches):
             x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
-            if weighted:
-                pen, *values = started[k].collect_weighted(x_b, mu, coeffs, (self.eps_T, 0.0, self.eps_x))
+            out = self._weighted_statistics(started[k] if collected else None, x_b, mu, coeffs) if weighted else None
+            if out is not None:
+                pen, *values = out
                 stats = dict(zip(("hz", "offdiag", "hsic_x"), values))
                 self._weighed_terms = (stats, pen)  # weigh's result for these terms
             elif collected:
                 stats = dict(zip(("hz", "offdiag", "hsic_x"), started[k].collect(x_b, mu)))
-            else:
+            else:  # the torch statistics need the observed y (the compiled ones do not)
+                y = model._observed(args[1])
                 stats = self._statistics(x_b, y if idx is None else y[idx], mu, checked=False)
             if len(batches) == 1:
                 return stats  # the weighted terms are this dict itself
@@ -398,13 +417,25 @@ class NCAIElbo(PenalizedElbo):
                 terms[name] = value if name not in terms else terms[name] + value
         return {name: value / len(batches) for name, value in terms.items()}
 
+    def _weighted_statistics(
+        self, started: StartedStatistics | None, x_b: Tensor, mu: Tensor, coeffs: tuple[float, float, float]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """``(penalty, hz, offdiag, hsic)`` of a round's rows as one node: the ``started``
+        statistics collected, else the ``"hsic"`` term's computed now by the compiled kernels
+        (:func:`~pyro_bnnlv.stats._pairwise.weighted_ncai_statistics`; ``None`` without them)."""
+        scales = (self.eps_T, 0.0, self.eps_x)
+        if started is not None:
+            return started.collect_weighted(x_b, mu, coeffs, scales)
+        _check_batch(mu.shape[0], self.independence)
+        return weighted_ncai_statistics(x_b, mu, coeffs, scales, hz_per_point=self.hz_normalization == "per_point")
+
     def fused_batch_drawn(self, model, args: tuple, params: dict[str, Tensor], idx: Tensor | None) -> None:
         """Starts the ``"hsic"`` statistics of a fused step's minibatch rows on another thread
         (:func:`~pyro_bnnlv.stats._pairwise.start_ncai_statistics`) while the ELBO is computed,
-        when torch runs independent operations side by side (``torch.get_num_interop_threads() >
-        1``, its default on a machine with more than one core) and the compiled kernels are
-        available: the same numbers as computing them after the ELBO."""
-        if self.independence != "hsic" or self.lambdas == (0.0, 0.0, 0.0) or torch.get_num_interop_threads() < 2:
+        when a core is free of torch's intra-op pool (:func:`_core_beside_the_pool`) and the
+        compiled kernels are available: the same numbers as computing them after the ELBO, where
+        the kernels compute HZ and HSIC side by side on the pool's threads instead."""
+        if self.independence != "hsic" or self.lambdas == (0.0, 0.0, 0.0) or not _core_beside_the_pool():
             return
         x, loc_z = args[0], params["loc_z"]
         x_b, mu = x, loc_z

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -413,3 +414,24 @@ def test_openmp_only_with_gcc(monkeypatch):
     ):
         monkeypatch.setattr(_compiled, "toolchain", lambda: line)
         assert flag in _compiled.flags() and "-O3" in _compiled.flags(), line
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_the_kernels_bring_no_second_openmp_runtime():
+    """With -fopenmp the kernels' OpenMP calls resolve to the runtime torch has loaded: after
+    loading them and running their parallel_for, one OpenMP library file is mapped."""
+    module = pairwise_extension()
+    x, mu = _points(40, 2, 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        module.ncai_statistics(x.detach(), mu.detach(), _pairwise._beta2_tensor(40, 2), 1e-12, 1e-12, False, True)
+    finally:
+        torch.set_num_threads(before)
+    runtimes = {
+        line.split()[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if any(name in line for name in ("libgomp", "libomp", "libiomp"))
+    }
+    assert len(runtimes) <= 1, runtimes

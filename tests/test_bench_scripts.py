@@ -94,3 +94,21 @@ def test_ncai_family_heavy_tails_prints_both_fits_and_the_buckets(monkeypatch, c
     assert text.count("|y - mean| in quantiles") == 4 and "5% most extreme points" in text
     assert text.count("test LL with z* from the latent means") == 2 and "worst 1% of test points" in text
     assert "excess kurtosis" in text and "skewness" in text
+
+
+def test_ncai_family_init_skew_prints_both_inits_the_mechanisms_and_the_table(monkeypatch, capsys):
+    import sys
+
+    script = _load("ncai_family_init_skew")
+    argv = ["x", "--problems", "19", "--restarts", "0", "--steps", "10", "--num-samples", "20", "--redraws", "5"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--ablations"])
+    script.main()
+    text = capsys.readouterr().out
+    for method in script.METHODS:
+        assert f"{method} step 0: test LL" in text and f"{method} trained: valid LL" in text
+    assert text.count("guide means at step 0") == 2 and "latent-input weights negated" in text
+    assert "5 Xavier redraws" in text and "(i) latent means redrawn" in text
+    replay = next(line for line in text.splitlines() if "replay of _fit" in line)
+    ours, theirs = (float(v) for v in replay.replace("vs _fit_task's", "").split("valid LL")[1].split())
+    assert ours == theirs  # the ablations' training is _fit's
+    assert "\n19 0 | " in text

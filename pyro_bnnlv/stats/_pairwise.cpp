@@ -843,7 +843,8 @@ std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList te
 std::tuple<double, std::vector<double>> weighted_statistics(const torch::autograd::variable_list& stats,
                                                             at::ArrayRef<double> coeffs, at::ArrayRef<double> scales) {
   TORCH_CHECK(coeffs.size() == 3 && scales.size() == 3,
-              "ncai_statistics_collect: one coefficient and one scale per statistic (hz, offdiag, hsic)");
+              "ncai_statistics_collect / ncai_statistics_weighted: one coefficient and one scale per statistic "
+              "(hz, offdiag, hsic)");
   std::vector<Tensor> terms;
   std::vector<double> c, e;
   std::vector<size_t> which;
@@ -861,10 +862,6 @@ std::tuple<double, std::vector<double>> weighted_statistics(const torch::autogra
   return {value, slopes};
 }
 
-// the started statistics as the outputs of an autograd node on x and mu (the tensors they were
-// started on, or others holding the same values), after their weighted penalty (coefficients 0:
-// a zero penalty): one node where the statistics and weighted_penalty would be two, with the
-// same values and gradients (the gradient flags are those of the start)
 // a node's outputs (penalty, hz, offdiag, hsic) from ncai_statistics' outputs, and its backward:
 // each statistic's gradient plus the penalty's through its slope, as weighted_penalty's node
 // would pass it (g[0] * slope) to the statistics' node; `extra` inputs after x and mu
@@ -886,6 +883,10 @@ torch::autograd::variable_list weighted_backward(torch::autograd::AutogradContex
   return statistics_backward(ctx, gs, extra);
 }
 
+// the started statistics as the outputs of an autograd node on x and mu (the tensors they were
+// started on, or others holding the same values), after their weighted penalty (coefficients 0:
+// a zero penalty): one node where the statistics and weighted_penalty would be two, with the
+// same values and gradients (the gradient flags are those of the start)
 class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsCollectFn> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,

@@ -274,12 +274,14 @@ def test_independence_terms_are_floored_at_zero_where_the_estimate_can_be_gamed(
     assert -0.15 < ends[True] < 0.1  # the floored penalty stops near independence
 
 
-def test_multiscale_knn_mi_term_trains_fused_and_needs_batches_of_9(setup):
-    """Its fresh reference sets come from torch's generator, so the fused step and its eager twin
-    (fit_svi's guard, same random state) draw the same sets: no mismatch warning (the suite turns
-    warnings into errors) and the logged statistic is the floored average, >= 0."""
+@pytest.mark.parametrize("term", ["knn-mi-multiscale", "knn-mi-wide"])
+def test_multiscale_knn_mi_terms_train_fused_and_need_batches_of_9(setup, term):
+    """Their fresh reference sets (and knn-mi-wide's anchors) come from torch's generator, so the
+    fused step and its eager twin (fit_svi's guard, same random state) draw the same ones: no
+    mismatch warning (the suite turns warnings into errors) and the logged statistic is the
+    floored average, >= 0."""
     data, model, guide = setup
-    elbo = NCAIElbo(independence="knn-mi-multiscale")
+    elbo = NCAIElbo(independence=term)
     pb.fit_svi(model, guide, data.x_train, data.y_train, num_steps=12, loss=elbo, seed=0, progress=False)
     logged = torch.tensor([row["indep_x"] for row in elbo.history])
     assert len(logged) >= 12 and (logged >= 0).all() and torch.isfinite(logged).all()

@@ -165,10 +165,59 @@ def test_multiscale_knn_mi_floors_each_size_before_the_average(monkeypatch):
 
     per_size = {8: 0.3, 16: -0.5, 32: 0.1, 64: -0.2}
     monkeypatch.setattr(
-        independence, "knn_mutual_information", lambda x, mu, k, m, subsets, seed: torch.tensor(per_size[m])
+        independence, "knn_mutual_information", lambda x, mu, k, m, subsets, seed, anchors: torch.tensor(per_size[m])
     )
     x, mu = torch.randn(100, 1), torch.randn(100, 1)
     assert independence.multiscale_knn_mi(x, mu).item() == pytest.approx((0.3 + 0.1) / 4)
+
+
+def test_doubling_sizes_reach_a_quarter_of_the_batch():
+    from pyro_bnnlv.stats.independence import doubling_sizes
+
+    assert doubling_sizes(20) == (8,)  # below 8 points per quarter: the smallest size alone
+    assert doubling_sizes(64) == (8, 16)
+    assert doubling_sizes(1366) == (8, 16, 32, 64, 128, 256)
+    assert doubling_sizes(2048) == (8, 16, 32, 64, 128, 256, 512)
+
+
+def test_anchored_knn_mi_estimates_the_full_sum_at_random_points():
+    """Anchors: the same estimate at a random subset of the points (all points: the same number;
+    a subset: an unbiased estimate of it, whose mean over draws matches)."""
+    from pyro_bnnlv.stats.independence import knn_mutual_information
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(400, 1, generator=gen) * 6 - 3
+    mu = torch.tanh(x) + 0.3 * torch.randn(400, 1, generator=gen)
+    full = knn_mutual_information(x, mu, m=32, subsets=2, seed=7)
+    assert knn_mutual_information(x, mu, m=32, subsets=2, seed=7, anchors=400) == full
+    torch.manual_seed(0)
+    draws = torch.stack([knn_mutual_information(x, mu, m=32, subsets=2, seed=7, anchors=64) for _ in range(200)])
+    assert draws.std() > 0.01  # different anchors each call
+    assert abs(draws.mean() - full) < 4 * draws.std() / 200**0.5
+    # gradients reach only the anchors and the points in their neighbourhoods
+    leaf = mu.clone().requires_grad_()
+    torch.manual_seed(1)
+    knn_mutual_information(x, leaf, m=8, subsets=1, seed=None, anchors=5).backward()
+    assert 5 <= int((leaf.grad != 0).sum()) <= 5 * (1 + 8 + 8)
+
+
+def test_knn_mi_wide_floors_each_doubling_size_at_its_anchors(monkeypatch):
+    """``knn-mi-wide``: the floored mean of the estimates at sizes doubling up to a quarter of the
+    batch, each at :data:`WIDE_ANCHORS` anchors with fresh reference sets."""
+    from pyro_bnnlv.stats import independence
+
+    calls = []
+
+    def fake(x, mu, k, m, subsets, seed, anchors):
+        calls.append((m, subsets, seed, anchors))
+        return torch.tensor(0.2 if m < 64 else -0.1)
+
+    monkeypatch.setattr(independence, "knn_mutual_information", fake)
+    x, mu = torch.randn(600, 1), torch.randn(600, 1)
+    value = independence_statistic(x, mu, "knn-mi-wide")
+    assert [c[0] for c in calls] == [8, 16, 32, 64, 128]
+    assert all(c[1:] == (2, None, independence.WIDE_ANCHORS) for c in calls)
+    assert value.item() == pytest.approx(3 * 0.2 / 5)
 
 
 def test_fresh_reference_sets_are_uniform_subsets_of_the_other_points():
@@ -195,7 +244,7 @@ def test_knn_terms_refuse_to_be_traced_rather_than_freeze_their_neighbourhoods()
     from pyro_bnnlv import NCAIElbo
 
     x, mu = torch.rand(60, 1), torch.randn(60, 1)
-    for kind in ("knn-mi", "knn-mi-multiscale"):
+    for kind in ("knn-mi", "knn-mi-multiscale", "knn-mi-wide"):
         with pytest.raises(RuntimeError, match="cannot be traced.*call them eagerly"):
             torch.jit.trace(lambda a, b: independence_statistic(a, b, kind), (x, mu), check_trace=False)
         with pytest.raises(ValueError, match=f"independence='{kind}' cannot be compiled with jit=True"):

@@ -28,6 +28,10 @@ API, the proxies a penalty can use, each differentiable in ``mu_z``:
   each estimate floored at 0 and the floors averaged (:func:`multiscale_knn_mi`), with reference
   sets drawn afresh at every call (the measured case for both: docs/design-notes.md,
   'stats.independence').
+* ``"knn-mi-wide"`` -- the same at sizes that grow with the batch, doubling from 8 up to a quarter
+  of it (:func:`doubling_sizes`), each estimated at 128 random anchor points per call: trained at
+  sizes up to 64, ``"knn-mi-multiscale"`` left the dependence at coarser neighbourhoods
+  (docs/results.md, 'Where knn-mi-multiscale goes quiet').
 * ``"dcor"`` -- the squared distance correlation (Szekely, Rizzo & Bakirov 2007, eq. 2.7-2.9, the
   V-statistic), in ``[0, 1]``, 0 in the population iff independent.
 * ``"hsic"`` -- today's NCAI term, :func:`~pyro_bnnlv.stats.hsic.normalized_hsic` (one
@@ -59,17 +63,20 @@ __all__ = [
     "DEFAULT_SCALES",
     "KINDS",
     "distance_correlation",
+    "doubling_sizes",
     "independence_statistic",
     "knn_mutual_information",
     "multiscale_hsic",
     "multiscale_knn_mi",
 ]
 
-Kind = Literal["hsic-multiscale", "knn-mi", "knn-mi-multiscale", "dcor", "hsic", "pc"]
+Kind = Literal["hsic-multiscale", "knn-mi", "knn-mi-multiscale", "knn-mi-wide", "dcor", "hsic", "pc"]
 #: The statistics :func:`independence_statistic` computes.
-KINDS: tuple[str, ...] = ("hsic-multiscale", "knn-mi", "knn-mi-multiscale", "dcor", "hsic", "pc")
+KINDS: tuple[str, ...] = ("hsic-multiscale", "knn-mi", "knn-mi-multiscale", "knn-mi-wide", "dcor", "hsic", "pc")
 #: Neighbourhood sizes of ``"knn-mi-multiscale"``.
 DEFAULT_SIZES: tuple[int, ...] = (8, 16, 32, 64)
+#: Anchor points per size and call of ``"knn-mi-wide"``.
+WIDE_ANCHORS = 128
 #: Bandwidth multiples of the median heuristic used by ``"hsic-multiscale"``.
 DEFAULT_SCALES: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
 
@@ -185,20 +192,24 @@ def _neighbours(x: Tensor, m: int) -> Tensor:
     return _sq_dists(x).masked_fill(eye, float("inf")).topk(m, largest=False).indices
 
 
-def _fresh_reference_sets(n: int, m: int, subsets: int, device: torch.device) -> Tensor:
-    """``(subsets, n, m)`` indices drawn with torch's global generator (so ``pyro.set_rng_seed``
-    fixes them): per subset a random cyclic order of the ``n`` points, and for point ``i`` the ``m``
-    points that follow it in that order. Each set is a uniform ``m``-subset of the points other
-    than ``i`` (the sets of different points overlap), at ``O(n m)`` cost instead of ``O(n^2)``."""
+def _fresh_reference_sets(n: int, m: int, subsets: int, device: torch.device, rows: Tensor | None = None) -> Tensor:
+    """``(subsets, r, m)`` indices drawn with torch's global generator (so ``pyro.set_rng_seed``
+    fixes them) for the ``r`` points ``rows`` (default: all ``n``): per subset a random cyclic order
+    of the ``n`` points, and for point ``i`` the ``m`` points that follow it in that order. Each set
+    is a uniform ``m``-subset of the points other than ``i`` (the sets of different points overlap),
+    at ``O(r m)`` cost instead of ``O(n^2)``."""
     order = torch.stack([torch.randperm(n, device=device) for _ in range(subsets)])  # (R, n)
     position = torch.empty_like(order)
     position.scatter_(1, order, torch.arange(n, device=device).expand(subsets, n))
-    after = (position.unsqueeze(-1) + torch.arange(1, m + 1, device=device)) % n  # (R, n, m)
-    return order.gather(1, after.reshape(subsets, n * m)).reshape(subsets, n, m)
+    if rows is not None:
+        position = position[:, rows]
+    r = position.shape[1]
+    after = (position.unsqueeze(-1) + torch.arange(1, m + 1, device=device)) % n  # (R, r, m)
+    return order.gather(1, after.reshape(subsets, r * m)).reshape(subsets, r, m)
 
 
 def knn_mutual_information(
-    x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4, seed: int | None = 0
+    x: Tensor, mu_z: Tensor, k: int = 3, m: int = 15, subsets: int = 4, seed: int | None = 0, anchors: int | None = None
 ) -> Tensor:
     r"""Differentiable k-NN estimate of ``I(x; mu_z)`` in nats, from ``x``-neighbourhoods.
 
@@ -224,7 +235,10 @@ def knn_mutual_information(
     ``log p(mu | x) / p(mu)`` as in Kraskov, Stoegbauer & Grassberger (2004). The neighbour
     identities are piecewise constant, the distances differentiable in ``mu``. Not clipped at 0.
     ``seed=None`` draws the reference sets afresh from torch's global generator at each call
-    (:func:`_fresh_reference_sets`) instead of the seeded, cached ones.
+    (:func:`_fresh_reference_sets`) instead of the seeded, cached ones. ``anchors``: average over
+    that many points ``i`` drawn at random (without replacement, torch's global generator) instead
+    of all ``n``, an unbiased estimate of the same sum at ``O(anchors m)`` cost; every point stays a
+    candidate neighbour.
     """
     _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
@@ -236,26 +250,47 @@ def knn_mutual_information(
             f"knn-mi needs k <= m <= n - 1, got k = {k}, m = {m}, n = {n}: use a "
             f"larger batch, or a smaller m (neighbourhood size) or k"
         )
+    anchors = check_int(anchors, "anchors", allow_none=True)
+    rows = None if anchors is None or anchors >= n else torch.randperm(n, device=a.device)[:anchors]
     xs = _standardise(a.detach().to(torch.float64))
     if xs.device.type != "cpu":
         neighbours = _neighbours(xs, m)
     else:
         neighbours = _x_neighbours(xs.contiguous().numpy().tobytes(), n, xs.shape[1], m)
     if seed is None:
-        randoms = _fresh_reference_sets(n, m, subsets, a.device)
+        randoms = _fresh_reference_sets(n, m, subsets, a.device, rows)
     else:
         randoms = _reference_sets(n, m, subsets, check_int(seed, "seed", minimum=0)).to(a.device)
+        randoms = randoms if rows is None else randoms[:, rows]
+    neighbours = neighbours if rows is None else neighbours[rows]
     mu = _standardise(b)
+    centres = mu if rows is None else mu[rows]
 
-    def log_kth_distance(others: Tensor) -> Tensor:  # others (..., n, m) -> log rho_k (..., n)
-        gap = mu[others] - mu.unsqueeze(-2)  # only the n m pairs asked for, not all n^2
+    def log_kth_distance(others: Tensor) -> Tensor:  # others (..., r, m) -> log rho_k (..., r)
+        gap = mu[others] - centres.unsqueeze(-2)  # only the r m pairs asked for, not all n^2
         return (gap.square().sum(-1) + 1e-24).sqrt().kthvalue(k, dim=-1).values.log()
 
     return b.shape[1] * (log_kth_distance(randoms).mean(0) - log_kth_distance(neighbours)).mean()
 
 
+def doubling_sizes(n: int, smallest: int = 8, fraction: float = 0.25) -> tuple[int, ...]:
+    """Neighbourhood sizes ``smallest, 2 smallest, 4 smallest, ...`` up to ``fraction n``
+    (``"knn-mi-wide"``; at least ``smallest``, which :func:`multiscale_knn_mi` skips if the batch
+    is smaller)."""
+    sizes = [smallest]
+    while 2 * sizes[-1] <= fraction * n:
+        sizes.append(2 * sizes[-1])
+    return tuple(sizes)
+
+
 def multiscale_knn_mi(
-    x: Tensor, mu_z: Tensor, sizes: Sequence[int] = DEFAULT_SIZES, k: int = 3, subsets: int = 2, seed: int | None = None
+    x: Tensor,
+    mu_z: Tensor,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    k: int = 3,
+    subsets: int = 2,
+    seed: int | None = None,
+    anchors: int | None = None,
 ) -> Tensor:
     r"""``(1/|M|) sum_{m in M} max(I_m, 0)``: :func:`knn_mutual_information` ``I_m`` at each
     neighbourhood size ``m`` of ``sizes`` below ``n`` (``M``), each floored at 0, in nats.
@@ -263,7 +298,8 @@ def multiscale_knn_mi(
     Each size's estimate is floored before the average, so a negative estimate at one size cannot
     cancel dependence seen at another. ``seed=None`` (default) draws the reference sets afresh at
     each call from torch's global generator; an integer seed uses ``seed + j`` for the ``j``-th
-    size. The null mean is small and positive, not 0 (docs/design-notes.md, 'stats.independence').
+    size. ``anchors``: each size's estimate at that many random points (:func:`knn_mutual_information`).
+    The null mean is small and positive, not 0 (docs/design-notes.md, 'stats.independence').
     """
     _refuse_tracing()
     a, b = _as_tensor_2d("x", x), _as_tensor_2d("mu_z", mu_z)
@@ -277,7 +313,7 @@ def multiscale_knn_mi(
             f"{sizes}, k = {k}, n = {n}: use a larger batch, or smaller sizes or k"
         )
     estimates = [
-        knn_mutual_information(a, b, k, m, subsets, None if seed is None else seed + j).clamp_min(0)
+        knn_mutual_information(a, b, k, m, subsets, None if seed is None else seed + j, anchors).clamp_min(0)
         for j, m in enumerate(used)
     ]
     return torch.stack(estimates).mean()
@@ -307,7 +343,8 @@ def independence_statistic(
         k, m, subsets, seed: ``"knn-mi"`` only: neighbour order, neighbourhood size, number of
             random reference sets and their seed (:func:`knn_mutual_information`).
         sizes: ``"knn-mi-multiscale"`` only: its neighbourhood sizes (:func:`multiscale_knn_mi`,
-            with ``k``, 2 reference sets per size, drawn afresh at each call).
+            with ``k``, 2 reference sets per size, drawn afresh at each call). ``"knn-mi-wide"``
+            uses :func:`doubling_sizes` of the batch and :data:`WIDE_ANCHORS` anchors instead.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
@@ -323,6 +360,8 @@ def independence_statistic(
         return knn_mutual_information(a, b, k, m, subsets, seed)
     if kind == "knn-mi-multiscale":
         return multiscale_knn_mi(a, b, sizes, k)
+    if kind == "knn-mi-wide":
+        return multiscale_knn_mi(a, b, doubling_sizes(a.shape[0]), k, anchors=WIDE_ANCHORS)
     if kind == "dcor":
         return distance_correlation(a, b)
     if kind == "hsic":

@@ -141,6 +141,29 @@ def _load(name: str, directory: Path) -> ModuleType:
     return module
 
 
+def _last_build_seconds(root: Path) -> float | None:
+    """How long the most recent finished build under ``root`` took (the ``seconds`` line of its
+    marker; ``None`` if no build there recorded one): the notice's estimate for the next build on
+    this machine, as the time a build takes varies severalfold between machines."""
+    found = []
+    for marker in root.glob(f"*/{_MARKER}"):
+        try:
+            lines = marker.read_text().splitlines()
+            seconds = next(float(line.split()[1]) for line in lines if line.startswith("seconds "))
+            found.append((marker.stat().st_mtime, seconds))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return max(found)[1] if found else None
+
+
+def _duration_note(root: Path) -> str:
+    """The build notice's "how long": the last build on this machine, or a typical time."""
+    last = _last_build_seconds(root)
+    if last is None:
+        return "about a minute on an idle machine, a few on a slow or busy one"
+    return f"the last build on this machine took {last:.0f} s"
+
+
 def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
     """Build into ``directory`` unless a finished build is there; one builder at a time."""
     lock = filelock.FileLock(str(directory) + ".build.lock")
@@ -154,7 +177,8 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
             return
         print(
             f"pyro_bnnlv: building the {what} from {source.name} with {toolchain()} (once per "
-            "machine, source and compiler; about a minute; `pyro-bnnlv build` does it ahead of time)",
+            f"machine, source and compiler; {_duration_note(directory.parent)}; `pyro-bnnlv build` "
+            "does it ahead of time)",
             file=sys.stderr,
             flush=True,
         )
@@ -164,11 +188,10 @@ def _build_once(name: str, source: Path, directory: Path, what: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)  # no marker: nobody loaded it
         scratch.mkdir(parents=True)
         _compile(name, source, scratch)
-        (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(flags())}\n")
+        seconds = time.perf_counter() - t0
+        (scratch / _MARKER).write_text(f"{source.name} {toolchain()} {' '.join(flags())}\nseconds {seconds:.1f}\n")
         os.rename(scratch, directory)
-        print(
-            f"pyro_bnnlv: {what} built in {time.perf_counter() - t0:.0f} s ({directory})", file=sys.stderr, flush=True
-        )
+        print(f"pyro_bnnlv: {what} built in {seconds:.0f} s ({directory})", file=sys.stderr, flush=True)
     finally:
         lock.release()
 

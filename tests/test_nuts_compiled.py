@@ -1,6 +1,7 @@
 """The compiled NUTS core (C++) against its Python twin: same potential, same draws, same errors."""
 
 import os
+import types
 import warnings
 from pathlib import Path
 
@@ -294,6 +295,28 @@ def test_a_build_killed_mid_way_does_not_hang_or_poison_the_next(monkeypatch, tm
     assert (directory / "BUILT").exists() and not scratch.exists()
     assert "building the compiled NUTS core" in capsys.readouterr().err
     assert compiled.nuts_extension() == ("module", directory)  # remembered, not rebuilt
+
+
+def test_the_build_notice_estimates_from_the_last_build_on_this_machine(monkeypatch, tmp_path, capsys):
+    """The notice's "how long" is the last finished build's time on this machine (its marker
+    records it), a typical time before any; a marker without one (an older build) is skipped."""
+    monkeypatch.setattr(_compiled, "_built", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    clock = iter([100.0, 237.4, 500.0, 503.0])
+    monkeypatch.setattr(_compiled, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(_compiled, "_compile", lambda name, source, d: (Path(d) / f"{name}.so").write_bytes(b""))
+    monkeypatch.setattr(_compiled, "_load", lambda name, d: d)
+    old = tmp_path / "pyro_bnnlv" / "an-older-build"
+    old.mkdir(parents=True)
+    (old / "BUILT").write_text("k.cpp g++ -O3\n")  # written before builds recorded their time
+    first = compiled.nuts_extension()
+    assert "about a minute on an idle machine, a few on a slow or busy one" in capsys.readouterr().err
+    assert (first / "BUILT").read_text().splitlines()[-1] == "seconds 137.4"
+    source = tmp_path / "other.cpp"
+    source.write_text("// another kernel\n")
+    _compiled.build_extension("pyro_bnnlv_other", source, "other kernels", "slower")
+    err = capsys.readouterr().err
+    assert "the last build on this machine took 137 s" in err and "built in 3 s" in err
 
 
 def test_a_finished_build_is_never_rebuilt_or_replaced(monkeypatch, tmp_path):

@@ -249,3 +249,14 @@ def test_knn_terms_refuse_to_be_traced_rather_than_freeze_their_neighbourhoods()
             torch.jit.trace(lambda a, b: independence_statistic(a, b, kind), (x, mu), check_trace=False)
         with pytest.raises(ValueError, match=f"independence='{kind}' cannot be compiled with jit=True"):
             NCAIElbo(independence=kind, jit=True)
+
+
+def test_the_validation_script_runs_the_candidates_asked_for(monkeypatch, capsys):
+    bench = _bench()
+    argv = ["independence_terms.py", "--candidates", "knn-mi-wide", "hsic", "--n", "64", "--draws", "1"]
+    monkeypatch.setattr("sys.argv", [*argv, "--reference-n", "400", "--null-reps", "2"])
+    bench.main()
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("pattern"))
+    assert header.split() == ["pattern", "KSG", "knn-mi-wide", "hsic"]
+    assert out.count("null n=") == 4 and "Spearman vs KSG" in out

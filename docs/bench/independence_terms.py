@@ -2,6 +2,7 @@
 (issue 37, item 2).
 
     python docs/bench/independence_terms.py [--n 350] [--draws 3] [--reference-n 20000] [--null-reps 100]
+        [--candidates KIND ...]
 
 Each candidate of :func:`~pyro_bnnlv.stats.independence.independence_statistic` ALONE, on
 :data:`PATTERNS`: 31 synthetic dependence patterns of a 1-D latent ``z`` on ``x`` (monotone,
@@ -139,26 +140,34 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--reference-n", type=int, default=20000)
     parser.add_argument("--null-reps", type=int, default=100)
+    parser.add_argument(
+        "--candidates",
+        nargs="+",
+        choices=list(CANDIDATES),
+        default=list(CANDIDATES),
+        help="the terms to validate (default: all; the terms drawing from torch's generator, the k-NN "
+        "ones, see draws that depend on which others run before them)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
-    reference, values = validate(args.n, args.draws, args.reference_n)
-    cands = list(CANDIDATES)
+    cands = list(args.candidates)
+    reference, values = validate(args.n, args.draws, args.reference_n, candidates=tuple(cands))
     print(
         f"{len(reference)} patterns; candidates: mean of {args.draws} batches of n = {args.n}; "
         f"reference: KSG on {args.reference_n} points"
     )
-    print(f"{'pattern':<22}{'KSG':>8}" + "".join(f"{c:>17}" for c in cands))
+    print(f"{'pattern':<22}{'KSG':>8}" + "".join(f"{c:>19}" for c in cands))
     for p in sorted(reference, key=reference.get):
-        print(f"{p:<22}{reference[p]:>8.3f}" + "".join(f"{values[c][p]:>17.4f}" for c in cands))
-    print(f"{'Spearman vs KSG':<30}" + "".join(f"{spearman(reference, values[c]):>17.3f}" for c in cands))
+        print(f"{p:<22}{reference[p]:>8.3f}" + "".join(f"{values[c][p]:>19.4f}" for c in cands))
+    print(f"{'Spearman vs KSG':<30}" + "".join(f"{spearman(reference, values[c]):>19.3f}" for c in cands))
     for label, names in (("1-D x", ONE_D), ("3-D x", [p for p in reference if p not in ONE_D])):
         print(
             f"{f'  on the {len(names)} with {label}':<30}"
-            + "".join(f"{spearman(reference, values[c], names):>17.3f}" for c in cands)
+            + "".join(f"{spearman(reference, values[c], names):>19.3f}" for c in cands)
         )
     for n in (64, 128, 350, 750):
-        null = null_quantiles(n, args.null_reps)
-        print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>8.4f} /{null[c][1]:>7.4f}" for c in cands))
+        null = null_quantiles(n, args.null_reps, candidates=tuple(cands))
+        print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>10.4f} /{null[c][1]:>7.4f}" for c in cands))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import logging
 import math
+import re
 import warnings
 
 import pyro
@@ -121,20 +122,25 @@ def test_saturated_tree_depth_warns_with_the_share():
 
 
 def test_a_chain_that_never_moves_is_reported():
-    """Too short a warm-up can leave a step size at which every proposal is rejected (measured:
-    the cosine toy, 1x10, 20 warm-up iterations, seed 0: one leapfrog step per draw, all draws
-    one point; seed 6 since the float32 core evaluates tanh as a rational function, seeds 6 and 7
-    of 0-7, seed 5 moves); that must not pass silently as posterior samples."""
+    """Too short a warm-up can leave a step size at which every proposal is rejected (the cosine
+    toy, 1x10, 20 warm-up iterations: all draws one point); that must not pass silently as
+    posterior samples. Which seeds stick depends on the CPU's rounding (of seeds 0-7: 6 and 7 on
+    one machine, 4 and 7 on another), so every seed is checked: warned exactly when stuck."""
     data = pb.load_dataset("cosine", seed=0)
     model = pb.BNN(pb.MLP(1, [10], 1, activation="tanh"), prior_scale=math.sqrt(0.5), noise_scale=0.1)
     args = (model, data.x_train, data.y_train)
-    with pytest.warns(UserWarning, match=r"chain\(s\) \[0\] never moved: all 10 draws.*warmup_steps=20"):
-        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=6, progress=False)
-    assert torch.unique(m.get_samples()["w"], dim=0).shape[0] == 1
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*never moved")
-        m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=5, progress=False)  # this one moves
-    assert torch.unique(m.get_samples()["w"], dim=0).shape[0] > 1
+    stuck = []
+    for seed in range(8):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m = run_nuts(*args, num_samples=10, warmup_steps=20, seed=seed, progress=False)
+        draws = torch.unique(m.get_samples()["w"], dim=0).shape[0]
+        said = [str(w.message) for w in caught if "never moved" in str(w.message)]
+        assert bool(said) == (draws == 1), (seed, draws, said)
+        if said:
+            assert re.search(r"chain\(s\) \[0\] never moved: all 10 draws.*warmup_steps=20", said[0])
+            stuck.append(seed)
+    assert 0 < len(stuck) < 8, stuck  # both cases occur among these seeds
 
 
 def test_threaded_chains_beyond_the_cores_say_what_they_cost(monkeypatch):

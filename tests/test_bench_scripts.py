@@ -112,3 +112,24 @@ def test_ncai_family_init_skew_prints_both_inits_the_mechanisms_and_the_table(mo
     ours, theirs = (float(v) for v in replay.replace("vs _fit_task's", "").split("valid LL")[1].split())
     assert ours == theirs  # the ablations' training is _fit's
     assert "\n19 0 | " in text
+
+
+def test_machine_stalls_finds_a_gap_where_the_loop_was_stopped(monkeypatch, capsys):
+    import sys
+    import time
+
+    script = _load("machine_stalls")
+    real_clock, calls = time.perf_counter, [0]
+
+    def clock():  # the 20th reading comes 0.3 s late: one stop of the loop
+        calls[0] += 1
+        return real_clock() + (0.3 if calls[0] >= 20 else 0.0)
+
+    monkeypatch.setattr(script.time, "perf_counter", clock)
+    wall, cpu, gaps = script.stalls(0.05, 0.1)
+    assert len(gaps) == 1 and 0.3 <= gaps[0] < 0.4 and wall >= 0.3 and cpu >= 0
+    monkeypatch.setattr(script.time, "perf_counter", real_clock)
+    monkeypatch.setattr(sys, "argv", ["machine_stalls.py", "--seconds", "0.05"])
+    script.main()
+    out = capsys.readouterr().out
+    assert out.startswith("wall ") and "% of the wall time" in out

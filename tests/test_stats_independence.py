@@ -41,6 +41,17 @@ def test_knn_mi_orders_the_1d_patterns_as_ksg_does(validation):
     assert bench.spearman(reference, values["knn-mi"]) > bench.spearman(reference, values["hsic"])
 
 
+def test_the_reference_estimator_on_a_batch_is_the_criterions_ceiling(validation):
+    """KSG itself, on the candidates' batches of 350, orders the patterns below the 0.9 asked of
+    the terms (it misses the oscillation in one of three coordinates that it sees on 5,000 points),
+    and below knn-mi: the criterion is out of reach at this batch size for any statistic."""
+    bench, reference, values = validation
+    ceiling = bench.spearman(reference, values[bench.KSG_ON_BATCH])
+    assert ceiling < 0.9
+    assert bench.spearman(reference, values["knn-mi"]) > ceiling
+    assert values[bench.KSG_ON_BATCH]["3-D sin f=3"] < 0.1 < reference["3-D sin f=3"]
+
+
 def test_knn_mi_is_near_zero_under_independence_at_ncai_batch_sizes():
     bench = _bench()
     for n, q95_max in ((128, 0.15), (350, 0.09)):
@@ -258,5 +269,5 @@ def test_the_validation_script_runs_the_candidates_asked_for(monkeypatch, capsys
     bench.main()
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("pattern"))
-    assert header.split() == ["pattern", "KSG", "knn-mi-wide", "hsic"]
+    assert header.split() == ["pattern", "KSG", "KSG", "on", "n", "knn-mi-wide", "hsic"]
     assert out.count("null n=") == 4 and "Spearman vs KSG" in out

@@ -13,7 +13,9 @@ strengths; two independent patterns). Per pattern:
 * the reference, KSG ``I(x; z)`` (:func:`~pyro_bnnlv.stats.ksg_mutual_information`, k = 5) on
   ``--reference-n`` points;
 * each candidate's mean over ``--draws`` independent batches of ``--n`` points (350: NCAI's
-  full-batch size on the issue's ``from_arrays`` set; bimodal trains on 750).
+  full-batch size on the issue's ``from_arrays`` set; bimodal trains on 750);
+* the reference estimator itself on those batches (column ``KSG on n``, not a penalty): how well
+  any statistic can order the patterns from ``n`` points, the ceiling of the Spearman criterion.
 
 Printed: the table, each candidate's Spearman rank correlation with the reference over the
 patterns, and its null (``z`` independent of ``x``): mean and 95% quantile over --null-reps batches at
@@ -89,6 +91,9 @@ PATTERNS: dict[str, Sampler] = {
 #: The patterns with 1-D ``x``.
 ONE_D: list[str] = [p for p in PATTERNS if not p.startswith("3-D") and p != "independent 3-D"]
 
+#: The column of the reference estimator on the candidates' batches.
+KSG_ON_BATCH = "KSG on n"
+
 #: The candidates validated, with their options (``hsic-multiscale`` at its default scales).
 CANDIDATES: dict[str, dict] = {kind: {"kind": kind} for kind in KINDS}
 
@@ -101,12 +106,15 @@ def statistic(x: np.ndarray, z: np.ndarray, options: dict) -> float:
 def validate(
     n: int, draws: int, reference_n: int, seed: int = 0, candidates: tuple[str, ...] = tuple(CANDIDATES)
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """``(reference KSG per pattern, {candidate: {pattern: mean over draws}})``, seeded."""
-    reference, values = {}, {c: {} for c in candidates}
+    """``(reference KSG per pattern, {candidate: {pattern: mean over draws}})``, seeded; the
+    candidates include :data:`KSG_ON_BATCH`, KSG on the candidates' batches (deterministic: it
+    draws nothing, so the other candidates' draws do not depend on it)."""
+    reference, values = {}, {c: {} for c in (KSG_ON_BATCH, *candidates)}
     for i, (name, sample) in enumerate(PATTERNS.items()):
         rng = np.random.default_rng([seed, i])
         reference[name] = ksg_mutual_information(*sample(rng, reference_n))
         batches = [sample(rng, n) for _ in range(draws)]
+        values[KSG_ON_BATCH][name] = float(np.mean([ksg_mutual_information(x, z) for x, z in batches]))
         for cand in candidates:
             options = CANDIDATES[cand]
             values[cand][name] = float(np.mean([statistic(x, z, options) for x, z in batches]))
@@ -125,6 +133,15 @@ def null_quantiles(
         vals = np.array([statistic(x, z, CANDIDATES[cand]) for x, z in batches])
         out[cand] = (float(vals.mean()), float(np.quantile(vals, 0.95)))
     return out
+
+
+def _ksg_null(n: int, reps: int, seed: int = 0) -> tuple[float, float]:
+    """:func:`null_quantiles` of KSG itself (the same batches)."""
+    rng = np.random.default_rng([seed, n, 1])
+    vals = np.array(
+        [ksg_mutual_information(rng.uniform(-3, 3, (n, 1)), rng.standard_normal((n, 1))) for _ in range(reps)]
+    )
+    return float(vals.mean()), float(np.quantile(vals, 0.95))
 
 
 def spearman(reference: dict[str, float], values: dict[str, float], names: list[str] | None = None) -> float:
@@ -152,6 +169,7 @@ def main() -> None:
     torch.manual_seed(0)
     cands = list(args.candidates)
     reference, values = validate(args.n, args.draws, args.reference_n, candidates=tuple(cands))
+    cands = [KSG_ON_BATCH, *cands]
     print(
         f"{len(reference)} patterns; candidates: mean of {args.draws} batches of n = {args.n}; "
         f"reference: KSG on {args.reference_n} points"
@@ -166,7 +184,8 @@ def main() -> None:
             + "".join(f"{spearman(reference, values[c], names):>19.3f}" for c in cands)
         )
     for n in (64, 128, 350, 750):
-        null = null_quantiles(n, args.null_reps, candidates=tuple(cands))
+        null = null_quantiles(n, args.null_reps, candidates=tuple(cands[1:]))
+        null[KSG_ON_BATCH] = _ksg_null(n, args.null_reps)
         print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>10.4f} /{null[c][1]:>7.4f}" for c in cands))
 
 

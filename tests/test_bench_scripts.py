@@ -133,3 +133,22 @@ def test_machine_stalls_finds_a_gap_where_the_loop_was_stopped(monkeypatch, caps
     script.main()
     out = capsys.readouterr().out
     assert out.startswith("wall ") and "% of the wall time" in out
+
+
+def test_ncai_issue_case_prints_each_terms_table_and_its_fits(monkeypatch, capsys, tmp_path):
+    import functools
+    import sys
+
+    from pyro_bnnlv.reproduce.ncai_compare import CompareConfig
+
+    script = _load("ncai_issue_case")
+    small = functools.partial(CompareConfig, map_steps=5, num_samples=20, latent_draws=2)
+    monkeypatch.setattr(script, "CompareConfig", small)
+    monkeypatch.setattr(sys, "argv", ["x", "--terms", "knn-mi-wide", "--steps", "5", "--out", str(tmp_path)])
+    script.main()
+    out = capsys.readouterr().out
+    assert "== independence=knn-mi-wide" in out and (tmp_path / "knn-mi-wide").is_dir()
+    fits = [line for line in out.splitlines() if line.startswith("BNN+LV") and "restart" in line]
+    assert len(fits) == 6  # MFVI, NCAI_0 and NCAI_lambda, two restarts each
+    assert all("final_indep_x" in line for line in fits if "NCAI_lambda" in line)
+    assert not any("final_" in line for line in fits if "NCAI_lambda" not in line)

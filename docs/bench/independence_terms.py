@@ -103,45 +103,43 @@ def statistic(x: np.ndarray, z: np.ndarray, options: dict) -> float:
         return float(independence_statistic(torch.as_tensor(x), torch.as_tensor(z), **options))
 
 
+def value(x: np.ndarray, z: np.ndarray, candidate: str) -> float:
+    """``candidate``'s value on one batch: :func:`statistic` with its options, or KSG itself for
+    :data:`KSG_ON_BATCH` (deterministic: it draws nothing, so the other candidates' draws do not
+    depend on whether it runs)."""
+    if candidate == KSG_ON_BATCH:
+        return float(ksg_mutual_information(x, z))
+    return statistic(x, z, CANDIDATES[candidate])
+
+
 def validate(
     n: int, draws: int, reference_n: int, seed: int = 0, candidates: tuple[str, ...] = tuple(CANDIDATES)
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """``(reference KSG per pattern, {candidate: {pattern: mean over draws}})``, seeded; the
-    candidates include :data:`KSG_ON_BATCH`, KSG on the candidates' batches (deterministic: it
-    draws nothing, so the other candidates' draws do not depend on it)."""
-    reference, values = {}, {c: {} for c in (KSG_ON_BATCH, *candidates)}
+    candidates always include :data:`KSG_ON_BATCH`, KSG on the candidates' batches."""
+    candidates = (KSG_ON_BATCH, *candidates)
+    reference, values = {}, {c: {} for c in candidates}
     for i, (name, sample) in enumerate(PATTERNS.items()):
         rng = np.random.default_rng([seed, i])
         reference[name] = ksg_mutual_information(*sample(rng, reference_n))
         batches = [sample(rng, n) for _ in range(draws)]
-        values[KSG_ON_BATCH][name] = float(np.mean([ksg_mutual_information(x, z) for x, z in batches]))
         for cand in candidates:
-            options = CANDIDATES[cand]
-            values[cand][name] = float(np.mean([statistic(x, z, options) for x, z in batches]))
+            values[cand][name] = float(np.mean([value(x, z, cand) for x, z in batches]))
     return reference, values
 
 
 def null_quantiles(
     n: int, reps: int, seed: int = 0, dims: int = 1, candidates: tuple[str, ...] = tuple(CANDIDATES)
 ) -> dict[str, tuple[float, float]]:
-    """Per candidate ``(mean, 95% quantile)`` over ``reps`` batches of ``n`` independent
-    ``x ~ U[-3, 3]^dims``, ``z ~ N(0, 1)``."""
+    """Per candidate (:data:`KSG_ON_BATCH` too) ``(mean, 95% quantile)`` over ``reps`` batches of
+    ``n`` independent ``x ~ U[-3, 3]^dims``, ``z ~ N(0, 1)``."""
     rng = np.random.default_rng([seed, n, dims])
     batches = [(rng.uniform(-3, 3, (n, dims)), rng.standard_normal((n, 1))) for _ in range(reps)]
     out = {}
     for cand in candidates:
-        vals = np.array([statistic(x, z, CANDIDATES[cand]) for x, z in batches])
+        vals = np.array([value(x, z, cand) for x, z in batches])
         out[cand] = (float(vals.mean()), float(np.quantile(vals, 0.95)))
     return out
-
-
-def _ksg_null(n: int, reps: int, seed: int = 0) -> tuple[float, float]:
-    """:func:`null_quantiles` of KSG itself (the same batches)."""
-    rng = np.random.default_rng([seed, n, 1])
-    vals = np.array(
-        [ksg_mutual_information(rng.uniform(-3, 3, (n, 1)), rng.standard_normal((n, 1))) for _ in range(reps)]
-    )
-    return float(vals.mean()), float(np.quantile(vals, 0.95))
 
 
 def spearman(reference: dict[str, float], values: dict[str, float], names: list[str] | None = None) -> float:
@@ -184,8 +182,7 @@ def main() -> None:
             + "".join(f"{spearman(reference, values[c], names):>19.3f}" for c in cands)
         )
     for n in (64, 128, 350, 750):
-        null = null_quantiles(n, args.null_reps, candidates=tuple(cands[1:]))
-        null[KSG_ON_BATCH] = _ksg_null(n, args.null_reps)
+        null = null_quantiles(n, args.null_reps, candidates=tuple(cands))
         print(f"{f'null n={n} mean / q95':<30}" + "".join(f"{null[c][0]:>10.4f} /{null[c][1]:>7.4f}" for c in cands))
 
 

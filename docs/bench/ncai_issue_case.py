@@ -15,6 +15,7 @@ depend on the term and come out the same in every store.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def fits(store: Path) -> list[tuple[str, int, dict[str, float]]]:
     final = [c for c in ("final_hsic_x", "final_indep_x") if c in table.columns]
     rows = []
     for _, r in table[table["method"].str.startswith("BNN+LV")].iterrows():
-        figures = {k: float(r[k]) for k in (*COLUMNS, *final) if r[k] == r[k]}  # NaN: not this fit's
+        figures = {k: float(r[k]) for k in (*COLUMNS, *final) if not math.isnan(r[k])}  # NaN: not this fit's
         rows.append((r["method"], int(r["restart"]), figures))
     return rows
 

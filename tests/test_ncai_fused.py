@@ -185,13 +185,13 @@ def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, two_i
     parameters, to the bit, as computing them afterwards (no free core: HZ and HSIC side by side
     on the pool, here with two intra-op threads)."""
     collected = {"n": 0}
-    collect = StartedStatistics.collect_weighted  # collect's too (one round's rows: weighted at once)
+    take = StartedStatistics._take  # every way of collecting them takes the handle once
 
     def counted(self, *args):
         collected["n"] += 1
-        return collect(self, *args)
+        return take(self, *args)
 
-    monkeypatch.setattr(StartedStatistics, "collect_weighted", counted)
+    monkeypatch.setattr(StartedStatistics, "_take", counted)
     x, y = _data()
     out = []
     for free in (True, False):
@@ -206,3 +206,43 @@ def test_statistics_started_beside_the_elbo_give_the_same_fit(monkeypatch, two_i
     assert n2 == 24 * rounds and n1 == 0  # every fused step (not the first, traced one) overlapped
     assert h2 == h1 and r2 == r1
     assert all(torch.equal(a, b) for a, b in zip(p2, p1))
+
+
+@pytest.mark.skipif(pairwise_extension() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("free_core", [True, False])
+@pytest.mark.parametrize(
+    "options, kwargs",
+    [({}, {}), ({}, {"batch_size": 20}), ({"num_particles": 4, "vectorize_particles": True}, {"batch_size": 20})],
+)
+def test_the_penalty_gradient_added_to_the_leaf_equals_the_backward_pass(monkeypatch, free_core, options, kwargs):
+    """In a training step the "hsic" penalty's gradient with respect to the guide's means
+    (``loc_z``, all rows or the minibatch's) is computed with its statistics and added to
+    ``loc_z.grad`` after the ELBO's backward pass, with no autograd node: the same history and
+    parameters, to the bit, as the node and one backward pass through it (what ``loss`` and
+    ``differentiable_loss`` build), started on the worker or computed after the ELBO."""
+    monkeypatch.setattr(ncai_module, "_core_beside_the_pool", lambda: free_core)
+    x, y = _data()
+    added = []
+    add = PenalizedElbo.add_leaf_gradient
+    monkeypatch.setattr(PenalizedElbo, "add_leaf_gradient", lambda self, *a: added.append(a[1]) or add(self, *a))
+    out = []
+    for direct in (True, False):
+        if not direct:
+            monkeypatch.setattr(PenalizedElbo, "takes_leaf_gradients", property(lambda self: False))
+        model, guide = _pair()
+        loss = NCAIElbo(**MODERATE, **options)
+        hist = pb.fit_svi(model, guide, x, y, num_steps=25, loss=loss, seed=0, progress=False, **kwargs)
+        out.append((hist, loss.history, [p.detach().clone() for p in guide.parameters()]))
+    assert len(added) == 24  # every fused step, none in the node's run
+    assert all((rows is None) == ("batch_size" not in kwargs) for rows in added)
+    (h1, r1, p1), (h2, r2, p2) = out
+    assert h1 == h2 and r1 == r2
+    assert all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+@pytest.mark.skipif(pairwise_extension() is None, reason="no C++ compiler")
+def test_a_penalty_leaf_gradient_outside_a_training_step_is_refused():
+    loss = NCAIElbo()
+    assert not loss.takes_leaf_gradients
+    with pytest.raises(RuntimeError, match="outside a training step"):
+        loss.add_leaf_gradient(torch.zeros(3, 1, requires_grad=True), None, torch.ones(3, 1))

@@ -311,6 +311,40 @@ def test_statistics_collected_with_their_weighting_equal_the_two_nodes(coeffs, s
 
 
 @pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "coeffs, scales",
+    [
+        ((300.0, 3000.0, 300.0), (0.01, 0.0, 0.5)),
+        ((0.0, 30.0, 12.5), (0.01, 0.0, 0.002)),  # HZ left out; nHSIC past the exponent's cap of 30
+    ],
+)
+def test_the_penalty_gradient_without_a_node_equals_the_nodes_backward_pass(dtype, coeffs, scales):
+    """collect_gradient (started) and penalty_gradient (computed now) give the weighted node's
+    values without gradient, and the gradient of the penalty alone with respect to mu that a
+    backward pass through the node gives, to the bit; both refuse an x that needs a gradient."""
+    x, mu = _points(70, 2, 6, dtype=dtype)
+    x = x.detach()
+    pen, *stats = _pairwise.weighted_ncai_statistics(x, mu, coeffs, scales, hz_per_point=True)
+    (expected,) = torch.autograd.grad(pen, mu)
+    started = _pairwise.start_ncai_statistics(x, mu, grads=(False, True), hz_per_point=True)
+    for out in (
+        started.collect_gradient(x, mu, coeffs, scales),
+        _pairwise.penalty_gradient(x, mu, coeffs, scales, hz_per_point=True),
+    ):
+        assert [v.item() for v in out[:4]] == [v.item() for v in (pen, *stats)]
+        assert not any(v.requires_grad for v in out)
+        assert out[4].dtype == dtype and torch.equal(out[4], expected)
+    x_grad = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match="x requires a gradient"):
+        _pairwise.penalty_gradient(x_grad, mu, coeffs, scales)
+    started = _pairwise.start_ncai_statistics(x_grad, mu, grads=(True, True))
+    with pytest.raises(ValueError, match="x requires a gradient"):
+        started.collect_gradient(x_grad, mu, coeffs, scales)
+    started.collect(x_grad, mu)  # the node still takes it
+
+
+@pytest.mark.skipif(not COMPILED, reason="no C++ compiler")
 def test_started_statistics_refuse_a_missing_gradient_and_raise_the_workers_error():
     x, mu = _points(30, 1, 7)
     started = _pairwise.start_ncai_statistics(x, mu, grads=(False, False))

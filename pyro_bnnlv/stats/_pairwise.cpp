@@ -34,6 +34,10 @@
 //    ncai_statistics_collect(x, mu, handle, hz_divisor, coeffs, scales): the same call on a worker
 //    thread, collected later as the registered operator's outputs after their weighted penalty
 //    (as weighted_penalty computes it), so that the caller computes something else meanwhile;
+//    (the worker and a collecting caller poll for a while before they sleep: see kPoll);
+//  * ncai_penalty_gradient(x, mu, beta2, ridge, eps, hz_divisor, coeffs, scales, handle): the
+//    started (handle >= 0) or computed statistics, their weighted penalty and its gradient with
+//    respect to mu, without an autograd node (NCAI's training step adds it to the leaf itself);
 //  * weighted_penalty(terms, coeffs, scales): NCAI's weighting of the statistics (operator only).
 // Empty tensors stand for gradients that were not requested; beta2 is a 0-dim tensor.
 // ATen, the operator registry, autograd functions and torch's pybind11 casters: what
@@ -46,6 +50,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -666,36 +672,44 @@ std::vector<Tensor> ncai_statistics(const Tensor& x, const Tensor& mu, const Ten
 // t / divisor as ATen divides a tensor by a Python number (HZ per point; 1: t itself)
 Tensor divided(const Tensor& t, double divisor) { return divisor == 1.0 ? t : t / divisor; }
 
-// g[0] * s[0] + g[1] * s[1] + g[2] * s[2] of 0-dim g and (n, k) s, in one loop where all are float
-// or all double and contiguous (the same operations in the same order as the ATen expression,
-// which runs otherwise)
+// a0 s0 + a1 s1 + a2 s2 of (n, k) tensors s0..s2 and numbers a0..a2 (of the tensors' type S, float
+// or double: exact in S), in one loop as the ATen expression computes it
 template <typename S>
-Tensor weighted_sum3_loop(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
-  const S a = *g[0].data_ptr<S>(), b = *g[1].data_ptr<S>(), c = *g[2].data_ptr<S>();
+Tensor weighted_sum3_loop(const double (&a)[3], const std::vector<Tensor>& s) {
+  const S a0 = static_cast<S>(a[0]), a1 = static_cast<S>(a[1]), a2 = static_cast<S>(a[2]);
   const S *s0 = s[0].data_ptr<S>(), *s1 = s[1].data_ptr<S>(), *s2 = s[2].data_ptr<S>();
   Tensor out = at::empty(s[0].sizes(), s[0].options());
   S* po = out.data_ptr<S>();
   const int64_t size = s[0].numel();
   for (int64_t e = 0; e < size; ++e) {
-    const S t = a * s0[e] + b * s1[e];
-    po[e] = t + c * s2[e];
+    const S t = a0 * s0[e] + a1 * s1[e];
+    po[e] = t + a2 * s2[e];
   }
   return out;
 }
-Tensor weighted_sum3(const torch::autograd::variable_list& g, const std::vector<Tensor>& s) {
+Tensor weighted_sum3(const double (&a)[3], const std::vector<Tensor>& s) {
   const at::ScalarType type = s[0].scalar_type();
   bool loop = type == at::kFloat || type == at::kDouble;
   for (int k = 0; k < 3; ++k)
-    loop = loop && g[k].defined() && g[k].dim() == 0 && g[k].scalar_type() == type && s[k].scalar_type() == type &&
-           s[k].is_contiguous() && s[k].sizes() == s[0].sizes() && !g[k].requires_grad();
-  if (!loop) return g[0] * s[0] + g[1] * s[1] + g[2] * s[2];
-  return type == at::kFloat ? weighted_sum3_loop<float>(g, s) : weighted_sum3_loop<double>(g, s);
+    loop = loop && s[k].scalar_type() == type && s[k].is_contiguous() && s[k].sizes() == s[0].sizes();
+  if (!loop) return s[0] * a[0] + s[1] * a[1] + s[2] * a[2];
+  return type == at::kFloat ? weighted_sum3_loop<float>(a, s) : weighted_sum3_loop<double>(a, s);
+}
+
+// a 0-dim gradient as a number; 0 for an undefined one (an output that reached no loss: the
+// nodes do not materialise zeros)
+double scalar_of(const Tensor& g) {
+  if (!g.defined()) return 0.0;
+  if (g.dim() == 0 && g.device().is_cpu() && g.scalar_type() == at::kFloat) return *g.data_ptr<float>();
+  if (g.dim() == 0 && g.device().is_cpu() && g.scalar_type() == at::kDouble) return *g.data_ptr<double>();
+  return g.item<double>();
 }
 
 // The outputs of the statistics' autograd nodes from ncai_statistics' seven tensors: the values
 // (HZ divided by hz_divisor), the gradients saved for backward
 torch::autograd::variable_list statistics_outputs(torch::autograd::AutogradContext* ctx, const std::vector<Tensor>& out,
                                                   bool gx, bool gmu, double hz_divisor) {
+  ctx->set_materialize_grads(false);  // an output that reached no loss: an undefined gradient, read as 0
   ctx->save_for_backward({out[3], out[4], out[5], out[6]});
   ctx->saved_data["gx"] = gx;
   ctx->saved_data["gmu"] = gmu;
@@ -703,7 +717,39 @@ torch::autograd::variable_list statistics_outputs(torch::autograd::AutogradConte
   return {divided(out[0], hz_divisor), out[1], out[2]};
 }
 
-// backward of both nodes: dL/dmu = sum_k g_k dstat_k/dmu, dL/dx = g_hsic dhsic/dx
+// The loss's derivatives a_k with respect to the three statistics, from their outputs' gradients
+// g_k and, for the weighted nodes, the penalty's g_pen through each nonzero slope, then HZ's through
+// its division by hz_divisor: a_k = g_k + g_pen slope_k, a_0 / hz_divisor, in the statistics' type
+// S and rounded as ATen rounds a tensor-by-number operation of that type (the number converted to S
+// first): the numbers autograd gives a penalty node and a statistics node apart
+template <typename S>
+void derivatives_in(const double (&g)[3], double g_pen, const std::vector<double>& slopes, double hz_divisor,
+                    double (&a)[3]) {
+  for (size_t k = 0; k < 3; ++k) {
+    S v = static_cast<S>(g[k]);
+    if (!slopes.empty() && slopes[k] != 0.0) v = v + static_cast<S>(static_cast<S>(g_pen) * static_cast<S>(slopes[k]));
+    if (k == 0 && hz_divisor != 1.0) v = v / static_cast<S>(hz_divisor);
+    a[k] = static_cast<double>(v);
+  }
+}
+
+// dL/dmu = sum_k a_k dstat_k/dmu and dL/dx = a_hsic dhsic/dx from the saved gradients s of the
+// statistics (derivatives_in for a_k); undefined where not wanted
+std::tuple<Tensor, Tensor> statistics_grads(const std::vector<Tensor>& s, bool gx, bool gmu, double hz_divisor,
+                                            const double (&g)[3], double g_pen, const std::vector<double>& slopes) {
+  double a[3];
+  if (s[0].defined() && s[0].scalar_type() == at::kDouble)
+    derivatives_in<double>(g, g_pen, slopes, hz_divisor, a);
+  else
+    derivatives_in<float>(g, g_pen, slopes, hz_divisor, a);
+  Tensor dmu, dx;
+  if (gmu) dmu = weighted_sum3(a, s);
+  if (gx) dx = s[3] * a[2];
+  return {dx, dmu};
+}
+
+// backward of the nodes: statistics_grads of the node's saved gradients, from the outputs'
+// gradients (the weighted nodes: (penalty, hz, offdiag, hsic), else (hz, offdiag, hsic))
 torch::autograd::variable_list statistics_backward(torch::autograd::AutogradContext* ctx,
                                                    const torch::autograd::variable_list& g, size_t extra) {
   // first-order only: with create_graph=True (Hessians, Hessian-vector products) the
@@ -712,12 +758,12 @@ torch::autograd::variable_list statistics_backward(torch::autograd::AutogradCont
               "pyro_bnnlv's Henze-Zirkler / HSIC kernels have first-order gradients only: second "
               "derivatives (create_graph=True, torch.autograd.functional.hessian, Hessian-vector "
               "products) through them are not supported");
-  const auto s = ctx->get_saved_variables();
-  Tensor dmu, dx;
-  // HZ's gradient through the division first (what autograd's DivBackward computes)
-  const torch::autograd::variable_list gd = {divided(g[0], ctx->saved_data["hz_divisor"].toDouble()), g[1], g[2]};
-  if (ctx->saved_data["gmu"].toBool()) dmu = weighted_sum3(gd, s);
-  if (ctx->saved_data["gx"].toBool()) dx = g[2] * s[3];
+  const bool weighted = g.size() == 4;
+  const std::vector<double> slopes = weighted ? ctx->saved_data["slopes"].toDoubleVector() : std::vector<double>();
+  const double gs[3] = {scalar_of(g[weighted]), scalar_of(g[weighted + 1]), scalar_of(g[weighted + 2])};
+  auto [dx, dmu] = statistics_grads(ctx->get_saved_variables(), ctx->saved_data["gx"].toBool(),
+                                    ctx->saved_data["gmu"].toBool(), ctx->saved_data["hz_divisor"].toDouble(), gs,
+                                    weighted ? scalar_of(g[0]) : 0.0, slopes);
   torch::autograd::variable_list grads = {dx, dmu};
   grads.resize(2 + extra);  // no gradient for the other inputs
   return grads;
@@ -741,6 +787,23 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
   }
 };
 
+// a busy-wait's pause between two reads of a flag another core sets
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long the worker polls for the next job before it sleeps, and a collecting caller polls for
+// a result before it blocks. A training loop starts a job every step (a millisecond or so at
+// NCAI's batch sizes): polling, the worker takes the next one without being woken, and the
+// caller its result without sleeping; a sleeping thread's wake-up costs tens of microseconds (a
+// system call and, on a virtual machine, an interrupt between virtual CPUs), a sizeable part of
+// a step. The worker runs only where a core is free of torch's intra-op pool (ncai.py).
+constexpr auto kPoll = std::chrono::milliseconds(2);
+
 // Statistics started on a worker thread of this extension and collected by handle: the same
 // ncai_statistics call, so the same numbers as the synchronous operator; an exception in the
 // worker is raised by the collecting call. A handle is collected or discarded once. The worker
@@ -750,6 +813,13 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
 // A forked child starts a worker of its own (the parent's handles are unknown there).
 class StatisticsWorker {
  public:
+  // a started job: its result, and a flag set once it is ready (polled before blocking on it)
+  struct Job {
+    std::packaged_task<std::vector<Tensor>()> work;
+    std::future<std::vector<Tensor>> result;
+    std::atomic<bool> done{false};
+  };
+
   static StatisticsWorker& get() {
     static std::once_flag registered;
     std::call_once(registered, [] {
@@ -764,27 +834,37 @@ class StatisticsWorker {
     return *w;
   }
 
-  int64_t start(std::function<std::vector<Tensor>()> job) {
-    auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(std::move(job));
+  int64_t start(std::function<std::vector<Tensor>()> work) {
+    auto job = std::make_shared<Job>();
+    job->work = std::packaged_task<std::vector<Tensor>()>(std::move(work));
+    job->result = job->work.get_future();
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t handle = next_++;
-    pending_.emplace(handle, task->get_future());
-    queue_.push_back([task] { (*task)(); });
-    ready_.notify_one();
+    pending_.emplace(handle, job);
+    queue_.push_back(job);
+    queued_.store(true, std::memory_order_release);
+    if (sleeping_) ready_.notify_one();  // a polling worker sees queued_
     return handle;
   }
 
-  // the handle's future (throw_unknown: an error for an unknown handle; else an invalid future)
-  std::future<std::vector<Tensor>> take(int64_t handle, bool throw_unknown) {
+  // the handle's job (throw_unknown: an error for an unknown handle; else null)
+  std::shared_ptr<Job> take(int64_t handle, bool throw_unknown) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pending_.find(handle);
     if (it == pending_.end()) {
       TORCH_CHECK(!throw_unknown, "ncai_statistics_collect: unknown or already collected handle ", handle);
-      return {};
+      return nullptr;
     }
-    std::future<std::vector<Tensor>> result = std::move(it->second);
+    std::shared_ptr<Job> job = std::move(it->second);
     pending_.erase(it);
-    return result;
+    return job;
+  }
+
+  // the job's result (or its exception), polled for kPoll before blocking
+  static std::vector<Tensor> result(Job& job) {
+    const auto until = std::chrono::steady_clock::now() + kPoll;
+    while (!job.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) spin_pause();
+    return job.result.get();
   }
 
  private:
@@ -802,37 +882,51 @@ class StatisticsWorker {
 
   void loop() {
     for (;;) {
-      std::function<void()> job;
+      const auto until = std::chrono::steady_clock::now() + kPoll;
+      while (!queued_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) spin_pause();
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_ = true;  // read by start under the lock: no wake-up is lost
         ready_.wait(lock, [this] { return !queue_.empty(); });
+        sleeping_ = false;
         job = std::move(queue_.front());
         queue_.pop_front();
+        queued_.store(!queue_.empty(), std::memory_order_relaxed);
       }
-      job();
+      job->work();
+      job->done.store(true, std::memory_order_release);
     }
   }
 
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> queue_;
-  std::unordered_map<int64_t, std::future<std::vector<Tensor>>> pending_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::unordered_map<int64_t, std::shared_ptr<Job>> pending_;
+  std::atomic<bool> queued_{false};
+  bool sleeping_ = false;
   int64_t next_ = 0;
   std::thread thread_;
 };
 
 int64_t ncai_statistics_start(const Tensor& x, const Tensor& mu, const Tensor& beta2, double ridge, double eps,
                               bool grad_x, bool grad_mu) {
+  // tensors of the worker's own (detached: the same storage, no autograd history and no Python
+  // object): dropping the last reference to a tensor that Python also holds takes the GIL, which
+  // the collecting caller holds while it waits for the worker
   const Tensor xd = x.detach(), md = mu.detach(), bd = beta2.detach();
   return StatisticsWorker::get().start([=] { return ncai_statistics(xd, md, bd, ridge, eps, grad_x, grad_mu, false); });
 }
 
-std::future<std::vector<Tensor>> take_pending(int64_t handle) { return StatisticsWorker::get().take(handle, true); }
+// the started statistics of a handle, once ready
+std::vector<Tensor> take_pending(int64_t handle) {
+  return StatisticsWorker::result(*StatisticsWorker::get().take(handle, true));
+}
 
 // waits for a started computation without using it (a step that failed before collecting)
 void ncai_statistics_discard(int64_t handle) {
-  std::future<std::vector<Tensor>> result = StatisticsWorker::get().take(handle, false);
-  if (result.valid()) result.wait();
+  std::shared_ptr<StatisticsWorker::Job> job = StatisticsWorker::get().take(handle, false);
+  if (job) job->result.wait();
 }
 
 std::tuple<double, std::vector<double>> weighted_penalty_value(at::TensorList terms, at::ArrayRef<double> coeffs,
@@ -874,15 +968,6 @@ torch::autograd::variable_list weighted_outputs(torch::autograd::AutogradContext
   return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2]};
 }
 
-torch::autograd::variable_list weighted_backward(torch::autograd::AutogradContext* ctx,
-                                                 const torch::autograd::variable_list& g, size_t extra) {
-  const std::vector<double> slopes = ctx->saved_data["slopes"].toDoubleVector();
-  torch::autograd::variable_list gs = {g[1], g[2], g[3]};
-  for (size_t k = 0; k < 3; ++k)
-    if (slopes[k] != 0.0) gs[k] = gs[k] + g[0] * slopes[k];
-  return statistics_backward(ctx, gs, extra);
-}
-
 // the started statistics as the outputs of an autograd node on x and mu (the tensors they were
 // started on, or others holding the same values), after their weighted penalty (coefficients 0:
 // a zero penalty): one node where the statistics and weighted_penalty would be two, with the
@@ -892,12 +977,12 @@ class NcaiStatisticsCollectFn : public torch::autograd::Function<NcaiStatisticsC
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                 const Tensor& mu, int64_t handle, double hz_divisor,
                                                 std::vector<double> coeffs, std::vector<double> scales) {
-    return weighted_outputs(ctx, take_pending(handle).get(), hz_divisor, coeffs, scales);
+    return weighted_outputs(ctx, take_pending(handle), hz_divisor, coeffs, scales);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    return weighted_backward(ctx, g, 4);
+    return statistics_backward(ctx, g, 4);
   }
 };
 
@@ -915,7 +1000,7 @@ class NcaiStatisticsWeightedFn : public torch::autograd::Function<NcaiStatistics
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    return weighted_backward(ctx, g, 6);
+    return statistics_backward(ctx, g, 6);
   }
 };
 
@@ -955,7 +1040,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ncai_statistics_collect_cpu(const Ten
                                                                        int64_t handle, double hz_divisor,
                                                                        at::ArrayRef<double> coeffs,
                                                                        at::ArrayRef<double> scales) {
-  return weighted_values(take_pending(handle).get(), hz_divisor, coeffs, scales);
+  return weighted_values(take_pending(handle), hz_divisor, coeffs, scales);
 }
 
 std::tuple<Tensor, Tensor, Tensor> ncai_statistics_autograd(const Tensor& x, const Tensor& mu,
@@ -970,6 +1055,30 @@ std::tuple<Tensor, Tensor, Tensor> ncai_statistics_cpu(const Tensor& x, const Te
                                                        double hz_divisor) {
   std::vector<Tensor> out = ncai_statistics(x, mu, beta2, ridge, eps, false, false, true);
   return {divided(out[0], hz_divisor), out[1], out[2]};
+}
+
+// NCAI's weighted penalty of the statistics (started: handle >= 0, else computed now, HZ and HSIC
+// side by side on the intra-op pool) with the gradient of the penalty alone with respect to mu,
+// without an autograd node: (penalty, hz, offdiag, hsic, d penalty / d mu). The numbers are those of
+// the weighted node's outputs and of its backward pass from the penalty with seed 1 (the
+// statistics' own outputs reaching no loss), computed by the same functions, so that a caller
+// adding the gradient to mu's leaf after the rest of its backward pass gets the same bits as one
+// backward pass through the node (autograd then adds the two gradients once, in either order).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> ncai_penalty_gradient(const Tensor& x, const Tensor& mu,
+                                                                         const Tensor& beta2, double ridge,
+                                                                         double eps, double hz_divisor,
+                                                                         std::vector<double> coeffs,
+                                                                         std::vector<double> scales, int64_t handle) {
+  const std::vector<Tensor> out = handle >= 0 ? take_pending(handle)
+                                              : ncai_statistics(x.detach(), mu.detach(), beta2, ridge, eps, false,
+                                                                true, true);
+  TORCH_CHECK(out[5].numel() > 0, "ncai_penalty_gradient: the statistics were started without mu's gradient");
+  const torch::autograd::variable_list stats = {divided(out[0], hz_divisor), out[1], out[2]};
+  auto [value, slopes] = weighted_statistics(stats, coeffs, scales);
+  const double none[3] = {0.0, 0.0, 0.0};  // the statistics' own outputs reach no loss; the penalty's seed is 1
+  const Tensor dmu =
+      std::get<1>(statistics_grads({out[3], out[4], out[5], out[6]}, false, true, hz_divisor, none, 1.0, slopes));
+  return {at::scalar_tensor(value, stats[0].options()), stats[0], stats[1], stats[2], dmu};
 }
 
 // NCAI's weighted penalty sum_k c_k g_k(t_k) of 0-dim statistics t_k, g_k(t) = safe_exp(t / e_k)
@@ -1081,6 +1190,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ncai_statistics_start", &ncai_statistics_start,
         "ncai_statistics started on the extension's worker thread; returns the handle to collect");
   m.def("ncai_statistics_discard", &ncai_statistics_discard, "wait for and drop started statistics");
+  m.def("ncai_penalty_gradient", &ncai_penalty_gradient,
+        "NCAI's weighted penalty of the started (handle >= 0) or computed statistics, and its gradient "
+        "with respect to mu, without an autograd node");
   m.def("centred_alignment", &centred_alignment,
         "normalised HSIC of Gaussian Grams and its gradients");
 }

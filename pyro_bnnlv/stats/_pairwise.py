@@ -66,6 +66,7 @@ __all__ = [
     "ncai_statistics_unchecked",
     "offdiag_cov_norm_unchecked",
     "pairwise_extension",
+    "penalty_gradient",
     "start_ncai_statistics",
     "weighted_ncai_statistics",
 ]
@@ -419,6 +420,41 @@ def weighted_ncai_statistics(
     )
 
 
+def penalty_gradient(
+    x: Tensor,
+    mu: Tensor,
+    coeffs: tuple[float, float, float],
+    scales: tuple[float, float, float],
+    *,
+    hz_per_point: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+    """``(penalty, hz, offdiag, hsic, grad_mu)``: :func:`weighted_ncai_statistics`'s values, without
+    gradient, and the penalty's gradient with respect to ``mu`` (:meth:`StartedStatistics.collect_gradient`,
+    computed now); ``None`` where the compiled kernels are unavailable."""
+    _check_no_x_gradient(x)
+    module = _use_compiled(None, x, mu)
+    if module is None:
+        return None
+    n, k = mu.shape
+    divisor = n if hz_per_point else 1
+    return module.ncai_penalty_gradient(
+        _rows_like(x, mu), mu, _beta2_tensor(n, k), 1e-12, 1e-12, divisor, coeffs, scales, -1
+    )
+
+
+def _check_no_x_gradient(x: Tensor) -> None:
+    """The penalty's gradient comes back for ``mu`` only: refuse an ``x`` that needs one too."""
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "x requires a gradient, and only mu's gradient of the penalty is returned here: "
+            "use the autograd node (collect_weighted / weighted_ncai_statistics) instead"
+        )
+
+
+#: the unused tensor argument of a collected call (its statistics were started with their inputs)
+_EMPTY = torch.empty(0, dtype=torch.float64)
+
+
 def _rows_like(x: Tensor, mu: Tensor) -> Tensor:
     """``x`` as the kernels read it beside ``mu``: ``(n, d)`` rows in ``mu``'s dtype."""
     return x if x.dim() == 2 and x.dtype == mu.dtype else x.reshape(x.shape[0], -1).to(mu.dtype)
@@ -449,6 +485,25 @@ class StartedStatistics:
         penalty of them, ``sum_k c_k g_k(t_k)`` over the statistics with ``c_k != 0`` (in order,
         as :func:`compiled_weighted_penalty` computes it on those), all outputs of one autograd
         node: the same values and gradients as the two nodes, in one."""
+        handle = self._take(x, mu)
+        op = _operator("ncai_statistics_collect")
+        return op(_rows_like(x, mu), mu, handle, self._hz_divisor, list(coeffs), list(scales))
+
+    def collect_gradient(
+        self, x: Tensor, mu: Tensor, coeffs: tuple[float, float, float], scales: tuple[float, float, float]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``(penalty, hz, offdiag, hsic, grad_mu)``: :meth:`collect_weighted`'s values, without
+        gradient, and the penalty's gradient with respect to ``mu`` as a tensor: the same bits
+        as the node's backward pass from the penalty, for a caller that adds it to ``mu``'s
+        gradient itself (NCAI's fused training step). Needs statistics started with ``mu``'s
+        gradient, and no gradient with respect to ``x``."""
+        _check_no_x_gradient(x)
+        handle = self._take(x, mu)
+        return self._module.ncai_penalty_gradient(x, mu, _EMPTY, 0.0, 0.0, self._hz_divisor, coeffs, scales, handle)
+
+    def _take(self, x: Tensor, mu: Tensor) -> int:
+        """The handle to collect, once the inputs are checked unchanged and the gradients now
+        needed were started (the handle is discarded, waited for, otherwise)."""
         if self._handle is None:
             raise RuntimeError("these statistics were collected already")
         handle, self._handle = self._handle, None
@@ -466,8 +521,7 @@ class StartedStatistics:
                 f"the statistics were started without the gradients now needed (grads={self._grads}, "
                 f"x and mu requiring one: {tuple(wanted)}): start them with grads={tuple(wanted)}"
             )
-        op = _operator("ncai_statistics_collect")
-        return op(_rows_like(x, mu), mu, handle, self._hz_divisor, list(coeffs), list(scales))
+        return handle
 
     def __del__(self) -> None:
         if self._handle is not None:

@@ -95,6 +95,7 @@ from ...stats._pairwise import (
     StartedStatistics,
     ncai_statistics_unchecked,
     offdiag_cov_norm_unchecked,
+    penalty_gradient,
     start_ncai_statistics,
     weighted_ncai_statistics,
 )
@@ -405,7 +406,11 @@ class NCAIElbo(PenalizedElbo):
         terms: dict[str, Tensor] = {}
         for k, idx in enumerate(batches):
             x_b, mu = (x, loc_z) if idx is None else (x[idx], loc_z[idx])
-            out = self._weighted_statistics(started[k] if collected else None, x_b, mu, coeffs) if weighted else None
+            out = (
+                self._weighted_statistics(started[k] if collected else None, x_b, mu, coeffs, loc_z, idx)
+                if weighted
+                else None
+            )
             if out is not None:
                 pen, *values = out
                 stats = dict(zip(("hz", "offdiag", "hsic_x"), values))
@@ -422,15 +427,42 @@ class NCAIElbo(PenalizedElbo):
         return {name: value / len(batches) for name, value in terms.items()}
 
     def _weighted_statistics(
-        self, started: StartedStatistics | None, x_b: Tensor, mu: Tensor, coeffs: tuple[float, float, float]
+        self,
+        started: StartedStatistics | None,
+        x_b: Tensor,
+        mu: Tensor,
+        coeffs: tuple[float, float, float],
+        loc_z: Tensor,
+        rows: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """``(penalty, hz, offdiag, hsic)`` of a round's rows as one node: the ``started``
-        statistics collected, else the ``"hsic"`` term's computed now by the compiled kernels
-        (:func:`~pyro_bnnlv.stats._pairwise.weighted_ncai_statistics`; ``None`` without them)."""
+        """``(penalty, hz, offdiag, hsic)`` of a round's rows ``mu = loc_z[rows]`` (``rows``
+        ``None``: all): the ``started`` statistics collected, else the ``"hsic"`` term's computed
+        now by the compiled kernels (:func:`~pyro_bnnlv.stats._pairwise.weighted_ncai_statistics`;
+        ``None`` without them). In a training step, where ``loc_z`` is the leaf the optimiser
+        updates, without autograd: the penalty's gradient goes to :meth:`add_leaf_gradient`
+        (:meth:`~pyro_bnnlv.stats._pairwise.StartedStatistics.collect_gradient`, the same bits
+        as the node's backward pass), else as one autograd node."""
         scales = (self.eps_T, 0.0, self.eps_x)
+        if started is None:
+            _check_batch(mu.shape[0], self.independence)
+        leaf_gradient = (
+            self.takes_leaf_gradients
+            and torch.is_grad_enabled()
+            and loc_z.is_leaf
+            and loc_z.requires_grad
+            and not x_b.requires_grad
+        )
+        if leaf_gradient:
+            out = (
+                started.collect_gradient(x_b, mu, coeffs, scales)
+                if started is not None
+                else penalty_gradient(x_b, mu, coeffs, scales, hz_per_point=self.hz_normalization == "per_point")
+            )
+            if out is not None:
+                self.add_leaf_gradient(loc_z, rows, out[4])
+                return out[:4]
         if started is not None:
             return started.collect_weighted(x_b, mu, coeffs, scales)
-        _check_batch(mu.shape[0], self.independence)
         return weighted_ncai_statistics(x_b, mu, coeffs, scales, hz_per_point=self.hz_normalization == "per_point")
 
     def fused_batch_drawn(self, model, args: tuple, params: dict[str, Tensor], idx: Tensor | None) -> None:

@@ -89,6 +89,9 @@ class PenalizedElbo(Trace_ELBO):
         self._term_names: tuple[str, ...] = ()
         self.history: list[dict[str, float]] = []
         self.steps_taken = 0
+        # a training step's penalty gradients that a fused step computed itself, without autograd:
+        # (leaf, rows or None for all, gradient), added to the leaves' .grad after the backward pass
+        self._leaf_gradients: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
 
     def penalty(self, model_trace: Trace, guide_trace: Trace) -> Tensor | float:
         """Extra loss of one particle (0 in the base class); used by the default ``penalty_terms``."""
@@ -113,6 +116,23 @@ class PenalizedElbo(Trace_ELBO):
         before its ELBO is computed (``params`` as for :meth:`fused_penalty_terms`): a subclass may
         start its statistics there, on another thread, and collect them in
         :meth:`fused_penalty_terms`. Nothing in the base class."""
+
+    @property
+    def takes_leaf_gradients(self) -> bool:
+        """Whether :meth:`add_leaf_gradient` takes gradients now: in a training step
+        (``loss_and_grads``), not in ``loss`` or ``differentiable_loss`` (the caller differentiates)."""
+        return self._leaf_gradients is not None
+
+    def add_leaf_gradient(self, leaf: Tensor, rows: Tensor | None, gradient: Tensor) -> None:
+        """Takes the gradient of the penalty with respect to the rows ``rows`` (``None``: all) of
+        the leaf tensor ``leaf``, to be added to ``leaf.grad`` after the training step's backward
+        pass (only while :attr:`takes_leaf_gradients`): a fused step's penalty may then leave its
+        terms out of the autograd graph. The gradient ends up as a backward pass through the graph
+        would leave it: autograd sums the gradients reaching a leaf, elementwise, and so does
+        adding this one to the others' sum."""
+        if self._leaf_gradients is None:
+            raise RuntimeError("add_leaf_gradient outside a training step (loss_and_grads)")
+        self._leaf_gradients.append((leaf, rows, gradient))
 
     def weigh(self, terms: dict[str, Tensor], args: tuple, kwargs: dict) -> Tensor | float:
         """The penalty from the particle-averaged terms (eager); default: their sum.
@@ -238,9 +258,20 @@ class PenalizedElbo(Trace_ELBO):
         return loss.detach() + (surrogate - surrogate.detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
+        self._leaf_gradients = []  # add_leaf_gradient takes a penalty's own gradients in this call
+        try:
+            total, surrogate, elbo_loss, terms, pen = self._weighed(model, guide, args, kwargs)
+        finally:
+            leaf_gradients, self._leaf_gradients = self._leaf_gradients, None
         if surrogate.requires_grad:  # one backward pass for the ELBO and the penalty
             surrogate.backward(retain_graph=self.retain_graph)
+        for leaf, rows, gradient in leaf_gradients:
+            if leaf.grad is None:
+                leaf.grad = torch.zeros_like(leaf)
+            if rows is None:
+                leaf.grad.add_(gradient)
+            else:
+                leaf.grad.index_put_((rows,), gradient, accumulate=True)
         return self._record(total, elbo_loss, terms, pen)
 
     def _record(self, total: Tensor, elbo_loss: Tensor, terms: dict[str, Tensor], pen: Tensor | float) -> float:

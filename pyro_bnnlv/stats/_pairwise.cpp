@@ -787,13 +787,25 @@ class NcaiStatisticsFn : public torch::autograd::Function<NcaiStatisticsFn> {
   }
 };
 
-// a busy-wait's pause between two reads of a flag another core sets
-inline void spin_pause() {
+// Polls `ready` until it holds or `poll` has passed; true if it holds. The first reads are a busy
+// wait (a result due within microseconds); after that each read follows a yield of the CPU, so
+// that a polling thread on an oversubscribed machine (more runnable threads than cores: torch's
+// spinning intra-op threads, another process) hands its core to the thread whose work it waits for
+// instead of holding it for a scheduler time slice.
+template <typename Ready>
+bool poll_for(const Ready& ready, std::chrono::steady_clock::duration poll) {
+  for (int spins = 0; spins < 64; ++spins) {
+    if (ready()) return true;
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
+    __builtin_ia32_pause();
 #endif
+  }
+  const auto until = std::chrono::steady_clock::now() + poll;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 // How long the worker polls for the next job before it sleeps, and a collecting caller polls for
@@ -862,8 +874,7 @@ class StatisticsWorker {
 
   // the job's result (or its exception), polled for kPoll before blocking
   static std::vector<Tensor> result(Job& job) {
-    const auto until = std::chrono::steady_clock::now() + kPoll;
-    while (!job.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) spin_pause();
+    poll_for([&job] { return job.done.load(std::memory_order_acquire); }, kPoll);
     return job.result.get();
   }
 
@@ -882,8 +893,7 @@ class StatisticsWorker {
 
   void loop() {
     for (;;) {
-      const auto until = std::chrono::steady_clock::now() + kPoll;
-      while (!queued_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) spin_pause();
+      poll_for([this] { return queued_.load(std::memory_order_acquire); }, kPoll);
       std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
